@@ -1,0 +1,62 @@
+"""The ``gateway`` command. Each command group lives in its own module exposing ``register``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+
+#: command modules, in the order ``gateway --help`` lists them
+COMMAND_MODULES = ("serve", "check", "token", "roles", "pending", "audit", "policy", "cert")
+
+
+def add_path_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every command that reads configuration shares (each mirrors a GATEWAY_* variable)."""
+    parser.add_argument("--home", help="state directory (GATEWAY_HOME, default ~/.gateway)")
+    parser.add_argument("--targets", help="targets.yaml (GATEWAY_TARGETS_FILE)")
+    parser.add_argument("--rules", help="rules.yaml (GATEWAY_RULES_FILE)")
+    parser.add_argument("--roles", help="roles.yaml (GATEWAY_ROLES_FILE)")
+    parser.add_argument("--audit-log", dest="audit_log", help="audit JSONL file (GATEWAY_AUDIT_LOG)")
+
+
+def settings_from(args: argparse.Namespace, **extra: object) -> Settings:
+    flags = {k: getattr(args, k, None) for k in ("home", "targets", "rules", "roles", "audit_log")}
+    flags.update(extra)
+    return Settings.from_env(os.environ, **flags)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description="vSphere MCP Gateway")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"gateway.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"gateway.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except GatewayError as exc:
+        print(f"gateway: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The only reader of the process environment.
+
+``Settings.from_env(environ, **flags)`` builds one immutable value at the edge (the CLI); every
+other module receives it (or the pieces it needs) explicitly. Flags given on the command line win
+over the environment, which wins over defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_switch(name: str, raw: str | None, *, default: bool, fail_safe: bool | None = None) -> bool:
+    """Parse a boolean switch. An unparseable value becomes ``fail_safe`` (with a warning) if given."""
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    chosen = default if fail_safe is None else fail_safe
+    log.warning("%s=%r is not a recognised switch value (use true/false); treating it as %s",
+                name, raw, "on" if chosen else "off")
+    return chosen
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable about one gateway process."""
+
+    home: Path
+    targets_file: Path
+    rules_file: Path
+    roles_file: Path
+    audit_log: Path
+    enable_destructive: bool = False
+    read_only: bool = False
+    dry_run: bool = False
+    web_ui: bool = False
+    confirm_ttl_seconds: float = 120.0
+    queue_timeout_seconds: float = 300.0
+    fanout_timeout_seconds: float = 30.0
+    audit_max_bytes: int = 50 * 1024 * 1024
+    log_format: str = "text"
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def state_db(self) -> Path:
+        return self.home / "state.db"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **flags: Any) -> Settings:
+        """Build settings from the environment, then apply non-None ``flags`` on top."""
+        home = Path(flags.get("home") or environ.get("GATEWAY_HOME") or Path.home() / ".gateway").expanduser()
+
+        def path(flag: str, env: str, default: str) -> Path:
+            return Path(flags.get(flag) or environ.get(env) or home / default).expanduser()
+
+        def number(env: str, default: float) -> float:
+            raw = environ.get(env)
+            try:
+                return float(raw) if raw else default
+            except ValueError:
+                log.warning("%s=%r is not a number; using %s", env, raw, default)
+                return default
+
+        settings = cls(
+            home=home,
+            targets_file=path("targets", "GATEWAY_TARGETS_FILE", "targets.yaml"),
+            rules_file=path("rules", "GATEWAY_RULES_FILE", "rules.yaml"),
+            roles_file=path("roles", "GATEWAY_ROLES_FILE", "roles.yaml"),
+            audit_log=path("audit_log", "GATEWAY_AUDIT_LOG", "audit.jsonl"),
+            enable_destructive=parse_switch("GATEWAY_ENABLE_DESTRUCTIVE",
+                                            environ.get("GATEWAY_ENABLE_DESTRUCTIVE"), default=False),
+            # A read-only switch that cannot be parsed counts as on: a typo must never expose writes.
+            read_only=parse_switch("GATEWAY_READ_ONLY", environ.get("GATEWAY_READ_ONLY"),
+                                   default=False, fail_safe=True),
+            dry_run=parse_switch("GATEWAY_DRY_RUN", environ.get("GATEWAY_DRY_RUN"), default=False,
+                                 fail_safe=True),
+            web_ui=parse_switch("GATEWAY_WEB_UI", environ.get("GATEWAY_WEB_UI"), default=False),
+            confirm_ttl_seconds=number("GATEWAY_CONFIRM_TTL_SECONDS", 120.0),
+            queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
+            fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
+            audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),
+            log_format=environ.get("GATEWAY_LOG_FORMAT", "text"),
+            credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
+        )
+        overrides = {k: v for k, v in flags.items()
+                     if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log"}}
+        return replace(settings, **overrides) if overrides else settings

@@ -1,0 +1,1 @@
+"""The MCP tool surface: a table of ``ToolSpec`` values with thin handlers."""

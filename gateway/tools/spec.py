@@ -1,0 +1,214 @@
+"""What a tool is: a value in a table, not a decorated function.
+
+A ``ToolSpec`` names the tool, declares its category and risk (from which MCP annotations and the
+guard's treatment follow), lists its parameters (from which the input schema and argument
+validation follow) and points at plain functions that do the work inside a target's worker thread.
+
+Handlers by kind:
+- read tools: ``read(session, args) -> JSON-able``; run once per target (fan-out for lists/"all").
+- write / destructive tools: ``plan(session, args) -> Plan`` resolves names to objects and facts
+  without changing anything; ``execute(session, plan, progress) -> JSON-able`` performs it.
+- ``target_mode == "none"`` tools (list_targets, confirm_action, ...) are served by the pipeline
+  itself and carry no vSphere handler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from gateway.errors import InvalidArgument
+
+
+class Category(StrEnum):
+    READ = "read"
+    WRITE = "write"
+    DESTRUCTIVE = "destructive"
+
+
+class Risk(StrEnum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(Risk).index(self)
+
+
+@dataclass(frozen=True)
+class AffectedObject:
+    """One vSphere object a write touches, with the facts policy matches on."""
+
+    type: str
+    name: str
+    moid: str
+    folder: str | None = None
+    resource_pool: str | None = None
+    connection_state: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved write: what it will do, to which objects, with JSON-able ``params`` to execute it.
+
+    ``params`` must hold everything ``execute`` needs (moids, not names), so a proposal persisted
+    in the state store can be executed later by another process.
+    """
+
+    summary: str
+    affected: tuple[AffectedObject, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    #: set for bulk actions: how many objects the call would change (limits use it)
+    object_count: int | None = None
+
+    @property
+    def count(self) -> int:
+        return self.object_count if self.object_count is not None else len(self.affected)
+
+
+ProgressFn = Callable[[float, str], None]
+ParamType = Literal["string", "integer", "number", "boolean", "array", "target", "targets"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tool parameter. ``type='targets'`` accepts a name, a list of names or "all"."""
+
+    name: str
+    type: ParamType
+    description: str
+    required: bool = False
+    default: Any = None
+    enum: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    items: str = "string"
+
+    def schema(self) -> dict[str, Any]:
+        if self.type == "target":
+            out: dict[str, Any] = {"type": "string"}
+        elif self.type == "targets":
+            out = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+        elif self.type == "array":
+            out = {"type": "array", "items": {"type": self.items}}
+        else:
+            out = {"type": self.type}
+        out["description"] = self.description
+        if self.enum:
+            out["enum"] = list(self.enum)
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        if self.default is not None:
+            out["default"] = self.default
+        return out
+
+
+TARGET = Param("target", "target", "Target name from targets.yaml (exactly one).", required=True)
+TARGETS = Param("target", "targets", 'Target name, a list of names, or "all".', required=True)
+_MOID = re.compile(r"^[a-z][a-zA-Z-]*-\d+$|^\d+$")
+
+
+def looks_like_moid(ref: str) -> bool:
+    return bool(_MOID.match(ref))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    category: Category
+    risk: Risk
+    params: tuple[Param, ...] = ()
+    target_mode: Literal["fanout", "single", "none"] = "single"
+    read: Callable[[Any, Mapping[str, Any]], Any] | None = None
+    plan: Callable[[Any, Mapping[str, Any]], Plan] | None = None
+    execute: Callable[[Any, Plan, ProgressFn], Any] | None = None
+    #: keys whose values are secrets: never audited, never echoed
+    sensitive_params: tuple[str, ...] = ()
+    #: execute this kind of change against a safety snapshot first (revert-type destructive actions)
+    snapshot_before: bool = False
+
+    def input_schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {p.name: p.schema() for p in self.params},
+            "required": [p.name for p in self.params if p.required],
+            "additionalProperties": False,
+        }
+
+    def annotations(self) -> dict[str, Any]:
+        return {
+            "readOnlyHint": self.category is Category.READ,
+            "destructiveHint": self.category is Category.DESTRUCTIVE,
+            "idempotentHint": self.category is Category.READ,
+            "openWorldHint": self.target_mode != "none",
+        }
+
+    def validate(self, args: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Check ``args`` against the declared parameters; return them with defaults filled in."""
+        args = dict(args or {})
+        known = {p.name for p in self.params}
+        for extra in sorted(set(args) - known):
+            raise InvalidArgument(extra, f"unknown parameter for {self.name}; accepted: {', '.join(sorted(known))}")
+        out: dict[str, Any] = {}
+        for p in self.params:
+            if args.get(p.name) is None:
+                if p.required:
+                    raise InvalidArgument(p.name, f"required by {self.name}")
+                if p.default is not None:
+                    out[p.name] = p.default
+                continue
+            out[p.name] = _check_value(p, args[p.name])
+        return out
+
+
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "target": (str,), "integer": (int,), "number": (int, float),
+    "boolean": (bool,), "array": (list,),
+}
+
+
+def _check_value(p: Param, value: Any) -> Any:
+    if p.type == "targets":
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+            return list(dict.fromkeys(value))
+        raise InvalidArgument(p.name, 'expected a target name, a non-empty list of names, or "all"')
+    kinds = _PY_TYPES[p.type]
+    if isinstance(value, bool) and p.type in ("integer", "number"):
+        raise InvalidArgument(p.name, f"expected {p.type}, got boolean")
+    if not isinstance(value, kinds):
+        raise InvalidArgument(p.name, f"expected {p.type}, got {type(value).__name__}")
+    if p.type in ("string", "target") and not value:
+        raise InvalidArgument(p.name, "must not be empty")
+    if p.enum and value not in p.enum:
+        raise InvalidArgument(p.name, f"must be one of {', '.join(p.enum)}")
+    if p.minimum is not None and value < p.minimum:
+        raise InvalidArgument(p.name, f"must be >= {p.minimum:g}")
+    if p.maximum is not None and value > p.maximum:
+        raise InvalidArgument(p.name, f"must be <= {p.maximum:g}")
+    if p.type == "array":
+        item_kinds = _PY_TYPES.get(p.items, (object,))
+        if not all(isinstance(v, item_kinds) for v in value):
+            raise InvalidArgument(p.name, f"every item must be {p.items}")
+    return value
+
+
+def by_name(specs: Sequence[ToolSpec]) -> dict[str, ToolSpec]:
+    table: dict[str, ToolSpec] = {}
+    for spec in specs:
+        if spec.name in table:
+            raise ValueError(f"tool {spec.name!r} declared twice")
+        table[spec.name] = spec
+    return table
