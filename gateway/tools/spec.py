@@ -133,6 +133,8 @@ class ToolSpec:
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
     plan: Callable[[Any, Mapping[str, Any]], Plan] | None = None
     execute: Callable[[Any, Plan, ProgressFn], Any] | None = None
+    #: vSphere privileges the call needs (reported by get_access_info)
+    privileges: tuple[str, ...] = ("System.View",)
     #: keys whose values are secrets: never audited, never echoed
     sensitive_params: tuple[str, ...] = ()
     #: execute this kind of change against a safety snapshot first (revert-type destructive actions)
