@@ -126,8 +126,9 @@ def looks_like_moid(ref: str) -> bool:
 class ToolSpec:
     name: str
     description: str
-    category: Category
-    risk: Risk
+    #: a tool that declares no category is treated as destructive (see __post_init__)
+    category: Category | None = None
+    risk: Risk = Risk.CRITICAL
     params: tuple[Param, ...] = ()
     target_mode: Literal["fanout", "single", "none"] = "single"
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
@@ -139,6 +140,18 @@ class ToolSpec:
     sensitive_params: tuple[str, ...] = ()
     #: execute this kind of change against a safety snapshot first (revert-type destructive actions)
     snapshot_before: bool = False
+
+    def __post_init__(self) -> None:
+        # Fail closed: an unclassified tool gets the strictest treatment rather than the laxest.
+        if not isinstance(self.category, Category):
+            object.__setattr__(self, "category", Category.DESTRUCTIVE)
+            object.__setattr__(self, "risk", Risk.CRITICAL)
+
+    @property
+    def kind(self) -> Category:
+        """The effective category (never None after construction)."""
+        assert isinstance(self.category, Category)
+        return self.category
 
     def input_schema(self) -> dict[str, Any]:
         return {
