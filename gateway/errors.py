@@ -28,6 +28,7 @@ traceback stays in the log and never reaches the wire::
     ├── Stale                  stale
     ├── ApprovalRequired       approval_required
     ├── AuditUnavailable       audit_unavailable
+    ├── StateUnavailable       state_unavailable
     ├── Unauthorized           unauthorized
     └── Forbidden              forbidden
 """
@@ -147,6 +148,12 @@ class ApprovalRequired(GatewayError):
 
 class AuditUnavailable(GatewayError):
     code = "audit_unavailable"
+
+
+class StateUnavailable(GatewayError):
+    """The shared state store (tokens, proposals) cannot be read or written; callers fail closed."""
+
+    code = "state_unavailable"
 
 
 class Unauthorized(GatewayError):

@@ -1,0 +1,75 @@
+"""``gateway pending``: the human approval path from a shell (the web page offers the same)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+from typing import Any
+
+from gateway.auth.tokens import Principal
+from gateway.cli import add_path_flags, settings_from
+from gateway.server.pipeline import Gateway, proposal_view
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("pending", help="list, approve or deny proposals")
+    actions = parser.add_subparsers(dest="pending_action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="proposals awaiting a decision")
+    listing.add_argument("--all", action="store_true", help="include decided proposals")
+    listing.add_argument("--json", action="store_true")
+    add_path_flags(listing)
+    listing.set_defaults(handler=run_list)
+    for name, fn in (("approve", run_approve), ("deny", run_deny)):
+        p = actions.add_parser(name, help=f"{name} a proposal by id (approve also executes it)")
+        p.add_argument("proposal_id")
+        add_path_flags(p)
+        p.set_defaults(handler=fn)
+
+
+def _human() -> Principal:
+    # The shell user holds the gateway's credentials and state directory; it acts as admin.
+    return Principal(name=f"cli:{getpass.getuser()}", role="admin", surface="cli")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    gateway = Gateway.build(settings_from(args))
+    gateway.expire_due()
+    states = None if args.all else ["pending"]
+    rows = [proposal_view(p, gateway.clock()) for p in gateway.store.list_proposals(states)]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, sort_keys=True))
+        return 0
+    if not rows:
+        print("no proposals")
+    for r in rows:
+        gate = "BLOCKED until approved" if r["requires_human_approval"] else "not gated"
+        print(f"{r['proposal_id']}  {r['state']:<9} target={r['target']} ({r['target_host']})  "
+              f"{r['tool']}  by {r['requested_by']}  {gate}  expires in {r['expires_in_seconds']}s")
+        print(f"    {r['summary']}")
+    return 0
+
+
+def _decide(args: argparse.Namespace, approve: bool) -> int:
+    gateway = Gateway.build(settings_from(args))
+
+    async def go() -> dict[str, Any]:
+        try:
+            if approve:
+                return await gateway.approve(args.proposal_id, _human())
+            return gateway.deny(args.proposal_id, _human())
+        finally:
+            await gateway.close()
+
+    print(json.dumps(asyncio.run(go()), indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def run_approve(args: argparse.Namespace) -> int:
+    return _decide(args, approve=True)
+
+
+def run_deny(args: argparse.Namespace) -> int:
+    return _decide(args, approve=False)

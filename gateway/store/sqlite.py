@@ -1,0 +1,370 @@
+"""``SqliteStore``: the state store on one SQLite file under the gateway home.
+
+Safe for several processes at once (the server, the CLI, a second server): WAL mode lets readers
+proceed while one writer commits, ``busy_timeout`` makes a writer wait for another instead of
+failing, and every write is one ``BEGIN IMMEDIATE`` transaction. Within a process each thread gets
+its own connection, so a reader on the event loop never waits behind a writer in a worker thread.
+
+The directory is kept at mode 0700 and the database (with its ``-wal`` and ``-shm`` files) at 0600:
+they hold token hashes and the parameters of pending destructive actions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
+from gateway.store.base import PROPOSAL_STATES, TRANSITION_FIELDS, Proposal, TokenRecord
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION: Final = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('token_generation', 0);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_id   TEXT PRIMARY KEY,
+    name       TEXT NOT NULL UNIQUE,
+    role       TEXT NOT NULL,
+    hash       TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    last_used  REAL,
+    revoked    INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS proposals (
+    id                   TEXT PRIMARY KEY,
+    token_hash           TEXT NOT NULL UNIQUE,
+    caller               TEXT NOT NULL,
+    role                 TEXT NOT NULL,
+    surface              TEXT NOT NULL,
+    target               TEXT NOT NULL,
+    target_host          TEXT NOT NULL,
+    tool                 TEXT NOT NULL,
+    args                 TEXT NOT NULL,
+    args_digest          TEXT NOT NULL,
+    plan_summary         TEXT NOT NULL,
+    affected             TEXT NOT NULL,
+    plan_params          TEXT NOT NULL,
+    created_at           REAL NOT NULL,
+    expires_at           REAL NOT NULL,
+    state                TEXT NOT NULL,
+    require_web_approval INTEGER NOT NULL,
+    approved_by          TEXT,
+    decided_at           REAL,
+    outcome              TEXT,
+    result               TEXT,
+    error                TEXT,
+    correlation_id       TEXT
+);
+CREATE INDEX IF NOT EXISTS proposals_state ON proposals (state, expires_at);
+"""
+_PROPOSAL_COLUMNS: Final = (
+    "id", "token_hash", "caller", "role", "surface", "target", "target_host", "tool", "args", "args_digest",
+    "plan_summary", "affected", "plan_params", "created_at", "expires_at", "state", "require_web_approval",
+    "approved_by", "decided_at", "outcome", "result", "error", "correlation_id",
+)
+_JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error"})
+_TOKEN_COLUMNS: Final = "token_id, name, role, hash, created_at, expires_at, last_used, revoked"
+_PRIVATE_FILE: Final = 0o600
+_PRIVATE_DIR: Final = 0o700
+
+
+def _to_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _from_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _token(row: sqlite3.Row) -> TokenRecord:
+    return TokenRecord(
+        token_id=row["token_id"], name=row["name"], role=row["role"], hash=row["hash"],
+        created_at=row["created_at"], expires_at=row["expires_at"], last_used=row["last_used"],
+        revoked=bool(row["revoked"]),
+    )
+
+
+def _proposal(row: sqlite3.Row) -> Proposal:
+    values = {c: (_from_json(row[c]) if c in _JSON_COLUMNS else row[c]) for c in _PROPOSAL_COLUMNS}
+    values["require_web_approval"] = bool(values["require_web_approval"])
+    return Proposal(**values)
+
+
+def _proposal_values(p: Proposal) -> tuple[Any, ...]:
+    return tuple(_to_json(getattr(p, c)) if c in _JSON_COLUMNS else getattr(p, c) for c in _PROPOSAL_COLUMNS)
+
+
+def secure_directory(directory: Path) -> None:
+    """Create ``directory`` at mode 0700, or tighten it if this user owns it; refuse a directory other
+    users can reach that this user cannot fix."""
+    directory.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)
+    st = directory.stat()
+    if not st.st_mode & 0o077:
+        return
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"{directory}: the state directory is open to other users and owned by someone "
+                          "else; point GATEWAY_HOME (--home) at a directory only the gateway's user can use")
+    log.warning("%s: tightening permissions to 0700 (it holds token hashes and pending actions)", directory)
+    os.chmod(directory, _PRIVATE_DIR)
+
+
+def _secure_file(path: Path, *, create: bool) -> None:
+    """Create ``path`` at 0600 (umask cannot widen it) or tighten an existing one; never follow a link."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, _PRIVATE_FILE)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, _PRIVATE_FILE)
+    finally:
+        os.close(fd)
+
+
+class SqliteStore:
+    """The ``StateStore`` on one SQLite file; see the module docstring for the concurrency model."""
+
+    def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[tuple[weakref.ref[threading.Thread], sqlite3.Connection]] = []
+        self._closed = False
+        try:
+            secure_directory(self.path.parent)
+            _secure_file(self.path, create=True)
+        except OSError as exc:
+            raise StateUnavailable(f"cannot create the state store {self.path} ({exc.strerror}); check that "
+                                   "GATEWAY_HOME is writable by the gateway's user") from exc
+        self._migrate()
+        for suffix in ("-wal", "-shm"):
+            _secure_file(Path(f"{self.path}{suffix}"), create=False)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._closed:
+                raise StateUnavailable("the state store is closed; the gateway is shutting down")
+            self._prune_dead_threads()
+            conn = self._open()
+            self._connections.append((weakref.ref(threading.current_thread()), conn))
+        self._local.conn = conn
+        return conn
+
+    def _prune_dead_threads(self) -> None:
+        alive = []
+        for ref, conn in self._connections:
+            thread = ref()
+            if thread is not None and thread.is_alive():
+                alive.append((ref, conn))
+            else:
+                conn.close()
+        self._connections = alive
+
+    @contextmanager
+    def _failing_as(self, what: str) -> Iterator[None]:
+        """Translate storage failures at this one boundary; the details go to the log only."""
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
+            log.error("state store %s: cannot %s: %s", self.path, what, exc)
+            raise StateUnavailable(
+                f"the state store cannot {what} right now; retry, and if it persists see the gateway log "
+                "(disk full, permissions, or a process holding a lock)") from exc
+
+    def _read(self, what: str, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._failing_as(what):
+            return self._conn().execute(sql, params).fetchall()
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._failing_as(what):
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _migrate(self) -> None:
+        with self._write("initialise its schema") as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ConfigError(f"{self.path} was written by a newer gateway (schema {version}); upgrade "
+                                  "this gateway or point GATEWAY_HOME elsewhere")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._read("answer a ping", "SELECT 1")[0][0] == 1)
+        except StateUnavailable:
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for _, conn in self._connections:
+                conn.close()
+            self._connections = []
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- tokens --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _bump_generation(db: sqlite3.Connection) -> None:
+        db.execute("UPDATE meta SET value = value + 1 WHERE key = 'token_generation'")
+
+    def add_token(self, rec: TokenRecord) -> None:
+        try:
+            with self._write("add a token") as db:
+                db.execute(f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (rec.token_id, rec.name, rec.role, rec.hash, rec.created_at, rec.expires_at,
+                            rec.last_used, int(rec.revoked)))
+                self._bump_generation(db)
+        except sqlite3.IntegrityError as exc:
+            raise InvalidArgument("name", f"a token named {rec.name!r} already exists (names of revoked "
+                                  "tokens stay taken, so sessions of a leaked token cannot be continued); "
+                                  "pick a new name") from exc
+
+    def token_by_id(self, token_id: str) -> TokenRecord | None:
+        rows = self._read("read a token", f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE token_id = ?",
+                          (token_id,))
+        return _token(rows[0]) if rows else None
+
+    def token_by_name(self, name: str) -> TokenRecord | None:
+        rows = self._read("read a token", f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE name = ?", (name,))
+        return _token(rows[0]) if rows else None
+
+    def list_tokens(self) -> list[TokenRecord]:
+        rows = self._read("list tokens", f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY name")
+        return [_token(r) for r in rows]
+
+    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None) -> TokenRecord:
+        with self._write("update a token") as db:
+            row = db.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise NotFound(f"no token named {name!r}; `gateway token list` shows the names")
+            current = _token(row)
+            if revoked is False and current.revoked:
+                raise InvalidArgument("revoked", f"token {name!r} is revoked and cannot be reinstated; "
+                                      "create a new token instead")
+            new_role = current.role if role is None else role
+            new_revoked = current.revoked if revoked is None else revoked
+            db.execute("UPDATE tokens SET role = ?, revoked = ? WHERE name = ?",
+                       (new_role, int(new_revoked), name))
+            self._bump_generation(db)
+        return TokenRecord(token_id=current.token_id, name=name, role=new_role, hash=current.hash,
+                           created_at=current.created_at, expires_at=current.expires_at,
+                           last_used=current.last_used, revoked=new_revoked)
+
+    def touch_token(self, token_id: str, when: float) -> None:
+        with self._write("record a token's use") as db:
+            db.execute("UPDATE tokens SET last_used = ? "
+                       "WHERE token_id = ? AND (last_used IS NULL OR last_used < ?)", (when, token_id, when))
+
+    def token_generation(self) -> int:
+        rows = self._read("read the token generation",
+                          "SELECT value FROM meta WHERE key = 'token_generation'")
+        return int(rows[0][0])
+
+    # -- proposals -----------------------------------------------------------------------------
+
+    def add_proposal(self, p: Proposal) -> None:
+        marks = ", ".join("?" * len(_PROPOSAL_COLUMNS))
+        try:
+            with self._write("record a proposal") as db:
+                db.execute(f"INSERT INTO proposals ({', '.join(_PROPOSAL_COLUMNS)}) VALUES ({marks})",
+                           _proposal_values(p))
+        except sqlite3.IntegrityError as exc:
+            raise InvalidArgument("id", f"proposal {p.id!r} or its token hash already exists") from exc
+
+    def _proposals(self, where: str, params: Sequence[Any]) -> list[Proposal]:
+        sql = f"SELECT {', '.join(_PROPOSAL_COLUMNS)} FROM proposals {where}"
+        return [_proposal(r) for r in self._read("read proposals", sql, params)]
+
+    def get_proposal(self, proposal_id: str) -> Proposal | None:
+        found = self._proposals("WHERE id = ?", (proposal_id,))
+        return found[0] if found else None
+
+    def proposal_by_token_hash(self, token_hash: str) -> Proposal | None:
+        found = self._proposals("WHERE token_hash = ?", (token_hash,))
+        return found[0] if found else None
+
+    def list_proposals(
+        self, states: Sequence[str] | None = None, limit: int = 200, *, due_before: float | None = None
+    ) -> list[Proposal]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if states is not None:
+            _check_states(states)
+            clauses.append(f"state IN ({', '.join('?' * len(states))})")
+            params.extend(states)
+        if due_before is not None:
+            clauses.append("expires_at <= ?")
+            params.append(due_before)
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        order = "expires_at ASC" if due_before is not None else "created_at DESC"
+        return self._proposals(f"{where}ORDER BY {order}, id LIMIT ?", [*params, int(limit)])
+
+    def transition(self, proposal_id: str, from_states: Sequence[str], to_state: str, **fields: Any) -> bool:
+        if not from_states:
+            raise ValueError("transition() needs at least one state to move from")
+        _check_states([*from_states, to_state])
+        unknown = set(fields) - TRANSITION_FIELDS
+        if unknown:
+            raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
+        sets = ["state = ?", *(f"{k} = ?" for k in fields)]
+        values = [to_state, *(_to_json(v) if k in _JSON_COLUMNS else v for k, v in fields.items())]
+        marks = ", ".join("?" * len(from_states))
+        with self._write("update a proposal") as db:
+            cursor = db.execute(f"UPDATE proposals SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})",
+                                [*values, proposal_id, *from_states])
+            return cursor.rowcount == 1
+
+
+def _check_states(states: Sequence[str]) -> None:
+    unknown = set(states) - PROPOSAL_STATES
+    if unknown:
+        raise ValueError(f"unknown proposal states: {sorted(unknown)}")

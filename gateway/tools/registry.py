@@ -1,0 +1,63 @@
+"""Assemble the tool table for one server: capability gating, then read-only mode.
+
+The registry is built once before serving. Read-only mode removes every non-read tool, then proves
+that none survived; if the proof fails the server refuses to start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.errors import ConfigError
+from gateway.tools.destructive import DESTRUCTIVE_TOOLS
+from gateway.tools.pending import PENDING_TOOLS
+from gateway.tools.read import LIST_TARGETS, READ_TOOLS, access_info_tool
+from gateway.tools.spec import Category, ToolSpec, by_name
+from gateway.tools.write import WRITE_TOOLS
+
+log = logging.getLogger(__name__)
+
+
+class ReadOnlyGateError(ConfigError):
+    """Read-only mode was requested but could not be proven."""
+
+
+@dataclass(frozen=True)
+class Registry:
+    tools: dict[str, ToolSpec]
+    withheld: tuple[str, ...]
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self.tools.get(name)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.tools.values())
+
+
+def all_tools(*, destructive: bool) -> list[ToolSpec]:
+    """Every tool this build offers; destructive ones (and the proposal tools) only when enabled."""
+    specs: list[ToolSpec] = [LIST_TARGETS, *READ_TOOLS, *WRITE_TOOLS]
+    if destructive:
+        specs += [*DESTRUCTIVE_TOOLS, *PENDING_TOOLS]
+    specs.append(access_info_tool(specs))
+    return specs
+
+
+def apply_read_only(specs: Sequence[ToolSpec]) -> tuple[list[ToolSpec], list[str]]:
+    kept = [s for s in specs if s.kind is Category.READ]
+    withheld = sorted(s.name for s in specs if s not in kept)
+    survivors = [s.name for s in kept if s.kind is not Category.READ]
+    if survivors:  # defence in depth: the filter above must leave only reads
+        raise ReadOnlyGateError(f"read-only mode could not remove {', '.join(survivors)}; refusing to start")
+    return kept, withheld
+
+
+def build_registry(*, destructive: bool, read_only: bool) -> Registry:
+    specs = all_tools(destructive=destructive)
+    withheld: list[str] = []
+    if read_only:
+        specs, withheld = apply_read_only(specs)
+        log.warning("read-only mode: withholding %d tools: %s", len(withheld), ", ".join(withheld))
+    return Registry(by_name(specs), tuple(withheld))
