@@ -37,7 +37,7 @@ class _Rule:
     remedy: str
 
 
-_CHECK_ADDRESS = "check 'host' and 'port' in targets.yaml and that the target is up and reachable from the gateway"
+_CHECK_ADDRESS = "check 'host' and 'port' in targets.yaml and that the target is up and reachable"
 
 # Looked up along the exception's MRO, so a subclass (InvalidPowerState) finds its own row before
 # its parent's (InvalidState), and NotAuthenticated its own before NoPermission's.

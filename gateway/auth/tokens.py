@@ -1,0 +1,245 @@
+"""Bearer tokens: format, hashing at rest, and the verifier every authenticated request goes through.
+
+A token reads ``gwt_<id>_<secret>``: the prefix makes a leaked token easy to recognise (secret
+scanners), the 12-character id finds its record without hashing anything, and the secret carries
+256 random bits. Only an argon2id hash of the whole token is stored.
+
+``TokenAuthenticator.verify`` costs one argon2 verification the first time a process sees a token
+and microseconds afterwards: a successful verification is cached under a keyed digest of the token
+(blake2b with a per-process random key, so the cache reveals nothing). Every request still reads the
+store's token generation, a counter bumped by every token change in any process, and reloads the
+records (never re-hashing) when it moved, so a revocation, an expiry or a role change applies from
+the very next request. Unknown ids and malformed tokens are refused without running argon2, and
+each client (IP) that fails too often in a window is throttled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import anyio.to_thread
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from gateway.errors import InvalidArgument, StateUnavailable
+from gateway.store.base import ID_LENGTH, StateStore, TokenRecord, new_id
+
+__all__ = [
+    "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "create_token", "parse_expiry",
+    "parse_token_id",
+]
+
+log = logging.getLogger(__name__)
+
+TOKEN_PREFIX: Final = "gwt_"
+_TOKEN_RE: Final = re.compile(rf"gwt_([a-z0-9]{{{ID_LENGTH}}})_[A-Za-z0-9_-]{{43}}")
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+_EXPIRY_RE: Final = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
+_UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_CACHE_LIMIT: Final = 10_000
+_CLIENT_LIMIT: Final = 10_000
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface."""
+
+    name: str
+    role: str
+    token_id: str | None = None
+    surface: str = "https"
+
+
+def parse_token_id(token: str) -> str | None:
+    """The id inside a well-formed token, or None for anything else."""
+    match = _TOKEN_RE.fullmatch(token)
+    return match.group(1) if match else None
+
+
+def parse_expiry(text: str) -> float:
+    """Seconds in a lifetime such as ``30d``, ``12h``, ``90m``, ``3600s`` or ``2w``."""
+    match = _EXPIRY_RE.fullmatch(text.strip())
+    if match is None:
+        raise InvalidArgument("expires_in", f"{text!r} is not a lifetime; write a positive whole number "
+                              "followed by s, m, h, d or w, e.g. 30d")
+    return float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+def create_token(
+    store: StateStore, name: str, role: str, *, expires_in: float | None, now: float,
+    hasher: PasswordHasher | None = None,
+) -> tuple[str, TokenRecord]:
+    """Create and store a token; return its plaintext (shown once, never stored) and its record.
+
+    ``role`` is stored as given: whether it is defined is the caller's check (``RoleBook.get``).
+    """
+    if not _NAME_RE.fullmatch(name):
+        raise InvalidArgument("name", f"{name!r} is not a token name; use 1-64 letters, digits, '.', '_', "
+                              "'@' or '-', starting with a letter or digit")
+    if not role:
+        raise InvalidArgument("role", "a token needs a role (reader, admin, or one from roles.yaml)")
+    if expires_in is not None and expires_in <= 0:
+        raise InvalidArgument("expires_in", "must be positive, e.g. 30d")
+    token_id = new_id()
+    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    rec = TokenRecord(token_id=token_id, name=name, role=role, hash=(hasher or PasswordHasher()).hash(token),
+                      created_at=now, expires_at=None if expires_in is None else now + expires_in)
+    store.add_token(rec)
+    return token, rec
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A token whose record is usable but whose secret has not been checked in this process yet."""
+
+    record: TokenRecord
+    key: bytes
+
+
+class TokenAuthenticator:
+    """Turns a bearer token into a ``Principal`` (see the module docstring). Thread-safe.
+
+    ``verify`` runs argon2 inline on first sight of a token; on an event loop use ``verify_async``,
+    which does only that part in a worker thread. A throttled client gets None without any argon2
+    work; answer it 429 with ``throttled(client)`` as Retry-After before calling ``verify``.
+    """
+
+    def __init__(
+        self, store: StateStore, *, clock: Callable[[], float] = time.time,
+        hasher: PasswordHasher | None = None, max_failures: int = 10, failure_window: float = 60.0,
+        touch_interval: float = 60.0,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._hasher = hasher or PasswordHasher()
+        self._max_failures = max_failures
+        self._window = failure_window
+        self._touch_interval = touch_interval
+        self._key = secrets.token_bytes(32)
+        self._lock = threading.Lock()
+        self._generation: int | None = None
+        self._records: dict[str, TokenRecord] = {}
+        self._verified: dict[bytes, str] = {}
+        self._failures: dict[str, deque[float]] = {}
+        self._touched: dict[str, float] = {}
+
+    def verify(self, token: str, client: str = "") -> Principal | None:
+        """The caller behind ``token``, or None (malformed, unknown, wrong secret, revoked, expired).
+
+        Raises ``StateUnavailable`` if the store cannot be read: the request must fail closed."""
+        found = self._lookup(token, client)
+        if isinstance(found, _Candidate):
+            return self._prove(found, token, client)
+        return found
+
+    async def verify_async(self, token: str, client: str = "") -> Principal | None:
+        """``verify`` for an event loop: the argon2 check of a token not yet seen runs in a thread."""
+        found = self._lookup(token, client)
+        if isinstance(found, _Candidate):
+            return await anyio.to_thread.run_sync(self._prove, found, token, client)
+        return found
+
+    def throttled(self, client: str) -> float | None:
+        """Seconds until ``client`` may try again, or None if it is not throttled."""
+        now = self._clock()
+        with self._lock:
+            failures = self._failures.get(client)
+            if failures is None:
+                return None
+            while failures and failures[0] <= now - self._window:
+                failures.popleft()
+            if len(failures) <= self._max_failures:
+                return None
+            return max(failures[0] + self._window - now, 0.001)
+
+    # -- the fast path -------------------------------------------------------------------------
+
+    def _lookup(self, token: str, client: str) -> Principal | _Candidate | None:
+        token_id = parse_token_id(token)
+        if token_id is None:
+            self._fail(client)
+            return None
+        self._sync()
+        now = self._clock()
+        key = hashlib.blake2b(token.encode("utf-8"), key=self._key, digest_size=32).digest()
+        with self._lock:
+            record = self._records.get(token_id)
+            proven = self._verified.get(key) == token_id
+        if record is None or not record.usable(now):
+            self._fail(client)
+            return None
+        if proven:
+            self._touch(record, now)
+            return Principal(name=record.name, role=record.role, token_id=record.token_id)
+        if self.throttled(client) is not None:
+            return None
+        return _Candidate(record, key)
+
+    def _sync(self) -> None:
+        """Reload the token records if any process changed a token since they were loaded.
+
+        The generation is read before the records, so a change racing the reload bumps it again and
+        the next request reloads once more: a change is never missed."""
+        generation = self._store.token_generation()
+        if generation == self._generation:
+            return
+        records = {r.token_id: r for r in self._store.list_tokens()}
+        with self._lock:
+            self._records = records
+            self._generation = generation
+            self._verified = {k: i for k, i in self._verified.items()
+                              if i in records and not records[i].revoked}
+
+    def _prove(self, candidate: _Candidate, token: str, client: str) -> Principal | None:
+        """The slow path: argon2 against the stored hash, then the fast path once more (so a change
+        made while hashing still applies)."""
+        try:
+            self._hasher.verify(candidate.record.hash, token)
+        except (VerificationError, InvalidHashError):
+            self._fail(client)
+            return None
+        with self._lock:
+            if len(self._verified) >= _CACHE_LIMIT:
+                self._verified.clear()
+            self._verified[candidate.key] = candidate.record.token_id
+        found = self._lookup(token, client)
+        return found if isinstance(found, Principal) else None
+
+    def _fail(self, client: str) -> None:
+        now = self._clock()
+        with self._lock:
+            if client not in self._failures and len(self._failures) >= _CLIENT_LIMIT:
+                self._forget_quiet_clients(now)
+            failures = self._failures.setdefault(client, deque(maxlen=self._max_failures + 1))
+            failures.append(now)
+
+    def _forget_quiet_clients(self, now: float) -> None:
+        quiet = [c for c, f in self._failures.items() if not f or f[-1] <= now - self._window]
+        for c in quiet:
+            del self._failures[c]
+        while len(self._failures) >= _CLIENT_LIMIT:
+            del self._failures[next(iter(self._failures))]
+
+    def _touch(self, record: TokenRecord, now: float) -> None:
+        """Record last use at most once per ``touch_interval`` per token; a failure only logs."""
+        with self._lock:
+            if now - self._touched.get(record.token_id, float("-inf")) < self._touch_interval:
+                return
+            self._touched[record.token_id] = now
+        try:
+            self._store.touch_token(record.token_id, now)
+        except StateUnavailable:
+            log.warning("could not record the last use of token %r; it stays authenticated", record.name)
+
+
+#: the name the design notes use; the mcp SDK has an unrelated ``TokenVerifier`` protocol
+TokenVerifier = TokenAuthenticator

@@ -1,0 +1,166 @@
+"""Call-volume limits: rate per target and category, objects per bulk call, and the runaway breaker.
+
+All state lives in this process and every ``check`` takes the clock as a plain float (seconds from
+``time.monotonic()`` in production, any number in tests), so behaviour is a function of the calls
+and the times passed in. Each class is thread-safe and keeps bounded memory: entries older than
+their window are pruned on access, and idle keys are swept out periodically.
+
+Contracts:
+- ``RateLimiter.check`` records the call only when it is allowed; a refused call does not use up
+  capacity, so a caller that backs off for ``retry_after`` seconds gets through.
+- ``RunawayBreaker.check`` never counts reads. The ``max_repeats + 1``-th identical write (same
+  caller, tool and argument digest) inside ``window`` seconds trips the breaker for that exact call;
+  it is refused, and so is every further identical call until ``cooldown`` seconds have passed.
+  Different calls from the same caller are not affected.
+- ``check_bulk`` refuses a call that would change more objects than the target allows, before any
+  proposal is made.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.errors import PolicyDenied, RateLimited
+from gateway.tools.spec import Category
+
+RATE_WINDOW_SECONDS = 60.0
+#: how many checks may pass between two sweeps of idle keys
+_SWEEP_EVERY = 256
+
+
+def bulk_denial(count: int, limit: int | None, target: str) -> str | None:
+    """The reason a call changing ``count`` objects exceeds ``limit``, or None when it fits."""
+    if limit is None or count <= limit:
+        return None
+    return (f"this call would change {count} objects on target '{target}', more than its limit of "
+            f"{limit} (max_bulk_objects); split it into batches of at most {limit}, or raise "
+            "max_bulk_objects for this target in rules.yaml")
+
+
+def check_bulk(count: int, limit: int | None, target: str) -> None:
+    """Raise ``PolicyDenied`` when a call would change more than ``limit`` objects (None: no limit)."""
+    reason = bulk_denial(count, limit, target)
+    if reason is not None:
+        raise PolicyDenied(reason, rule="limits:max_bulk_objects", target=target, count=count, limit=limit)
+
+
+class RateLimiter:
+    """At most ``limit`` calls per rolling minute for each (target, category) pair."""
+
+    def __init__(self, window: float = RATE_WINDOW_SECONDS) -> None:
+        self._window = window
+        self._lock = threading.Lock()
+        self._calls: dict[tuple[str, Category], deque[float]] = {}
+        self._checks = 0
+
+    def check(self, target: str, category: Category, limit: int | None, now: float) -> None:
+        """Record the call, or raise ``RateLimited`` (with ``retry_after``) when the window is full.
+
+        ``limit=None`` means unlimited: nothing is recorded.
+        """
+        if limit is None:
+            return
+        with self._lock:
+            self._maybe_sweep(now)
+            calls = self._calls.setdefault((target, category), deque())
+            _prune(calls, now - self._window)
+            if len(calls) >= limit:
+                retry_after = max(calls[len(calls) - limit] + self._window - now, 0.0)
+                raise RateLimited(
+                    f"rate limit reached on target '{target}': at most {limit} {category} calls per "
+                    f"minute; retry in {retry_after:.1f} s, or raise max_calls_per_minute.{category} for "
+                    "this target in rules.yaml",
+                    retry_after,
+                )
+            calls.append(now)
+
+    def tracked_keys(self) -> int:
+        """How many (target, category) pairs hold state (for tests and metrics)."""
+        with self._lock:
+            return len(self._calls)
+
+    def _maybe_sweep(self, now: float) -> None:
+        self._checks += 1
+        if self._checks % _SWEEP_EVERY:
+            return
+        horizon = now - self._window
+        for key in list(self._calls):
+            calls = self._calls[key]
+            _prune(calls, horizon)
+            if not calls:
+                del self._calls[key]
+
+
+@dataclass
+class _Repeats:
+    """Recent times of one identical call, and until when it is refused (0: not tripped)."""
+
+    times: deque[float] = field(default_factory=deque)
+    tripped_until: float = 0.0
+
+
+class RunawayBreaker:
+    """Stops a caller stuck in a loop that repeats the same write over and over."""
+
+    def __init__(self, max_repeats: int = 5, window: float = 60.0, cooldown: float = 120.0) -> None:
+        if max_repeats < 1 or window <= 0 or cooldown <= 0:
+            raise ValueError("max_repeats must be >= 1 and window, cooldown positive")
+        self._max_repeats = max_repeats
+        self._window = window
+        self._cooldown = cooldown
+        self._lock = threading.Lock()
+        self._repeats: dict[tuple[str, str, str], _Repeats] = {}
+        self._checks = 0
+
+    def check(self, caller: str, tool: str, args_digest: str, category: Category, now: float) -> None:
+        """Count an identical write; raise ``RateLimited`` while the breaker is tripped for it."""
+        if category is Category.READ:
+            return
+        key = (caller, tool, args_digest)
+        with self._lock:
+            self._maybe_sweep(now)
+            state = self._repeats.setdefault(key, _Repeats())
+            if now < state.tripped_until:
+                raise self._refusal(caller, tool, state.tripped_until - now)
+            if state.tripped_until:
+                self._repeats[key] = state = _Repeats()
+            _prune(state.times, now - self._window)
+            state.times.append(now)
+            if len(state.times) > self._max_repeats:
+                state.times.clear()
+                state.tripped_until = now + self._cooldown
+                raise self._refusal(caller, tool, self._cooldown)
+
+    def tracked_keys(self) -> int:
+        """How many (caller, tool, digest) entries hold state (for tests and metrics)."""
+        with self._lock:
+            return len(self._repeats)
+
+    def _refusal(self, caller: str, tool: str, retry_after: float) -> RateLimited:
+        error = RateLimited(
+            f"runaway protection: caller '{caller}' sent the same {tool} call more than "
+            f"{self._max_repeats} times within {self._window:g} s; this identical call is refused for "
+            f"{retry_after:.0f} s more. Check the agent's retry loop; different calls are not affected",
+            retry_after,
+        )
+        error.details["limit"] = "runaway_breaker"
+        return error
+
+    def _maybe_sweep(self, now: float) -> None:
+        self._checks += 1
+        if self._checks % _SWEEP_EVERY:
+            return
+        horizon = now - self._window
+        for key in list(self._repeats):
+            state = self._repeats[key]
+            _prune(state.times, horizon)
+            if not state.times and now >= state.tripped_until:
+                del self._repeats[key]
+
+
+def _prune(times: deque[float], horizon: float) -> None:
+    """Drop times at or before ``horizon`` (deques are in call order, so from the left)."""
+    while times and times[0] <= horizon:
+        times.popleft()
