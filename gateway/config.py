@@ -17,8 +17,17 @@ import yaml
 from gateway.errors import ConfigError
 
 _TARGET_KEYS = {
-    "name", "host", "port", "credential_env_prefix", "insecure", "ca_file", "tags",
-    "standalone_host", "pool_size", "timeout_seconds", "dry_run",
+    "name",
+    "host",
+    "port",
+    "credential_env_prefix",
+    "insecure",
+    "ca_file",
+    "tags",
+    "standalone_host",
+    "pool_size",
+    "timeout_seconds",
+    "dry_run",
 }
 
 
@@ -68,10 +77,7 @@ class ConfigProblems(ConfigError):
 
 
 def _check_type(problems: list[str], where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and kind in (int, float, (int, float)):
-        ok = False
-    else:
-        ok = isinstance(value, kind)
+    ok = False if isinstance(value, bool) and kind in (int, float, (int, float)) else isinstance(value, kind)
     if not ok:
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         problems.append(f"{where}: '{key}' must be {names}, got {type(value).__name__}")
@@ -90,7 +96,9 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
     for index, entry in enumerate(data):
         where = f"{source}: target #{index + 1}"
         if not isinstance(entry, Mapping):
-            problems.append(f"{where}: each target must be a mapping with at least name, host, credential_env_prefix")
+            problems.append(
+                f"{where}: each target must be a mapping with at least name, host, credential_env_prefix"
+            )
             continue
         name = entry.get("name")
         if isinstance(name, str) and name:
@@ -120,8 +128,14 @@ def _parse_target(
         else:
             _check_type(problems, where, key, entry[key], str)
     kinds: dict[str, type | tuple[type, ...]] = {
-        "port": int, "insecure": bool, "ca_file": str, "standalone_host": bool, "pool_size": int,
-        "timeout_seconds": (int, float), "dry_run": bool, "tags": list,
+        "port": int,
+        "insecure": bool,
+        "ca_file": str,
+        "standalone_host": bool,
+        "pool_size": int,
+        "timeout_seconds": (int, float),
+        "dry_run": bool,
+        "tags": list,
     }
     for key, kind in kinds.items():
         if key in entry and entry[key] is not None:
@@ -141,10 +155,17 @@ def _parse_target(
     if timeout <= 0:
         problems.append(f"{where}: 'timeout_seconds' must be positive")
     target = Target(
-        name=entry["name"], host=entry["host"], credential_env_prefix=entry["credential_env_prefix"],
-        port=entry.get("port", 443), insecure=bool(entry.get("insecure", False)), ca_file=entry.get("ca_file"),
-        tags=tuple(tags), standalone_host=bool(entry.get("standalone_host", False)), pool_size=pool_size,
-        timeout_seconds=float(timeout), dry_run=entry.get("dry_run"),
+        name=entry["name"],
+        host=entry["host"],
+        credential_env_prefix=entry["credential_env_prefix"],
+        port=entry.get("port", 443),
+        insecure=bool(entry.get("insecure", False)),
+        ca_file=entry.get("ca_file"),
+        tags=tuple(tags),
+        standalone_host=bool(entry.get("standalone_host", False)),
+        pool_size=pool_size,
+        timeout_seconds=float(timeout),
+        dry_run=entry.get("dry_run"),
     )
     if target.name in ("all", "*"):
         problems.append(f"{where}: '{target.name}' is reserved (it means every target); pick another name")
@@ -161,11 +182,14 @@ def load_targets(path: Path, environ: Mapping[str, str] | None = None) -> tuple[
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigProblems([f"{path}: cannot read targets file ({exc.strerror}); create it or set "
-                              "GATEWAY_TARGETS_FILE / --targets"]) from exc
+        raise ConfigProblems(
+            [
+                f"{path}: cannot read targets file ({exc.strerror}); create it or set "
+                "GATEWAY_TARGETS_FILE / --targets"
+            ]
+        ) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigProblems([f"{path}: not valid YAML: {exc}"]) from exc
     return parse_targets(data, str(path), environ if environ is not None else None)
-

@@ -162,3 +162,9 @@ class Unauthorized(GatewayError):
 
 class Forbidden(GatewayError):
     code = "forbidden"
+
+
+class ScanLimitReached(GatewayError):
+    """A history scan read ``max_scan`` records without reaching the start of its window."""
+
+    code = "scan_limit_reached"

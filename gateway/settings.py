@@ -29,8 +29,12 @@ def parse_switch(name: str, raw: str | None, *, default: bool, fail_safe: bool |
     if value in _FALSE:
         return False
     chosen = default if fail_safe is None else fail_safe
-    log.warning("%s=%r is not a recognised switch value (use true/false); treating it as %s",
-                name, raw, "on" if chosen else "off")
+    log.warning(
+        "%s=%r is not a recognised switch value (use true/false); treating it as %s",
+        name,
+        raw,
+        "on" if chosen else "off",
+    )
     return chosen
 
 
@@ -80,13 +84,16 @@ class Settings:
             rules_file=path("rules", "GATEWAY_RULES_FILE", "rules.yaml"),
             roles_file=path("roles", "GATEWAY_ROLES_FILE", "roles.yaml"),
             audit_log=path("audit_log", "GATEWAY_AUDIT_LOG", "audit.jsonl"),
-            enable_destructive=parse_switch("GATEWAY_ENABLE_DESTRUCTIVE",
-                                            environ.get("GATEWAY_ENABLE_DESTRUCTIVE"), default=False),
+            enable_destructive=parse_switch(
+                "GATEWAY_ENABLE_DESTRUCTIVE", environ.get("GATEWAY_ENABLE_DESTRUCTIVE"), default=False
+            ),
             # A read-only switch that cannot be parsed counts as on: a typo must never expose writes.
-            read_only=parse_switch("GATEWAY_READ_ONLY", environ.get("GATEWAY_READ_ONLY"),
-                                   default=False, fail_safe=True),
-            dry_run=parse_switch("GATEWAY_DRY_RUN", environ.get("GATEWAY_DRY_RUN"), default=False,
-                                 fail_safe=True),
+            read_only=parse_switch(
+                "GATEWAY_READ_ONLY", environ.get("GATEWAY_READ_ONLY"), default=False, fail_safe=True
+            ),
+            dry_run=parse_switch(
+                "GATEWAY_DRY_RUN", environ.get("GATEWAY_DRY_RUN"), default=False, fail_safe=True
+            ),
             web_ui=parse_switch("GATEWAY_WEB_UI", environ.get("GATEWAY_WEB_UI"), default=False),
             confirm_ttl_seconds=number("GATEWAY_CONFIRM_TTL_SECONDS", 120.0),
             queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
@@ -95,6 +102,9 @@ class Settings:
             log_format=environ.get("GATEWAY_LOG_FORMAT", "text"),
             credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
         )
-        overrides = {k: v for k, v in flags.items()
-                     if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log"}}
+        overrides = {
+            k: v
+            for k, v in flags.items()
+            if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log"}
+        }
         return replace(settings, **overrides) if overrides else settings

@@ -8,6 +8,7 @@ test-only control endpoint (documented in deploy/vcsim/README.md).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -19,10 +20,11 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -37,7 +39,10 @@ VC1_INSTANCE_UUID = "5f1e6d1a-0c1b-4f55-9a31-000000000001"
 VC2_INSTANCE_UUID = "5f1e6d1a-0c1b-4f55-9a31-000000000002"
 
 # Control paths read with GET; every other path is a POST with a JSON body.
-_GET_PATHS = frozenset({"/health", "/inventory", "/rules"})
+_GET_PATHS = frozenset({"/health", "/inventory", "/rules", "/inflight"})
+
+
+T = TypeVar("T")
 
 
 class SimulatorError(RuntimeError):
@@ -61,7 +66,7 @@ def build_simulator(timeout: float = 600.0) -> Path:
     return VCSIM_BIN
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: one object per process
 class Simulator:
     """A running launcher process. ``url`` is the SOAP endpoint (``https://127.0.0.1:PORT/sdk``)."""
 
@@ -86,7 +91,7 @@ class Simulator:
         return self.process.poll() is None
 
     def control(self, path: str, payload: Mapping[str, Any] | None = None, timeout: float = 30.0) -> Any:
-        """Call the control endpoint: GET for /health, /inventory, /rules; POST ``payload`` otherwise.
+        """Call the control endpoint: GET for the read-only paths, POST ``payload`` (default {}) otherwise.
 
         Returns the decoded JSON reply; raises ``SimulatorError`` with the launcher's message on an error.
         """
@@ -126,6 +131,7 @@ class Simulator:
         if self.process.stdout is not None:
             self.process.stdout.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+        _live.discard(self)
 
     def log(self) -> str:
         """The launcher's stderr so far (useful in assertion messages)."""
@@ -133,6 +139,20 @@ class Simulator:
             return (self.tmpdir / "vcsim.log").read_text(errors="replace")
         except OSError:
             return ""
+
+
+# Simulators not stopped yet; stopped at interpreter exit should a caller crash before its teardown.
+_live: weakref.WeakSet[Simulator] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for sim in list(_live):
+        sim.stop()
+
+
+MakeSimulator = Callable[..., Simulator]
+"""The type of the ``make_simulator`` fixture: ``make_simulator(**start_simulator options)``."""
 
 
 def start_simulator(
@@ -172,7 +192,7 @@ def start_simulator(
         "-vm", str(vms), "-ds", str(datastores), "-delay", str(delay_ms), "-exit-with-parent",
     ]
     if user is not None and password is not None:
-        args += ["-username", user, "-password", password]
+        args += ["-username", user]  # the password travels in VCSIM_PASSWORD, not in the process list
     if instance_uuid:
         args += ["-instance-uuid", instance_uuid]
     if method_delay:
@@ -186,9 +206,11 @@ def start_simulator(
 
 def _launch(args: list[str], model: str, user: str, password: str, startup_timeout: float) -> Simulator:
     tmpdir = Path(tempfile.mkdtemp(prefix="vcsim-test-"))
-    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    env = {**os.environ, "TMPDIR": str(tmpdir), "VCSIM_PASSWORD": password}
     with open(tmpdir / "vcsim.log", "wb") as log:
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env
+        )
     try:
         fields = _read_announcement(process, startup_timeout)
     except SimulatorError as exc:
@@ -202,11 +224,14 @@ def _launch(args: list[str], model: str, user: str, password: str, startup_timeo
         raise SimulatorError(f"{exc}; launcher output: {log_text[-2000:] or '(none)'}") from None
     url = fields["VCSIM_URL"]
     parts = urlsplit(url)
-    return Simulator(
+    sim = Simulator(
         url=url, host=parts.hostname or "127.0.0.1", port=parts.port or 443, user=user, password=password,
-        instance_uuid=_dash_to_none(fields.get("INSTANCE_UUID")), control_url=_dash_to_none(fields.get("CONTROL_URL")),
+        instance_uuid=_dash_to_none(fields.get("INSTANCE_UUID")),
+        control_url=_dash_to_none(fields.get("CONTROL_URL")),
         pid=process.pid, model=model, process=process, tmpdir=tmpdir,
     )
+    _live.add(sim)
+    return sim
 
 
 def _dash_to_none(value: str | None) -> str | None:
@@ -244,7 +269,8 @@ def pyvmomi_connect(sim: Simulator, *, user: str | None = None, password: str | 
     """
     from pyVim.connect import SmartConnect
 
-    return SmartConnect(
+    connect: Any = SmartConnect  # untyped
+    return connect(
         host=sim.host, port=sim.port, user=user if user is not None else sim.user,
         pwd=password if password is not None else sim.password, disableSslCertValidation=True,
     )
@@ -290,3 +316,50 @@ def write_targets(
     ]
     path.write_text(yaml.safe_dump({"targets": list(entries)}, sort_keys=False))
     return credentials_env(simulators)
+
+
+def read_properties(si: Any, obj: Any, *paths: str) -> dict[str, Any]:
+    """Read ``paths`` of one managed object through the PropertyCollector (unset ones are absent).
+
+    Prefer this to pyVmomi's attribute accessors in tests: the simulator mishandles some of those
+    (``vm.snapshot`` on a VM without snapshots) and task ``info`` on snapshot tasks.
+    """
+    from pyVmomi import vmodl
+
+    collector: Any = vmodl.query.PropertyCollector
+    spec = collector.FilterSpec(
+        objectSet=[collector.ObjectSpec(obj=obj, skip=False)],
+        propSet=[collector.PropertySpec(type=type(obj), pathSet=list(paths))],
+    )
+    result = si.content.propertyCollector.RetrievePropertiesEx([spec], collector.RetrieveOptions())
+    if result is None:
+        return {}
+    return {prop.name: prop.val for prop in result.objects[0].propSet}
+
+
+def find_vm(si: Any, name: str) -> Any:
+    """The ``vim.VirtualMachine`` called ``name`` (first match in any datacenter); raises ``LookupError``."""
+    from pyVmomi import vim
+
+    view = si.content.viewManager.CreateContainerView(si.content.rootFolder, [vim.VirtualMachine], True)
+    try:
+        for vm in view.view:
+            if vm.name == name:
+                return vm
+    finally:
+        view.DestroyView()
+    raise LookupError(f"no VM named {name!r}")
+
+
+def wait_until(
+    condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that; else ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"condition not met within {timeout}s: {what or condition!r}")
+        time.sleep(interval)

@@ -18,7 +18,9 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_loads_targets_with_defaults(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 targets:
   - name: vc1
     host: vc1.example.com
@@ -26,7 +28,8 @@ targets:
     tags: [env:prod]
   - {name: esx1, host: 10.0.0.5, port: 8443, credential_env_prefix: VC2, insecure: true,
      standalone_host: true, pool_size: 4, timeout_seconds: 5}
-""")
+""",
+    )
     vc1, esx1 = load_targets(path, ENV)
     assert vc1 == Target(name="vc1", host="vc1.example.com", credential_env_prefix="VC1", tags=("env:prod",))
     assert vc1.pool_size == 2 and vc1.insecure is False and vc1.address == "vc1.example.com"
@@ -34,18 +37,24 @@ targets:
     assert esx1.credentials(ENV).user == "u"
 
 
-@pytest.mark.parametrize(("body", "expected"), [
-    ("- {name: a, host: h, credential_env_prefix: VC1, colour: red}", "target 'a': unknown key 'colour'"),
-    ("- {name: a, host: h, credential_env_prefix: VC1}\n- {name: a, host: h2, credential_env_prefix: VC1}",
-     "target 'a': duplicate name"),
-    ("- {name: a, host: h, credential_env_prefix: NOPE}", "set NOPE_USER and NOPE_PASSWORD"),
-    ("- {name: a, credential_env_prefix: VC1}", "missing required key 'host'"),
-    ("- {name: a, host: h, credential_env_prefix: VC1, port: '443'}", "'port' must be int"),
-    ("- {name: a, host: h, credential_env_prefix: VC1, pool_size: 0}", "'pool_size' must be between"),
-    ("- {name: a, host: h, credential_env_prefix: VC1, insecure: true, ca_file: /x}", "not both"),
-    ("- {name: all, host: h, credential_env_prefix: VC1}", "'all' is reserved"),
-    ("- {name: a, host: h, credential_env_prefix: VC1, insecure: 'yes'}", "'insecure' must be bool"),
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("- {name: a, host: h, credential_env_prefix: VC1, colour: red}", "target 'a': unknown key 'colour'"),
+        (
+            "- {name: a, host: h, credential_env_prefix: VC1}\n"
+            "- {name: a, host: h2, credential_env_prefix: VC1}",
+            "target 'a': duplicate name",
+        ),
+        ("- {name: a, host: h, credential_env_prefix: NOPE}", "set NOPE_USER and NOPE_PASSWORD"),
+        ("- {name: a, credential_env_prefix: VC1}", "missing required key 'host'"),
+        ("- {name: a, host: h, credential_env_prefix: VC1, port: '443'}", "'port' must be int"),
+        ("- {name: a, host: h, credential_env_prefix: VC1, pool_size: 0}", "'pool_size' must be between"),
+        ("- {name: a, host: h, credential_env_prefix: VC1, insecure: true, ca_file: /x}", "not both"),
+        ("- {name: all, host: h, credential_env_prefix: VC1}", "'all' is reserved"),
+        ("- {name: a, host: h, credential_env_prefix: VC1, insecure: 'yes'}", "'insecure' must be bool"),
+    ],
+)
 def test_each_problem_names_file_target_and_fix(tmp_path: Path, body: str, expected: str) -> None:
     path = write(tmp_path, "targets:\n" + "\n".join("  " + line for line in body.splitlines()))
     with pytest.raises(ConfigProblems) as info:
@@ -54,11 +63,14 @@ def test_each_problem_names_file_target_and_fix(tmp_path: Path, body: str, expec
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 targets:
   - {name: a, host: h, credential_env_prefix: VC1, bogus: 1}
   - {name: b, host: h, credential_env_prefix: MISSING}
-""")
+""",
+    )
     with pytest.raises(ConfigProblems) as info:
         load_targets(path, ENV)
     assert len(info.value.problems) == 2

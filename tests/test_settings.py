@@ -19,7 +19,11 @@ def test_defaults_live_inside_home(tmp_path: Path) -> None:
 
 
 def test_flags_override_environment(tmp_path: Path) -> None:
-    env = {"GATEWAY_HOME": str(tmp_path), "GATEWAY_RULES_FILE": "/env/rules.yaml", "GATEWAY_READ_ONLY": "false"}
+    env = {
+        "GATEWAY_HOME": str(tmp_path),
+        "GATEWAY_RULES_FILE": "/env/rules.yaml",
+        "GATEWAY_READ_ONLY": "false",
+    }
     s = Settings.from_env(env, rules="/flag/rules.yaml", read_only=True)
     assert s.rules_file == Path("/flag/rules.yaml") and s.read_only
 

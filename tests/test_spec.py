@@ -8,10 +8,16 @@ from gateway.errors import InvalidArgument
 from gateway.tools.spec import TARGET, TARGETS, Category, Param, Risk, ToolSpec
 
 SPEC = ToolSpec(
-    name="resize", description="d", category=Category.WRITE, risk=Risk.MEDIUM,
-    params=(TARGET, Param("cpus", "integer", "n", required=True, minimum=1, maximum=64),
-            Param("mode", "string", "m", enum=("hot", "cold"), default="cold"),
-            Param("tags", "array", "t")),
+    name="resize",
+    description="d",
+    category=Category.WRITE,
+    risk=Risk.MEDIUM,
+    params=(
+        TARGET,
+        Param("cpus", "integer", "n", required=True, minimum=1, maximum=64),
+        Param("mode", "string", "m", enum=("hot", "cold"), default="cold"),
+        Param("tags", "array", "t"),
+    ),
 )
 
 
@@ -19,18 +25,21 @@ def test_validate_fills_defaults() -> None:
     assert SPEC.validate({"target": "a", "cpus": 2}) == {"target": "a", "cpus": 2, "mode": "cold"}
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    ({"cpus": 2}, "target"),
-    ({"target": "a"}, "cpus"),
-    ({"target": "a", "cpus": 0}, "cpus"),
-    ({"target": "a", "cpus": 65}, "cpus"),
-    ({"target": "a", "cpus": True}, "cpus"),
-    ({"target": "a", "cpus": "2"}, "cpus"),
-    ({"target": "a", "cpus": 2, "mode": "warm"}, "mode"),
-    ({"target": "a", "cpus": 2, "tags": [1]}, "tags"),
-    ({"target": "a", "cpus": 2, "spec": {}}, "spec"),
-    ({"target": "", "cpus": 2}, "target"),
-])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"cpus": 2}, "target"),
+        ({"target": "a"}, "cpus"),
+        ({"target": "a", "cpus": 0}, "cpus"),
+        ({"target": "a", "cpus": 65}, "cpus"),
+        ({"target": "a", "cpus": True}, "cpus"),
+        ({"target": "a", "cpus": "2"}, "cpus"),
+        ({"target": "a", "cpus": 2, "mode": "warm"}, "mode"),
+        ({"target": "a", "cpus": 2, "tags": [1]}, "tags"),
+        ({"target": "a", "cpus": 2, "spec": {}}, "spec"),
+        ({"target": "", "cpus": 2}, "target"),
+    ],
+)
 def test_bad_arguments_name_the_field(args: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidArgument) as info:
         SPEC.validate(args)

@@ -6,7 +6,10 @@
 # Environment: VCSIM_GOPATH (default /usr/share/gocode), VCSIM_GOCACHE (default deploy/vcsim/bin/.cache).
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case "${BASH_SOURCE[0]}" in
+    */*) here="$(cd "${BASH_SOURCE[0]%/*}" && pwd)" ;;
+    *) here="$(pwd)" ;;
+esac
 out="$here/bin/vcsim-gw"
 gopath="${VCSIM_GOPATH:-/usr/share/gocode}"
 install_hint="install them with: apt-get install golang-go golang-github-vmware-govmomi-dev"
@@ -51,6 +54,6 @@ tmp="$out.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 echo "building vcsim-gw (GOPATH=$GOPATH, go $(go env GOVERSION))"
 start=$(date +%s)
-(cd "$here" && go build -trimpath -o "$tmp" .)
+(cd "$here" && go build -o "$tmp" .)
 mv -f "$tmp" "$out"
 echo "built $out in $(( $(date +%s) - start ))s"

@@ -7,7 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io/ioutil"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -52,6 +52,7 @@ var routes = map[string]route{
 	"/health":                {http.MethodGet, (*controller).health},
 	"/inventory":             {http.MethodGet, (*controller).inventory},
 	"/rules":                 {http.MethodGet, (*controller).rules},
+	"/inflight":              {http.MethodGet, (*controller).inflight},
 	"/vm/connection-state":   {http.MethodPost, (*controller).vmConnectionState},
 	"/host/connection-state": {http.MethodPost, (*controller).hostConnectionState},
 	"/delay":                 {http.MethodPost, (*controller).delay},
@@ -101,7 +102,7 @@ func (c *controller) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "use " + rt.method})
 		return
 	}
-	body, err := ioutil.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
@@ -183,6 +184,10 @@ func describe(e mo.Entity) inventoryItem {
 	return item
 }
 
+func (c *controller) inflight(_ []byte) (interface{}, error) {
+	return map[string]interface{}{"calls": c.gate.calls()}, nil
+}
+
 func (c *controller) rules(_ []byte) (interface{}, error) {
 	return c.gate.rules(), nil
 }
@@ -259,11 +264,9 @@ func (c *controller) hostConnectionState(body []byte) (interface{}, error) {
 
 // setConnectionState updates runtime and summary so every property path a client may read agrees.
 func setConnectionState(e mo.Entity, state interface{}) {
-	simulator.Map.WithLock(e, func() {
-		simulator.Map.Update(e, []types.PropertyChange{
-			{Name: "runtime.connectionState", Val: state},
-			{Name: "summary.runtime.connectionState", Val: state},
-		})
+	updateLocked(e, []types.PropertyChange{
+		{Name: "runtime.connectionState", Val: state},
+		{Name: "summary.runtime.connectionState", Val: state},
 	})
 }
 
@@ -377,6 +380,23 @@ func (a *adminClient) publicURL() string {
 	u := a.url
 	u.User = nil
 	return u.String()
+}
+
+// withSession runs f with the cookie value of a fresh session of the launcher's own, then logs out.
+func (a *adminClient) withSession(f func(key string)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client, err := govmomi.NewClient(ctx, &a.url, true)
+	if err != nil {
+		return fmt.Errorf("admin login: %v", err)
+	}
+	defer func() { _ = client.Logout(ctx) }()
+	session, err := client.SessionManager.UserSession(ctx)
+	if err != nil || session == nil {
+		return fmt.Errorf("admin session: %v", err)
+	}
+	f(session.Key)
+	return nil
 }
 
 // terminateAll ends every session but its own (then logs out) and returns how many it ended.

@@ -9,7 +9,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io/ioutil"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -56,35 +57,78 @@ func (r *rule) matches(method string, labels []string) bool {
 type interceptor struct {
 	next http.Handler
 
-	mu    sync.Mutex
-	fails []*rule
-	slows []*rule
+	mu       sync.Mutex
+	fails    []*rule
+	slows    []*rule
+	inflight map[string]int // SOAP method -> requests being served now
+
+	admin *adminClient // for calls that outlive their caller's session
 
 	running sync.WaitGroup
 	stop    chan struct{}
 	once    sync.Once
 }
 
-func newInterceptor(next http.Handler) *interceptor {
-	return &interceptor{next: next, stop: make(chan struct{})}
+func newInterceptor(next http.Handler, admin *adminClient) *interceptor {
+	return &interceptor{next: next, admin: admin, stop: make(chan struct{}), inflight: map[string]int{}}
 }
 
 func (g *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/sdk") || !g.armed() {
+	if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/sdk") {
 		g.next.ServeHTTP(w, r)
 		return
 	}
-	body, err := ioutil.ReadAll(r.Body)
+	body, err := io.ReadAll(r.Body)
 	_ = r.Body.Close()
 	if err != nil {
 		w.WriteHeader(http.StatusBadRequest)
 		return
 	}
-	if method := g.decode(body); method != nil && g.intercept(w, r, body, method) {
-		return
+	name := methodName(body)
+	g.track(name, 1)
+	defer g.track(name, -1)
+	if g.armed() {
+		if method := g.decode(body); method != nil && g.intercept(w, r, body, method) {
+			return
+		}
 	}
-	r.Body = ioutil.NopCloser(bytes.NewReader(body))
+	r.Body = io.NopCloser(bytes.NewReader(body))
 	g.next.ServeHTTP(w, r)
+}
+
+var bodyElement = regexp.MustCompile(`Body[^>]*>\s*<([A-Za-z0-9_:.-]+)`)
+
+// methodName finds the SOAP method cheaply (the first element inside the Body), "" if none.
+func methodName(body []byte) string {
+	match := bodyElement.FindSubmatch(body)
+	if match == nil {
+		return ""
+	}
+	name := string(match[1])
+	if i := strings.LastIndexByte(name, ':'); i >= 0 {
+		name = name[i+1:]
+	}
+	return name
+}
+
+func (g *interceptor) track(method string, delta int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inflight[method] += delta
+	if g.inflight[method] <= 0 {
+		delete(g.inflight, method)
+	}
+}
+
+// calls returns how many requests of each SOAP method are being served right now.
+func (g *interceptor) calls() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]int, len(g.inflight))
+	for k, v := range g.inflight {
+		out[k] = v
+	}
+	return out
 }
 
 func (g *interceptor) armed() bool {
@@ -131,8 +175,8 @@ var unauthenticated = map[string]bool{
 func (g *interceptor) intercept(w http.ResponseWriter, r *http.Request, body []byte, m *simulator.Method) bool {
 	labels := entityLabels(m.This)
 	isTask := strings.HasSuffix(m.Name, taskSuffix)
-	fail := g.find(g.fails, m.Name, labels)
-	slow := g.find(g.slows, m.Name, labels)
+	fail := g.find(&g.fails, m.Name, labels)
+	slow := g.find(&g.slows, m.Name, labels)
 	if fail == nil && (slow == nil || !isTask) {
 		return false
 	}
@@ -151,10 +195,10 @@ func (g *interceptor) intercept(w http.ResponseWriter, r *http.Request, body []b
 	return false
 }
 
-func (g *interceptor) find(rules []*rule, method string, labels []string) *rule {
+func (g *interceptor) find(rules *[]*rule, method string, labels []string) *rule {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, r := range rules {
+	for _, r := range *rules {
 		if r.matches(method, labels) {
 			return r
 		}
@@ -254,7 +298,7 @@ const currentTimeRequest = `<?xml version="1.0" encoding="UTF-8"?>` +
 // sessionValid asks the simulator itself whether the request's session cookie is logged in.
 func (g *interceptor) sessionValid(r *http.Request) bool {
 	probe := r.Clone(context.Background())
-	probe.Body = ioutil.NopCloser(strings.NewReader(currentTimeRequest))
+	probe.Body = io.NopCloser(strings.NewReader(currentTimeRequest))
 	probe.ContentLength = int64(len(currentTimeRequest))
 	rec := httptest.NewRecorder()
 	g.next.ServeHTTP(rec, probe)
@@ -263,6 +307,7 @@ func (g *interceptor) sessionValid(r *http.Request) bool {
 
 func (g *interceptor) answerFault(w http.ResponseWriter, m *simulator.Method, r *rule) {
 	fault, _ := newFault(r.Fault)
+	fillReferences(reflect.ValueOf(fault).Elem(), m.This)
 	message := r.Message
 	if message == "" {
 		message = "injected fault " + reflect.TypeOf(fault).Elem().Name() + " for " + m.Name
@@ -297,7 +342,7 @@ func (g *interceptor) runSlow(task *simulator.Task, replay *http.Request, body [
 		case <-time.After(step):
 		}
 		if progress < 100 {
-			simulator.Map.Update(task, []types.PropertyChange{{Name: "info.progress", Val: int32(progress)}})
+			updateLocked(task, []types.PropertyChange{{Name: "info.progress", Val: int32(progress)}})
 		}
 	}
 	result, fault, message := g.execute(replay, body)
@@ -307,12 +352,16 @@ func (g *interceptor) runSlow(task *simulator.Task, replay *http.Request, body [
 var taskReturnval = regexp.MustCompile(`<returnval[^>]*>(task-[^<]+)</returnval>`)
 
 // execute replays the original request against the simulator and reports the outcome of its task.
+// A task outlives its caller: when the caller's session has ended meanwhile, the replay runs in a
+// session of the launcher's own.
 func (g *interceptor) execute(replay *http.Request, body []byte) (types.AnyType, types.BaseMethodFault, string) {
-	replay.Body = ioutil.NopCloser(bytes.NewReader(body))
-	rec := httptest.NewRecorder()
-	g.next.ServeHTTP(rec, replay)
-	out := rec.Body.Bytes()
-	if rec.Code != http.StatusOK {
+	code, out := g.replay(replay, body)
+	if code != http.StatusOK {
+		if fault, _ := decodeFault(out); isNotAuthenticated(fault) && g.admin != nil {
+			code, out = g.replayAsAdmin(replay, body)
+		}
+	}
+	if code != http.StatusOK {
 		fault, message := decodeFault(out)
 		return nil, fault, message
 	}
@@ -329,6 +378,33 @@ func (g *interceptor) execute(replay *http.Request, body []byte) (types.AnyType,
 		return nil, info.Error.Fault, info.Error.LocalizedMessage
 	}
 	return info.Result, nil, ""
+}
+
+func (g *interceptor) replay(r *http.Request, body []byte) (int, []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	rec := httptest.NewRecorder()
+	g.next.ServeHTTP(rec, r)
+	return rec.Code, rec.Body.Bytes()
+}
+
+func (g *interceptor) replayAsAdmin(r *http.Request, body []byte) (int, []byte) {
+	var code int
+	var out []byte
+	err := g.admin.withSession(func(key string) {
+		r.Header.Del("Cookie")
+		r.AddCookie(&http.Cookie{Name: soap.SessionCookieName, Value: key})
+		code, out = g.replay(r, body)
+	})
+	if err != nil {
+		log.Printf("slow task: %v", err)
+		return http.StatusInternalServerError, nil
+	}
+	return code, out
+}
+
+func isNotAuthenticated(fault types.BaseMethodFault) bool {
+	_, ok := fault.(*types.NotAuthenticated)
+	return ok
 }
 
 func waitTask(task *simulator.Task) types.TaskInfo {
@@ -354,7 +430,7 @@ func newRunningTask(m *simulator.Method) *simulator.Task {
 	if labels := entityLabels(m.This); len(labels) > 1 {
 		changes = append(changes, types.PropertyChange{Name: "info.entityName", Val: labels[1]})
 	}
-	simulator.Map.Update(task, changes)
+	updateLocked(task, changes)
 	return task
 }
 
@@ -374,7 +450,12 @@ func finishTask(task *simulator.Task, result types.AnyType, fault types.BaseMeth
 		types.PropertyChange{Name: "info.result", Val: result},
 		types.PropertyChange{Name: "info.error", Val: failure},
 	)
-	simulator.Map.Update(task, changes)
+	updateLocked(task, changes)
+}
+
+// updateLocked applies changes while holding the object's lock, which the PropertyCollector also takes.
+func updateLocked(obj mo.Reference, changes []types.PropertyChange) {
+	simulator.Map.WithLock(obj, func() { simulator.Map.Update(obj, changes) })
 }
 
 // newFault builds an empty vim fault by type name ("InvalidState", "vim.fault.InvalidState").
@@ -394,6 +475,27 @@ func newFault(name string) (types.BaseMethodFault, error) {
 		return nil, fmt.Errorf("%q is not a fault type", name)
 	}
 	return fault, nil
+}
+
+var morefType = reflect.TypeOf(types.ManagedObjectReference{})
+
+// fillReferences points every unset object reference in a fault (NoPermission.object, ...) at the called
+// object: an empty reference is not valid on the wire and clients fail to decode it.
+func fillReferences(v reflect.Value, this types.ManagedObjectReference) {
+	if v.Kind() != reflect.Struct {
+		return
+	}
+	if v.Type() == morefType {
+		if v.FieldByName("Type").String() == "" {
+			v.Set(reflect.ValueOf(this))
+		}
+		return
+	}
+	for i := 0; i < v.NumField(); i++ {
+		if field := v.Field(i); field.CanSet() {
+			fillReferences(field, this)
+		}
+	}
 }
 
 const soapEnvelopeStart = `<?xml version="1.0" encoding="UTF-8"?>` +
@@ -459,10 +561,24 @@ func decodeFault(reply []byte) (types.BaseMethodFault, string) {
 	dec.TypeFunc = types.TypeFunc()
 	if err := dec.Decode(&envelope); err == nil && envelope.Body.Fault != nil {
 		f := envelope.Body.Fault
-		if fault, ok := f.Detail.Fault.(types.BaseMethodFault); ok {
+		if fault := asFault(f.Detail.Fault); fault != nil {
 			return fault, f.String
 		}
 		return &types.SystemError{Reason: f.String}, f.String
 	}
 	return &types.SystemError{Reason: "unreadable reply"}, "the simulator's reply could not be read"
+}
+
+// asFault returns the decoded detail as a fault; the decoder yields struct values, faults are pointers.
+func asFault(detail types.AnyType) types.BaseMethodFault {
+	if fault, ok := detail.(types.BaseMethodFault); ok {
+		return fault
+	}
+	if detail == nil || reflect.TypeOf(detail).Kind() != reflect.Struct {
+		return nil
+	}
+	ptr := reflect.New(reflect.TypeOf(detail))
+	ptr.Elem().Set(reflect.ValueOf(detail))
+	fault, _ := ptr.Interface().(types.BaseMethodFault)
+	return fault
 }

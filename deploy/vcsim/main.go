@@ -13,7 +13,6 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
-	"io/ioutil"
 	"log"
 	"net"
 	"net/url"
@@ -59,7 +58,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.vms, "vm", 2, "VMs per resource pool: per cluster root pool and per standalone host (esx: on the host)")
 	fs.IntVar(&o.datastores, "ds", 1, "local datastores per datacenter, mounted on all its hosts (at least 1)")
 	fs.StringVar(&o.username, "username", "", "when set (with -password), the only user that may log in")
-	fs.StringVar(&o.password, "password", "", "password for -username")
+	fs.StringVar(&o.password, "password", os.Getenv("VCSIM_PASSWORD"),
+		"password for -username (default: $VCSIM_PASSWORD, which keeps it out of the process list)")
 	fs.StringVar(&o.instanceUUID, "instance-uuid", "", "about.instanceUuid (vpx default: a random uuid; esx: unset)")
 	fs.IntVar(&o.delay, "delay", 0, "milliseconds added to every SOAP call")
 	fs.StringVar(&o.methodDelay, "method-delay", "", "per-method delays, e.g. PowerOnVM_Task=2000,RetrievePropertiesEx=50")
@@ -158,9 +158,14 @@ func main() {
 
 // run builds the inventory, serves it and returns the exit code once a signal arrives.
 func run(o *options) int {
+	// Subscribe first: a signal that arrives while the inventory is built or right after the URL is
+	// announced must still lead to a clean shutdown.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+
 	// Every temp folder the simulator creates (one per datastore) lands under a private directory that we
 	// remove on exit, whatever TMPDIR the caller set.
-	private, err := ioutil.TempDir("", "vcsim-gw-")
+	private, err := os.MkdirTemp("", "vcsim-gw-")
 	if err != nil {
 		log.Printf("cannot create a temp directory: %v", err)
 		return 1
@@ -175,14 +180,14 @@ func run(o *options) int {
 		log.Printf("cannot create the inventory: %v", err)
 		return 1
 	}
-	if err = serve(o, m); err != nil {
+	if err = serve(o, m, signals); err != nil {
 		log.Printf("%v", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(o *options, m *simulator.Model) error {
+func serve(o *options, m *simulator.Model, signals <-chan os.Signal) error {
 	m.Service.TLS = new(tls.Config)
 	m.Service.Listen = &url.URL{Host: o.listen}
 	if o.username != "" {
@@ -195,8 +200,8 @@ func serve(o *options, m *simulator.Model) error {
 	defer closeServer(server)
 
 	admin := &adminClient{url: *server.URL}
-	gate := newInterceptor(server.Config.Handler)
-	// Set before the URL is announced, so no request can have reached the server yet.
+	gate := newInterceptor(server.Config.Handler, admin)
+	// Installed before the URL is announced; only a request racing to a fixed -listen port could miss it.
 	server.Config.Handler = gate
 
 	controlURL := "-"
@@ -215,7 +220,7 @@ func serve(o *options, m *simulator.Model) error {
 		public.String(), controlURL, orDash(o.instanceUUID), os.Getpid())
 	_ = os.Stdout.Sync()
 
-	waitForShutdown(o.exitWithParent)
+	waitForShutdown(signals, o.exitWithParent)
 	gate.shutdown()
 	return nil
 }
@@ -255,9 +260,7 @@ func orDash(s string) string {
 	return s
 }
 
-func waitForShutdown(exitWithParent bool) {
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+func waitForShutdown(signals <-chan os.Signal, exitWithParent bool) {
 	orphaned := make(chan struct{})
 	if exitWithParent {
 		go watchParent(os.Getppid(), orphaned)

@@ -15,7 +15,8 @@ from gateway.guard.policy import PolicyStore
 
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
-        "check", help="validate targets.yaml, rules.yaml and roles.yaml (exit 1 on any problem)")
+        "check", help="validate targets.yaml, rules.yaml and roles.yaml (exit 1 on any problem)"
+    )
     add_path_flags(parser)
     parser.set_defaults(handler=run)
 

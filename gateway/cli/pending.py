@@ -46,8 +46,10 @@ def run_list(args: argparse.Namespace) -> int:
         print("no proposals")
     for r in rows:
         gate = "BLOCKED until approved" if r["requires_human_approval"] else "not gated"
-        print(f"{r['proposal_id']}  {r['state']:<9} target={r['target']} ({r['target_host']})  "
-              f"{r['tool']}  by {r['requested_by']}  {gate}  expires in {r['expires_in_seconds']}s")
+        print(
+            f"{r['proposal_id']}  {r['state']:<9} target={r['target']} ({r['target_host']})  "
+            f"{r['tool']}  by {r['requested_by']}  {gate}  expires in {r['expires_in_seconds']}s"
+        )
         print(f"    {r['summary']}")
     return 0
 

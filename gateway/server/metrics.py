@@ -7,10 +7,13 @@ refusals, while a scrape renders a consistent snapshot. Families::
     gateway_tool_call_duration_seconds{tool}               histogram
     gateway_auth_failures_total{reason}                    counter
     gateway_http_refusals_total{reason}                    counter (edge refusals: 413, 421, 503, ...)
-    gateway_target_queue_depth{target}                     gauge  (from the scheduler at scrape time)
-    gateway_target_running{target}                         gauge
-    gateway_target_pool_size{target}                       gauge
-    gateway_target_pool_in_use{target}                     gauge
+    gateway_target_queue_depth{target}                     gauge    (this and below: read from the
+    gateway_target_running{target}                         gauge     scheduler at scrape time)
+    gateway_target_slots{target}                           gauge
+    gateway_target_sessions{target}                        gauge
+    gateway_target_sessions_in_use{target}                 gauge
+    gateway_target_logins_total{target}                    counter
+    gateway_target_relogins_total{target}                  counter
 
 Label values come from tool and target names and fixed reason words; they are escaped, never trusted.
 """
@@ -25,12 +28,15 @@ from typing import Final
 #: histogram bucket upper bounds in seconds: vSphere calls range from milliseconds to many minutes
 LATENCY_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
-#: scheduler.stats() keys -> (metric name, help text)
-_TARGET_GAUGES: Final = {
-    "queued": ("gateway_target_queue_depth", "Calls waiting for a slot on the target."),
-    "running": ("gateway_target_running", "Calls running on the target now."),
-    "pool_size": ("gateway_target_pool_size", "Sessions the target's pool may hold."),
-    "in_use": ("gateway_target_pool_in_use", "Sessions of the target's pool in use now."),
+#: scheduler.stats() keys -> (metric name, type, help text)
+_TARGET_FAMILIES: Final = {
+    "queued": ("gateway_target_queue_depth", "gauge", "Calls waiting for a slot on the target."),
+    "running": ("gateway_target_running", "gauge", "Calls running on the target now."),
+    "slots": ("gateway_target_slots", "gauge", "Calls the target may run at once."),
+    "sessions": ("gateway_target_sessions", "gauge", "vSphere sessions open to the target."),
+    "in_use": ("gateway_target_sessions_in_use", "gauge", "vSphere sessions lent to a call now."),
+    "logins": ("gateway_target_logins_total", "counter", "Logins to the target."),
+    "relogins": ("gateway_target_relogins_total", "counter", "Logins repeated after a session expired."),
 }
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -120,7 +126,7 @@ class Metrics:
                 *_counter("gateway_http_refusals_total", "Requests refused at the edge by reason.",
                           self._refusals),
             ]
-        lines.extend(_target_gauges(target_stats or {}))
+        lines.extend(_target_families(target_stats or {}))
         return "\n".join(lines) + "\n"
 
 
@@ -129,10 +135,10 @@ def _counter(name: str, help_text: str, values: Mapping[Labels, int]) -> list[st
     return head + [f"{name}{_labels(labels)} {count}" for labels, count in sorted(values.items())]
 
 
-def _target_gauges(stats: Mapping[str, Mapping[str, int]]) -> list[str]:
+def _target_families(stats: Mapping[str, Mapping[str, int]]) -> list[str]:
     lines: list[str] = []
-    for key, (name, help_text) in _TARGET_GAUGES.items():
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    for key, (name, kind, help_text) in _TARGET_FAMILIES.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         lines += [f"{name}{_labels((('target', target),))} {_number(row.get(key, 0))}"
                   for target, row in sorted(stats.items())]
     return lines

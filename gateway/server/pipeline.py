@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -35,7 +35,7 @@ from gateway.errors import (
 )
 from gateway.guard import confirm
 from gateway.guard.audit import AuditSink
-from gateway.guard.limits import RateLimiter, RunawayBreaker, check_bulk
+from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import CallFacts, Decision, PolicyStore
 from gateway.guard.sanitize import clean
 from gateway.server.metrics import Metrics
@@ -44,10 +44,11 @@ from gateway.store.sqlite import Proposal, SqliteStore
 from gateway.tools.read import summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
+from gateway.vsphere.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-ProgressSink = Callable[[float, str], Awaitable[None]]
+ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
 ALL = "all"
 #: tools the pipeline answers itself; a role gets them with its first write or destructive tool
 _PROPOSAL_TOOLS = frozenset({"list_pending_actions", "confirm_action", "cancel_action"})
@@ -65,8 +66,11 @@ class CallContext:
 
     def row(self, phase: str, **fields: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
-            "phase": phase, "tool": self.spec.name, "caller": self.principal.name,
-            "role": self.principal.role, "surface": self.principal.surface,
+            "phase": phase,
+            "tool": self.spec.name,
+            "caller": self.principal.name,
+            "role": self.principal.role,
+            "surface": self.principal.surface,
             "correlation_id": self.correlation_id,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
         }
@@ -75,15 +79,23 @@ class CallContext:
 
 
 def _decision_dict(decision: Decision) -> dict[str, Any]:
-    return {"allowed": decision.allowed, "reason": decision.reason, "rule": decision.rule}
+    return decision.to_dict()
 
 
 class Gateway:
     """One gateway process's runtime: every surface calls ``call``, ``tools_for`` and the approval API."""
 
     def __init__(
-        self, settings: Settings, targets: Sequence[Target], registry: Registry, *,
-        scheduler: Any, store: SqliteStore, audit: AuditSink, policy: PolicyStore, roles: RoleBook,
+        self,
+        settings: Settings,
+        targets: Sequence[Target],
+        registry: Registry,
+        *,
+        scheduler: Scheduler,
+        store: SqliteStore,
+        audit: AuditSink,
+        policy: PolicyStore,
+        roles: RoleBook,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -106,8 +118,6 @@ class Gateway:
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
         """Load configuration and open the stores; raises ConfigError on anything fatal."""
-        from gateway.vsphere.scheduler import Scheduler
-
         targets = load_targets(settings.targets_file, settings.credentials)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -115,13 +125,23 @@ class Gateway:
 
         def audit_roles_reload(sha256: str, names: list[str]) -> None:
             with contextlib.suppress(AuditUnavailable):
-                audit.write({"phase": "roles_reload", "caller": "gateway", "surface": "server",
-                             "roles_sha256": sha256, "roles": names})
+                audit.write(
+                    {
+                        "phase": "roles_reload",
+                        "caller": "gateway",
+                        "surface": "server",
+                        "roles_sha256": sha256,
+                        "roles": names,
+                    }
+                )
 
         return cls(
-            settings, targets, registry,
+            settings,
+            targets,
+            registry,
             scheduler=Scheduler(targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds),
-            store=SqliteStore(settings.state_db), audit=audit,
+            store=SqliteStore(settings.state_db),
+            audit=audit,
             policy=PolicyStore(settings.rules_file),
             roles=RoleBook(settings.roles_file, on_reload=audit_roles_reload),
         )
@@ -156,8 +176,11 @@ class Gateway:
 
     def permits(self, role: Role, spec: ToolSpec) -> bool:
         if spec.name in _PROPOSAL_TOOLS:
-            return any(role.permits_tool(s.name, s.kind) for s in self.registry
-                       if s.kind is not Category.READ and s.name not in _PROPOSAL_TOOLS)
+            return any(
+                role.permits_tool(s.name, s.kind)
+                for s in self.registry
+                if s.kind is not Category.READ and s.name not in _PROPOSAL_TOOLS
+            )
         return role.permits_tool(spec.name, spec.kind)
 
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
@@ -171,8 +194,13 @@ class Gateway:
 
     # ----------------------------------------------------------------- calls
     async def call(
-        self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
-        progress: ProgressSink | None = None, correlation_id: str | None = None,
+        self,
+        principal: Principal,
+        name: str,
+        args: Mapping[str, Any] | None,
+        *,
+        progress: ProgressSink | None = None,
+        correlation_id: str | None = None,
     ) -> dict[str, Any]:
         """Run one tool call for ``principal``; raises GatewayError subclasses for expected failures."""
         spec = self.registry.get(name)
@@ -181,9 +209,15 @@ class Gateway:
             if spec is not None:
                 rule = f"role:{principal.role}"
                 ctx = CallContext(principal, role or _NO_ROLE, spec, correlation_id)
-                self._audit(ctx.row("denied", args=dict(args or {}), target=_target_label(args),
-                                    decision={"allowed": False, "reason": "tool not permitted for role",
-                                              "rule": rule}, error_code="not_found"))
+                self._audit(
+                    ctx.row(
+                        "denied",
+                        args=dict(args or {}),
+                        target=_target_label(args),
+                        decision={"allowed": False, "reason": "tool not permitted for role", "rule": rule},
+                        error_code="not_found",
+                    )
+                )
                 self.metrics.observe_call(name, _target_label(args) or "-", "denied", 0.0)
             raise NotFound(f"unknown tool '{name}'; call tools/list to see the tools available to you")
         ctx = CallContext(principal, role, spec, correlation_id)
@@ -243,23 +277,31 @@ class Gateway:
             single = isinstance(ref, str) and ref != ALL
             if single:
                 target = self.targets[names[0]]
-                result = await self.scheduler.run(target.name, lambda s: fn(s, args),
-                                                  deadline=target.timeout_seconds)
+                result = await self.scheduler.run(
+                    target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
+                )
             else:
-                result = await self.scheduler.fan_out(names, lambda s: fn(s, args),
-                                                      deadline=self.settings.fanout_timeout_seconds)
+                result = await self.scheduler.fan_out(
+                    names, lambda s: fn(s, args), deadline=self.settings.fanout_timeout_seconds
+                )
             result = clean(result)
         except GatewayError as exc:
-            self._audit(ctx.row("call", target=_target_label(args), args=audit_args, outcome="error",
-                                error_code=exc.code))
+            self._audit(
+                ctx.row(
+                    "call", target=_target_label(args), args=audit_args, outcome="error", error_code=exc.code
+                )
+            )
             raise
         self._audit(ctx.row("call", target=_target_label(args), args=audit_args, outcome="ok", result=result))
         return result  # type: ignore[no-any-return]
 
-    async def _list_targets(self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+    async def _list_targets(
+        self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
+    ) -> dict[str, Any]:
         targets = self.visible_targets(ctx.role)
-        results = await self.scheduler.fan_out([t.name for t in targets], target_about,
-                                               deadline=self.settings.fanout_timeout_seconds)
+        results = await self.scheduler.fan_out(
+            [t.name for t in targets], target_about, deadline=self.settings.fanout_timeout_seconds
+        )
         rows = summarize_targets(targets, results)
         if not ctx.role.all_targets:
             for row in rows:
@@ -270,16 +312,25 @@ class Gateway:
         return out
 
     # -- writes and destructive proposals
-    async def _write(self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
+    async def _write(
+        self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
+    ) -> dict[str, Any]:
         spec = ctx.spec
-        assert spec.plan is not None and spec.execute is not None
+        plan_fn = spec.plan
+        assert plan_fn is not None and spec.execute is not None
         audit_args = _redact_args(spec, args)
         ref = args["target"]
         if not isinstance(ref, str) or ref == ALL:
             reason = "a change needs exactly one explicit target; 'all' and lists are refused for writes"
-            self._audit(ctx.row("denied", target=_target_label(args), args=audit_args,
-                                decision={"allowed": False, "reason": reason, "rule": "target:single"},
-                                error_code="policy_denied"))
+            self._audit(
+                ctx.row(
+                    "denied",
+                    target=_target_label(args),
+                    args=audit_args,
+                    decision={"allowed": False, "reason": reason, "rule": "target:single"},
+                    error_code="policy_denied",
+                )
+            )
             raise PolicyDenied(reason)
         self._require_audit()
         target = self._check_target(ctx, ref)
@@ -287,28 +338,42 @@ class Gateway:
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
             self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
-            limits = self.policy.target_limits(target.name) if hasattr(self.policy, "target_limits") else None
-            per_minute = _category_limit(limits, spec.kind)
+            per_minute = self.policy.target_limits(target.name).rate_limit(spec.kind)
             self.rate_limiter.check(target.name, spec.kind, per_minute, time.monotonic())
-            plan = await self.scheduler.run(target.name, lambda s: spec.plan(s, args),  # type: ignore[misc]
-                                            deadline=target.timeout_seconds)
+            plan = await self.scheduler.run(
+                target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds
+            )
             decision = self._decide(ctx, target, plan, args, now)
-            check_bulk(plan.count, _bulk_limit(limits), target.name)
         except GatewayError as exc:
             phase = "denied" if exc.code in ("policy_denied", "rate_limited") else "failed"
-            self._audit(ctx.row(phase, target=target.name, args=audit_args, error_code=exc.code,
-                                decision=exc.details.get("decision")))
+            self._audit(
+                ctx.row(
+                    phase,
+                    target=target.name,
+                    args=audit_args,
+                    error_code=exc.code,
+                    decision=exc.details.get("decision"),
+                )
+            )
             raise
         if spec.kind is Category.DESTRUCTIVE or decision.require_approval:
             return self._propose(ctx, target, args, plan, decision, digest)
         return await self._execute(ctx, target, plan, decision, audit_args, progress)
 
-    def _decide(self, ctx: CallContext, target: Target, plan: Plan, args: Mapping[str, Any],
-                now: float) -> Decision:
+    def _decide(
+        self, ctx: CallContext, target: Target, plan: Plan, args: Mapping[str, Any], now: float
+    ) -> Decision:
         facts = CallFacts(
-            tool=ctx.spec.name, category=ctx.spec.kind, risk=ctx.spec.risk, target=target.name,
-            target_tags=target.tags, affected=plan.affected, caller=ctx.principal.name,
-            role=ctx.principal.role, override=bool(args.get("override", False)), object_count=plan.count,
+            tool=ctx.spec.name,
+            category=ctx.spec.kind,
+            risk=ctx.spec.risk,
+            target=target.name,
+            target_tags=target.tags,
+            affected=plan.affected,
+            caller=ctx.principal.name,
+            role=ctx.principal.role,
+            override=bool(args.get("override", False)),
+            object_count=plan.count,
         )
         decision = self.policy.decide(facts, datetime.fromtimestamp(now, UTC))
         if self.settings.dry_run or target.dry_run:
@@ -317,46 +382,104 @@ class Gateway:
             raise PolicyDenied(decision.reason, decision=_decision_dict(decision))
         return decision
 
-    def _propose(self, ctx: CallContext, target: Target, args: dict[str, Any], plan: Plan,
-                 decision: Decision, digest: str) -> dict[str, Any]:
+    def _propose(
+        self,
+        ctx: CallContext,
+        target: Target,
+        args: dict[str, Any],
+        plan: Plan,
+        decision: Decision,
+        digest: str,
+    ) -> dict[str, Any]:
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = self.settings.confirm_ttl_seconds
         proposal = Proposal(
-            id=confirm.new_proposal_id(), token_hash=confirm.token_hash(token), caller=ctx.principal.name,
-            role=ctx.principal.role, surface=ctx.principal.surface, target=target.name,
-            target_host=target.address, tool=ctx.spec.name, args=args, args_digest=digest,
-            plan_summary=plan.summary, affected=[a.to_dict() for a in plan.affected],
-            plan_params=dict(plan.params), created_at=now, expires_at=now + ttl, state="pending",
-            require_web_approval=decision.require_approval, correlation_id=ctx.correlation_id,
+            id=confirm.new_proposal_id(),
+            token_hash=confirm.token_hash(token),
+            caller=ctx.principal.name,
+            role=ctx.principal.role,
+            surface=ctx.principal.surface,
+            target=target.name,
+            target_host=target.address,
+            tool=ctx.spec.name,
+            args=args,
+            args_digest=digest,
+            plan_summary=plan.summary,
+            affected=[a.to_dict() for a in plan.affected],
+            plan_params=dict(plan.params),
+            created_at=now,
+            expires_at=now + ttl,
+            state="pending",
+            require_web_approval=decision.require_approval,
+            correlation_id=ctx.correlation_id,
         )
-        self._audit(ctx.row("proposed", target=target.name, args=_redact_args(ctx.spec, args),
-                            decision=_decision_dict(decision), proposal_id=proposal.id,
-                            affected=proposal.affected))
+        self._audit(
+            ctx.row(
+                "proposed",
+                target=target.name,
+                args=_redact_args(ctx.spec, args),
+                decision=_decision_dict(decision),
+                proposal_id=proposal.id,
+                affected=proposal.affected,
+            )
+        )
         self.store.add_proposal(proposal)
-        how = (f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
-               f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
-               if decision.require_approval else f'confirm_action(token="{token}") within {int(ttl)}s')
+        how = (
+            f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
+            f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
+            if decision.require_approval
+            else f'confirm_action(token="{token}") within {int(ttl)}s'
+        )
         return {
-            "state": "pending", "proposal_id": proposal.id, "target": target.name, "target_host": target.address,
-            "tool": ctx.spec.name, "summary": plan.summary, "affected": proposal.affected,
-            "token": token, "expires_in_seconds": int(ttl), "requires_human_approval": decision.require_approval,
-            "dry_run": decision.dry_run, "confirm_with": how,
-            "note": f"Nothing has changed yet. This proposal acts on target '{target.name}' ({target.address}): "
-                    "check the target and the affected objects before confirming.",
+            "state": "pending",
+            "proposal_id": proposal.id,
+            "target": target.name,
+            "target_host": target.address,
+            "tool": ctx.spec.name,
+            "summary": plan.summary,
+            "affected": proposal.affected,
+            "token": token,
+            "expires_in_seconds": int(ttl),
+            "requires_human_approval": decision.require_approval,
+            "dry_run": decision.dry_run,
+            "confirm_with": how,
+            "note": f"Nothing has changed yet. This proposal acts on target '{target.name}' "
+            f"({target.address}): check the target and the affected objects before confirming.",
         }
 
-    async def _execute(self, ctx: CallContext, target: Target, plan: Plan, decision: Decision,
-                       audit_args: Mapping[str, Any], progress: ProgressSink | None,
-                       proposal_id: str | None = None) -> dict[str, Any]:
+    async def _execute(
+        self,
+        ctx: CallContext,
+        target: Target,
+        plan: Plan,
+        decision: Decision,
+        audit_args: Mapping[str, Any],
+        progress: ProgressSink | None,
+        proposal_id: str | None = None,
+    ) -> dict[str, Any]:
         spec = ctx.spec
-        assert spec.execute is not None
+        execute = spec.execute
+        assert execute is not None
         decision_row = _decision_dict(decision)
         if decision.dry_run:
-            result = {"dry_run": True, "target": target.name, "would": plan.summary,
-                      "affected": [a.to_dict() for a in plan.affected]}
-            self._audit(ctx.row("dry_run", target=target.name, args=audit_args, decision=decision_row,
-                                proposal_id=proposal_id, outcome="ok", result=result))
+            result = {
+                "dry_run": True,
+                "target": target.name,
+                "would": plan.summary,
+                "affected": [a.to_dict() for a in plan.affected],
+            }
+            self._audit(
+                ctx.row(
+                    "dry_run",
+                    target=target.name,
+                    args=audit_args,
+                    decision=decision_row,
+                    proposal_id=proposal_id,
+                    outcome="ok",
+                    result=result,
+                )
+            )
             return result
         params = dict(plan.params)
         params["auto_snapshot"] = decision.auto_snapshot and spec.snapshot_before
@@ -364,16 +487,34 @@ class Gateway:
         relay = self._progress_relay(progress)
         self._require_audit()
         try:
-            result = await self.scheduler.run(target.name, lambda s: spec.execute(s, plan, relay))  # type: ignore[misc]
+            result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
         except GatewayError as exc:
             phase = "failed"
-            self._audit(ctx.row(phase, target=target.name, args=audit_args, decision=decision_row,
-                                proposal_id=proposal_id, outcome=exc.code, error_code=exc.code,
-                                error=exc.message))
+            self._audit(
+                ctx.row(
+                    phase,
+                    target=target.name,
+                    args=audit_args,
+                    decision=decision_row,
+                    proposal_id=proposal_id,
+                    outcome=exc.code,
+                    error_code=exc.code,
+                    error=exc.message,
+                )
+            )
             raise
         result = clean(result)
-        self._audit(ctx.row("executed", target=target.name, args=audit_args, decision=decision_row,
-                            proposal_id=proposal_id, outcome="ok", result=result))
+        self._audit(
+            ctx.row(
+                "executed",
+                target=target.name,
+                args=audit_args,
+                decision=decision_row,
+                proposal_id=proposal_id,
+                outcome="ok",
+                result=result,
+            )
+        )
         return result  # type: ignore[no-any-return]
 
     def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
@@ -387,100 +528,177 @@ class Gateway:
         return relay
 
     # -- the proposal lifecycle
-    async def _list_pending(self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+    async def _list_pending(
+        self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
+    ) -> dict[str, Any]:
         self.expire_due()
-        rows = [proposal_view(p, self.clock()) for p in self.store.list_proposals(["pending"])
-                if ctx.role.permits_target(p.target) and (p.caller == ctx.principal.name or ctx.role.approve != "none")]
+        rows = [
+            proposal_view(p, self.clock())
+            for p in self.store.list_proposals(["pending"])
+            if ctx.role.permits_target(p.target)
+            and (p.caller == ctx.principal.name or ctx.role.approve != "none")
+        ]
         return {"pending": rows, "count": len(rows)}
 
-    async def _confirm(self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None) -> dict[str, Any]:
+    async def _confirm(
+        self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
+    ) -> dict[str, Any]:
         self._require_audit()
         proposal = self.store.proposal_by_token_hash(confirm.token_hash(args["token"]))
         try:
             confirm.check_confirmable(proposal, caller=ctx.principal.name, now=self.clock(), via="agent")
         except GatewayError as exc:
-            self._audit(ctx.row("denied", proposal_id=proposal.id if proposal else None,
-                                target=proposal.target if proposal else None, error_code=exc.code))
+            self._audit(
+                ctx.row(
+                    "denied",
+                    proposal_id=proposal.id if proposal else None,
+                    target=proposal.target if proposal else None,
+                    error_code=exc.code,
+                )
+            )
             raise
         assert proposal is not None
-        return await self.execute_proposal(proposal, ctx.principal, progress=progress,
-                                           correlation_id=ctx.correlation_id)
+        return await self.execute_proposal(
+            proposal, ctx.principal, progress=progress, correlation_id=ctx.correlation_id
+        )
 
-    async def _cancel(self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+    async def _cancel(
+        self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
+    ) -> dict[str, Any]:
         self._require_audit()
         proposal = self.store.proposal_by_token_hash(confirm.token_hash(args["token"]))
         if proposal is None or proposal.caller != ctx.principal.name:
-            raise ConfirmationInvalid("that token matches no proposal of yours; list_pending_actions shows them")
+            raise ConfirmationInvalid(
+                "that token matches no proposal of yours; list_pending_actions shows them"
+            )
         if not self.store.transition(proposal.id, ["pending"], "cancelled", decided_at=self.clock()):
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
         self._audit(ctx.row("cancelled", target=proposal.target, proposal_id=proposal.id))
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
-    async def approve(self, proposal_id: str, human: Principal, *, correlation_id: str | None = None) -> dict[str, Any]:
+    async def approve(
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+    ) -> dict[str, Any]:
         """A human's approval (web page or CLI): checks the approve right, then executes the proposal."""
         role = self.role_of(human)
         proposal = self.store.get_proposal(proposal_id)
         if role is None or proposal is None or not role.permits_target(proposal.target):
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        confirm.check_confirmable(proposal, caller=human.name, now=self.clock(), via="human",
-                                  approver_role_approve=role.approve)
+        confirm.check_confirmable(
+            proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
+        )
         return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
 
-    def deny(self, proposal_id: str, human: Principal, *, correlation_id: str | None = None) -> dict[str, Any]:
+    def deny(
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+    ) -> dict[str, Any]:
         role = self.role_of(human)
         proposal = self.store.get_proposal(proposal_id)
         if role is None or proposal is None or not role.permits_target(proposal.target):
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        confirm.check_confirmable(proposal, caller=human.name, now=self.clock(), via="human",
-                                  approver_role_approve=role.approve)
+        confirm.check_confirmable(
+            proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
+        )
         self._require_audit()
-        if not self.store.transition(proposal.id, ["pending"], "denied", approved_by=human.name,
-                                     decided_at=self.clock()):
+        if not self.store.transition(
+            proposal.id, ["pending"], "denied", approved_by=human.name, decided_at=self.clock()
+        ):
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
-        self._audit({"phase": "denied", "tool": proposal.tool, "target": proposal.target, "caller": human.name,
-                     "role": human.role, "surface": human.surface, "proposal_id": proposal.id,
-                     "correlation_id": correlation_id, "decision": {"allowed": False,
-                     "reason": f"denied by {human.name}", "rule": "human"}})
+        self._audit(
+            {
+                "phase": "denied",
+                "tool": proposal.tool,
+                "target": proposal.target,
+                "caller": human.name,
+                "role": human.role,
+                "surface": human.surface,
+                "proposal_id": proposal.id,
+                "correlation_id": correlation_id,
+                "decision": {"allowed": False, "reason": f"denied by {human.name}", "rule": "human"},
+            }
+        )
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
 
-    async def execute_proposal(self, proposal: Proposal, actor: Principal, *, progress: ProgressSink | None = None,
-                               correlation_id: str | None = None, approved: bool = False) -> dict[str, Any]:
+    async def execute_proposal(
+        self,
+        proposal: Proposal,
+        actor: Principal,
+        *,
+        progress: ProgressSink | None = None,
+        correlation_id: str | None = None,
+        approved: bool = False,
+    ) -> dict[str, Any]:
         """Claim the proposal exactly once, re-resolve and re-check it, then execute it."""
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
         owner = Principal(name=proposal.caller, role=proposal.role, surface=proposal.surface)
         owner_role = self.roles.get(proposal.role)
         if spec is None or target is None or owner_role is None:
-            raise ConfirmationInvalid(f"proposal {proposal.id} names a tool, target or role this server no longer has")
-        if not self.store.transition(proposal.id, ["pending"], "executing", decided_at=self.clock(),
-                                     approved_by=actor.name if approved else None):
+            raise ConfirmationInvalid(
+                f"proposal {proposal.id} names a tool, target or role this server no longer has"
+            )
+        if not self.store.transition(
+            proposal.id,
+            ["pending"],
+            "executing",
+            decided_at=self.clock(),
+            approved_by=actor.name if approved else None,
+        ):
             raise ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
         ctx = CallContext(actor, owner_role, spec, correlation_id or proposal.correlation_id)
         if approved:
-            self._audit(ctx.row("approved", target=target.name, proposal_id=proposal.id, requested_by=owner.name))
+            self._audit(
+                ctx.row("approved", target=target.name, proposal_id=proposal.id, requested_by=owner.name)
+            )
         try:
-            plan = await self.scheduler.run(target.name, lambda s: spec.plan(s, proposal.args),  # type: ignore[misc]
-                                            deadline=target.timeout_seconds)
+            plan_fn = spec.plan
+            assert plan_fn is not None
+            plan = await self.scheduler.run(
+                target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
+            )
             _check_not_stale(proposal, plan)
             owner_ctx = CallContext(owner, owner_role, spec, ctx.correlation_id)
             decision = self._decide(owner_ctx, target, plan, proposal.args, self.clock())
-            result = await self._execute(ctx, target, plan, decision, _redact_args(spec, proposal.args),
-                                         progress, proposal_id=proposal.id)
+            result = await self._execute(
+                ctx,
+                target,
+                plan,
+                decision,
+                _redact_args(spec, proposal.args),
+                progress,
+                proposal_id=proposal.id,
+            )
         except GatewayError as exc:
             if exc.code in ("stale", "policy_denied", "invalid_state", "not_found"):
-                self._audit(ctx.row("failed", target=target.name, proposal_id=proposal.id, error_code=exc.code,
-                                    error=exc.message))
+                self._audit(
+                    ctx.row(
+                        "failed",
+                        target=target.name,
+                        proposal_id=proposal.id,
+                        error_code=exc.code,
+                        error=exc.message,
+                    )
+                )
             self.store.transition(proposal.id, ["executing"], "failed", outcome=exc.code, error=exc.to_wire())
             raise
-        self.store.transition(proposal.id, ["executing"], "executed", outcome="ok",
-                              result={"summary": proposal.plan_summary})
+        self.store.transition(
+            proposal.id, ["executing"], "executed", outcome="ok", result={"summary": proposal.plan_summary}
+        )
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     def expire_due(self) -> None:
         for proposal in confirm.expire_due(self.store, self.clock()):
-            self._audit({"phase": "expired", "tool": proposal.tool, "target": proposal.target,
-                         "caller": proposal.caller, "role": proposal.role, "proposal_id": proposal.id,
-                         "surface": "server"})
+            self._audit(
+                {
+                    "phase": "expired",
+                    "tool": proposal.tool,
+                    "target": proposal.target,
+                    "caller": proposal.caller,
+                    "role": proposal.role,
+                    "proposal_id": proposal.id,
+                    "surface": "server",
+                }
+            )
 
     async def _sweep_expired_forever(self) -> None:
         while True:
@@ -493,11 +711,21 @@ class Gateway:
     # ----------------------------------------------------------------- audit
     def _require_audit(self) -> None:
         if not self.audit.writable():
-            raise AuditUnavailable(f"audit log {self.settings.audit_log} cannot be written; nothing was sent "
-                                   "to vSphere. Free disk space or fix permissions, then retry")
+            raise AuditUnavailable(
+                f"audit log {self.settings.audit_log} cannot be written; nothing was sent "
+                "to vSphere. Free disk space or fix permissions, then retry"
+            )
 
     def _audit(self, row: Mapping[str, Any]) -> None:
-        self.audit.write(row)
+        try:
+            self.audit.write(row)
+        except AuditUnavailable:
+            raise
+        except Exception as exc:  # any failure to record is a refusal, never a silent pass
+            log.exception("audit write failed")
+            raise AuditUnavailable(
+                f"audit log {self.settings.audit_log} could not record the call; see the server log"
+            ) from exc
 
 
 class _NoRole:
@@ -518,34 +746,31 @@ def _redact_args(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("***" if k in spec.sensitive_params else v) for k, v in args.items()}
 
 
-def _category_limit(limits: Any, category: Category) -> int | None:
-    if limits is None:
-        return None
-    per_minute = getattr(limits, "max_calls_per_minute", None) or {}
-    value = per_minute.get(category.value) if isinstance(per_minute, Mapping) else per_minute
-    return int(value) if value else None
-
-
-def _bulk_limit(limits: Any) -> int | None:
-    value = getattr(limits, "max_bulk_objects", None) if limits is not None else None
-    return int(value) if value else None
-
-
 def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
     before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
     after = sorted((a.type, a.moid, a.name) for a in plan.affected)
     if before != after:
-        raise Stale(f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
-                    "removed); make a fresh proposal and check it again")
+        raise Stale(
+            f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
+            "removed); make a fresh proposal and check it again"
+        )
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
     """A proposal as shown to callers and humans: never the token or its hash."""
     return {
-        "proposal_id": p.id, "state": p.state, "target": p.target, "target_host": p.target_host, "tool": p.tool,
-        "summary": p.plan_summary, "affected": p.affected, "requested_by": p.caller,
+        "proposal_id": p.id,
+        "state": p.state,
+        "target": p.target,
+        "target_host": p.target_host,
+        "tool": p.tool,
+        "summary": p.plan_summary,
+        "affected": p.affected,
+        "requested_by": p.caller,
         "requires_human_approval": p.require_web_approval,
-        "expires_in_seconds": max(0, int(p.expires_at - now)), "created_at": p.created_at,
-        "approved_by": p.approved_by, "outcome": p.outcome, "error": p.error,
+        "expires_in_seconds": max(0, int(p.expires_at - now)),
+        "created_at": p.created_at,
+        "approved_by": p.approved_by,
+        "outcome": p.outcome,
+        "error": p.error,
     }
-

@@ -6,7 +6,9 @@ failing, and every write is one ``BEGIN IMMEDIATE`` transaction. Within a proces
 its own connection, so a reader on the event loop never waits behind a writer in a worker thread.
 
 The directory is kept at mode 0700 and the database (with its ``-wal`` and ``-shm`` files) at 0600:
-they hold token hashes and the parameters of pending destructive actions.
+they hold token hashes and the parameters of pending destructive actions. The file must be on a
+local filesystem (WAL coordinates through shared memory); replicas on several hosts need a shared
+database behind ``StateStore`` instead.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.store.base import PROPOSAL_STATES, TRANSITION_FIELDS, Proposal, TokenRecord
+from gateway.store.base import PROPOSAL_STATES, TRANSITION_FIELDS, Proposal, StateStore, TokenRecord
+
+__all__ = ["Proposal", "SqliteStore", "TokenRecord", "secure_directory"]
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +173,7 @@ class SqliteStore:
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
+        if conn is not None and not self._closed:
             return conn
         with self._lock:
             if self._closed:
@@ -368,3 +372,8 @@ def _check_states(states: Sequence[str]) -> None:
     unknown = set(states) - PROPOSAL_STATES
     if unknown:
         raise ValueError(f"unknown proposal states: {sorted(unknown)}")
+
+
+if TYPE_CHECKING:
+    def _implements(store: SqliteStore) -> StateStore:
+        return store

@@ -174,7 +174,9 @@ class ToolSpec:
         args = dict(args or {})
         known = {p.name for p in self.params}
         for extra in sorted(set(args) - known):
-            raise InvalidArgument(extra, f"unknown parameter for {self.name}; accepted: {', '.join(sorted(known))}")
+            raise InvalidArgument(
+                extra, f"unknown parameter for {self.name}; accepted: {', '.join(sorted(known))}"
+            )
         out: dict[str, Any] = {}
         for p in self.params:
             if args.get(p.name) is None:
@@ -188,9 +190,18 @@ class ToolSpec:
 
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "target": (str,), "integer": (int,), "number": (int, float),
-    "boolean": (bool,), "array": (list,),
+    "string": (str,),
+    "target": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
 }
+
+
+def _is_instance(value: Any, kinds: tuple[type, ...]) -> bool:
+    # a plain predicate, so that the caller's value stays typed as Any for the range checks
+    return isinstance(value, kinds)
 
 
 def _check_value(p: Param, value: Any) -> Any:
@@ -203,7 +214,7 @@ def _check_value(p: Param, value: Any) -> Any:
     kinds = _PY_TYPES[p.type]
     if isinstance(value, bool) and p.type in ("integer", "number"):
         raise InvalidArgument(p.name, f"expected {p.type}, got boolean")
-    if not isinstance(value, kinds):
+    if not _is_instance(value, kinds):
         raise InvalidArgument(p.name, f"expected {p.type}, got {type(value).__name__}")
     if p.type in ("string", "target") and not value:
         raise InvalidArgument(p.name, "must not be empty")
@@ -215,7 +226,7 @@ def _check_value(p: Param, value: Any) -> Any:
         raise InvalidArgument(p.name, f"must be <= {p.maximum:g}")
     if p.type == "array":
         item_kinds = _PY_TYPES.get(p.items, (object,))
-        if not all(isinstance(v, item_kinds) for v in value):
+        if not all(_is_instance(v, item_kinds) for v in value):
             raise InvalidArgument(p.name, f"every item must be {p.items}")
     return value
 

@@ -22,19 +22,20 @@ every path.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from pyVmomi import vim, vmodl
+import pyVmomi
 
 from gateway import errors
 from gateway.tools.spec import ProgressFn
 from gateway.vsphere import faults
 
 log = logging.getLogger(__name__)
+vim: Any = pyVmomi.vim  # pyVmomi's constructors are untyped
+vmodl: Any = pyVmomi.vmodl
 
 TASK_PATHS = ("info.state", "info.progress", "info.error", "info.result")
 TERMINAL_STATES = frozenset({"success", "error"})
@@ -117,17 +118,8 @@ def _follow(
     props: Props = {}
     version = ""
     cap = _poll_cap(session)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        options = vmodl.query.PropertyCollector.WaitOptions(maxWaitSeconds=min(cap, math.ceil(remaining)))
-        update = collector.WaitForUpdatesEx(version, options)
-        if update is None:
-            fresh = _read(collector, obj, obj_type, paths)
-        else:
-            version = update.version
-            fresh = _changes(update)
+    while (remaining := deadline - time.monotonic()) > 0:
+        fresh, version = _next(collector, obj, obj_type, paths, version, min(cap, remaining))
         if fresh is None:
             continue
         props.update(fresh)
@@ -135,6 +127,23 @@ def _follow(
             on_change(props)
         if done(props):
             return props
+    return None
+
+
+def _next(
+    collector: Any, obj: Any, obj_type: Any, paths: Sequence[str], version: str, seconds: float
+) -> tuple[Props | None, str]:
+    """What changed within ``seconds`` (a long poll; a plain read when it comes back empty) and the
+    collector version to continue from."""
+    if seconds < 1:
+        # WaitForUpdatesEx waits whole seconds: sleep out the last fraction, then look once more.
+        time.sleep(seconds)
+        return _read(collector, obj, obj_type, paths), version
+    options = vmodl.query.PropertyCollector.WaitOptions(maxWaitSeconds=int(seconds))
+    update = collector.WaitForUpdatesEx(version, options)
+    if update is None:
+        return _read(collector, obj, obj_type, paths), version
+    return _changes(update), update.version
 
 
 def _poll_cap(session: Any) -> int:

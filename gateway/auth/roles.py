@@ -1,0 +1,315 @@
+"""Roles: which tools and targets a token may use, and whether it may approve proposals.
+
+Two roles are built in and cannot be redefined: ``reader`` (every read tool, every target, approves
+nothing) and ``admin`` (every tool, every target, approves any proposal). Custom roles come from
+``roles.yaml`` (see ``roles.example.yaml`` for the format and meaning of each key). Parsing is strict
+so that a mistake narrows instead of widening: every key is required, "all" is spelled ``"*"``,
+unknown keys are errors, and write and destructive tools are granted by name only.
+
+``permits`` is the pure decision; ``RoleBook`` follows the file: it reloads when the content
+changes, and while the file is broken it serves the built-in roles only (custom roles are refused,
+the reason goes to the log, never to a caller).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Final, Literal, cast
+
+import yaml
+
+from gateway.config import ConfigProblems
+from gateway.tools.spec import Category
+
+log = logging.getLogger(__name__)
+
+ApproveRight = Literal["none", "any", "others"]
+APPROVE_RIGHTS: Final = ("none", "any", "others")
+ROLE_KEYS: Final = ("tools", "allow_write", "allow_destructive", "targets", "approve")
+#: target values that mean "every target" in a call (names reserved by targets.yaml)
+ALL_TARGETS: Final = frozenset({"all", "*"})
+
+_ROLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
+_GLOB_CHARS = frozenset("*?[]")
+#: a roles.yaml modified this recently is re-read even if its stat looks unchanged (same-tick edits)
+_RACY_NS: Final = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class Role:
+    """What a role may do. ``tools`` is ``"read"``, ``"*"`` or a set of tool names."""
+
+    name: str
+    tools: Literal["read", "*"] | frozenset[str]
+    allow_write: frozenset[str] = frozenset()
+    allow_destructive: frozenset[str] = frozenset()
+    targets: Literal["*"] | tuple[str, ...] = "*"
+    approve: ApproveRight = "none"
+
+    @property
+    def all_targets(self) -> bool:
+        return self.targets == "*"
+
+    def permits_tool(self, tool: str, category: Category) -> bool:
+        """``tools`` first ("read": the read category; "*": everything; a list: those names), then the
+        write or destructive tools named in ``allow_write`` / ``allow_destructive`` for that category."""
+        if self.tools == "*" or (self.tools == "read" and category == Category.READ):
+            return True
+        if isinstance(self.tools, frozenset) and tool in self.tools:
+            return True
+        extra = {Category.WRITE: self.allow_write, Category.DESTRUCTIVE: self.allow_destructive}
+        return tool in extra.get(category, frozenset())
+
+    def permits_target(self, target: str) -> bool:
+        """A target name matched against the globs; "all" (every target) needs ``targets: "*"``."""
+        if self.all_targets:
+            return True
+        if target in ALL_TARGETS:
+            return False
+        return any(fnmatchcase(target, pattern) for pattern in self.targets)
+
+    def describe(self) -> dict[str, Any]:
+        """The role as plain JSON-able values (for ``gateway roles list``)."""
+        def listed(value: frozenset[str] | str | tuple[str, ...]) -> list[str] | str:
+            return value if isinstance(value, str) else sorted(value)
+
+        return {"name": self.name, "tools": listed(self.tools), "allow_write": listed(self.allow_write),
+                "allow_destructive": listed(self.allow_destructive), "targets": listed(self.targets),
+                "approve": self.approve}
+
+
+BUILTIN_ROLES: Final[Mapping[str, Role]] = {
+    "reader": Role("reader", tools="read", targets="*", approve="none"),
+    "admin": Role("admin", tools="*", targets="*", approve="any"),
+}
+
+
+def permits(role: Role, tool: str, category: Category, target: str | None) -> bool:
+    """May ``role`` call ``tool`` (of ``category``) on ``target``? ``target=None`` for tools that take
+    none (list_targets, confirm_action, ...); ``"all"`` only for roles with every target. Pure."""
+    return role.permits_tool(tool, category) and (target is None or role.permits_target(target))
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+def _tools(value: Any, where: str, problems: list[str]) -> Literal["read", "*"] | frozenset[str] | None:
+    if value in ("read", "*"):
+        return cast(Literal["read", "*"], value)
+    if isinstance(value, list):
+        names = _names(value, where, "tools", problems)
+        return None if names is None else names
+    problems.append(f"{where}: 'tools' must be read, \"*\" (every tool) or a list of tool names, "
+                    f"got {value!r}")
+    return None
+
+
+def _names(value: Any, where: str, key: str, problems: list[str]) -> frozenset[str] | None:
+    if not isinstance(value, list):
+        problems.append(f"{where}: '{key}' must be a list of tool names (write [] for none), got {value!r}")
+        return None
+    bad = [v for v in value if not isinstance(v, str) or not _TOOL_NAME.fullmatch(v)]
+    for v in bad:
+        pattern = isinstance(v, str) and bool(_GLOB_CHARS & set(v))
+        hint = "name tools one by one; patterns are not accepted" if pattern else "not a tool name"
+        problems.append(f"{where}: '{key}' entry {v!r}: {hint}")
+    return None if bad else frozenset(value)
+
+
+def _targets(value: Any, where: str, problems: list[str]) -> Literal["*"] | tuple[str, ...] | None:
+    if value == "*":
+        return "*"
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        hint = " (spell every target \"*\")" if value == "all" else ""
+        problems.append(f"{where}: 'targets' must be \"*\" or a list of target names or globs{hint}, "
+                        f"got {value!r}")
+        return None
+    return "*" if "*" in value else tuple(value)
+
+
+def _approve(value: Any, where: str, problems: list[str]) -> ApproveRight | None:
+    if value in APPROVE_RIGHTS:
+        return cast(ApproveRight, value)
+    problems.append(f"{where}: 'approve' must be one of none, any, others (quote it if YAML reads it as "
+                    f"a boolean), got {value!r}")
+    return None
+
+
+def _parse_role(name: Any, entry: Any, source: str, problems: list[str]) -> Role | None:
+    where = f"{source}: role {name!r}"
+    before = len(problems)
+    if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
+        problems.append(f"{where}: a role name is 1-64 letters, digits, '.', '_' or '-'")
+    elif name in BUILTIN_ROLES:
+        problems.append(f"{where}: '{name}' is built in and cannot be redefined; pick another name")
+    if not isinstance(entry, Mapping):
+        problems.append(f"{where}: must be a mapping with the keys {', '.join(ROLE_KEYS)}")
+        return None
+    for key in sorted(set(entry) - set(ROLE_KEYS), key=str):
+        problems.append(f"{where}: unknown key {key!r}; the keys are {', '.join(ROLE_KEYS)}")
+    for key in ROLE_KEYS:
+        if key not in entry:
+            problems.append(f"{where}: missing key '{key}' (every key is required, so a file cut off "
+                            "mid-edit refuses the role instead of widening it)")
+    if len(problems) > before:
+        return None
+    tools = _tools(entry["tools"], where, problems)
+    allow_write = _names(entry["allow_write"], where, "allow_write", problems)
+    allow_destructive = _names(entry["allow_destructive"], where, "allow_destructive", problems)
+    targets = _targets(entry["targets"], where, problems)
+    approve = _approve(entry["approve"], where, problems)
+    if tools is None or allow_write is None or allow_destructive is None or targets is None:
+        return None
+    return None if approve is None else Role(name, tools, allow_write, allow_destructive, targets, approve)
+
+
+def parse_roles(data: Any, source: str) -> dict[str, Role]:
+    """Custom roles from parsed YAML (``{"roles": {name: {...}}}``; an empty file defines none).
+
+    Raises ``ConfigProblems`` listing every problem found."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping) or set(data) != {"roles"}:
+        raise ConfigProblems([f"{source}: expected one top-level key 'roles:' mapping role names to roles"])
+    entries = data["roles"]
+    if entries is None:
+        return {}
+    if not isinstance(entries, Mapping):
+        raise ConfigProblems([f"{source}: 'roles' must map role names to roles"])
+    problems: list[str] = []
+    roles = {name: _parse_role(name, entry, source, problems) for name, entry in entries.items()}
+    if problems:
+        raise ConfigProblems(problems)
+    return {name: role for name, role in roles.items() if role is not None}
+
+
+def _read_roles_file(path: Path) -> tuple[bytes | None, list[str]]:
+    """The file's bytes (None if absent) and problems with who may write it."""
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            content = fh.read()
+    except FileNotFoundError:
+        return None, []
+    except OSError as exc:
+        return b"", [f"{path}: cannot read roles file ({exc.strerror}); fix its permissions"]
+    problems = []
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problems.append(f"{path}: writable by other users, who could grant themselves any role; chmod 600 it")
+    if st.st_uid not in (os.getuid(), 0):
+        problems.append(f"{path}: owned by uid {st.st_uid}, not the gateway's user; chown it")
+    return content, problems
+
+
+def load_roles(content: bytes | None, source: str) -> dict[str, Role]:
+    """Parse the bytes of a roles file (None: no file, no custom roles); ``ConfigProblems`` if broken."""
+    if content is None:
+        return {}
+    if content and not content.endswith(b"\n"):
+        # A write cut off mid-line can still parse, with a name shortened into another one.
+        raise ConfigProblems([f"{source}: does not end with a newline, so it may have been cut off "
+                              "mid-write; check its end and finish it with a newline"])
+    try:
+        data = yaml.safe_load(content)
+    except yaml.YAMLError as exc:
+        raise ConfigProblems([f"{source}: not valid YAML: {exc}"]) from exc
+    return parse_roles(data, source)
+
+
+class RoleBook:
+    """The roles in force: built-ins always, custom roles from ``path`` while it is valid.
+
+    Each lookup of a custom role checks the file (a ``stat``; the content when that changed) and
+    reloads it when its sha256 changed. ``on_reload(sha256, role_names)`` is called for every valid
+    content loaded (the first included) before it takes effect, so the server can audit it; if it
+    raises, the previous roles stay and the next lookup tries again. Thread-safe.
+    """
+
+    def __init__(self, path: Path, on_reload: Callable[[str, list[str]], None] | None = None) -> None:
+        self.path = Path(path)
+        self._on_reload = on_reload
+        self._lock = threading.RLock()
+        self._custom: dict[str, Role] = {}
+        self._signature: tuple[int, ...] | None = None
+        self._racy = True
+        self._loaded = False
+        self._sha256: str | None = None
+        self._seen: tuple[str | None, tuple[str, ...]] = (None, ())
+
+    @property
+    def sha256(self) -> str | None:
+        """The sha256 of the content last read (None when there is no file)."""
+        self.refresh()
+        return self._sha256
+
+    def get(self, name: str) -> Role | None:
+        """The role named ``name``; None if undefined, or custom while the file is broken."""
+        builtin = BUILTIN_ROLES.get(name)
+        if builtin is not None:
+            return builtin
+        self.refresh()
+        with self._lock:
+            return self._custom.get(name)
+
+    def roles(self) -> dict[str, Role]:
+        """Every role in force: the built-ins, then the custom roles."""
+        self.refresh()
+        with self._lock:
+            return {**BUILTIN_ROLES, **self._custom}
+
+    def check(self) -> list[str]:
+        """Every problem of the file as it is now (empty if valid or absent), for ``gateway roles check``."""
+        content, problems = _read_roles_file(self.path)
+        try:
+            load_roles(content, str(self.path))
+        except ConfigProblems as exc:
+            problems.extend(exc.problems)
+        return problems
+
+    def refresh(self) -> None:
+        """Reload the file if it changed since the last look."""
+        signature = self._stat()
+        with self._lock:
+            if self._loaded and signature == self._signature and not self._racy:
+                return
+            content, access_problems = _read_roles_file(self.path)
+            digest = None if content is None else hashlib.sha256(content).hexdigest()
+            seen = (digest, tuple(access_problems))
+            if not self._loaded or seen != self._seen:
+                self._apply(content, digest, access_problems)
+            # recorded only once applied: if on_reload raised, the next lookup tries again
+            self._seen, self._loaded, self._signature = seen, True, signature
+            self._racy = signature is not None and signature[0] >= time.time_ns() - _RACY_NS
+
+    def _apply(self, content: bytes | None, digest: str | None, problems: list[str]) -> None:
+        roles: dict[str, Role] = {}
+        try:
+            roles = load_roles(content, str(self.path))
+        except ConfigProblems as exc:
+            problems = [*problems, *exc.problems]
+        if problems:
+            for problem in problems:
+                log.error("custom roles disabled until fixed (built-in roles keep working): %s", problem)
+            roles = {}
+        elif digest is None and self._custom:
+            log.warning("%s is gone: custom roles are off, built-in roles keep working", self.path)
+        elif self._on_reload is not None and digest is not None:
+            self._on_reload(digest, sorted(roles))
+        self._custom, self._sha256 = roles, digest
+
+    def _stat(self) -> tuple[int, ...] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid)

@@ -1,0 +1,78 @@
+"""``gateway roles``: check roles.yaml and the tokens against it, list the roles in force."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from gateway.auth.roles import BUILTIN_ROLES, RoleBook
+from gateway.cli import add_path_flags, settings_from
+from gateway.settings import Settings
+from gateway.store.sqlite import SqliteStore
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("roles", help="check or list roles")
+    actions = parser.add_subparsers(dest="roles_action", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="exit 1 if roles.yaml is broken or a token's role is undefined")
+    check.set_defaults(handler=run_check)
+    listing = actions.add_parser("list", help="the built-in roles and those of roles.yaml")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    listing.set_defaults(handler=run_list)
+    for action in (check, listing):
+        add_path_flags(action)
+
+
+def token_problems(settings: Settings, book: RoleBook) -> list[str]:
+    """Usable tokens whose role is not defined (they are refused on every call)."""
+    if not settings.state_db.exists():
+        return []
+    store = SqliteStore(settings.state_db)
+    try:
+        tokens = store.list_tokens()
+    finally:
+        store.close()
+    now = time.time()
+    return [f"token {t.name!r} has role {t.role!r}, which is not defined, so every call with it is refused; "
+            f"define the role in {settings.roles_file} or run `gateway token set-role {t.name} ROLE`"
+            for t in tokens if t.usable(now) and book.get(t.role) is None]
+
+
+def run_check(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    book = RoleBook(settings.roles_file)
+    problems = book.check()
+    # While the file is broken every custom role counts as undefined: report the file, not each token.
+    if not problems:
+        problems = token_problems(settings, book)
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 1
+    custom = sorted(set(book.roles()) - set(BUILTIN_ROLES))
+    source = f"{settings.roles_file}: {len(custom)} custom role(s)" if settings.roles_file.exists() else \
+        f"{settings.roles_file} absent: built-in roles only"
+    print(f"{source}; every usable token names a defined role")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    book = RoleBook(settings.roles_file)
+    rows = [{**role.describe(), "source": "built-in" if name in BUILTIN_ROLES else str(settings.roles_file)}
+            for name, role in book.roles().items()]
+    for row in rows:
+        if args.json:
+            print(json.dumps(row, sort_keys=True))
+            continue
+        print(f"{row['name']}  ({row['source']})")
+        for key in ("tools", "allow_write", "allow_destructive", "targets", "approve"):
+            value = row[key]
+            print(f"    {key}: {value if isinstance(value, str) else ', '.join(value) or '-'}")
+    problems = book.check()
+    if problems:
+        print(f"custom roles are off until roles.yaml is fixed ({len(problems)} problem(s)); "
+              "see `gateway roles check`")
+    return 0

@@ -1,0 +1,150 @@
+"""``gateway serve``: run the MCP server over stdio, HTTPS, or loopback HTTP behind a TLS proxy.
+
+Network transports refuse to start unless: the token store holds a usable token, https has a
+certificate, a key and at least one public name, http binds a loopback address only, and the
+in-process self-check shows /mcp refusing unauthenticated requests. Command-line switches win over
+the environment. Over stdio the protocol owns stdout; every log line goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.types import ASGIApp
+
+from gateway.cli import add_path_flags, settings_from
+from gateway.errors import ConfigError, InvalidArgument
+from gateway.server.app import GatewayServer, build_app, self_check, uvicorn_config
+from gateway.server.edge import EdgeConfig, is_loopback, split_authority
+from gateway.server.mcp import serve_stdio
+from gateway.server.tls import server_context
+from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.server.pipeline import Gateway
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8443
+_DEFAULT_HOSTS = {"https": "0.0.0.0", "http": "127.0.0.1"}
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("serve", help="run the MCP server")
+    parser.add_argument("--transport", choices=("stdio", "https", "http"), default="stdio",
+                        help="stdio (default, local user), https, or http on loopback behind a TLS proxy")
+    parser.add_argument("--cert", type=Path, help="PEM certificate chain (https)")
+    parser.add_argument("--key", type=Path, help="PEM private key (https)")
+    parser.add_argument("--public-name", action="append", default=[], dest="public_names",
+                        metavar="NAME[:PORT]",
+                        help="a host name clients use; requests for any other Host are refused (repeat)")
+    parser.add_argument("--host", help="address to bind (https: 0.0.0.0, http: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one, see the log)")
+    parser.add_argument("--forwarded-allow-ips", dest="forwarded_allow_ips", metavar="IPS",
+                        help="proxies whose X-Forwarded-For/-Proto are trusted (comma-separated)")
+    parser.add_argument("--web", action="store_true", help="serve the approval page at /ui (GATEWAY_WEB_UI)")
+    parser.add_argument("--read-only", action="store_true", help="offer read tools only (GATEWAY_READ_ONLY)")
+    parser.add_argument("--enable-destructive", action="store_true",
+                        help="offer destructive tools (GATEWAY_ENABLE_DESTRUCTIVE)")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                        help="request body limit (default 1 MiB)")
+    parser.add_argument("--max-concurrent", type=int, default=64,
+                        help="requests in progress before 503 (default 64)")
+    parser.add_argument("--drain-seconds", type=float, default=0.0,
+                        help="on SIGTERM, keep serving this long with readiness failing (default 0)")
+    parser.add_argument("--grace-seconds", type=float, default=30.0,
+                        help="on SIGTERM, wait this long at most for calls in progress (default 30)")
+    add_path_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def switches(args: argparse.Namespace) -> dict[str, bool | None]:
+    """A switch given on the command line turns the feature on; an absent one leaves the environment's."""
+    return {"read_only": args.read_only or None, "enable_destructive": args.enable_destructive or None,
+            "web_ui": args.web or None}
+
+
+def check_network_args(args: argparse.Namespace) -> str:
+    """Validate the flags of a network transport; return the address to bind."""
+    host: str = args.host or _DEFAULT_HOSTS[args.transport]
+    if not 0 <= args.port < 65536:
+        raise InvalidArgument("port", "must be between 1 and 65535 (0 picks a free port)")
+    if args.transport == "https":
+        missing = [flag for flag, value in (("--cert", args.cert), ("--key", args.key),
+                                            ("--public-name", args.public_names)) if not value]
+        if missing:
+            raise InvalidArgument("transport", f"https needs {', '.join(missing)}; create a certificate with "
+                                  "`gateway cert create --name NAME --out DIR`")
+    elif not is_loopback((split_authority(host) or (host, None))[0]):
+        raise InvalidArgument("host", f"http binds a loopback address only (127.0.0.1, ::1 or localhost), "
+                              f"not {host!r}; put a TLS-terminating proxy in front, or use --transport https")
+    return host
+
+
+def require_token(store: Any) -> None:
+    """Network transports need at least one usable token, else every request would be refused."""
+    now = time.time()
+    if not any(record.usable(now) for record in store.list_tokens()):
+        raise ConfigError("no usable bearer token exists, so no client could connect; create one with "
+                          "`gateway token create NAME --role admin`")
+
+
+def edge_config(args: argparse.Namespace) -> EdgeConfig:
+    options = {"max_body_bytes": args.max_body_bytes, "max_concurrent_requests": args.max_concurrent}
+    if args.transport == "https":
+        return EdgeConfig.for_https(args.public_names, **options)
+    return EdgeConfig.for_http(args.public_names, **options)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("vsphere-mcp-gateway")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+def _web_app(gateway: Any) -> ASGIApp:
+    """The approval page (``gateway.web.app.build_web_app(gateway)``), when this build has it."""
+    try:
+        module = importlib.import_module("gateway.web.app")
+    except ModuleNotFoundError as exc:
+        raise ConfigError("the approval page is not part of this build; start without --web") from exc
+    app: ASGIApp = module.build_web_app(gateway)
+    return app
+
+
+def _build_gateway(settings: Settings) -> Gateway:
+    from gateway.server.pipeline import Gateway  # imported late: it loads every tool module
+
+    return Gateway.build(settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    host = check_network_args(args) if args.transport != "stdio" else ""
+    settings = settings_from(args, **switches(args))
+    gateway = _build_gateway(settings)
+    if args.transport == "stdio":
+        anyio.run(lambda: serve_stdio(gateway, version=_version()))
+        return 0
+    require_token(gateway.store)
+    config = edge_config(args)
+    context = server_context(args.cert, args.key) if args.transport == "https" else None
+    app = build_app(gateway, config, version=_version(), web=_web_app(gateway) if settings.web_ui else None)
+    anyio.run(self_check, app, config)
+    server = GatewayServer(
+        uvicorn_config(app, config, host=host, port=args.port, ssl_context=context,
+                       forwarded_allow_ips=args.forwarded_allow_ips),
+        gateway, app.state.in_flight, drain_seconds=args.drain_seconds, grace_seconds=args.grace_seconds,
+    )
+    log.info("serving MCP over %s at /mcp for %s", args.transport,
+             ", ".join(h.authority() for h in config.hosts))
+    server.run()
+    return 0

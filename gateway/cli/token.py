@@ -1,0 +1,175 @@
+"""``gateway token``: create, list, revoke and re-role bearer tokens.
+
+``create`` prints the token alone on stdout (``TOKEN=$(gateway token create ci --role reader)``); it
+is shown this once and only its hash is stored. Every change is an audit row; a change that cannot
+be audited is undone (a created token is revoked) and reported as an error. Running servers apply
+revocations and role changes from their next request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.auth.roles import RoleBook
+from gateway.auth.tokens import create_token, parse_expiry
+from gateway.cli import add_path_flags, settings_from
+from gateway.errors import AuditUnavailable, InvalidArgument, NotFound
+from gateway.guard.audit import AuditSink
+from gateway.settings import Settings
+from gateway.store.base import TokenRecord
+from gateway.store.sqlite import SqliteStore
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("token", help="create, list, revoke and re-role tokens")
+    actions = parser.add_subparsers(dest="token_action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a token and print it (once) on stdout")
+    create.add_argument("name", help="who uses it (audit rows name the caller by it); never reused")
+    create.add_argument("--role", required=True, help="reader, admin, or a role from roles.yaml")
+    create.add_argument("--expires-in", dest="expires_in",
+                        help="lifetime such as 30d, 12h, 90m (default: never expires)")
+    create.set_defaults(handler=run_create)
+    listing = actions.add_parser("list", help="tokens with role, dates and state (never a secret)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    listing.set_defaults(handler=run_list)
+    revoke = actions.add_parser("revoke", help="refuse a token from the next request on")
+    revoke.add_argument("name")
+    revoke.set_defaults(handler=run_revoke)
+    set_role = actions.add_parser("set-role", help="change a token's role (applies from its next request)")
+    set_role.add_argument("name")
+    set_role.add_argument("role")
+    set_role.set_defaults(handler=run_set_role)
+    for action in (create, listing, revoke, set_role):
+        add_path_flags(action)
+
+
+def cli_caller() -> str:
+    """``cli:<os user>``: who made a change from a shell, for audit rows."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return f"cli:uid{os.getuid()}"
+
+
+@contextmanager
+def _opened(args: argparse.Namespace) -> Iterator[tuple[Settings, SqliteStore]]:
+    settings = settings_from(args)
+    store = SqliteStore(settings.state_db)
+    try:
+        yield settings, store
+    finally:
+        store.close()
+
+
+def _audit(settings: Settings, phase: str, rec: TokenRecord, **extra: Any) -> None:
+    with AuditSink(settings.audit_log, max_bytes=settings.audit_max_bytes) as sink:
+        sink.write({"phase": phase, "caller": cli_caller(), "surface": "cli", "token_name": rec.name,
+                    "token_id": rec.token_id, "role": rec.role, **extra})
+
+
+def _require_role(settings: Settings, role: str) -> None:
+    book = RoleBook(settings.roles_file)
+    if book.get(role) is not None:
+        return
+    known = ", ".join(book.roles())
+    broken = " (roles.yaml is broken, its roles are off; see `gateway roles check`)" if book.check() else ""
+    raise InvalidArgument("role", f"{role!r} is not a defined role{broken}; defined roles: {known}")
+
+
+def run_create(args: argparse.Namespace) -> int:
+    expires_in = parse_expiry(args.expires_in) if args.expires_in else None
+    with _opened(args) as (settings, store):
+        _require_role(settings, args.role)
+        token, rec = create_token(store, args.name, args.role, expires_in=expires_in, now=time.time())
+        try:
+            _audit(settings, "token_created", rec, expires_at=rec.expires_at)
+        except AuditUnavailable:
+            store.update_token(rec.name, revoked=True)
+            raise
+    print(token)
+    print(f"created token {rec.name!r} with role {rec.role}; it is shown only this once", file=sys.stderr)
+    return 0
+
+
+def _when(stamp: float | None) -> str | None:
+    return None if stamp is None else datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def token_row(rec: TokenRecord, now: float) -> dict[str, Any]:
+    """What ``list`` shows of a token: never its secret or hash."""
+    state = "revoked" if rec.revoked else "expired" if rec.expired(now) else "active"
+    return {"name": rec.name, "role": rec.role, "token_id": rec.token_id, "created": _when(rec.created_at),
+            "expires": _when(rec.expires_at), "last_used": _when(rec.last_used), "revoked": rec.revoked,
+            "state": state}
+
+
+_COLUMNS = ("name", "role", "state", "created", "expires", "last_used")
+
+
+def _print_table(rows: Sequence[Mapping[str, Any]]) -> None:
+    cells = [[str(r[c] if r[c] is not None else "-") for c in _COLUMNS] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(_COLUMNS)]
+    for line in [list(_COLUMNS), *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with _opened(args) as (_settings, store):
+        rows = [token_row(rec, time.time()) for rec in store.list_tokens()]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, sort_keys=True))
+    elif rows:
+        _print_table(rows)
+    else:
+        print("no tokens; create one with `gateway token create NAME --role reader`")
+    return 0
+
+
+def _existing(store: SqliteStore, name: str) -> TokenRecord:
+    rec = store.token_by_name(name)
+    if rec is None:
+        raise NotFound(f"no token named {name!r}; `gateway token list` shows the names")
+    return rec
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    with _opened(args) as (settings, store):
+        if _existing(store, args.name).revoked:
+            print(f"token {args.name!r} was already revoked")
+            return 0
+        rec = store.update_token(args.name, revoked=True)
+        print(f"revoked token {rec.name!r}; servers refuse it from their next request")
+        try:
+            _audit(settings, "token_revoked", rec)
+        except AuditUnavailable as exc:
+            # A revocation only narrows access, so it stands even when it cannot be recorded.
+            print(f"gateway: {exc.code}: the revocation stands but was not audited: {exc.message}",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+def run_set_role(args: argparse.Namespace) -> int:
+    with _opened(args) as (settings, store):
+        before = _existing(store, args.name)
+        if before.revoked:
+            raise InvalidArgument("name", f"token {args.name!r} is revoked; create a new token instead")
+        _require_role(settings, args.role)
+        rec = store.update_token(args.name, role=args.role)
+        try:
+            _audit(settings, "token_role_changed", rec, old_role=before.role)
+        except AuditUnavailable:
+            store.update_token(args.name, role=before.role)
+            raise
+    print(f"token {rec.name!r} now has role {rec.role} (was {before.role}); applies from its next request")
+    return 0

@@ -1,0 +1,874 @@
+"""The tamper-evident audit log: append-only, hash-chained JSON lines with secret redaction.
+
+One line per tool call and per lifecycle event. Every row is stamped with ``ts`` (UTC, ms), ``seq``
+(1, 2, 3, ... across rotated files), ``prev`` (the previous row's hash; ``GENESIS`` for the first)
+and ``hash``: the SHA-256 of the row's canonical JSON (sorted keys, compact, ASCII) without ``hash``.
+Editing, deleting, reordering or inserting a line breaks the chain at that line, which ``verify``
+names. The chain is unkeyed: it proves the file is internally consistent, not who wrote it. Someone
+able to rewrite the whole file from the edit onwards can forge a consistent one, so ship the lines
+off the host (any log pipeline can tail the file) when that matters.
+
+Contracts:
+- ``AuditSink.write`` returns only once the row is in the file (and flushed to disk when
+  ``durable``); otherwise it raises ``AuditUnavailable`` and the caller must refuse the call.
+- Several processes (server, CLI) may append to the same file at once: each append holds an
+  exclusive ``flock`` on the sidecar ``<name>.lock`` (never renamed, so rotation cannot split the
+  lock) and re-reads the tail when the file changed since this process last wrote.
+- Rotation by size renames ``<name>`` to ``<name>.1`` (older files shift up, ``keep`` are kept)
+  and starts the new file with an ``audit_rotated`` row continuing ``seq`` and ``prev``, so the chain
+  verifies across files. Pruned files show as a chain starting at such a marker.
+- A torn last line (a write interrupted by a crash) is reported by ``verify`` as torn, not as
+  tampering; the next append removes it and records an ``audit_repaired`` row with its digest.
+- Secrets never reach the file: ``redact`` masks values under credential-like keys and
+  credential-shaped text; a ``result`` is stored only as ``result_digest`` + ``result_size``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import stat
+import threading
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import AuditUnavailable
+
+log = logging.getLogger(__name__)
+
+GENESIS = "0" * 64
+#: phase of the row that opens a file after rotation
+ROTATED_PHASE = "audit_rotated"
+#: phase of the row recording that a torn (crash-interrupted) last line was removed
+REPAIRED_PHASE = "audit_repaired"
+MASK = "***"
+#: fields the sink stamps; callers cannot set them
+STAMPED = ("ts", "seq", "prev", "hash")
+#: ``writable()`` wants at least this much free space on the log's filesystem
+MIN_FREE_BYTES = 1024 * 1024
+
+# ---------------------------------------------------------------------------------------------------
+# Redaction
+# ---------------------------------------------------------------------------------------------------
+
+_SECRET_KEY_FRAGMENTS = (
+    "password", "passwd", "passphrase", "pwd", "secret", "token", "api_key", "apikey", "authorization",
+    "cookie", "credential", "private_key", "privatekey", "access_key", "session_key", "soap_session",
+    "license_key", "licensekey", "encryption_key",
+)
+#: keys naming *about* a secret rather than holding one (``token_id``, ``secret_name``) stay readable
+_SAFE_KEY_SUFFIXES = ("_id", "_ids", "_name", "_names", "_count", "_at", "_kind", "_type", "_ttl",
+                      "_expires", "_role")
+_MAX_DEPTH = 32
+_KEY_SEPARATORS = re.compile(r"[\s.\-]")
+
+
+@functools.lru_cache(maxsize=4096)
+def is_secret_key(key: str) -> bool:
+    """True when a mapping key (or ``key=`` in text) names a credential; case-insensitive substrings."""
+    norm = _KEY_SEPARATORS.sub("_", key.lower())
+    if norm.endswith(_SAFE_KEY_SUFFIXES):
+        return False
+    return any(fragment in norm for fragment in _SECRET_KEY_FRAGMENTS)
+
+
+_GATEWAY_TOKEN = re.compile(r"\bgwt_[^\s\"'`,;)}\]]+")
+# Each pattern anchors its start with a look-behind so that scanning long runs of word characters stays
+# linear: without it a failed match is retried from every position of the run (quadratic: a 200 kB
+# argument would stall every append).
+_URL_USERINFO = re.compile(r"(?i)(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]*://[^/\s:@]+):[^/\s@]+@")
+# key=value, key: value, "key": "value", and the same inside JSON quoted once more (\"key\": \"v\")
+_KEY_VALUE = re.compile(
+    r"(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z0-9_.\-]+)(?P<sep>(?:\\?[\"'])?\s*[:=]\s*)"
+    r"(?P<scheme>(?:bearer|basic|digest|negotiate)\s+)?"
+    r"(?P<value>\\?\"[^\"]*\"|'[^']*'|[^\s\"',;&)}\]]+)",
+    re.IGNORECASE,
+)
+_QUOTE = re.compile(r"\\?[\"']")
+_PEM_PRIVATE_KEY = re.compile(
+    r"-----BEGIN (?P<kind>[A-Z ]*)PRIVATE KEY-----[^-]*(?:-----END [A-Z ]*PRIVATE KEY-----)?")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\*\*\*)[^\s\"',;]+")
+_OPAQUE_SECRET = re.compile(r"[A-Za-z0-9+/_\-]{32,}={0,2}")
+
+
+def _mask_gateway_token(match: re.Match[str]) -> str:
+    # gwt_<id>_<secret>: keep the id (it names the token), drop the rest.
+    parts = match.group(0).split("_", 2)
+    return f"gwt_{parts[1]}_{MASK}" if len(parts) == 3 and parts[1] else f"gwt_{MASK}"
+
+
+def _looks_opaque(value: str) -> bool:
+    """A long base64/hex run with letters and digits: a key, signature or secret, not prose."""
+    return (_OPAQUE_SECRET.fullmatch(value) is not None and any(c.isdigit() for c in value)
+            and any(c.isalpha() for c in value))
+
+
+def _mask_key_value(match: re.Match[str]) -> str:
+    key, sep, scheme, value = match.group("key", "sep", "scheme", "value")
+    quote = _QUOTE.match(value)
+    opening = quote.group(0) if quote else ""
+    bare = value.removeprefix(opening).removesuffix(opening[-1:]).removesuffix("\\")
+    if not (is_secret_key(key) or ("=" in sep and _looks_opaque(bare))):
+        return match.group(0)
+    return f"{key}{sep}{scheme or ''}{opening}{MASK}{opening}"
+
+
+#: pattern, replacement, and the substrings (of the lower-cased text) without which it cannot match
+_TEXT_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str], tuple[str, ...]], ...] = (
+    (_GATEWAY_TOKEN, _mask_gateway_token, ("gwt_",)),
+    (_URL_USERINFO, rf"\1:{MASK}@", ("://",)),
+    (_KEY_VALUE, _mask_key_value, (":", "=")),
+    (_BEARER, rf"\1{MASK}", ("bearer",)),
+    (_PEM_PRIVATE_KEY, rf"-----BEGIN \g<kind>PRIVATE KEY-----{MASK}-----END \g<kind>PRIVATE KEY-----",
+     ("private key",)),
+)
+_ANY_NEEDLE = re.compile("|".join(re.escape(n) for _, _, needles in _TEXT_RULES for n in needles), re.I)
+
+
+def redact_text(text: str) -> str:
+    """Mask credential-shaped pieces of free text: ``password=...``, ``Bearer ...``, gateway tokens
+    ``gwt_<id>_<secret>`` (the id stays), URL passwords, PEM private keys, long opaque values after
+    ``key=``. Linear in the length of ``text``."""
+    if _ANY_NEEDLE.search(text) is None:  # the common case: names, moids, states
+        return text
+    lowered = text.lower()
+    for pattern, replacement, needles in _TEXT_RULES:
+        if any(needle in lowered for needle in needles):
+            text = pattern.sub(replacement, text)
+    return text
+
+
+def redact(value: Any) -> Any:
+    """A JSON-native copy of ``value`` safe to log.
+
+    Values under credential-like keys (see ``is_secret_key``) become ``"***"`` whatever their shape
+    (``None`` and booleans stay: they carry no secret); every string is passed through
+    ``redact_text``. Keys become strings, tuples and sets lists, enums their values, datetimes ISO
+    text, non-finite floats text and anything else its (redacted) ``str()``.
+    """
+    return _redact(value, 0)
+
+
+def _redact(value: Any, depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        return "<nested too deep>"
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _redact_item(str(k), v, depth) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redact(v, depth + 1) for v in value]
+    return _redact_scalar(value, depth)
+
+
+def _redact_item(key: str, value: Any, depth: int) -> Any:
+    if is_secret_key(key) and value is not None and not isinstance(value, bool):
+        return MASK
+    return _redact(value, depth + 1)
+
+
+def _redact_scalar(value: Any, depth: int) -> Any:
+    if isinstance(value, Enum):
+        return _redact(value.value, depth + 1)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray):
+        return f"<{len(value)} bytes>"
+    return redact_text(str(value))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rows and the chain
+# ---------------------------------------------------------------------------------------------------
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, compact separators, ASCII: the bytes a row's hash is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def row_hash(row: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the row's canonical JSON without its own ``hash`` field (``prev`` included)."""
+    return hashlib.sha256(canonical_json({k: v for k, v in row.items() if k != "hash"})).hexdigest()
+
+
+def result_fingerprint(result: Any) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of a tool result's canonical JSON: what the log keeps of it."""
+    if isinstance(result, bytes | bytearray):
+        data = bytes(result)
+    else:
+        try:
+            data = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              default=str).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError):
+            data = repr(result).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def prepare_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's event as it will be logged, before stamping: stamp fields dropped, ``result``
+    replaced by its digest and size, everything else redacted."""
+    body = {k: v for k, v in event.items() if k not in STAMPED and k != "result"}
+    if "result" in event:
+        body["result_digest"], body["result_size"] = result_fingerprint(event["result"])
+    prepared: dict[str, Any] = redact(body)
+    return prepared
+
+
+def format_ts(moment: datetime) -> str:
+    """ISO-8601 UTC with milliseconds and a ``Z``: ``2026-08-20T14:02:11.204Z``."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_ts(text: Any) -> datetime | None:
+    """A row's ``ts`` as an aware datetime, or None when missing or malformed."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parse_row(raw: bytes) -> dict[str, Any] | None:
+    """A stamped row from one line, or None when the line is not one."""
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(row, dict) and type(row.get("seq")) is int and isinstance(row.get("hash"), str)
+            and isinstance(row.get("prev"), str)):
+        return None
+    return row
+
+
+def log_files(path: Path) -> list[Path]:
+    """The log and its rotated predecessors that exist, oldest first (``.N`` ... ``.1``, then ``path``)."""
+    rotated: list[tuple[int, Path]] = []
+    if path.parent.is_dir():
+        prefix = path.name + "."
+        for entry in path.parent.iterdir():
+            suffix = entry.name[len(prefix):] if entry.name.startswith(prefix) else ""
+            if suffix.isascii() and suffix.isdigit() and not suffix.startswith("0"):
+                rotated.append((int(suffix), entry))
+    files = [p for _, p in sorted(rotated, reverse=True)]
+    return [*files, path] if path.exists() else files
+
+
+def _rotated(path: Path, index: int) -> Path:
+    return path.with_name(f"{path.name}.{index}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tail reading (raw file descriptors: the sink reads under its lock)
+# ---------------------------------------------------------------------------------------------------
+
+_CHUNK = 64 * 1024
+
+
+def _reverse_lines(fd: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, line) from the end of the file backwards; lines keep their newline (the last may lack it)."""
+    position = size
+    pending = b""
+    while position > 0:
+        step = min(_CHUNK, position)
+        position -= step
+        pending = os.pread(fd, step, position) + pending
+        end = len(pending)
+        cut = pending.rfind(b"\n", 0, end - 1)
+        while cut >= 0:
+            yield position + cut + 1, pending[cut + 1:end]
+            end = cut + 1
+            cut = pending.rfind(b"\n", 0, end - 1)
+        pending = pending[:end]
+    if pending:
+        yield 0, pending
+
+
+def _forward_lines(fd: int, size: int) -> Iterator[bytes]:
+    """The first ``size`` bytes as lines keeping their newline (the last may lack it)."""
+    offset, pending = 0, b""
+    while offset < size:
+        chunk = os.pread(fd, min(_CHUNK, size - offset), offset)
+        if not chunk:
+            break
+        offset += len(chunk)
+        *complete, pending = (pending + chunk).split(b"\n")
+        for line in complete:
+            yield line + b"\n"
+    if pending:
+        yield pending
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+@contextlib.contextmanager
+def _shared_lock(path: Path) -> Iterator[None]:
+    """Hold the writers' lock shared (writers wait; readers do not wait for each other). Without
+    access to the lock file (another user, or no writer yet) proceed unlocked."""
+    try:
+        lock_fd = os.open(_lock_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(lock_fd)
+
+
+@contextlib.contextmanager
+def _snapshot(path: Path) -> Iterator[list[tuple[Path, int, int]]]:
+    """The log's files, oldest first, as (path, open descriptor, size). Listed and opened under the
+    shared lock, so no rotation falls in between and every size ends on a whole line; reading up to
+    those sizes afterwards (unlocked) gives a consistent view that later appends do not disturb."""
+    opened: list[tuple[Path, int, int]] = []
+    try:
+        with _shared_lock(path):
+            for file in log_files(path):
+                with contextlib.suppress(FileNotFoundError):
+                    fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+                    opened.append((file, fd, os.fstat(fd).st_size))
+        yield opened
+    finally:
+        for _, fd, _ in opened:
+            _close_quietly(fd)
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """Where the chain stands: the last row's seq and hash, for the file identity it was read from."""
+
+    seq: int
+    hash: str
+    key: tuple[int, int, int] = (0, 0, -1)
+
+
+_START = _Tail(0, GENESIS)
+
+
+def _last_row_in(fd: int, size: int) -> dict[str, Any] | None:
+    """The last complete line that is a stamped row (garbage lines after it are skipped)."""
+    for _, line in _reverse_lines(fd, size):
+        if line.endswith(b"\n") and (row := _parse_row(line)) is not None:
+            return row
+    return None
+
+
+def _last_row_of_file(path: Path) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        return _last_row_in(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sink
+# ---------------------------------------------------------------------------------------------------
+
+_FIXES: dict[int, str] = {
+    errno.ENOSPC: "free space on the filesystem holding it, or point GATEWAY_AUDIT_LOG at another one",
+    errno.EDQUOT: "raise the disk quota of the gateway's user, or point GATEWAY_AUDIT_LOG elsewhere",
+    errno.EACCES: "make the file and its directory writable by the gateway's user",
+    errno.EPERM: "make the file and its directory writable by the gateway's user",
+    errno.EROFS: "point GATEWAY_AUDIT_LOG at a file on a writable filesystem",
+    errno.EISDIR: "point GATEWAY_AUDIT_LOG at a file, not a directory",
+    errno.ENOTDIR: "point GATEWAY_AUDIT_LOG at a file inside a directory (a parent is not one)",
+    errno.ENOENT: "point GATEWAY_AUDIT_LOG at a file inside an existing directory",
+    errno.EEXIST: "a parent of GATEWAY_AUDIT_LOG is a file: point it inside a directory",
+    errno.EFBIG: "raise the process's file size limit (ulimit -f) or lower GATEWAY_AUDIT_MAX_BYTES",
+}
+_DEFAULT_FIX = "check the file, its directory and its filesystem, then retry"
+
+
+def _unavailable(path: Path, exc: OSError) -> AuditUnavailable:
+    name = errno.errorcode.get(exc.errno or 0, "error")
+    fix = _FIXES.get(exc.errno or 0, _DEFAULT_FIX)
+    reason = exc.strerror or str(exc)
+    return AuditUnavailable(f"cannot append to the audit log {path}: {reason} ({name}); fix: {fix}")
+
+
+class AuditSink:
+    """Appends stamped, redacted rows to one audit log; thread- and multi-process safe.
+
+    Opening is lazy (the first ``write``); ``close`` releases the file descriptors and later writes
+    raise ``AuditUnavailable``. ``durable`` flushes every row to disk before ``write`` returns.
+    """
+
+    def __init__(self, path: Path, *, max_bytes: int = 50 * 1024 * 1024, durable: bool = True,
+                 keep: int = 10, clock: Callable[[], datetime] = _utcnow) -> None:
+        if max_bytes < 1 or keep < 1:
+            raise ValueError("max_bytes and keep must be positive")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.durable = durable
+        self.keep = keep
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self._fd: int | None = None
+        self._ident = (0, 0)  # (st_dev, st_ino) of self._fd
+        self._pid = 0
+        self._tail: _Tail | None = None
+        self._closed = False
+
+    def __enter__(self) -> AuditSink:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def write(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Redact, stamp and append one row; return the row as written.
+
+        Raises ``AuditUnavailable`` (naming the path, the OS error and the fix) when the row could not
+        be appended; nothing of it is left in the file then.
+        """
+        body = prepare_event(event)
+        with self._lock:
+            if self._closed:
+                raise AuditUnavailable(f"the audit log {self.path} was closed; the gateway is shutting down")
+            try:
+                lock_fd = self._ensure_lock_fd()
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                try:
+                    return self._append_locked(body)
+                finally:
+                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            except OSError as exc:
+                self._drop_fd()
+                raise _unavailable(self.path, exc) from exc
+
+    def writable(self) -> bool:
+        """Whether an append could succeed now (for readiness probes): the file opens for appending
+        (it and its directory are created if missing), is a regular file, and its filesystem has at
+        least ``MIN_FREE_BYTES`` free. A point-in-time check; ``write`` remains the authority."""
+        if self._closed:
+            return False
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            try:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                fs = os.fstatvfs(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return regular and fs.f_bavail * fs.f_frsize >= MIN_FREE_BYTES
+
+    def close(self) -> None:
+        """Release the file descriptors; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._drop_fd()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    # -- internals (called with self._lock held) -------------------------------------------------
+
+    def _ensure_lock_fd(self) -> int:
+        if self._pid != os.getpid():
+            # A forked child shares the parent's open files, and with them the flock: start afresh.
+            for fd in (self._lock_fd, self._fd):
+                if fd is not None:
+                    _close_quietly(fd)
+            self._lock_fd = self._fd = None
+            self._tail = None
+            self._pid = os.getpid()
+        if self._lock_fd is None:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock_fd = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        return self._lock_fd
+
+    def _drop_fd(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            _close_quietly(fd)
+
+    def _open_log(self) -> tuple[int, int]:
+        """The descriptor and size of the file now at ``path``; reopened when it is not the file this
+        sink holds (another process rotated it, or it was removed)."""
+        if self._fd is not None:
+            try:
+                current = os.stat(self.path)
+                if (current.st_dev, current.st_ino) == self._ident:
+                    return self._fd, current.st_size
+            except FileNotFoundError:
+                pass
+            self._drop_fd()
+        existed = self.path.exists()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            os.close(fd)
+            # A device or pipe would swallow rows (think /dev/null) and cannot carry a chain.
+            raise AuditUnavailable(f"cannot append to the audit log {self.path}: it is not a regular file; "
+                                   "fix: point GATEWAY_AUDIT_LOG at a regular file")
+        self._fd, self._ident = fd, (opened.st_dev, opened.st_ino)
+        if not existed:
+            self._sync_dir()
+        return fd, opened.st_size
+
+    def _sync_dir(self) -> None:
+        if not self.durable:
+            return
+        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _append_locked(self, body: dict[str, Any]) -> dict[str, Any]:
+        fd, size = self._open_log()
+        tail, size, pending = self._current_tail(fd, size)
+        for extra in pending:
+            tail, size = self._emit(fd, size, tail, extra)
+        row, line = self._stamp(body, tail)
+        if size > 0 and size + len(line) > self.max_bytes:
+            fd, size = self._rotate()
+            tail, size = self._emit(fd, size, tail, self._rotation_marker())
+            row, line = self._stamp(body, tail)
+        self._append_line(fd, size, line)
+        self._tail = _Tail(row["seq"], row["hash"], (*self._ident, size + len(line)))
+        return row
+
+    def _rotation_marker(self) -> dict[str, Any]:
+        return {"phase": ROTATED_PHASE, "max_bytes": self.max_bytes}
+
+    def _current_tail(self, fd: int, size: int) -> tuple[_Tail, int, list[dict[str, Any]]]:
+        """The chain's last (seq, hash), the file's size, and any bookkeeping rows to write first (the
+        rotation marker after a crash mid-rotation, the record of a removed torn line).
+
+        The cached tail is trusted only while the file is the one this process last appended to, at
+        the size it left it; any other append shows as a different size and the tail is re-read."""
+        if self._tail is not None and self._tail.key == (*self._ident, size):
+            return self._tail, size, []
+        pending: list[dict[str, Any]] = []
+        if size:
+            size, repair = self._repair_torn_tail(fd, size)
+            pending.extend([repair] if repair else [])
+        disk = self._tail_on_disk(fd, size, pending)
+        if self._tail is not None and self._tail.seq > disk.seq:
+            log.warning("audit log %s holds fewer rows (seq %d) than this process wrote (seq %d): it was "
+                        "truncated or replaced; continuing the chain so `gateway audit verify` shows the gap",
+                        self.path, disk.seq, self._tail.seq)
+            return self._tail, size, pending
+        return disk, size, pending
+
+    def _tail_on_disk(self, fd: int, size: int, pending: list[dict[str, Any]]) -> _Tail:
+        if size == 0:
+            row = _last_row_of_file(_rotated(self.path, 1))
+            if row is not None:
+                # The previous file was rotated away but this one never got its marker (a crash).
+                pending.insert(0, self._rotation_marker())
+        elif (row := _last_row_in(fd, size)) is None:
+            log.warning("audit log %s holds no valid row to chain from; starting a new chain after its "
+                        "content (`gateway audit verify` will flag it)", self.path)
+        return _Tail(row["seq"], row["hash"]) if row is not None else _START
+
+    def _repair_torn_tail(self, fd: int, size: int) -> tuple[int, dict[str, Any] | None]:
+        """Complete or cut a last line lacking its newline: the new size, and the record of a cut."""
+        offset, fragment = next(_reverse_lines(fd, size))
+        if fragment.endswith(b"\n"):
+            return size, None
+        if _parse_row(fragment) is not None:
+            self._append_line(fd, size, b"\n")
+            return size + 1, None
+        os.ftruncate(fd, offset)
+        log.warning("audit log %s ended with a torn line (%d bytes, an interrupted write); removed it",
+                    self.path, len(fragment))
+        return offset, {"phase": REPAIRED_PHASE, "torn_bytes": len(fragment),
+                        "torn_sha256": hashlib.sha256(fragment).hexdigest()}
+
+    def _stamp(self, body: Mapping[str, Any], tail: _Tail) -> tuple[dict[str, Any], bytes]:
+        row: dict[str, Any] = {"ts": format_ts(self._clock()), "seq": tail.seq + 1}
+        row.update(body)
+        row["prev"] = tail.hash
+        row["hash"] = row_hash(row)
+        try:
+            return row, (json.dumps(row, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: escape it rather than lose the row
+            return row, (json.dumps(row, separators=(",", ":")) + "\n").encode("ascii")
+
+    def _emit(self, fd: int, size: int, tail: _Tail, body: Mapping[str, Any]) -> tuple[_Tail, int]:
+        """Append a bookkeeping row; return the new tail and file size."""
+        row, line = self._stamp(prepare_event(body), tail)
+        self._append_line(fd, size, line)
+        return _Tail(row["seq"], row["hash"]), size + len(line)
+
+    def _append_line(self, fd: int, size: int, line: bytes) -> None:
+        """Append all of ``line`` and flush it, or cut the file back to ``size`` bytes and raise."""
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.durable:
+                os.fdatasync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, size)
+            except OSError as exc:
+                log.warning("could not remove a partial line from the audit log %s: %s", self.path, exc)
+            raise
+
+    def _rotate(self) -> tuple[int, int]:
+        """Shift ``.k`` to ``.k+1`` (dropping those beyond ``keep``) and the log to ``.1``; open a new log."""
+        for old in log_files(self.path)[:-1]:
+            if int(old.name.rsplit(".", 1)[1]) >= self.keep:
+                old.unlink()
+        for index in range(self.keep - 1, 0, -1):
+            source = _rotated(self.path, index)
+            if source.exists():
+                source.rename(_rotated(self.path, index + 1))
+        self.path.rename(_rotated(self.path, 1))
+        self._drop_fd()
+        return self._open_log()
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verification
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LineFault:
+    """One line that breaks the chain (or is torn): where, a stable ``reason`` code and details."""
+
+    file: Path
+    line: int
+    reason: str  # not_json | hash_mismatch | seq_gap | prev_mismatch | torn
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of walking the chain. ``ok`` only when no line is broken and none is torn."""
+
+    files: tuple[Path, ...]
+    rows: int
+    first_seq: int | None
+    last_seq: int | None
+    first_broken_line: LineFault | None
+    torn_last_line: LineFault | None
+    #: how many lines broke the chain (the first is ``first_broken_line``)
+    problems: int
+    #: the oldest kept file starts at a rotation marker: earlier rows were rotated away
+    starts_after_rotation: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.first_broken_line is None and self.torn_last_line is None
+
+
+class _ChainCheck:
+    """Walks rows in order, re-anchoring after each break so one edit is reported once."""
+
+    def __init__(self) -> None:
+        self.expected_seq: int | None = None
+        self.expected_prev = GENESIS
+        self.rows = 0
+        self.first_seq: int | None = None
+        self.faults: list[LineFault] = []
+        self.starts_after_rotation = False
+
+    def fault(self, file: Path, line: int, reason: str, detail: str) -> None:
+        self.faults.append(LineFault(file, line, reason, detail))
+
+    def row(self, file: Path, line: int, row: dict[str, Any]) -> None:
+        problem = self._problem(row)
+        if problem is not None:
+            self.fault(file, line, *problem)
+        if self.first_seq is None:
+            self.first_seq = row["seq"]
+        self.rows += 1
+        self.expected_seq = row["seq"] + 1
+        self.expected_prev = row["hash"]
+
+    def _problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        if row_hash(row) != row["hash"]:
+            return "hash_mismatch", "the row's content does not match its hash: it was edited after writing"
+        if self.expected_seq is None:
+            return self._start_problem(row)
+        if row["seq"] != self.expected_seq:
+            what = "rows are missing" if row["seq"] > self.expected_seq else "rows are out of order"
+            return "seq_gap", f"expected seq {self.expected_seq}, found {row['seq']}: {what}"
+        if row["prev"] != self.expected_prev:
+            return "prev_mismatch", "prev does not match the hash of the line before: a row was replaced"
+        return None
+
+    def _start_problem(self, row: dict[str, Any]) -> tuple[str, str] | None:
+        if row.get("phase") == ROTATED_PHASE:
+            self.starts_after_rotation = row["seq"] > 1
+            return None
+        if row["seq"] != 1:
+            return "seq_gap", (f"the log starts at seq {row['seq']} without a rotation marker: "
+                               "the rows before it were removed")
+        if row["prev"] != GENESIS:
+            return "prev_mismatch", "the first row does not start the chain (prev is not the genesis value)"
+        return None
+
+
+def _numbered_lines(fd: int, size: int) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, raw line, is it the last line)."""
+    previous: bytes | None = None
+    number = 0
+    for raw in _forward_lines(fd, size):
+        if previous is not None:
+            yield number, previous, False
+        number += 1
+        previous = raw
+    if previous is not None:
+        yield number, previous, True
+
+
+def verify(path: Path) -> VerifyReport:
+    """Walk the log and its rotated predecessors in order and check every line's hash, seq and prev.
+
+    A final line of the newest file that lacks its newline or does not parse is reported as
+    ``torn_last_line`` (an interrupted write), not as a break; anywhere else it is ``not_json``.
+    Safe to run while writers append: it checks the log as it stood when it started.
+    """
+    check = _ChainCheck()
+    torn: LineFault | None = None
+    with _snapshot(Path(path)) as files:
+        for index, (file, fd, size) in enumerate(files):
+            newest = index == len(files) - 1
+            for number, raw, last in _numbered_lines(fd, size):
+                row = _parse_row(raw)
+                if newest and last and (row is None or not raw.endswith(b"\n")):
+                    torn = LineFault(file, number, "torn", "the last line is incomplete (a write was "
+                                     "interrupted, e.g. by a crash); this is not tampering")
+                elif row is None:
+                    check.fault(file, number, "not_json", "the line is not a stamped JSON row")
+                if row is not None:
+                    check.row(file, number, row)
+    return VerifyReport(
+        files=tuple(file for file, _, _ in files), rows=check.rows, first_seq=check.first_seq,
+        last_seq=None if check.expected_seq is None else check.expected_seq - 1,
+        first_broken_line=check.faults[0] if check.faults else None, torn_last_line=torn,
+        problems=len(check.faults), starts_after_rotation=check.starts_after_rotation,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------------
+
+#: read_rows filters matched by equality against the row's field of the same name
+_EQUALITY_FILTERS = ("target", "tool", "phase", "caller", "correlation_id")
+
+
+def _as_utc(moment: datetime | None) -> datetime | None:
+    if moment is None:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _in_window(row: Mapping[str, Any], since: datetime | None, until: datetime | None) -> bool:
+    if since is None and until is None:
+        return True
+    moment = parse_ts(row.get("ts"))
+    if moment is None:
+        return False
+    return (since is None or moment >= since) and (until is None or moment <= until)
+
+
+def _rows_newest_first(path: Path) -> Generator[dict[str, Any], None, None]:
+    with _snapshot(Path(path)) as files:
+        for _, fd, size in reversed(files):
+            for _, line in _reverse_lines(fd, size):
+                if (row := _parse_row(line)) is not None:
+                    yield row
+
+
+def read_rows(path: Path, *, last: int | None = None, since: datetime | None = None,
+              until: datetime | None = None, target: str | None = None, tool: str | None = None,
+              phase: str | None = None, caller: str | None = None,
+              correlation_id: str | None = None) -> list[dict[str, Any]]:
+    """Rows matching every given filter, oldest first; with ``last``, only the newest ``last`` of them.
+
+    Naive datetimes count as UTC. Lines that are not rows (torn, garbage) are skipped: use ``verify``
+    to judge the file. Reading starts from the end, so ``last`` is cheap on a large log.
+    """
+    wanted = {name: value for name, value in zip(
+        _EQUALITY_FILTERS, (target, tool, phase, caller, correlation_id), strict=True) if value is not None}
+    start, end = _as_utc(since), _as_utc(until)
+    found: list[dict[str, Any]] = []
+    if last is not None and last <= 0:
+        return found
+    with contextlib.closing(_rows_newest_first(path)) as rows:
+        for row in rows:
+            if all(row.get(k) == v for k, v in wanted.items()) and _in_window(row, start, end):
+                found.append(row)
+                if last is not None and len(found) >= last:
+                    break
+    found.reverse()
+    return found
+
+
+#: stats() counters: output key -> row field
+_STATS_FIELDS = {"by_phase": "phase", "by_tool": "tool", "by_target": "target", "by_caller": "caller",
+                 "by_outcome": "outcome"}
+
+
+def stats(path: Path, *, since: datetime | None = None) -> dict[str, Any]:
+    """Counts of rows (since ``since``) by phase, tool, target, caller and outcome (most frequent first,
+    ties by name); plus ``rows`` and the ``first_ts``/``last_ts`` seen. A row lacking a field is not
+    counted under it."""
+    counters = {name: Counter[str]() for name in _STATS_FIELDS}
+    start = _as_utc(since)
+    rows = 0
+    first_ts = last_ts = None
+    for row in _rows_newest_first(Path(path)):
+        if not _in_window(row, start, None):
+            continue
+        rows += 1
+        last_ts = last_ts or row.get("ts")
+        first_ts = row.get("ts")
+        for name, field_name in _STATS_FIELDS.items():
+            value = row.get(field_name)
+            if isinstance(value, str | int | bool):
+                counters[name][str(value)] += 1
+    summary: dict[str, Any] = {"rows": rows, "since": format_ts(start) if start else None,
+                               "first_ts": first_ts, "last_ts": last_ts}
+    summary.update({name: dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+                    for name, counter in counters.items()})
+    return summary

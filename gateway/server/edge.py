@@ -1,0 +1,526 @@
+"""The hardened edge: ASGI middleware every HTTP request passes before anything else sees it.
+
+Outermost first (composed in ``gateway.server.app.build_app``)::
+
+    CorrelationId     trace id from traceparent / X-Request-ID / X-Correlation-ID, else a new one;
+                      echoed as X-Correlation-ID, visible to the pipeline through correlation_id_var,
+                      and written to the access log (path only: a query string is never logged;
+                      successful probes log at DEBUG)
+    HostAllowList     421 unless Host is a public name (DNS rebinding); the probes answer any Host
+    OriginAllowList   403 when an Origin header is present and is not the server's own origin
+    RequestSize       431 past the header size limit; 413 past the body size limit (declared or
+                      counted while streaming); 408 when the body does not arrive within the deadline
+    ConcurrencyLimit  503 beyond the limit of requests in progress (long-lived event streams excepted)
+    QueryToken        400 for a token in the query string: a URL ends up in logs and histories
+    BearerAuth        429 for a throttled client, 401 (WWW-Authenticate: Bearer) without a valid token;
+                      a valid token becomes the SDK's AuthenticatedUser, so get_access_token() works in
+                      handlers and each MCP session stays bound to the token that opened it
+
+uvicorn also bounds headers still arriving (``h11_max_incomplete_event_size`` = ``max_header_bytes``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Protocol
+from urllib.parse import parse_qsl, urlsplit
+
+import anyio
+from mcp.server.auth.middleware.auth_context import auth_context_var, get_access_token
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken, TokenVerifier
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.authentication import AuthCredentials
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.auth.tokens import Principal
+from gateway.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("gateway.access")
+
+#: the current request's correlation id; the pipeline reads it for audit rows and error messages
+correlation_id_var: ContextVar[str | None] = ContextVar("gateway_correlation_id", default=None)
+#: the address of the client being authenticated (read by ``GatewayTokenVerifier`` for throttling)
+client_address_var: ContextVar[str] = ContextVar("gateway_client_address", default="")
+
+REALM: Final = "vsphere-mcp-gateway"
+_SAFE_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+_QUERY_TOKEN_KEYS: Final = frozenset({"access_token", "token"})
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1")
+
+
+class Counter(Protocol):
+    """What the edge records refusals into (``gateway.server.metrics.Metrics``)."""
+
+    def refusal(self, reason: str) -> None: ...
+
+    def auth_failure(self, reason: str) -> None: ...
+
+
+class Authenticator(Protocol):
+    """The token side the edge needs (``gateway.auth.tokens.TokenAuthenticator``)."""
+
+    async def verify_async(self, token: str, client: str = "") -> Principal | None: ...
+
+    def throttled(self, client: str) -> float | None: ...
+
+
+# ---------------------------------------------------------------------------- names and config
+
+
+def split_authority(value: str) -> tuple[str, int | None] | None:
+    """``host[:port]`` (IPv6 in brackets) -> (lower-case host without brackets or final dot, port)."""
+    value = value.strip().lower()
+    if not value or any(c in value for c in "/?#@ \t"):
+        return None
+    if value.startswith("["):
+        host, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            return None
+        port_text = rest[1:] if rest else None
+    elif value.count(":") > 1:
+        return None  # an IPv6 address must be bracketed
+    else:
+        host, sep, port = value.partition(":")
+        port_text = port if sep else None
+    if port_text is not None and not (port_text.isdigit() and 0 < int(port_text) < 65536):
+        return None
+    host = host.rstrip(".")
+    return (host, int(port_text) if port_text is not None else None) if host else None
+
+
+@dataclass(frozen=True)
+class HostPattern:
+    """A name clients use to reach this server; ``port`` None accepts any port."""
+
+    host: str
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HostPattern:
+        parsed = split_authority(text)
+        if parsed is None:
+            raise InvalidArgument("public_name", f"{text!r} is not a host name with an optional :port")
+        return cls(*parsed)
+
+    def matches(self, host: str, port: int | None, scheme: str) -> bool:
+        if host != self.host:
+            return False
+        if self.port is None or port == self.port:
+            return True
+        return port is None and self.port == _DEFAULT_PORTS.get(scheme)
+
+    def bracketed(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    def authority(self) -> str:
+        return self.bracketed() if self.port is None else f"{self.bracketed()}:{self.port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """Everything the edge enforces; built once by ``gateway serve`` (``for_https`` / ``for_http``)."""
+
+    hosts: tuple[HostPattern, ...]
+    origin_schemes: frozenset[str] = frozenset({"https"})
+    surface: str = "https"
+    max_body_bytes: int = 1 << 20
+    max_header_bytes: int = 16 << 10
+    receive_timeout_seconds: float = 30.0
+    max_concurrent_requests: int = 64
+    #: paths served without a token (exact match)
+    open_paths: frozenset[str] = frozenset({"/healthz", "/readyz"})
+    #: probes answer any Host: load balancers and kubelets address the pod or node, not the public name
+    any_host_paths: frozenset[str] = frozenset({"/healthz", "/readyz"})
+    #: path prefixes that authenticate themselves (the approval page's cookie login)
+    self_authenticating_prefixes: tuple[str, ...] = ()
+    #: paths whose GET is a long-lived event stream (not counted against the concurrency limit)
+    stream_paths: frozenset[str] = frozenset({"/mcp"})
+
+    @classmethod
+    def for_https(cls, public_names: Iterable[str], **options: Any) -> EdgeConfig:
+        hosts = tuple(HostPattern.parse(n) for n in public_names)
+        if not hosts:
+            raise InvalidArgument("public_name", "https needs at least one --public-name clients connect to")
+        return cls(hosts=hosts, **options)
+
+    @classmethod
+    def for_http(cls, public_names: Iterable[str] = (), **options: Any) -> EdgeConfig:
+        """Loopback HTTP, usually behind a TLS-terminating proxy that forwards the public names."""
+        loopback = tuple(HostPattern(n) for n in LOOPBACK_NAMES)
+        hosts = loopback + tuple(HostPattern.parse(n) for n in public_names)
+        return cls(hosts=hosts, origin_schemes=frozenset({"http", "https"}), surface="http", **options)
+
+    def host_allowed(self, header: str | None, scheme: str) -> bool:
+        parsed = split_authority(header or "")
+        return parsed is not None and any(p.matches(*parsed, scheme) for p in self.hosts)
+
+    def origin_allowed(self, origin: str) -> bool:
+        parts = urlsplit(origin.strip())
+        if parts.scheme not in self.origin_schemes or parts.path or parts.query or parts.username:
+            return False
+        parsed = split_authority(parts.netloc)
+        return parsed is not None and any(p.matches(*parsed, parts.scheme) for p in self.hosts)
+
+    def needs_token(self, path: str) -> bool:
+        return path not in self.open_paths and not any(
+            path == p or path.startswith(p + "/") for p in self.self_authenticating_prefixes)
+
+    def self_check_host(self) -> str:
+        """A Host header this edge accepts (the startup self-check sends it)."""
+        return self.hosts[0].authority()
+
+    def transport_security(self) -> TransportSecuritySettings:
+        """The same allow-list for the SDK's own check on /mcp (defence in depth, never wider)."""
+        hosts: list[str] = []
+        origins: list[str] = []
+        for p in self.hosts:
+            spellings = [p.bracketed(), f"{p.bracketed()}:*"] if p.port is None else [p.authority()]
+            hosts += spellings
+            if p.port is not None and p.port in _DEFAULT_PORTS.values():
+                hosts.append(p.bracketed())
+            for scheme in sorted(self.origin_schemes):
+                origins += [f"{scheme}://{s}" for s in spellings]
+                if p.port == _DEFAULT_PORTS[scheme]:
+                    origins.append(f"{scheme}://{p.bracketed()}")
+        return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=origins)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def correlation_id_from(headers: Headers) -> str:
+    """The caller's trace id when it is safe to echo and log, else a fresh one."""
+    match = _TRACEPARENT.fullmatch(headers.get("traceparent", "").strip().lower())
+    if match and match.group(1) != "0" * 32:
+        return match.group(1)
+    for name in ("x-request-id", "x-correlation-id"):
+        value = headers.get(name, "").strip()
+        if _SAFE_ID.fullmatch(value):
+            return value
+    return uuid.uuid4().hex
+
+
+async def refuse(scope: Scope, receive: Receive, send: Send, status: int, code: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
+    """Answer with the gateway's error body ``{"error": {"code", "message"}}``."""
+    body = {"error": {"code": code, "message": message}}
+    response = JSONResponse(body, status_code=status, headers=headers)
+    await response(scope, receive, send)
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def _log_safe(value: str | None) -> str:
+    return repr((value or "")[:200])
+
+
+# ---------------------------------------------------------------------------- middleware
+
+
+class CorrelationIdMiddleware:
+    """Sets ``correlation_id_var``, echoes ``X-Correlation-ID``, adds security headers, logs access."""
+
+    def __init__(self, app: ASGIApp, *, hsts: bool = False,
+                 quiet_paths: frozenset[str] = frozenset()) -> None:
+        self.app, self.quiet_paths = app, quiet_paths
+        extra = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+        if hsts:
+            extra.append((b"strict-transport-security", b"max-age=31536000"))
+        self._extra = extra
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cid = correlation_id_from(Headers(scope=scope))
+        status = 0
+        started = time.monotonic()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                # a new list: some apps send a shared module-level header list
+                headers = [*message.get("headers", []), (b"x-correlation-id", cid.encode()), *self._extra]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        reset = correlation_id_var.set(cid)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            correlation_id_var.reset(reset)
+            user = scope.get("user")
+            level = logging.DEBUG if scope["path"] in self.quiet_paths and status < 400 else logging.INFO
+            access_log.log(level, "%s %s %s %d %.1fms cid=%s caller=%s", _client(scope), scope["method"],
+                           scope["path"], status, (time.monotonic() - started) * 1000, cid,
+                           user.display_name if isinstance(user, AuthenticatedUser) else "-")
+
+
+class HostAllowListMiddleware:
+    def __init__(self, app: ASGIApp, *, config: EdgeConfig, metrics: Counter) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.config.any_host_paths:
+            host = Headers(scope=scope).get("host")
+            if not self.config.host_allowed(host, scope.get("scheme", "http")):
+                log.warning("refused Host %s from %s (correlation id %s)", _log_safe(host), _client(scope),
+                            correlation_id_var.get())
+                self.metrics.refusal("host")
+                await refuse(scope, receive, send, 421, "misdirected_request",
+                             "this server does not answer to that Host name; connect with its public name")
+                return
+        await self.app(scope, receive, send)
+
+
+class OriginAllowListMiddleware:
+    def __init__(self, app: ASGIApp, *, config: EdgeConfig, metrics: Counter) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.config.any_host_paths:
+            origin = Headers(scope=scope).get("origin")
+            if origin is not None and not self.config.origin_allowed(origin):
+                log.warning("refused Origin %s from %s (correlation id %s)", _log_safe(origin),
+                            _client(scope), correlation_id_var.get())
+                self.metrics.refusal("origin")
+                await refuse(scope, receive, send, 403, "forbidden_origin",
+                             "requests from that web origin are not accepted")
+                return
+        await self.app(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class RequestSizeMiddleware:
+    """Bounds what a request may send before the app runs: headers (431), body (413), time (408).
+
+    uvicorn's h11 limit only catches headers that arrive incomplete; this counts what was parsed.
+    The body is read whole here, counting what arrives (not only Content-Length) so chunked bodies
+    are caught; the app then reads the buffered body, and later ``receive`` calls (waiting for a
+    disconnect) go to the server as usual.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_header_bytes: int, timeout: float,
+                 metrics: Counter) -> None:
+        self.app, self.max_bytes, self.max_header_bytes = app, max_body_bytes, max_header_bytes
+        self.timeout, self.metrics = timeout, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.max_header_bytes:
+            self.metrics.refusal("headers_too_large")
+            await refuse(scope, receive, send, 431, "headers_too_large",
+                         f"request headers larger than {self.max_header_bytes} bytes")
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        try:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                raise _BodyTooLarge
+            with anyio.fail_after(self.timeout):
+                buffered = await self._read(receive)
+        except _BodyTooLarge:
+            self.metrics.refusal("body_too_large")
+            await refuse(scope, receive, send, 413, "payload_too_large",
+                         f"request body larger than {self.max_bytes} bytes")
+            return
+        except TimeoutError:
+            self.metrics.refusal("receive_timeout")
+            await refuse(scope, receive, send, 408, "request_timeout",
+                         f"request body not received within {self.timeout:g}s")
+            return
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> list[Message]:
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return [{"type": "http.request", "body": bytes(body), "more_body": False}, message]
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                raise _BodyTooLarge
+            if not message.get("more_body", False):
+                return [{"type": "http.request", "body": bytes(body), "more_body": False}]
+
+
+class ConcurrencyLimitMiddleware:
+    """503 with Retry-After beyond ``limit`` requests in progress (health probes and GET streams excepted)."""
+
+    def __init__(self, app: ASGIApp, *, limit: int, config: EdgeConfig, metrics: Counter) -> None:
+        self.app, self.limit, self.config, self.metrics = app, limit, config, metrics
+        self.in_progress = 0
+
+    def _counted(self, scope: Scope) -> bool:
+        path = scope["path"]
+        streaming = scope["method"] == "GET" and path in self.config.stream_paths
+        return not streaming and path not in self.config.any_host_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._counted(scope):
+            await self.app(scope, receive, send)
+            return
+        if self.in_progress >= self.limit:
+            self.metrics.refusal("overloaded")
+            await refuse(scope, receive, send, 503, "overloaded",
+                         "too many requests in progress; retry shortly", headers={"Retry-After": "1"})
+            return
+        self.in_progress += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+
+class QueryTokenMiddleware:
+    """Refuses a credential in the URL before anything could log or cache it."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Counter) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("query_string"):
+            query = scope["query_string"].decode("latin-1")
+            if any(key.lower() in _QUERY_TOKEN_KEYS for key, _ in parse_qsl(query, keep_blank_values=True)):
+                self.metrics.refusal("token_in_query")
+                await refuse(scope, receive, send, 400, "token_in_query",
+                             "never put a token in the URL (it ends up in logs and histories); send it as "
+                             "'Authorization: Bearer <token>' and revoke the one you sent")
+                return
+        await self.app(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------- authentication
+
+
+def access_token_for(principal: Principal) -> AccessToken:
+    """The SDK's view of a caller. ``subject`` is the token id, so a session opened with one token
+    cannot be continued with another token of the same name (the SDK compares both)."""
+    return AccessToken(token=principal.token_id or principal.name, client_id=principal.name, scopes=[],
+                       subject=principal.token_id,
+                       claims={"gateway_role": principal.role, "gateway_surface": principal.surface})
+
+
+def principal_of(access: AccessToken) -> Principal | None:
+    claims = access.claims or {}
+    role, surface = claims.get("gateway_role"), claims.get("gateway_surface")
+    if not isinstance(role, str) or not isinstance(surface, str):
+        return None
+    return Principal(name=access.client_id, role=role, token_id=access.subject, surface=surface)
+
+
+def current_principal() -> Principal | None:
+    """The authenticated caller of the current HTTP request (None outside one)."""
+    access = get_access_token()
+    return principal_of(access) if access is not None else None
+
+
+@dataclass
+class GatewayTokenVerifier(TokenVerifier):
+    """The SDK's ``TokenVerifier`` over the gateway's token authenticator."""
+
+    authenticator: Authenticator
+    surface: str = "https"
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        principal = await self.authenticator.verify_async(token, client_address_var.get())
+        return access_token_for(replace(principal, surface=self.surface)) if principal is not None else None
+
+
+def _bearer(headers: Headers) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+@dataclass
+class BearerAuthMiddleware:
+    app: ASGIApp
+    verifier: TokenVerifier
+    authenticator: Authenticator
+    config: EdgeConfig
+    metrics: Counter
+    _challenge: str = field(default=f'Bearer realm="{REALM}"', init=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.config.needs_token(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        client = _client(scope)
+        wait = self.authenticator.throttled(client)
+        if wait is not None:
+            self.metrics.auth_failure("throttled")
+            await refuse(scope, receive, send, 429, "rate_limited",
+                         "too many failed authentications from this address; wait before retrying",
+                         headers={"Retry-After": str(max(1, math.ceil(wait)))})
+            return
+        token = _bearer(Headers(scope=scope))
+        access = await self._verify(token, client) if token is not None else None
+        if access is None:
+            await self._unauthorized(scope, receive, send, client, missing=token is None)
+            return
+        user = AuthenticatedUser(access)
+        scope["user"], scope["auth"] = user, AuthCredentials(access.scopes)
+        reset = auth_context_var.set(user)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            auth_context_var.reset(reset)
+
+    async def _verify(self, token: str, client: str) -> AccessToken | None:
+        reset = client_address_var.set(client)
+        try:
+            return await self.verifier.verify_token(token)
+        finally:
+            client_address_var.reset(reset)
+
+    async def _unauthorized(
+        self, scope: Scope, receive: Receive, send: Send, client: str, *, missing: bool
+    ) -> None:
+        self.metrics.auth_failure("missing" if missing else "invalid")
+        if missing:
+            challenge = self._challenge
+            message = "a bearer token is required: send 'Authorization: Bearer <token>'"
+        else:
+            log.warning("refused an invalid or revoked token from %s (correlation id %s)", client,
+                        correlation_id_var.get())
+            challenge = f'{self._challenge}, error="invalid_token"'
+            message = "the bearer token is invalid, expired or revoked; ask for a new one"
+        await refuse(scope, receive, send, 401, "unauthorized", message,
+                     headers={"WWW-Authenticate": challenge})

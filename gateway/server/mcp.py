@@ -1,0 +1,249 @@
+"""The MCP server: tools/list and tools/call mapped onto the gateway, the same for every transport.
+
+``build_mcp_server(gateway, principal_of)`` returns an ``mcp`` low-level ``Server``. Who is calling
+comes from ``principal_of()``: over HTTP the authenticated token (``edge.current_principal``), over
+stdio the local user (``stdio_principal``). A request without a caller is refused, never served.
+
+tools/call answers in three shapes:
+- success: ``structuredContent`` is the pipeline's dict, and one text block carries the same JSON;
+- an expected failure (``GatewayError``): ``isError`` with ``{"error": {"code", "message", ...}}``,
+  written for the model to act on;
+- anything else: ``isError`` with a generic message naming the correlation id; the traceback goes
+  to the server log only.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mcp_types as types
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+from gateway.auth.tokens import Principal
+from gateway.config import Target
+from gateway.errors import GatewayError, Unauthorized
+from gateway.server.edge import correlation_id_var
+from gateway.tools.spec import ToolSpec
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "vsphere-mcp-gateway"
+#: (fraction 0..1, message); a coroutine function, so a worker thread can hand it to the loop
+ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
+PrincipalSource = Callable[[], Principal | None]
+
+
+class RoleLike(Protocol):
+    @property
+    def all_targets(self) -> bool: ...
+
+
+class McpGateway(Protocol):
+    """The part of ``gateway.server.pipeline.Gateway`` the MCP surface uses."""
+
+    def tools_for(self, principal: Principal) -> list[ToolSpec]: ...
+
+    async def call(
+        self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
+        progress: ProgressSink | None = None, correlation_id: str | None = None,
+    ) -> dict[str, Any]: ...
+
+    def role_of(self, principal: Principal) -> Any: ...
+
+    def visible_targets(self, role: Any) -> list[Target]: ...
+
+
+class StdioGateway(McpGateway, Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class InFlightCalls:
+    """Counts tool calls in progress (on the event loop), so a stop can wait for them (``GatewayServer``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+
+
+def stdio_principal() -> Principal:
+    """The caller over stdio: the local OS user, who already holds the configuration and credentials."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid{os.getuid()}"
+    return Principal(name=f"stdio:{user}", role="admin", surface="stdio")
+
+
+_GUIDE = (
+    "This gateway operates VMware vSphere and ESXi through named targets. Every tool takes a `target` "
+    "argument naming a configured target; call list_targets to see the ones you may use. Read tools also "
+    'accept a list of names or "all" and answer per target with {"ok": ...} or {"error": {...}}, so one '
+    "unreachable target never hides the others. A change names exactly one target. Destructive tools never "
+    "act on the first call: they return a proposal with a token. Re-read its target and affected objects, "
+    "then call confirm_action with the token before it expires, or cancel_action to drop it; some targets "
+    "need a human to approve the proposal instead. Errors carry a stable code and a message saying what "
+    "to do next; queue_timeout and unreachable are worth a retry, policy_denied is not."
+)
+
+
+def instructions_for(targets: Sequence[Target] | None) -> str:
+    """The usage guide; ``targets`` (name and address) are listed only for a role that has them all."""
+    if not targets:
+        return _GUIDE
+    listed = "; ".join(f"{t.name} ({t.address})" for t in targets)
+    return f"{_GUIDE}\n\nTargets: {listed}."
+
+
+def tool_of(spec: ToolSpec) -> types.Tool:
+    return types.Tool(
+        name=spec.name, description=spec.description, input_schema=spec.input_schema(),
+        annotations=types.ToolAnnotations.model_validate(spec.annotations()),
+    )
+
+
+def _json_safe(value: dict[str, Any]) -> dict[str, Any]:
+    """The result as plain JSON types (dates and the like become strings), identical in both blocks."""
+    safe: dict[str, Any] = json.loads(json.dumps(value, default=str))
+    return safe
+
+
+def success_result(value: dict[str, Any]) -> types.CallToolResult:
+    safe = _json_safe(value)
+    text = json.dumps(safe, ensure_ascii=False, separators=(",", ":"))
+    return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=safe)
+
+
+def error_result(wire: dict[str, Any]) -> types.CallToolResult:
+    body = _json_safe({"error": wire})
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=body,
+                                is_error=True)
+
+
+def internal_error_result(correlation_id: str) -> types.CallToolResult:
+    return error_result({"code": "internal",
+                         "message": f"internal error (see server log, correlation id {correlation_id})",
+                         "correlation_id": correlation_id})
+
+
+@dataclass
+class _Handlers:
+    gateway: McpGateway
+    principal_of: PrincipalSource
+    in_flight: InFlightCalls
+
+    def caller(self) -> Principal:
+        principal = self.principal_of()
+        if principal is None:
+            raise Unauthorized("this request carries no authenticated caller; send a bearer token")
+        return principal
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        try:
+            principal = self.caller()
+        except Unauthorized as exc:
+            raise MCPError(code=types.INVALID_REQUEST, message=exc.message) from None
+        return types.ListToolsResult(tools=[tool_of(spec) for spec in self.gateway.tools_for(principal)])
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        correlation_id = correlation_id_var.get() or uuid.uuid4().hex
+        try:
+            principal = self.caller()
+        except Unauthorized as exc:
+            return error_result(exc.to_wire())
+        sink = _progress_sink(ctx) if _wants_progress(ctx) else None
+        with self.in_flight:
+            try:
+                value = await self.gateway.call(principal, params.name, params.arguments or {}, progress=sink,
+                                                correlation_id=correlation_id)
+                return success_result(value)
+            except GatewayError as exc:
+                return error_result(exc.to_wire())
+            except Exception:
+                log.exception("tool %r failed for %s (correlation id %s)", params.name, principal.name,
+                              correlation_id)
+                return internal_error_result(correlation_id)
+
+    def instructions(self) -> str:
+        principal = self.principal_of()
+        role = self.gateway.role_of(principal) if principal is not None else None
+        if role is None or not role.all_targets:
+            return instructions_for(None)
+        return instructions_for(self.gateway.visible_targets(role))
+
+
+def _wants_progress(ctx: ServerRequestContext[Any]) -> bool:
+    meta = ctx.meta
+    return meta is not None and meta.get("progress_token") is not None
+
+
+def _progress_sink(ctx: ServerRequestContext[Any]) -> ProgressSink:
+    """Progress is best effort: a client that went away must not fail the call it started."""
+
+    async def report(fraction: float, message: str) -> None:
+        try:
+            await ctx.session.report_progress(min(max(fraction, 0.0), 1.0), 1.0, message)
+        except Exception:
+            log.debug("progress notification not delivered", exc_info=True)
+
+    return report
+
+
+class _PerCallerInstructions:
+    """Server middleware: the initialize and server/discover answers carry the caller's instructions."""
+
+    def __init__(self, handlers: _Handlers) -> None:
+        self._handlers = handlers
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        result = await call_next(ctx)
+        if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
+            return {**result, "instructions": self._handlers.instructions()}
+        return result
+
+
+def build_mcp_server(
+    gateway: McpGateway, principal_of: PrincipalSource, *, version: str = "",
+    in_flight: InFlightCalls | None = None,
+) -> Server[Any]:
+    """An MCP server whose tools/list and tools/call go through ``gateway`` for ``principal_of()``."""
+    handlers = _Handlers(gateway, principal_of, in_flight or InFlightCalls())
+    server: Server[Any] = Server(
+        SERVER_NAME, version=version, instructions=instructions_for(None),
+        on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
+    )
+    server.middleware.append(_PerCallerInstructions(handlers))
+    return server
+
+
+async def serve_stdio(gateway: StdioGateway, *, version: str = "") -> None:
+    """Serve MCP over this process's stdin/stdout as the local user; the gateway starts and stops here."""
+    principal = stdio_principal()
+    server = build_mcp_server(gateway, lambda: principal, version=version)
+    await gateway.start()
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        await gateway.close()

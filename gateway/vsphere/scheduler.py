@@ -1,0 +1,314 @@
+"""Per-target scheduling of blocking pyVmomi work: FIFO slots, worker threads, deadlines, fan-out.
+
+Each target is a bulkhead (a ``_Lane``): ``pool_size`` slots handed out strictly in arrival order,
+and ``pool_size`` worker threads of its own. A call holds its slot until its worker thread is done,
+even when the caller has given up at its deadline, so a hung target fills only its own slots and
+threads; calls to other targets never wait behind it. The event loop only ever awaits futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from gateway import errors
+from gateway.config import Target
+from gateway.vsphere.pool import SessionPool, VSphereSession
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_CLOSE_SECONDS = 6.0
+"""How long ``close`` waits for all pools together (each bounds its own logouts)."""
+
+
+class _Workers:
+    """A fixed set of daemon threads serving one target's calls in submission order.
+
+    Not a ``ThreadPoolExecutor``: its threads are joined at interpreter exit, so one call hung in a
+    socket read on a dead vCenter would hold up the gateway's shutdown until that socket timed out.
+    """
+
+    def __init__(self, count: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue())
+        self._count = count
+        self._name = name
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Queue ``fn``; RuntimeError after ``shutdown``."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("workers shut down")
+            if not self._started:
+                self._started = True
+                for index in range(self._count):
+                    threading.Thread(target=self._serve, name=f"{self._name}-{index}", daemon=True).start()
+            self._jobs.put((future, fn))
+        return future
+
+    def shutdown(self) -> None:
+        """Cancel queued calls and let each thread end after its current call."""
+        with self._lock:
+            self._closed = True
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+            for _ in range(self._count):
+                self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn = job
+            del job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, fn
+
+
+class _Lane:
+    """One target's slots (a FIFO of waiters) and worker threads.
+
+    ``running`` counts slots taken: a slot is passed from a finishing call straight to the oldest
+    waiter, so a newcomer can never overtake a waiter. State is shared between the event loop and
+    the worker threads (which release slots), hence the lock.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.capacity = target.pool_size
+        self.running = 0
+        self.closed = False
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._lock = threading.Lock()
+        self.workers = _Workers(self.capacity, f"vsphere-{target.name}")
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self, timeout: float) -> bool:
+        """Wait (FIFO) for a slot; False if none came within ``timeout`` seconds."""
+        with self._lock:
+            if self.closed:
+                raise _shutting_down(self.target.name)
+            if self.running < self.capacity and not self._waiters:
+                self.running += 1
+                return True
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            self._abandon(waiter)
+            return False
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+        return True
+
+    def release(self) -> None:
+        """Give a slot back: to the oldest waiter if there is one. Callable from any thread."""
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                try:
+                    waiter.get_loop().call_soon_threadsafe(self._hand_over, waiter)
+                    return
+                except RuntimeError:  # that waiter's event loop is closed; it will never run
+                    continue
+            self.running -= 1
+
+    def close(self) -> None:
+        """Refuse new calls, fail queued ones, and let running ones finish on their threads."""
+        with self._lock:
+            self.closed = True
+            waiters, self._waiters = list(self._waiters), deque()
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                waiter.get_loop().call_soon_threadsafe(self._fail, waiter)
+        self.workers.shutdown()
+
+    def _hand_over(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done():  # its caller gave up after the slot was already on its way: pass it on
+            self.release()
+        else:
+            waiter.set_result(None)
+
+    def _abandon(self, waiter: asyncio.Future[None]) -> None:
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return
+        # Already granted: if the grant landed, the slot is ours to give back; if it is still on its
+        # way, _hand_over will see the cancelled waiter and give it back itself.
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            self.release()
+
+    def _fail(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(_shutting_down(self.target.name))
+
+
+def _shutting_down(name: str) -> errors.Unreachable:
+    return errors.Unreachable(f"target '{name}': the gateway is shutting down; retry on another instance",
+                              target=name)
+
+
+class Scheduler:
+    """Runs blocking vSphere work per target: FIFO slots, bulkheaded threads, deadlines, fan-out."""
+
+    def __init__(self, targets: Sequence[Target], credentials: Mapping[str, str], *,
+                 queue_timeout: float = 300.0) -> None:
+        self._targets = tuple(targets)
+        self._by_name = {t.name: t for t in self._targets}
+        self._credentials = credentials
+        self.queue_timeout = queue_timeout
+        self._lanes = {t.name: _Lane(t) for t in self._targets}
+        self._pools: dict[str, SessionPool] = {}
+        self._pools_lock = threading.Lock()
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        return self._targets
+
+    def target(self, name: str) -> Target:
+        """The target called ``name``; ``NotFound`` listing the known names otherwise."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_name)) or "none configured"
+            raise errors.NotFound(f"unknown target '{name}'; known targets: {known}", target=name) from None
+
+    def pool(self, name: str) -> SessionPool:
+        """The session pool of ``name``, built on first use; ``ConfigError`` if credentials are missing."""
+        target = self.target(name)
+        with self._pools_lock:
+            pool = self._pools.get(name)
+            if pool is None:
+                pool = self._pools[name] = SessionPool(target, target.credentials(self._credentials))
+            return pool
+
+    async def run(self, target: str, fn: Callable[[VSphereSession], T], *,
+                  deadline: float | None = None) -> T:
+        """Run ``fn`` with a session of ``target`` on that target's worker threads; return its result.
+
+        Calls on one target wait for one of its ``pool_size`` slots in arrival order; a wait longer
+        than ``queue_timeout`` raises ``QueueTimeout``. ``deadline`` (seconds) bounds the whole call,
+        queueing included, and raises ``Timeout``; a worker thread stuck in a hung vSphere call keeps
+        its slot until its socket times out, but neither the caller nor other targets wait for it.
+        """
+        lane = self._lanes[self.target(target).name]
+        pool = self.pool(target)
+        started = time.monotonic()
+        wait = self.queue_timeout if deadline is None else min(self.queue_timeout, deadline)
+        if not await lane.acquire(wait):
+            raise self._wait_error(lane, deadline)
+        try:
+            work = lane.workers.submit(lambda: pool.run(fn))
+        except RuntimeError:  # the workers were shut down between the grant and now
+            lane.release()
+            raise _shutting_down(target) from None
+        work.add_done_callback(lambda _done: lane.release())
+        remaining = None if deadline is None else deadline - (time.monotonic() - started)
+        scope = asyncio.timeout(remaining)
+        try:
+            async with scope:
+                return await asyncio.wrap_future(work)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise errors.Timeout(
+                f"target '{target}': no result within the {deadline:g}s deadline; the target is slow or "
+                "hung: check its health, or retry with a narrower request", target=target) from None
+
+    async def fan_out(self, targets: Sequence[str], fn: Callable[[VSphereSession], T], *,
+                      deadline: float) -> dict[str, dict[str, Any]]:
+        """Run ``fn`` on every named target at once, each bounded by ``deadline`` seconds.
+
+        Returns ``{name: {"ok": result}}`` or ``{name: {"error": {"code", "message", ...}}}`` per target,
+        in the order given (duplicates once). An unknown name raises ``NotFound`` before anything runs.
+        """
+        names = list(dict.fromkeys(targets))
+        for name in names:
+            self.target(name)
+        outcomes = await asyncio.gather(*(self._settle(name, fn, deadline) for name in names))
+        return dict(zip(names, outcomes, strict=True))
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per target: calls queued and running, slots, sessions open and lent out, logins and re-logins."""
+        with self._pools_lock:
+            pools = dict(self._pools)
+        result: dict[str, dict[str, int]] = {}
+        for name, lane in self._lanes.items():
+            pool = pools.get(name)
+            sessions = pool.stats if pool is not None else None
+            result[name] = {
+                "queued": lane.queued,
+                "running": lane.running,
+                "slots": lane.capacity,
+                "sessions": sessions.size if sessions else 0,
+                "in_use": sessions.in_use if sessions else 0,
+                "logins": sessions.logins if sessions else 0,
+                "relogins": sessions.relogins if sessions else 0,
+            }
+        return result
+
+    def close(self) -> None:
+        """Refuse new calls, fail queued ones, and log out every pool (bounded; running calls finish)."""
+        for lane in self._lanes.values():
+            lane.close()
+        with self._pools_lock:
+            pools = list(self._pools.values())
+        closers = [threading.Thread(target=p.close, daemon=True, name=f"vsphere-close-{p.target.name}")
+                   for p in pools]
+        for closer in closers:
+            closer.start()
+        deadline = time.monotonic() + _CLOSE_SECONDS
+        for closer in closers:
+            closer.join(max(0.0, deadline - time.monotonic()))
+
+    async def _settle(self, name: str, fn: Callable[[VSphereSession], T], deadline: float) -> dict[str, Any]:
+        try:
+            return {"ok": await self.run(name, fn, deadline=deadline)}
+        except errors.GatewayError as exc:
+            return {"error": exc.to_wire()}
+        except Exception:
+            log.exception("target %s: unexpected error in a fan-out call", name)
+            message = f"target '{name}': internal error; see the gateway log"
+            return {"error": {"code": "internal", "message": message}}
+
+    def _wait_error(self, lane: _Lane, deadline: float | None) -> errors.GatewayError:
+        name = lane.target.name
+        busy = f"all {lane.capacity} slots busy, {lane.queued} more calls queued"
+        if deadline is not None and deadline < self.queue_timeout:
+            return errors.Timeout(
+                f"target '{name}': the {deadline:g}s deadline passed while waiting for a slot ({busy}); the "
+                "target is slow or overloaded: retry later or raise its 'pool_size'", target=name)
+        return errors.QueueTimeout(
+            f"target '{name}': waited {self.queue_timeout:g}s for a slot ({busy}); the target is slow or "
+            "overloaded: retry later or raise its 'pool_size'", target=name)

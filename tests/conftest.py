@@ -1,0 +1,98 @@
+"""Shared fixtures: simulators (deploy/vcsim) for integration tests.
+
+- ``vcsim_bin``: the built launcher (built on first use). Skips when it cannot be built, except under
+  ``CI=true``, where that is a failure.
+- ``sim_vc1``, ``sim_vc2``: session-scoped vCenters with distinct instance uuids; ``sim_esx``: a
+  standalone ESXi host. Treat them as read-only: tests that change state (power, snapshots, control
+  rules, delays, sessions) use ``make_simulator`` instead.
+- ``make_simulator(**options)``: a fresh simulator per call, stopped at the end of the test.
+
+Any test using one of these fixtures gets the ``simulator`` marker (``-m "not simulator"`` skips them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from simulator import (
+    VC1_INSTANCE_UUID,
+    VC2_INSTANCE_UUID,
+    MakeSimulator,
+    Simulator,
+    SimulatorError,
+    build_simulator,
+    start_simulator,
+)
+
+SIMULATOR_FIXTURES = frozenset({"vcsim_bin", "sim_vc1", "sim_vc2", "sim_esx", "make_simulator"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SIMULATOR_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.simulator)
+
+
+@pytest.fixture(scope="session")
+def vcsim_bin() -> Path:
+    """The launcher binary; skip (fail under CI=true) with the reason when it cannot be built."""
+    try:
+        return build_simulator()
+    except SimulatorError as exc:
+        reason = f"vcsim launcher unavailable: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def _session_simulator(vcsim_bin: Path, **options: Any) -> Iterator[Simulator]:
+    sim = start_simulator(binary=vcsim_bin, **options)
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_vc1(vcsim_bin: Path) -> Iterator[Simulator]:
+    """vCenter: DC0 with cluster DC0_C0 (2 hosts, VMs DC0_C0_RP0_VM0..1), standalone host DC0_H0 (VMs
+    DC0_H0_VM0..1), datastores LocalDS_0 and LocalDS_1; instance uuid ``VC1_INSTANCE_UUID``."""
+    yield from _session_simulator(
+        vcsim_bin, clusters=1, hosts_per_cluster=2, standalone_hosts=1, vms=2, datastores=2,
+        instance_uuid=VC1_INSTANCE_UUID,
+    )
+
+
+@pytest.fixture(scope="session")
+def sim_vc2(vcsim_bin: Path) -> Iterator[Simulator]:
+    """vCenter: DC0 with cluster DC0_C0 (2 hosts, VMs DC0_C0_RP0_VM0..2), datastore LocalDS_0;
+    instance uuid ``VC2_INSTANCE_UUID``."""
+    yield from _session_simulator(
+        vcsim_bin, clusters=1, hosts_per_cluster=2, standalone_hosts=0, vms=3, datastores=1,
+        instance_uuid=VC2_INSTANCE_UUID,
+    )
+
+
+@pytest.fixture(scope="session")
+def sim_esx(vcsim_bin: Path) -> Iterator[Simulator]:
+    """Standalone ESXi host (no instance uuid): VMs ha-host_VM0..1 on datastore LocalDS_0."""
+    yield from _session_simulator(vcsim_bin, model="esx", vms=2, datastores=1)
+
+
+@pytest.fixture
+def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
+    """Factory: ``make_simulator(**start_simulator options)``; every simulator stops after the test."""
+    started: list[Simulator] = []
+
+    def make(**options: Any) -> Simulator:
+        sim = start_simulator(binary=vcsim_bin, **options)
+        started.append(sim)
+        return sim
+
+    yield make
+    for sim in started:
+        sim.stop()

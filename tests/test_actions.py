@@ -1,0 +1,364 @@
+"""The task waiter and the mutation plumbing (gateway/vsphere/tasks.py, gateway/vsphere/actions.py).
+
+Against a fresh simulator per test: progress relayed from a slowly running task, vSphere errors,
+deadlines (outcome unknown for destructive tasks, timeout for writes), the private collector and
+filter destroyed on every path, and session expiry re-run only before anything changed. Pure
+helpers (ISO paths, bulk name patterns) get table tests.
+
+``Rig`` and ``start_rig`` are shared with test_write_tools.py and test_destructive_tools.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pyVim import connect
+from pyVmomi import vim, vmodl
+from simulator import Simulator, find_vm, pyvmomi_connect, read_properties, wait_until
+
+from gateway import errors
+from gateway.config import Credentials, Target
+from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
+from gateway.tools.spec import Plan, ToolSpec
+from gateway.tools.write import POWER_OFF
+from gateway.vsphere import actions, inventory
+from gateway.vsphere.pool import SessionPool, VSphereSession
+from gateway.vsphere.tasks import wait_for_task
+
+MakeSimulator = Callable[..., Simulator]
+Progress = list[tuple[float, str]]
+
+
+@dataclass
+class Rig:
+    """A fresh simulator, a session pool on it, and a separate pyVmomi session to read effects back."""
+
+    sim: Simulator
+    pool: SessionPool
+    si: Any
+    progress: Progress = field(default_factory=list)
+
+    def run(self, fn: Callable[[VSphereSession], Any]) -> Any:
+        return self.pool.run(fn)
+
+    def vm(self, name: str) -> Any:
+        return find_vm(self.si, name)
+
+    def props(self, obj: Any, *paths: str) -> dict[str, Any]:
+        return read_properties(self.si, obj, *paths)
+
+    def moid(self, name: str) -> str:
+        return str(self.vm(name)._moId)
+
+    def vm_names(self) -> set[str]:
+        return set(self.sim.vm_names())
+
+    def last_task(self) -> str | None:
+        recent = self.props(self.si.content.taskManager, "recentTask").get("recentTask") or []
+        return str(recent[-1]._moId) if recent else None
+
+    def plan(self, spec: ToolSpec, **args: Any) -> Plan:
+        valid = spec.validate({"target": "sim", **args})
+        assert spec.plan is not None
+        plan_fn = spec.plan
+        return self.run(lambda s: plan_fn(s, valid))  # type: ignore[no-any-return]
+
+    def execute(self, spec: ToolSpec, plan: Plan, *, auto_snapshot: bool = False) -> dict[str, Any]:
+        """Execute like the pipeline does: ``auto_snapshot`` set from policy on tools that declare it."""
+        assert spec.execute is not None
+        execute_fn = spec.execute
+        plan = replace(plan, params={**plan.params, "auto_snapshot": auto_snapshot and spec.snapshot_before})
+        return self.run(lambda s: execute_fn(s, plan, self.record))  # type: ignore[no-any-return]
+
+    def call(self, spec: ToolSpec, *, auto_snapshot: bool = False, **args: Any) -> dict[str, Any]:
+        return self.execute(spec, self.plan(spec, **args), auto_snapshot=auto_snapshot)
+
+    def record(self, fraction: float, message: str) -> None:
+        self.progress.append((fraction, message))
+
+    def snapshots(self, name: str) -> tuple[list[dict[str, Any]], str | None]:
+        """(flattened snapshot rows, current snapshot moid) read through the PropertyCollector."""
+        info = self.props(self.vm(name), "snapshot").get("snapshot")
+        if info is None:
+            return [], None
+        current = info.currentSnapshot._moId if info.currentSnapshot is not None else None
+        return inventory.flatten_snapshots(info.rootSnapshotList, current), current
+
+    def snapshot_names(self, name: str) -> list[str]:
+        return [row["name"] for row in self.snapshots(name)[0]]
+
+    def take_snapshot(self, vm_name: str, snap: str) -> str:
+        """A snapshot taken directly with pyVmomi (bypassing the gateway's rules, e.g. duplicate names)."""
+        vm = self.vm(vm_name)
+        vm.CreateSnapshot_Task(name=snap, description="", memory=False, quiesce=False)
+        return str(wait_until(lambda: self._snapshot_moid(vm_name, snap), what=f"snapshot {snap}"))
+
+    def _snapshot_moid(self, vm_name: str, snap: str) -> str | None:
+        rows = [r for r in self.snapshots(vm_name)[0] if r["name"] == snap]
+        return str(rows[-1]["moid"]) if rows else None
+
+    def power(self, name: str) -> str:
+        return str(self.props(self.vm(name), "runtime.powerState")["runtime.powerState"])
+
+
+def start_rig(make_simulator: MakeSimulator, **options: Any) -> Iterator[Rig]:
+    """By default a cluster of two hosts (VMs DC0_C0_RP0_VM0..1), a standalone host DC0_H0 (VMs
+    DC0_H0_VM0..1) and datastores LocalDS_0..1, with a pool and a pyVmomi session; all closed afterwards."""
+    sim = make_simulator(**{"standalone_hosts": 1, "datastores": 2, **options})
+    target = Target(name="sim", host=sim.host, port=sim.port, credential_env_prefix="SIM", insecure=True,
+                    timeout_seconds=30)
+    pool = SessionPool(target, Credentials(sim.user, sim.password))
+    si = pyvmomi_connect(sim)
+    try:
+        yield Rig(sim, pool, si)
+    finally:
+        pool.close()
+        disconnect: Any = connect.Disconnect  # untyped
+        disconnect(si)
+
+
+@pytest.fixture
+def rig(make_simulator: MakeSimulator) -> Iterator[Rig]:
+    yield from start_rig(make_simulator)
+
+
+def _wait(rig: Rig, vm_name: str, method: str, *, seconds: float, destructive: bool,
+          progress: Callable[[float, str], None] | None = None, session: Any = None, **kwargs: Any) -> Any:
+    """Start ``method`` on the VM and wait for it with a deadline ``seconds`` from now."""
+    moid = rig.moid(vm_name)
+
+    def go(s: VSphereSession) -> Any:
+        task = getattr(inventory.managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
+        return wait_for_task(session or s, task, deadline=time.monotonic() + seconds,
+                             progress=progress or rig.record, destructive=destructive, label=method)
+
+    return rig.run(go)
+
+
+# --------------------------------------------------------------------------------------------------
+# The waiter
+
+
+def test_waiter_returns_the_task_result_and_reports_completion(rig: Rig) -> None:
+    ref = _wait(rig, "DC0_H0_VM0", "CreateSnapshot_Task", seconds=30, destructive=False, name="s1",
+                description="", memory=False, quiesce=False)
+
+    rows, current = rig.snapshots("DC0_H0_VM0")
+    assert ref._moId == current == rows[0]["moid"]
+    assert rig.progress[-1][0] == 1.0
+
+
+def test_waiter_relays_progress_of_a_slow_task_in_increasing_fractions(rig: Rig) -> None:
+    rig.sim.control("/slow-task", {"method": "PowerOffVM_Task", "seconds": 2, "count": 1})
+
+    _wait(rig, "DC0_H0_VM0", "PowerOffVM_Task", seconds=30, destructive=False)
+
+    fractions = [f for f, _m in rig.progress]
+    assert fractions == sorted(set(fractions)), fractions
+    assert len([f for f in fractions if 0 < f < 1]) >= 2, fractions
+    assert fractions[-1] == 1.0
+    assert all(m.startswith("PowerOffVM_Task") for _f, m in rig.progress)
+    assert rig.power("DC0_H0_VM0") == "poweredOff"
+
+
+def test_waiter_raises_task_failed_with_the_targets_message(rig: Rig) -> None:
+    rig.sim.control("/fail-next", {"method": "CreateSnapshot_Task", "entity": "DC0_H0_VM0",
+                                   "fault": "FileFault", "message": "disk locked by another process"})
+
+    with pytest.raises(errors.TaskFailed) as caught:
+        _wait(rig, "DC0_H0_VM0", "CreateSnapshot_Task", seconds=30, destructive=False, name="s1",
+              description="", memory=False, quiesce=False)
+
+    assert "disk locked by another process" in caught.value.message
+    assert caught.value.details["task"].startswith("task-")
+    assert caught.value.details["fault"] == "vim.fault.FileFault"
+
+
+def test_destructive_task_past_its_deadline_has_an_unknown_outcome_with_the_task_id(rig: Rig) -> None:
+    rig.sim.control("/slow-task", {"method": "Destroy_Task", "seconds": 2.5, "count": 1})
+    rig.vm("DC0_H0_VM1").PowerOffVM_Task()
+    wait_until(lambda: rig.power("DC0_H0_VM1") == "poweredOff", what="powered off")
+
+    with pytest.raises(errors.OutcomeUnknown) as caught:
+        _wait(rig, "DC0_H0_VM1", "Destroy_Task", seconds=0.5, destructive=True)
+
+    task = caught.value.details["task"]
+    assert task.startswith("task-")
+    assert task in caught.value.message and "get_tasks" in caught.value.message
+    assert "DC0_H0_VM1" in rig.vm_names()  # not done yet: neither failed nor finished
+    wait_until(lambda: "DC0_H0_VM1" not in rig.vm_names(), timeout=15, what="the slow delete to finish")
+
+
+def test_write_task_past_its_deadline_is_a_timeout_with_the_task_id(rig: Rig) -> None:
+    rig.sim.control("/slow-task", {"method": "PowerOffVM_Task", "seconds": 3, "count": 1})
+
+    with pytest.raises(errors.Timeout) as caught:
+        _wait(rig, "DC0_H0_VM0", "PowerOffVM_Task", seconds=0.5, destructive=False)
+
+    assert caught.value.details["task"].startswith("task-")
+    assert caught.value.details["task"] in caught.value.message
+
+
+class _RecordingCollectors:
+    """A session whose PropertyCollector hands out real private collectors and remembers them."""
+
+    def __init__(self, session: VSphereSession) -> None:
+        self.collectors: list[Any] = []
+        self.filters: list[Any] = []
+        outer = self
+        real = session.content.propertyCollector
+
+        class Root:
+            def CreatePropertyCollector(self) -> Any:
+                collector = real.CreatePropertyCollector()
+                outer.collectors.append(collector)
+                return SimpleNamespace(
+                    CreateFilter=outer._create_filter(collector),
+                    WaitForUpdatesEx=collector.WaitForUpdatesEx,
+                    RetrievePropertiesEx=collector.RetrievePropertiesEx,
+                    DestroyPropertyCollector=collector.DestroyPropertyCollector)
+
+        self.session = SimpleNamespace(target=session.target, si=session.si,
+                                       socket_timeout=session.socket_timeout,
+                                       content=SimpleNamespace(propertyCollector=Root()))
+
+    def _create_filter(self, collector: Any) -> Callable[..., Any]:
+        def create(*args: Any, **kwargs: Any) -> Any:
+            made = collector.CreateFilter(*args, **kwargs)
+            self.filters.append(made)
+            return made
+        return create
+
+
+def _gone(obj: Any, method: str) -> bool:
+    try:
+        getattr(obj, method)()
+    except vmodl.fault.ManagedObjectNotFound:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("outcome", ["success", "deadline"])
+def test_waiter_destroys_its_filter_and_collector_on_every_path(rig: Rig, outcome: str) -> None:
+    if outcome == "deadline":
+        rig.sim.control("/slow-task", {"method": "PowerOffVM_Task", "seconds": 2, "count": 1})
+    seen: list[_RecordingCollectors] = []
+
+    def go(s: VSphereSession) -> None:
+        recorder = _RecordingCollectors(s)
+        seen.append(recorder)
+        task = inventory.managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
+        try:
+            seconds = 30 if outcome == "success" else 0.5
+            wait_for_task(recorder.session, task, deadline=time.monotonic() + seconds, progress=rig.record,
+                          destructive=True)
+        except errors.OutcomeUnknown:
+            assert outcome == "deadline"
+        # Still inside the same session: the objects would exist if they had not been destroyed.
+        assert len(recorder.filters) == len(recorder.collectors) == 1
+        assert _gone(recorder.filters[0], "DestroyPropertyFilter")
+        assert _gone(recorder.collectors[0], "DestroyPropertyCollector")
+
+    rig.run(go)
+    assert seen
+
+
+# --------------------------------------------------------------------------------------------------
+# Session expiry: re-run before any change, reported after one
+
+
+def test_session_expiry_before_the_first_change_is_retried_by_the_pool(rig: Rig) -> None:
+    rig.vm("DC0_H0_VM0").PowerOffVM_Task()
+    wait_until(lambda: rig.power("DC0_H0_VM0") == "poweredOff", what="powered off")
+    plan = rig.plan(UNREGISTER_VM, vm="DC0_H0_VM0")
+    rig.sim.control("/fail-next", {"method": "UnregisterVM", "fault": "NotAuthenticated"})
+
+    result = rig.execute(UNREGISTER_VM, plan)
+
+    assert result["unregistered_vm"] == "DC0_H0_VM0"
+    assert "DC0_H0_VM0" not in rig.vm_names()
+    assert rig.pool.stats.relogins == 1
+
+
+def test_session_expiry_after_a_change_is_reported_not_retried(rig: Rig) -> None:
+    plan = rig.plan(POWER_OFF, vm="DC0_H0_VM0")
+    rig.sim.control("/fail-next", {"method": "CreatePropertyCollector", "fault": "NotAuthenticated"})
+
+    with pytest.raises(errors.NotAuthenticated) as caught:
+        rig.execute(POWER_OFF, plan)
+
+    assert caught.value.details["task"].startswith("task-")
+    assert rig.pool.stats.relogins == 0
+    assert rig.power("DC0_H0_VM0") == "poweredOff"  # the task ran once; the wait for it was what failed
+
+
+def test_destructive_change_whose_wait_is_lost_reports_an_unknown_outcome(rig: Rig) -> None:
+    plan = rig.plan(DELETE_VM, vm="DC0_H0_VM0", force_power_off=True)
+    rig.sim.control("/fail-next", {"method": "CreatePropertyCollector", "fault": "NotAuthenticated"})
+
+    with pytest.raises(errors.OutcomeUnknown) as caught:
+        rig.execute(DELETE_VM, plan)
+
+    assert caught.value.details["task"].startswith("task-")
+    assert caught.value.details["cause"] == "not_authenticated"
+    assert rig.pool.stats.relogins == 0
+
+
+def test_guest_shutdown_waits_for_the_vm_to_be_off(rig: Rig) -> None:
+    # power_off_vm only asks the guest when VMware Tools runs, which the simulator never reports; so the
+    # request-and-watch step is exercised on its own (the simulator's ShutdownGuest powers off at once).
+    moid = rig.moid("DC0_H0_VM0")
+    plan = Plan("", (), {"vm": moid, "vm_name": "DC0_H0_VM0"})
+
+    why = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
+
+    assert why is None
+    assert rig.power("DC0_H0_VM0") == "poweredOff"
+    refused = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
+    assert refused is not None and "refused" in refused  # already off: vSphere refuses, the caller goes hard
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("[LocalDS_0] isos/ubuntu.iso", ("LocalDS_0", "isos/ubuntu.iso")),
+    ("[shared nfs]  a b/c.ISO", ("shared nfs", "a b/c.ISO")),
+    ("[ds]image.iso", ("ds", "image.iso")),
+])
+def test_parse_iso_path_accepts_datastore_paths(value: str, expected: tuple[str, str]) -> None:
+    assert actions.parse_iso_path(value) == expected
+
+
+@pytest.mark.parametrize("value", [
+    "isos/ubuntu.iso", "[ds] isos/disk.vmdk", "[] x.iso", "[ds] ", "[ds] a\nb.iso",
+])
+def test_parse_iso_path_refuses_anything_else_naming_the_field(value: str) -> None:
+    with pytest.raises(errors.InvalidArgument) as caught:
+        actions.parse_iso_path(value)
+    assert caught.value.details["field"] == "iso_path"
+
+
+@pytest.mark.parametrize(("pattern", "name", "matches"), [
+    ("web-\\d+", "web-12", True),
+    ("web-\\d+", "old-web-12", False),
+    ("web-\\d+", "web-12-old", False),
+    ("web|db", "db", True),
+    ("web|db", "dbx", False),
+    (".*", "anything", True),
+])
+def test_bulk_name_regex_must_match_the_whole_name(pattern: str, name: str, matches: bool) -> None:
+    assert bool(actions.compile_name_regex(pattern).match(name)) is matches
+
+
+@pytest.mark.parametrize("pattern", ["web-(", "x" * 201, "[z-a]"])
+def test_bulk_name_regex_errors_name_the_field(pattern: str) -> None:
+    with pytest.raises(errors.InvalidArgument) as caught:
+        actions.compile_name_regex(pattern)
+    assert caught.value.details["field"] == "name_regex"

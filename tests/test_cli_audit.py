@@ -1,0 +1,205 @@
+"""`gateway audit log|stats|verify` through gateway.cli.main against real log files."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gateway.cli
+from gateway.cli import main
+from gateway.cli.audit import parse_when
+from gateway.guard.audit import AuditSink, read_rows
+
+NOW = datetime.now(UTC)
+
+
+@pytest.fixture(autouse=True)
+def only_the_audit_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other command groups are built in parallel; these tests exercise ours through the real main().
+    monkeypatch.setattr(gateway.cli, "COMMAND_MODULES", ("audit",))
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    return tmp_path / "audit.jsonl"
+
+
+@pytest.fixture
+def history(log: Path) -> list[dict[str, Any]]:
+    """Six rows, three hours ago to ten minutes ago."""
+    moments = iter([NOW - timedelta(hours=3), NOW - timedelta(hours=2), NOW - timedelta(minutes=90),
+                    NOW - timedelta(minutes=50), NOW - timedelta(minutes=20), NOW - timedelta(minutes=10)])
+    events: list[dict[str, Any]] = [
+        {"phase": "call", "tool": "list_vms", "target": "vc1", "caller": "ops", "correlation_id": "c1"},
+        {"phase": "proposed", "tool": "delete_vm", "target": "vc1", "caller": "ops", "correlation_id": "c2",
+         "proposal_id": "p-1"},
+        {"phase": "denied", "tool": "delete_vm", "target": "vc2", "caller": "bot",
+         "decision": {"allowed": False, "reason": "vm is protected", "rule": "protect-prod"}},
+        {"phase": "executed", "tool": "delete_vm", "target": "vc1", "caller": "ops", "correlation_id": "c2",
+         "outcome": "ok", "duration_ms": 812},
+        {"phase": "failed", "tool": "power_on", "target": "vc2", "caller": "evil\x1b[31m", "outcome": "error",
+         "error_code": "timeout"},
+        {"phase": "token_created", "caller": "admin", "surface": "cli"},
+    ]
+    with AuditSink(log, durable=False, clock=lambda: next(moments)) as sink:
+        return [sink.write(e) for e in events]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_seqs(out: str) -> list[int]:
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["TIME", "SEQ", "PHASE"]
+    return [int(line.split()[2]) for line in lines[1:]]
+
+
+# -- log ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("flags", "seqs"), [
+    ([], [1, 2, 3, 4, 5, 6]),
+    (["--last", "2"], [5, 6]),
+    (["--target", "vc2"], [3, 5]),
+    (["--tool", "delete_vm"], [2, 3, 4]),
+    (["--phase", "executed"], [4]),
+    (["--caller", "ops"], [1, 2, 4]),
+    (["--correlation-id", "c2"], [2, 4]),
+    (["--since", "1h"], [4, 5, 6]),
+    (["--since", "100m", "--until", "15m"], [3, 4, 5]),
+    (["--since", (NOW - timedelta(minutes=55)).isoformat(), "--phase", "failed"], [5]),
+])
+def test_log_filters(capsys: pytest.CaptureFixture[str], log: Path, history: list[dict[str, Any]],
+                     flags: list[str], seqs: list[int]) -> None:
+    code, out, _ = run(capsys, "audit", "log", "--audit-log", str(log), *flags)
+    assert code == 0
+    assert table_seqs(out) == seqs
+
+
+def test_log_shows_the_newest_rows_unless_asked_for_more(capsys: pytest.CaptureFixture[str],
+                                                         log: Path) -> None:
+    with AuditSink(log, durable=False) as sink:
+        for i in range(60):
+            sink.write({"phase": "call", "caller": f"c{i}"})
+
+    _, out, err = run(capsys, "audit", "log", "--audit-log", str(log))
+    assert table_seqs(out) == list(range(11, 61)) and "--last 0 shows all" in err
+    _, out, err = run(capsys, "audit", "log", "--audit-log", str(log), "--last", "0")
+    assert table_seqs(out) == list(range(1, 61)) and err == ""
+    _, out, _ = run(capsys, "audit", "log", "--audit-log", str(log), "--since", "1d")
+    assert len(table_seqs(out)) == 60
+
+
+def test_log_table_shows_what_happened(capsys: pytest.CaptureFixture[str], log: Path,
+                                       history: list[dict[str, Any]]) -> None:
+    _, out, _ = run(capsys, "audit", "log", "--audit-log", str(log))
+    lines = out.splitlines()
+    assert "rule=protect-prod; vm is protected" in lines[3]
+    assert "ok; 812ms" in lines[4]
+    assert "proposal=p-1" in lines[2]
+    assert "\x1b" not in out and "evil?[31m" in lines[5]
+
+
+def test_log_json_prints_the_rows(capsys: pytest.CaptureFixture[str], log: Path,
+                                  history: list[dict[str, Any]]) -> None:
+    code, out, _ = run(capsys, "audit", "log", "--audit-log", str(log), "--json", "--caller", "bot")
+    assert code == 0
+    assert [json.loads(line) for line in out.splitlines()] == [history[2]]
+
+
+def test_log_with_no_match_says_so(capsys: pytest.CaptureFixture[str], log: Path,
+                                   history: list[dict[str, Any]]) -> None:
+    code, out, err = run(capsys, "audit", "log", "--audit-log", str(log), "--target", "nowhere")
+    assert (code, out) == (0, "") and "no matching rows" in err
+
+
+def test_log_rejects_an_unreadable_time(capsys: pytest.CaptureFixture[str], log: Path) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "log", "--audit-log", str(log), "--since", "yesterday"])
+    assert exited.value.code == 2
+    assert "neither an ISO-8601 time" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("30s", NOW - timedelta(seconds=30)), ("15m", NOW - timedelta(minutes=15)),
+    ("2h", NOW - timedelta(hours=2)), ("2d", NOW - timedelta(days=2)), ("1w", NOW - timedelta(weeks=1)),
+    ("2026-03-28", datetime(2026, 3, 28, tzinfo=UTC)),
+    ("2026-03-28T14:00:00Z", datetime(2026, 3, 28, 14, tzinfo=UTC)),
+    ("2026-03-28T14:00:00+02:00", datetime(2026, 3, 28, 12, tzinfo=UTC)),
+])
+def test_parse_when(text: str, expected: datetime) -> None:
+    assert parse_when(text, now=NOW) == expected
+
+
+# -- stats --------------------------------------------------------------------------------------------
+
+def test_stats_text_and_json(capsys: pytest.CaptureFixture[str], log: Path,
+                             history: list[dict[str, Any]]) -> None:
+    code, out, _ = run(capsys, "audit", "stats", "--audit-log", str(log))
+    assert code == 0 and out.startswith("6 rows\n")
+    assert "tool:\n  delete_vm  3\n  list_vms   1\n  power_on   1" in out
+
+    code, out, _ = run(capsys, "audit", "stats", "--audit-log", str(log), "--since", "1h", "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["rows"] == 3
+    assert summary["by_phase"] == {"executed": 1, "failed": 1, "token_created": 1}
+
+
+# -- verify -------------------------------------------------------------------------------------------
+
+def test_verify_an_intact_log(capsys: pytest.CaptureFixture[str], log: Path,
+                              history: list[dict[str, Any]]) -> None:
+    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log))
+    assert code == 0
+    assert out.startswith("OK: the audit chain is intact: 6 rows, seq 1..6, 1 file")
+
+
+def test_verify_names_the_first_broken_line(capsys: pytest.CaptureFixture[str], log: Path,
+                                            history: list[dict[str, Any]]) -> None:
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[3] = lines[3].replace(b'"vc1"', b'"vc3"')
+    log.write_bytes(b"".join(lines))
+
+    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log))
+
+    assert code == 1
+    assert out.startswith("BROKEN:") and "tampered" in out
+    assert f"first broken line: {log}:4: hash_mismatch" in out
+
+
+def test_verify_calls_a_torn_last_line_torn(capsys: pytest.CaptureFixture[str], log: Path,
+                                            history: list[dict[str, Any]]) -> None:
+    log.write_bytes(log.read_bytes()[:-25])
+
+    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log))
+
+    assert code == 1
+    assert out.startswith("TORN: the last line is incomplete") and f"{log}:6" in out
+    assert "not tampering" in out and "BROKEN" not in out
+
+
+def test_verify_of_a_missing_log_fails(capsys: pytest.CaptureFixture[str], log: Path) -> None:
+    code, out, err = run(capsys, "audit", "verify", "--audit-log", str(log))
+    assert (code, out) == (1, "") and f"no audit log at {log}" in err
+
+
+def test_the_log_path_comes_from_the_environment(capsys: pytest.CaptureFixture[str], log: Path,
+                                                 history: list[dict[str, Any]],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_AUDIT_LOG", str(log))
+    code, out, _ = run(capsys, "audit", "log", "--json", "--last", "1")
+    assert code == 0 and json.loads(out)["seq"] == 6
+    assert read_rows(log, last=1)[0]["seq"] == 6
+
+
+def test_an_unreadable_log_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: Path) -> None:
+    (tmp_path / "audit.jsonl").mkdir()
+    code, _, err = run(capsys, "audit", "verify", "--audit-log", str(tmp_path / "audit.jsonl"))
+    assert code == 1 and "cannot read the audit log" in err

@@ -1,0 +1,184 @@
+"""``gateway token`` and ``gateway roles`` through gateway.cli.main, on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway import cli
+from gateway.auth.tokens import TokenAuthenticator, create_token
+from gateway.cli import main
+from gateway.guard import audit
+from gateway.store import SqliteStore
+
+TOKEN_RE = re.compile(r"gwt_[a-z0-9]{12}_[A-Za-z0-9_-]{43}")
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("GATEWAY_HOME", "GATEWAY_ROLES_FILE", "GATEWAY_AUDIT_LOG", "GATEWAY_TARGETS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    # only the command groups under test: the others' imports must not decide these tests
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("token", "roles"))
+    return tmp_path / "home"
+
+
+def run(home: Path, *argv: str) -> int:
+    return main([*argv, "--home", str(home)])
+
+
+def create(home: Path, capsys: pytest.CaptureFixture[str], name: str = "ci", role: str = "reader",
+           *extra: str) -> str:
+    capsys.readouterr()
+    assert run(home, "token", "create", name, "--role", role, *extra) == 0
+    return capsys.readouterr().out
+
+
+def audit_rows(home: Path) -> list[dict[str, object]]:
+    path = home / "audit.jsonl"
+    assert audit.verify(path).ok
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def write_roles(home: Path, roles: dict[str, object]) -> None:
+    home.mkdir(mode=0o700, exist_ok=True)
+    path = home / "roles.yaml"
+    path.write_text(yaml.safe_dump({"roles": roles}))
+    os.chmod(path, 0o600)
+
+
+OPS = {"tools": "read", "allow_write": ["power_on_vm"], "allow_destructive": [], "targets": ["lab-*"],
+       "approve": "none"}
+
+
+def test_create_prints_only_the_token_and_it_verifies(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = create(home, capsys, "ci", "reader", "--expires-in", "30d")
+    assert TOKEN_RE.fullmatch(out.rstrip("\n")) and out.count("\n") == 1
+    with SqliteStore(home / "state.db") as store:
+        principal = TokenAuthenticator(store).verify(out.strip())
+        rec = store.token_by_name("ci")
+    assert principal is not None and (principal.name, principal.role) == ("ci", "reader")
+    assert rec is not None and rec.expires_at is not None
+    assert rec.expires_at - rec.created_at == 30 * 86400
+    (row,) = audit_rows(home)
+    assert row["phase"] == "token_created" and row["surface"] == "cli"
+    assert str(row["caller"]).startswith("cli:") and row["token_name"] == "ci" and row["role"] == "reader"
+    secret = out.strip()[17:]  # after "gwt_<id>_"
+    assert secret not in (home / "audit.jsonl").read_text()
+
+
+def test_create_refuses_an_unknown_role(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(home, "token", "create", "ci", "--role", "superuser") == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "invalid_argument" in captured.err and "'superuser' is not a defined role" in captured.err
+    assert "reader" in captured.err and "admin" in captured.err
+    with SqliteStore(home / "state.db") as store:
+        assert store.list_tokens() == []
+
+
+def test_create_accepts_a_custom_role_and_explains_a_broken_file(home: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    write_roles(home, {"vm-operator": OPS})
+    assert TOKEN_RE.fullmatch(create(home, capsys, "lab", "vm-operator").strip())
+    write_roles(home, {"vm-operator": {**OPS, "approve": "sometimes"}})
+    assert run(home, "token", "create", "lab2", "--role", "vm-operator") == 1
+    assert "roles.yaml is broken" in capsys.readouterr().err
+
+
+def test_create_refuses_a_duplicate_name_and_a_bad_lifetime(home: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    create(home, capsys)
+    assert run(home, "token", "create", "ci", "--role", "admin") == 1
+    assert "already exists" in capsys.readouterr().err
+    assert run(home, "token", "create", "other", "--role", "admin", "--expires-in", "forever") == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "30d" in captured.err
+
+
+def test_list_never_shows_a_secret_or_hash(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tokens = [create(home, capsys, "ci", "reader").strip(),
+              create(home, capsys, "ops", "admin", "--expires-in", "1h").strip()]
+    assert run(home, "token", "list") == 0
+    table = capsys.readouterr().out
+    assert run(home, "token", "list", "--json") == 0
+    lines = capsys.readouterr().out
+    for text in (table, lines):
+        assert "ci" in text and "ops" in text and "admin" in text
+        assert "$argon2" not in text
+        for token in tokens:
+            assert token[17:] not in text
+    rows = [json.loads(line) for line in lines.splitlines()]
+    assert [r["name"] for r in rows] == ["ci", "ops"]
+    assert {r["state"] for r in rows} == {"active"}
+    assert rows[0]["expires"] is None and rows[1]["expires"] is not None
+    assert all("hash" not in r for r in rows)
+
+
+def test_revoke_applies_to_a_running_verifier(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = create(home, capsys).strip()
+    with SqliteStore(home / "state.db") as store:
+        verifier = TokenAuthenticator(store)
+        assert verifier.verify(token) is not None
+        assert run(home, "token", "revoke", "ci") == 0
+        assert verifier.verify(token) is None
+    assert "revoked" in capsys.readouterr().out
+    assert run(home, "token", "revoke", "ci") == 0  # idempotent, no second audit row
+    assert "already revoked" in capsys.readouterr().out
+    assert run(home, "token", "list", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "revoked"
+    assert [r["phase"] for r in audit_rows(home)] == ["token_created", "token_revoked"]
+    assert run(home, "token", "revoke", "ghost") == 1
+    assert "not_found" in capsys.readouterr().err
+
+
+def test_set_role(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = create(home, capsys).strip()
+    with SqliteStore(home / "state.db") as store:
+        verifier = TokenAuthenticator(store)
+        assert verifier.verify(token).role == "reader"  # type: ignore[union-attr]
+        assert run(home, "token", "set-role", "ci", "admin") == 0
+        assert verifier.verify(token).role == "admin"  # type: ignore[union-attr]
+    assert run(home, "token", "set-role", "ci", "nobody") == 1
+    assert "not a defined role" in capsys.readouterr().err
+    rows = audit_rows(home)
+    assert rows[-1]["phase"] == "token_role_changed"
+    assert (rows[-1]["role"], rows[-1]["old_role"]) == ("admin", "reader")
+    run(home, "token", "revoke", "ci")
+    assert run(home, "token", "set-role", "ci", "reader") == 1
+
+
+def test_roles_check(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(home, "roles", "check") == 0
+    assert "built-in roles only" in capsys.readouterr().out
+    write_roles(home, {"vm-operator": OPS})
+    create(home, capsys, "lab", "vm-operator")
+    assert run(home, "roles", "check") == 0
+    assert "1 custom role" in capsys.readouterr().out
+    with SqliteStore(home / "state.db") as store:
+        create_token(store, "orphan", "ghost-role", expires_in=None, now=time.time())
+    assert run(home, "roles", "check") == 1
+    out = capsys.readouterr().out
+    assert "'orphan'" in out and "'ghost-role'" in out and "'lab'" not in out
+    write_roles(home, {"vm-operator": {**OPS, "colour": "red"}})
+    assert run(home, "roles", "check") == 1
+    assert "unknown key 'colour'" in capsys.readouterr().out
+
+
+def test_roles_list(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_roles(home, {"vm-operator": OPS})
+    assert run(home, "roles", "list", "--json") == 0
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert set(rows) == {"reader", "admin", "vm-operator"}
+    assert rows["reader"]["source"] == "built-in"
+    assert rows["vm-operator"]["allow_write"] == ["power_on_vm"]
+    assert rows["vm-operator"]["targets"] == ["lab-*"]
+    assert run(home, "roles", "list") == 0
+    text = capsys.readouterr().out
+    assert "vm-operator" in text and "allow_write: power_on_vm" in text

@@ -1,0 +1,528 @@
+"""Inventory reads and resolution: the reply decoder and filters on plain values, the rest against the
+simulator over real SOAP (sweeps, request counts, resolution, list and detail reads)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pyVim.connect import Disconnect
+from pyVmomi import vim
+from simulator import Simulator, credential_prefix, find_vm, pyvmomi_connect, read_properties, wait_until
+
+from gateway import errors
+from gateway.config import Credentials, Target
+from gateway.vsphere import inventory as inv
+from gateway.vsphere.inventory import ObjectProps, Page, VmQuery
+from gateway.vsphere.pool import SessionPool, VSphereSession
+
+MakeSimulator = Callable[..., Simulator]
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+def open_pool(name: str, sim: Simulator) -> SessionPool:
+    target = Target(name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name),
+                    insecure=True)
+    return SessionPool(target, Credentials(sim.user, sim.password))
+
+
+@pytest.fixture(scope="module")
+def vc1(sim_vc1: Simulator) -> Iterator[SessionPool]:
+    pool = open_pool("vc1", sim_vc1)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def esx(sim_esx: Simulator) -> Iterator[SessionPool]:
+    pool = open_pool("esx", sim_esx)
+    yield pool
+    pool.close()
+
+
+class RequestLog:
+    """A pyVmomi request modifier that records the SOAP method of every request the stub sends."""
+
+    _METHOD = re.compile(rb"<soapenv:Body>\s*<(\w+)")
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def __call__(self, request: bytes) -> bytes:
+        match = self._METHOD.search(request)
+        self.methods.append(match.group(1).decode() if match else "?")
+        return request
+
+
+def logged(pool: SessionPool, fn: Callable[[VSphereSession], Any]) -> tuple[Any, list[str]]:
+    """Run ``fn`` in the pool and return its result with the SOAP methods it sent."""
+    def run(session: VSphereSession) -> tuple[Any, list[str]]:
+        log = RequestLog()
+        modifiers = session.si._stub.requestModifierList
+        modifiers.append(log)
+        try:
+            return fn(session), log.methods
+        finally:
+            modifiers.remove(log)
+    result: tuple[Any, list[str]] = pool.run(run)
+    return result
+
+
+def wait_task(si: Any, task: Any) -> None:
+    wait_until(lambda: read_properties(si, task, "info.state").get("info.state") in ("success", "error"),
+               what="task to finish")
+    assert read_properties(si, task, "info.state")["info.state"] == "success"
+
+
+# --------------------------------------------------------------------------------------------------
+# the reply decoder (plain values)
+
+_ENVELOPE = (
+    '<?xml version="1.0" encoding="UTF-8"?><soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/'
+    'envelope/" xmlns:xsd="http://www.w3.org/2001/XMLSchema" xmlns:xsi="http://www.w3.org/2001/XMLSchema-'
+    'instance"><soapenv:Body>{body}</soapenv:Body></soapenv:Envelope>'
+)
+
+
+def reply(body: str) -> bytes:
+    return _ENVELOPE.format(body=body).encode()
+
+
+def test_decoder_reads_scalars_references_arrays_and_missing_paths() -> None:
+    body = (
+        '<RetrievePropertiesExResponse xmlns="urn:vim25"><returnval><token>page-2</token><objects>'
+        '<obj type="VirtualMachine">vm-7</obj>'
+        '<propSet><name>name</name><val xsi:type="xsd:string">web &amp; db</val></propSet>'
+        '<propSet><name>config.hardware.numCPU</name><val xsi:type="xsd:int">4</val></propSet>'
+        '<propSet><name>summary.storage.committed</name><val xsi:type="xsd:long">123456789012</val></propSet>'
+        '<propSet><name>config.template</name><val xsi:type="xsd:boolean">false</val></propSet>'
+        '<propSet><name>config.createDate</name><val xsi:type="xsd:dateTime">2024-05-01T10:00:00.123456789Z'
+        '</val></propSet>'
+        '<propSet><name>runtime.powerState</name><val xsi:type="VirtualMachinePowerState">poweredOff</val>'
+        '</propSet>'
+        '<propSet><name>runtime.host</name><val type="HostSystem" xsi:type="ManagedObjectReference">host-9'
+        '</val></propSet>'
+        '<propSet><name>datastore</name><val xsi:type="ArrayOfManagedObjectReference">'
+        '<ManagedObjectReference type="Datastore">datastore-1</ManagedObjectReference>'
+        '<ManagedObjectReference type="Datastore">datastore-2</ManagedObjectReference></val></propSet>'
+        '<propSet><name>guest.ipAddress</name><val xsi:type="xsd:string"></val></propSet>'
+        '<missingSet><path>guest.customizationInfo</path><fault xsi:type="InvalidProperty"><name>x</name>'
+        '</fault></missingSet></objects></returnval></RetrievePropertiesExResponse>'
+    )
+    page = inv.parse_retrieve_result(reply(body))
+    assert page.token == "page-2"
+    [vm] = page.objects
+    assert (vm.type, vm.moid, vm.missing) == ("VirtualMachine", "vm-7", ("guest.customizationInfo",))
+    assert vm.props == {
+        "name": "web & db", "config.hardware.numCPU": 4, "summary.storage.committed": 123456789012,
+        "config.template": False, "config.createDate": datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC),
+        "runtime.powerState": "poweredOff", "runtime.host": "host-9",
+        "datastore": ["datastore-1", "datastore-2"], "guest.ipAddress": "",
+    }
+
+
+def test_decoder_answers_empty_replies_and_refuses_data_objects() -> None:
+    empty = reply('<RetrievePropertiesExResponse xmlns="urn:vim25"/>')
+    assert inv.parse_retrieve_result(empty) == Page([], None)
+    complex_value = (
+        '<RetrievePropertiesExResponse xmlns="urn:vim25"><returnval><objects>'
+        '<obj type="VirtualMachine">vm-1</obj><propSet><name>summary</name>'
+        '<val xsi:type="VirtualMachineSummary"><overallStatus>green</overallStatus></val></propSet>'
+        '</objects></returnval></RetrievePropertiesExResponse>'
+    )
+    with pytest.raises(inv.ComplexValueError, match="summary"):
+        inv.parse_retrieve_result(reply(complex_value))
+
+
+def obj(moid: str, **props: Any) -> ObjectProps:
+    return ObjectProps("VirtualMachine", moid, props)
+
+
+def test_collect_pages_follows_every_token() -> None:
+    pages = {"t1": Page([obj("vm-2")], "t2"), "t2": Page([obj("vm-3")], None)}
+    asked: list[str] = []
+
+    def more(token: str) -> Page:
+        asked.append(token)
+        return pages[token]
+
+    result = inv.collect_pages(Page([obj("vm-1")], "t1"), more, lambda _t: pytest.fail("nothing to cancel"))
+    assert [o.moid for o in result] == ["vm-1", "vm-2", "vm-3"]
+    assert asked == ["t1", "t2"]
+
+
+def test_collect_pages_cancels_the_outstanding_token_when_a_page_fails() -> None:
+    cancelled: list[str] = []
+
+    def more(token: str) -> Page:
+        raise OSError("connection dropped")
+
+    with pytest.raises(OSError):
+        inv.collect_pages(Page([obj("vm-1")], "t1"), more, cancelled.append)
+    assert cancelled == ["t1"]
+
+
+# --------------------------------------------------------------------------------------------------
+# folder paths and list_vms filters (plain values)
+
+
+def test_folder_tree_builds_paths_below_the_root() -> None:
+    objects = [
+        ObjectProps("Folder", "group-d1", {"name": "Datacenters"}),
+        ObjectProps("Datacenter", "dc-1", {"name": "DC0", "parent": "group-d1"}),
+        ObjectProps("Folder", "f-vm", {"name": "vm", "parent": "dc-1"}),
+        ObjectProps("Folder", "f-prod", {"name": "prod", "parent": "f-vm"}),
+    ]
+    tree = inv.FolderTree.from_objects(objects, "group-d1")
+    assert tree.path("f-prod") == "/DC0/vm/prod"
+    assert tree.path("f-vm") == "/DC0/vm"
+    assert tree.path("vapp-1") is None
+    assert tree.datacenter("f-prod", {"dc-1"}) == "DC0"
+
+
+@pytest.mark.parametrize(("path", "wanted", "expected"), [
+    ("/DC0/vm/prod", "/DC0/vm/prod", True),
+    ("/DC0/vm/prod/web", "/DC0/vm/prod", True),
+    ("/DC0/vm/production", "/DC0/vm/prod", False),
+    ("/DC0/vm/prod", "DC0/vm/prod/", True),
+    ("/DC0/vm/prod", "prod", True),
+    ("/DC0/vm/prod/web", "prod", False),
+    (None, "prod", False),
+])
+def test_folder_filter_takes_paths_or_names(path: str | None, wanted: str, expected: bool) -> None:
+    assert inv.folder_matches(path, wanted) is expected
+
+
+def _vm(moid: str, name: str, created: datetime | None, power: str = "poweredOn") -> ObjectProps:
+    props: dict[str, Any] = {"name": name, "runtime.powerState": power, "runtime.host": "host-1"}
+    if created is not None:
+        props["config.createDate"] = created
+    return obj(moid, **props)
+
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+SWEPT = [
+    _vm("vm-1", "web-1", T0),
+    _vm("vm-2", "web-2", T0 + timedelta(days=10), power="poweredOff"),
+    _vm("vm-3", "db-1", None),
+    ObjectProps("HostSystem", "host-1", {"name": "esx-a"}),
+]
+
+
+@pytest.mark.parametrize(("query", "names"), [
+    (VmQuery(), ["db-1", "web-1", "web-2"]),
+    (VmQuery(name="web-1"), ["web-1"]),
+    (VmQuery(regex=re.compile("^web")), ["web-1", "web-2"]),
+    (VmQuery(power_state="poweredOff"), ["web-2"]),
+    (VmQuery(created_after=T0 + timedelta(days=1)), ["web-2"]),
+    (VmQuery(created_before=T0 + timedelta(days=1)), ["web-1"]),
+    (VmQuery(created_after=T0 - timedelta(days=1), created_before=T0 + timedelta(days=11)),
+     ["web-1", "web-2"]),
+    (VmQuery(regex=re.compile("web"), power_state="poweredOn"), ["web-1"]),
+])
+def test_vm_filters_combine(query: VmQuery, names: list[str]) -> None:
+    result = inv.vm_rows(SWEPT, query, "group-d1")
+    assert [row["name"] for row in result["vms"]] == names
+    assert result["count"] == len(names)
+
+
+def test_vm_rows_shape_columns_limit_and_undated_vms() -> None:
+    result = inv.vm_rows(SWEPT, VmQuery(fields=("name", "host", "created_at"), limit=1,
+                                        created_before=T0 + timedelta(days=30)), "group-d1")
+    assert result == {"count": 2, "truncated": True, "without_created_at": 1,
+                      "vms": [{"name": "web-1", "host": "esx-a", "created_at": "2025-01-01T00:00:00+00:00"}]}
+    with pytest.raises(errors.InvalidArgument, match="colour"):
+        inv.vm_rows(SWEPT, VmQuery(fields=("name", "colour")), "group-d1")
+
+
+# --------------------------------------------------------------------------------------------------
+# sweeps against the simulator
+
+
+def test_list_vms_rows_agree_with_the_simulator(vc1: SessionPool, sim_vc1: Simulator) -> None:
+    result = vc1.run(lambda s: inv.list_vms(s, VmQuery()))
+    truth = {vm["moid"]: vm for vm in sim_vc1.inventory()["vms"]}
+    assert result["count"] == len(truth) == 4
+    for row in result["vms"]:
+        assert set(row) == set(inv.DEFAULT_VM_FIELDS)
+        known = truth[row["moid"]]
+        assert (row["name"], row["power_state"], row["connection_state"]) == (
+            known["name"], known["power_state"], known["connection_state"])
+        assert row["host"] in {h["name"] for h in sim_vc1.inventory()["hosts"]}
+        assert row["cpu"] >= 1 and row["memory_mb"] >= 1
+    assert [r["name"] for r in result["vms"]] == sorted(r["name"] for r in result["vms"])
+
+
+@pytest.mark.parametrize("pool_name", ["vc1", "esx"])
+def test_fast_decoder_and_pyvmomi_decoder_agree(pool_name: str, request: pytest.FixtureRequest) -> None:
+    pool: SessionPool = request.getfixturevalue(pool_name)
+    everything = VmQuery(fields=tuple(inv.VM_COLUMNS))
+    fast = pool.run(lambda s: inv.list_vms(s, everything))
+    slow = pool.run(lambda s: inv.list_vms(s, everything, fast=False))
+    assert fast == slow
+    assert fast["count"] == 4 if pool_name == "vc1" else 2
+
+
+def test_fast_path_raises_the_targets_own_fault(vc1: SessionPool) -> None:
+    def read_gone_vm(session: VSphereSession, fast: bool) -> Any:
+        gone = inv.managed_object(session, vim.VirtualMachine, "vm-999999")
+        return inv.retrieve(session, inv.object_spec(gone, {vim.VirtualMachine: ("name",)}), fast=fast)
+
+    for fast in (True, False):
+        with pytest.raises(errors.NotFound, match="ManagedObjectNotFound"):
+            vc1.run(functools.partial(read_gone_vm, fast=fast))
+
+
+def test_list_vms_costs_the_same_requests_for_10_and_300_vms(make_simulator: MakeSimulator) -> None:
+    observed = {}
+    for count in (10, 300):
+        sim = make_simulator(clusters=1, hosts_per_cluster=2, standalone_hosts=0, vms=count)
+        pool = open_pool(f"vc{count}", sim)
+        try:
+            query = VmQuery(fields=tuple(inv.VM_COLUMNS), regex=re.compile("VM"))
+            result, methods = logged(pool, functools.partial(inv.list_vms, query=query))
+        finally:
+            pool.close()
+        assert result["count"] == count
+        observed[count] = methods
+    assert observed[10] == observed[300]
+    assert observed[10] == ["CreateContainerView", "RetrievePropertiesEx", "DestroyView"]
+
+
+# --------------------------------------------------------------------------------------------------
+# resolution
+
+
+def test_resolve_vm_by_name_and_by_moid_gives_the_same_facts(vc1: SessionPool) -> None:
+    by_name = vc1.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM0"))
+    by_moid = vc1.run(lambda s: inv.resolve_vm(s, by_name.moid))
+    assert by_name == by_moid
+    assert (by_name.folder, by_name.datacenter, by_name.cluster, by_name.resource_pool) == (
+        "/DC0/vm", "DC0", "DC0_C0", "Resources")
+    assert by_name.host in ("DC0_C0_H0", "DC0_C0_H1")
+    assert (by_name.power_state, by_name.connection_state) == ("poweredOn", "connected")
+    standalone = vc1.run(lambda s: inv.resolve_vm(s, "DC0_H0_VM1"))
+    assert (standalone.host, standalone.cluster) == ("DC0_H0", None)
+
+
+def test_resolve_vm_costs_one_sweep_and_one_facts_read(vc1: SessionPool) -> None:
+    _ref, methods = logged(vc1, lambda s: inv.resolve_vm(s, "DC0_H0_VM0"))
+    assert methods == ["CreateContainerView", "RetrievePropertiesEx", "DestroyView", "RetrievePropertiesEx"]
+
+
+def test_unknown_vm_names_the_target_and_the_list_tool(vc1: SessionPool) -> None:
+    with pytest.raises(errors.NotFound) as caught:
+        vc1.run(lambda s: inv.resolve_vm(s, "dc0_c0_rp0_vm0"))
+    assert "'vc1'" in caught.value.message and "list_vms" in caught.value.message
+    assert caught.value.code == "not_found"
+
+
+def test_resolve_on_esx(esx: SessionPool) -> None:
+    vm = esx.run(lambda s: inv.resolve_vm(s, "ha-host_VM0"))
+    assert (vm.folder, vm.datacenter, vm.resource_pool, vm.cluster) == (
+        "/ha-datacenter/vm", "ha-datacenter", "Resources", None)
+    host = esx.run(lambda s: inv.resolve_host(s, "ha-host"))
+    assert host.name == vm.host and host.cluster is None
+    pool = esx.run(lambda s: inv.resolve_pool(s, "Resources"))
+    assert pool.owner_moid == "ha-compute-res"
+
+
+def test_resolvers_for_hosts_datastores_networks_pools_folders(vc1: SessionPool) -> None:
+    host = vc1.run(lambda s: inv.resolve_host(s, "DC0_C0_H1"))
+    assert (host.cluster, host.connection_state, host.in_maintenance) == ("DC0_C0", "connected", False)
+    assert vc1.run(lambda s: inv.resolve_host(s, host.moid)) == host
+    ds = vc1.run(lambda s: inv.resolve_datastore(s, "LocalDS_1"))
+    assert ds.accessible is True and ds.capacity_bytes and ds.free_bytes
+    assert vc1.run(lambda s: inv.resolve_datastore(s, ds.moid)).name == "LocalDS_1"
+    net = vc1.run(lambda s: inv.resolve_network(s, "DC0_DVPG0"))
+    assert net.type == "dvs.DistributedVirtualPortgroup"
+    assert vc1.run(lambda s: inv.resolve_network(s, "VM Network")).type == "Network"
+    with pytest.raises(errors.Ambiguous) as caught:
+        vc1.run(lambda s: inv.resolve_pool(s, "Resources"))
+    assert len(caught.value.details["candidates"]) == 2
+    pool = vc1.run(lambda s: inv.resolve_pool(s, "DC0_C0/Resources"))
+    assert pool.owner == "DC0_C0" and pool.moid in caught.value.details["candidates"]
+    folder = vc1.run(lambda s: inv.resolve_folder(s, "/DC0/vm"))
+    assert folder.name == "vm" and "VirtualMachine" in folder.child_types
+    assert vc1.run(lambda s: inv.resolve_folder(s, "DC0/vm")) == folder
+    assert vc1.run(lambda s: inv.resolve_folder(s, "vm")) == folder
+    assert vc1.run(lambda s: inv.resolve_cluster(s, "DC0_C0")).name == "DC0_C0"
+
+
+def test_duplicate_names_are_ambiguous_until_named_by_moid(make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=1)
+    si = pyvmomi_connect(sim)
+    try:
+        vm = find_vm(si, "DC0_C0_RP0_VM0")
+        spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec())  # type: ignore[no-untyped-call]
+        wait_task(si, vm.CloneVM_Task(folder=vm.parent, name="DC0_C0_RP0_VM0", spec=spec))
+    finally:
+        Disconnect(si)  # type: ignore[no-untyped-call]
+    pool = open_pool("dup", sim)
+    try:
+        moids = pool.run(lambda s: inv.find_vm_by_name(s, "DC0_C0_RP0_VM0"))
+        assert len(moids) == 2
+        with pytest.raises(errors.Ambiguous) as caught:
+            pool.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM0"))
+        assert caught.value.details["candidates"] == moids
+        assert all(m in caught.value.message for m in moids)
+        assert pool.run(lambda s: inv.resolve_vm(s, moids[1])).moid == moids[1]
+        listed = pool.run(lambda s: inv.list_vms(s, VmQuery(name="DC0_C0_RP0_VM0")))
+        assert [r["moid"] for r in listed["vms"]] == moids
+    finally:
+        pool.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# list_vms filters against the simulator
+
+
+def test_connection_state_filter_finds_orphaned_vms(make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=2)
+    sim.control("/vm/connection-state", {"vm": "DC0_C0_RP0_VM1", "state": "orphaned"})
+    pool = open_pool("orph", sim)
+    try:
+        orphaned = pool.run(lambda s: inv.list_vms(s, VmQuery(connection_state="orphaned")))
+        assert [(r["name"], r["connection_state"]) for r in orphaned["vms"]] == [
+            ("DC0_C0_RP0_VM1", "orphaned")]
+        connected = pool.run(lambda s: inv.list_vms(s, VmQuery(connection_state="connected")))
+        assert [r["name"] for r in connected["vms"]] == ["DC0_C0_RP0_VM0"]
+        assert pool.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM1")).connection_state == "orphaned"
+    finally:
+        pool.close()
+
+
+def test_creation_date_filters_judge_only_dated_vms(vc1: SessionPool) -> None:
+    # The simulator sets no config.createDate: every VM is undated, so no date filter may match one.
+    after = vc1.run(lambda s: inv.list_vms(s, VmQuery(created_after=datetime(2000, 1, 1, tzinfo=UTC))))
+    before = vc1.run(lambda s: inv.list_vms(s, VmQuery(created_before=datetime(2100, 1, 1, tzinfo=UTC))))
+    assert after == before == {"count": 0, "vms": [], "without_created_at": 4}
+    rows = vc1.run(lambda s: inv.list_vms(s, VmQuery()))["vms"]
+    assert {r["created_at"] for r in rows} == {None}
+
+
+def test_folder_and_pool_filters(make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=2, standalone_hosts=1)
+    si = pyvmomi_connect(sim)
+    try:
+        vm = find_vm(si, "DC0_H0_VM0")
+        prod = vm.parent.CreateFolder("prod")
+        wait_task(si, prod.MoveIntoFolder_Task([vm]))
+    finally:
+        Disconnect(si)  # type: ignore[no-untyped-call]
+    pool = open_pool("folders", sim)
+    try:
+        def names(query: VmQuery) -> list[str]:
+            return [r["name"] for r in pool.run(lambda s: inv.list_vms(s, query))["vms"]]
+
+        assert names(VmQuery(folder="/DC0/vm/prod")) == ["DC0_H0_VM0"]
+        assert names(VmQuery(folder="prod")) == ["DC0_H0_VM0"]
+        assert len(names(VmQuery(folder="/DC0/vm"))) == 4
+        assert "DC0_H0_VM0" not in names(VmQuery(folder="vm"))
+        assert pool.run(lambda s: inv.resolve_vm(s, "DC0_H0_VM0")).folder == "/DC0/vm/prod"
+        cluster_pool = pool.run(lambda s: inv.resolve_pool(s, "DC0_C0/Resources"))
+        assert names(VmQuery(resource_pool=cluster_pool.moid)) == ["DC0_C0_RP0_VM0", "DC0_C0_RP0_VM1"]
+        assert len(names(VmQuery(resource_pool="Resources"))) == 4
+        query = VmQuery(name="DC0_H0_VM0", fields=("folder", "resource_pool"))
+        row = pool.run(lambda s: inv.list_vms(s, query))
+        assert row["vms"] == [{"folder": "/DC0/vm/prod", "resource_pool": "Resources"}]
+    finally:
+        pool.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# hosts, clusters, datastores, details, snapshots
+
+
+def test_list_hosts_clusters_datastores(vc1: SessionPool, sim_vc1: Simulator) -> None:
+    hosts = vc1.run(lambda s: inv.list_hosts(s))
+    known = sorted(h["name"] for h in sim_vc1.inventory()["hosts"])
+    assert sorted(h["name"] for h in hosts["hosts"]) == known
+    assert sum(h["vm_count"] for h in hosts["hosts"]) == 4
+    in_cluster = vc1.run(lambda s: inv.list_hosts(s, "DC0_C0"))
+    assert {h["cluster"] for h in in_cluster["hosts"]} == {"DC0_C0"} and in_cluster["count"] == 2
+    with pytest.raises(errors.NotFound, match="list_clusters"):
+        vc1.run(lambda s: inv.list_hosts(s, "nope"))
+    clusters = vc1.run(lambda s: inv.list_clusters(s))
+    [cluster] = clusters["clusters"]
+    assert (cluster["name"], cluster["datacenter"], cluster["host_count"]) == ("DC0_C0", "DC0", 2)
+    assert cluster["drs_enabled"] is True
+    datastores = vc1.run(lambda s: inv.list_datastores(s))
+    assert [d["name"] for d in datastores["datastores"]] == ["LocalDS_0", "LocalDS_1"]
+    assert all(d["accessible"] and d["capacity_mb"] > d["free_mb"] > 0 for d in datastores["datastores"])
+
+
+def test_details_of_vm_host_cluster_datastore(vc1: SessionPool) -> None:
+    vm = vc1.run(lambda s: inv.get_vm_details(s, "DC0_C0_RP0_VM0"))
+    assert (vm["name"], vm["cluster"], vm["folder"]) == ("DC0_C0_RP0_VM0", "DC0_C0", "/DC0/vm")
+    assert vm["disks"] and vm["disks"][0]["file"].startswith("[LocalDS_0]")
+    assert vm["nics"] and vm["nics"][0]["network"] == "DC0_DVPG0"
+    assert vm["datastores"] == ["LocalDS_0"] and vm["current_snapshot"] is None
+    host = vc1.run(lambda s: inv.get_host_details(s, "DC0_H0"))
+    assert host["vms"] == ["DC0_H0_VM0", "DC0_H0_VM1"] and host["cluster"] is None
+    assert "LocalDS_0" in host["datastores"] and host["product"].startswith("VMware ESXi")
+    cluster = vc1.run(lambda s: inv.get_cluster_details(s, "DC0_C0"))
+    assert [h["name"] for h in cluster["hosts"]] == ["DC0_C0_H0", "DC0_C0_H1"]
+    assert [p["name"] for p in cluster["resource_pools"]] == ["Resources"]
+    ds = vc1.run(lambda s: inv.get_datastore_details(s, "LocalDS_0"))
+    assert ds["vms"] == ["DC0_C0_RP0_VM0", "DC0_C0_RP0_VM1", "DC0_H0_VM0", "DC0_H0_VM1"]
+    assert ds["hosts"] and all(m["mounted"] for m in ds["hosts"])
+
+
+def test_details_on_esx(esx: SessionPool) -> None:
+    vm = esx.run(lambda s: inv.get_vm_details(s, "ha-host_VM1"))
+    assert vm["host"] == esx.run(lambda s: inv.list_hosts(s))["hosts"][0]["name"]
+    assert esx.run(lambda s: inv.list_clusters(s)) == {"clusters": [], "count": 0}
+    assert esx.run(lambda s: inv.get_host_details(s, "ha-host"))["vms"] == ["ha-host_VM0", "ha-host_VM1"]
+
+
+def test_snapshot_tree_is_flattened_with_parents_and_current(make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=2)
+    si = pyvmomi_connect(sim)
+    try:
+        vm = find_vm(si, "DC0_C0_RP0_VM0")
+        wait_task(si, vm.CreateSnapshot_Task("base", "before patching", False, False))
+        wait_task(si, vm.CreateSnapshot_Task("patched", "", False, False))
+    finally:
+        Disconnect(si)  # type: ignore[no-untyped-call]
+    pool = open_pool("snaps", sim)
+    try:
+        result = pool.run(lambda s: inv.list_snapshots(s, "DC0_C0_RP0_VM0"))
+        without = pool.run(lambda s: inv.list_snapshots(s, "DC0_C0_RP0_VM1"))
+    finally:
+        pool.close()
+    base, patched = result["snapshots"]
+    assert (base["name"], base["description"], base["parent"], base["depth"]) == (
+        "base", "before patching", None, 0)
+    assert (patched["parent"], patched["depth"], patched["current"]) == (base["moid"], 1, True)
+    assert base["current"] is False and result["current"] == patched["moid"]
+    assert datetime.fromisoformat(base["created"]) <= datetime.fromisoformat(patched["created"])
+    assert without == {"vm": "DC0_C0_RP0_VM1", "vm_moid": without["vm_moid"], "snapshots": [], "count": 0,
+                       "current": None}
+
+
+# --------------------------------------------------------------------------------------------------
+# endpoint facts and privileges
+
+
+def test_about_and_privileges(vc1: SessionPool, esx: SessionPool, sim_vc1: Simulator) -> None:
+    about = vc1.run(inv.about)
+    assert about["instance_uuid"] == sim_vc1.instance_uuid and about["api_type"] == "VirtualCenter"
+    assert esx.run(inv.about)["instance_uuid"] is None
+    check = vc1.run(lambda s: inv.check_privileges(s, ["System.View", "VirtualMachine.Interact.PowerOn"]))
+    assert check == inv.PrivilegeCheck(
+        sim_vc1.user, {"System.View": True, "VirtualMachine.Interact.PowerOn": True})
+
+
+def test_sweep_reads_only_scalar_paths(vc1: SessionPool) -> None:
+    with pytest.raises(inv.ComplexValueError):
+        vc1.run(lambda s: inv.sweep(s, [inv.Query(vim.VirtualMachine, ("summary",))]))
+    with pytest.raises(inv.ComplexValueError):
+        vc1.run(lambda s: inv.sweep(s, [inv.Query(vim.VirtualMachine, ("summary",))], fast=False))

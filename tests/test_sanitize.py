@@ -1,0 +1,101 @@
+"""Text from vSphere made safe for a model: hidden characters escaped visibly, length bounded."""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from typing import Any
+
+import pytest
+
+from gateway.guard.sanitize import clean, clean_text
+
+HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+CASES = [
+    # id, input, expected
+    ("plain", "web-01 (prod)", "web-01 (prod)"),
+    ("newline-and-tab-kept", "line 1\n\tline 2", "line 1\n\tline 2"),
+    ("crlf-to-lf", "a\r\nb", "a\nb"),
+    ("lone-cr", "ok\rEVIL", "ok\\u000dEVIL"),
+    ("nul", "a\x00b", "a\\u0000b"),
+    ("ansi-escape", "\x1b[31mred", "\\u001b[31mred"),
+    ("del", "a\x7f", "a\\u007f"),
+    ("c1-control", "a\x85b", "a\\u0085b"),
+    ("bidi-override", "invoice\u202egnp.exe", "invoice\\u202egnp.exe"),
+    ("bidi-isolate", "\u2066x\u2069", "\\u2066x\\u2069"),
+    ("zero-width-space", "web\u200b1", "web\\u200b1"),
+    ("zero-width-joiner", "a\u200db", "a\\u200db"),
+    ("bom", "\ufeffname", "\\ufeffname"),
+    ("soft-hyphen", "pass\u00adword", "pass\\u00adword"),
+    ("tag-characters", "hi\U000e0041\U000e0042", "hi\\U000e0041\\U000e0042"),
+    ("line-separator", "a\u2028b\u2029c", "a\\u2028b\\u2029c"),
+    ("lone-surrogate", "a\ud800b", "a\\ud800b"),
+    ("single-variation-selector-kept", "\u2764\ufe0f", "\u2764\ufe0f"),
+    ("variation-selector-run", "a\ufe00\ufe01\ufe02", "a\ufe00\\ufe01\\ufe02"),
+    ("variation-selector-supplement", "a\U000e0100", "a\\U000e0100"),
+    ("unicode-kept-unnormalised", "Ü-日本-\uff57\uff45\uff42-\ufb01", "Ü-日本-\uff57\uff45\uff42-\ufb01"),
+    ("decomposed-kept", "e\u0301", "e\u0301"),
+    ("nbsp-kept", "a\u00a0b", "a\u00a0b"),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_clean_text(value: str, expected: str) -> None:
+    assert clean_text(value) == expected
+
+
+def test_distinct_names_stay_distinct() -> None:
+    assert clean_text("web\u200b1") != clean_text("web1")
+
+
+def test_printable_ascii_is_returned_as_is() -> None:
+    value = "".join(chr(c) for c in range(0x20, 0x7F)) * 3
+    assert clean_text(value) is value
+
+
+def test_no_hidden_character_survives() -> None:
+    every = "".join(chr(c) for c in range(sys.maxunicode + 1))
+    out = clean_text(every, max_len=20 * len(every))
+    assert not out.endswith("chars]")
+    survivors = {unicodedata.category(ch) for ch in out if ch not in "\n\t"}
+    assert not survivors & HIDDEN
+
+
+@pytest.mark.parametrize(("value", "max_len", "expected"), [
+    ("a" * 1024, 1024, "a" * 1024),
+    ("a" * 2000, 1024, "a" * (1024 - 24) + "…[truncated, 2000 chars]"),
+    ("abcdefghij", 4, "abc…"),
+    ("abcdefghij", 0, ""),
+    ("\x00" * 10, 20, "\\u0000\\u0000\\u0000\\…"),  # the escaped text is what is bounded
+])
+def test_length_is_bounded(value: str, max_len: int, expected: str) -> None:
+    out = clean_text(value, max_len)
+    assert out == expected and len(out) <= max_len
+
+
+def test_default_bound() -> None:
+    assert len(clean_text("x" * 100_000)) == 1024
+    assert clean_text("x" * 100_000).endswith("…[truncated, 100000 chars]")
+
+
+def test_clean_nested_structures() -> None:
+    value: Any = {
+        "name\u202e": ["web\u200b1", ("a\x00", 3), {"deep": "\U000e0041"}],
+        "count": 7, "on": True, "none": None, "ratio": 0.5,
+    }
+    assert clean(value) == {
+        "name\\u202e": ["web\\u200b1", ("a\\u0000", 3), {"deep": "\\U000e0041"}],
+        "count": 7, "on": True, "none": None, "ratio": 0.5,
+    }
+
+
+def test_clean_bounds_every_string() -> None:
+    out = clean({"k" * 50: ["v" * 50]}, max_len=10)
+    ((key, values),) = out.items()
+    assert len(key) == 10 and len(values[0]) == 10
+
+
+def test_clean_leaves_plain_rows_equal() -> None:
+    rows = [{"name": f"vm-{i}", "power_state": "poweredOn", "cpu": 2, "tags": ["a"]} for i in range(1000)]
+    assert clean(rows) == rows

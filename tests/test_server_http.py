@@ -1,0 +1,602 @@
+"""The HTTPS server for real: uvicorn on loopback with a generated certificate, the real gateway in
+front of a simulated vCenter, the SDK's client in both protocol revisions, and raw httpx2 requests
+for the edge cases a well-behaved client never sends. Two mechanisms that need a call to behave on
+cue (progress relay, an orderly stop around a call in progress) use a stand-in pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from argon2 import PasswordHasher
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from simulator import Simulator, wait_until, write_targets
+from starlette.applications import Starlette
+
+from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
+from gateway.cli import serve as serve_cli
+from gateway.cli import settings_from
+from gateway.config import Target
+from gateway.errors import ConfigError, InvalidArgument, NotFound
+from gateway.server.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge import EdgeConfig
+from gateway.server.mcp import ProgressSink
+from gateway.server.metrics import Metrics
+from gateway.server.pipeline import Gateway
+from gateway.server.tls import CertificatePaths, create_certificate, server_context
+from gateway.settings import Settings
+from gateway.store.sqlite import SqliteStore
+from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
+
+pytestmark = pytest.mark.anyio
+MODES = ("legacy", "2026-07-28")
+REPO = Path(__file__).resolve().parent.parent
+GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
+FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# ---------------------------------------------------------------------------- gateways
+
+
+READ = ToolSpec("list_vms", "List VMs.", Category.READ, Risk.LOW, params=(TARGETS,), target_mode="fanout")
+SLOW = ToolSpec("slow_read", "Waits for the test.", Category.READ, Risk.LOW, params=(TARGETS,))
+
+
+class _Role:
+    all_targets = True
+
+
+class StandInGateway:
+    """A pipeline whose one slow tool waits for the test, and which reports progress when asked."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.metrics = Metrics()
+        self.authenticator = TokenAuthenticator(store)
+        self.draining = False
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    @property
+    def scheduler(self) -> StandInGateway:
+        return self
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {"vc1": {"queued": 0, "running": 0, "slots": 2, "sessions": 0, "in_use": 0}}
+
+    def tools_for(self, principal: Principal) -> list[ToolSpec]:
+        return [READ, SLOW]
+
+    async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
+                   progress: ProgressSink | None = None, correlation_id: str | None = None) -> dict[str, Any]:
+        if name == "slow_read":
+            self.entered.set()
+            await anyio.to_thread.run_sync(self.release.wait, 30)
+        elif name != "list_vms":
+            raise NotFound(f"unknown tool '{name}'")
+        if progress is not None:
+            await progress(0.5, "halfway")
+        self.metrics.observe_call(name, "vc1", "ok", 0.01)
+        return {"caller": principal.name, "surface": principal.surface, "correlation_id": correlation_id,
+                "vms": ["vm-a", "vm-b"]}
+
+    def role_of(self, principal: Principal) -> _Role:
+        return _Role()
+
+    def visible_targets(self, role: Any) -> list[Target]:
+        return [Target("vc1", "vc1.example.com", "VC1")]
+
+    def readiness(self) -> list[str]:
+        return ["shutting down"] if self.draining else []
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- a running server
+
+
+ROLES = """roles:
+  vc1-reader: {tools: read, allow_write: [], allow_destructive: [], targets: [vc1], approve: none}
+"""
+
+
+def real_gateway(sim: Simulator, tmp: Path) -> Gateway:
+    env = write_targets(tmp / "targets.yaml", {"vc1": sim})
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    (home / "roles.yaml").write_text(ROLES)
+    (home / "roles.yaml").chmod(0o600)
+    return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
+
+
+# ---------------------------------------------------------------------------- a running server
+
+
+@dataclass
+class Served:
+    server: GatewayServer
+    thread: threading.Thread
+    app: Starlette
+    gateway: Any
+    cert: CertificatePaths
+    tokens: dict[str, str]
+
+    @property
+    def port(self) -> int:
+        port: int = self.server.servers[0].sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def base(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    def tls(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert.cert))
+
+    def http(self, token: str | None = None, headers: Mapping[str, str] | None = None) -> httpx2.AsyncClient:
+        sent = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+        return httpx2.AsyncClient(base_url=self.base, verify=self.tls(), headers=sent, timeout=30)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+def serve(tmp: Path, gateway: Any, **server_options: Any) -> Served:
+    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
+    tokens = {name: create_token(gateway.store, name, role, expires_in=None, now=time.time(),
+                                 hasher=FAST_HASH)[0]
+              for name, role in (("alice", "admin"), ("bob", "reader"), ("carol", "vc1-reader"))}
+    config = EdgeConfig.for_https(["localhost"], max_body_bytes=64 * 1024, max_header_bytes=8 * 1024)
+    app = build_app(gateway, config)
+    uv = uvicorn_config(app, config, host="127.0.0.1", port=0,
+                        ssl_context=server_context(cert.cert, cert.key))
+    server = GatewayServer(uv, gateway, app.state.in_flight, **server_options)
+    thread = threading.Thread(target=server.run, name="gateway-https", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), timeout=20, what="server start")
+    assert server.started, "the server failed to start (see the log)"
+    return Served(server, thread, app, gateway, cert, tokens)
+
+
+@pytest.fixture(scope="module")
+def served(sim_vc1: Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("https")
+    running = serve(tmp, real_gateway(sim_vc1, tmp))
+    yield running
+    running.stop()
+
+
+def stand_in(tmp: Path, **server_options: Any) -> Served:
+    return serve(tmp, StandInGateway(SqliteStore(tmp / "state.db")), **server_options)
+
+
+@asynccontextmanager
+async def mcp_client(
+    served: Served, token: str, mode: str, headers: Mapping[str, str] | None = None,
+) -> AsyncIterator[Client]:
+    http = served.http(token, headers)
+    transport = streamable_http_client(f"{served.base}/mcp", http_client=http)
+    async with http, Client(transport, mode=mode) as client:
+        yield client
+
+
+# ---------------------------------------------------------------------------- MCP over HTTPS
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_client_lists_and_calls_in_both_protocol_revisions(
+    served: Served, sim_vc1: Simulator, mode: str,
+) -> None:
+    request_id = f"it-{mode}"
+    traced = {"X-Request-ID": request_id}
+    async with mcp_client(served, served.tokens["alice"], mode, headers=traced) as client:
+        assert client.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+        tools = (await client.list_tools()).tools
+        result = await client.call_tool("list_vms", {"target": "vc1"})
+    assert any(t.annotations and not t.annotations.read_only_hint for t in tools), "admin sees changes"
+    assert not result.is_error, result.content
+    assert all(name in json.dumps(result.structured_content) for name in sim_vc1.vm_names())
+    rows = [json.loads(line) for line in served.gateway.settings.audit_log.read_text().splitlines()]
+    mine = [r for r in rows if r.get("correlation_id") == request_id]
+    assert mine and mine[-1]["tool"] == "list_vms"
+    assert (mine[-1]["caller"], mine[-1]["surface"]) == ("alice", "https")
+
+
+async def test_a_reader_is_offered_read_tools_only(served: Served) -> None:
+    async with mcp_client(served, served.tokens["bob"], "legacy") as reader:
+        tools = (await reader.list_tools()).tools
+        refused = await reader.call_tool("power_off_vm", {"target": "vc1", "vm": "DC0_H0_VM0"})
+    assert tools and all(t.annotations and t.annotations.read_only_hint for t in tools)
+    assert refused.is_error and refused.structured_content["error"]["code"] == "not_found"
+
+
+async def test_target_addresses_are_shown_only_to_roles_with_every_target(
+    served: Served, sim_vc1: Simulator,
+) -> None:
+    async with mcp_client(served, served.tokens["alice"], "legacy") as admin, \
+            mcp_client(served, served.tokens["carol"], "legacy") as narrow:
+        guides = {"admin": admin.instructions or "", "narrow": narrow.instructions or ""}
+    assert f"vc1 ({sim_vc1.address})" in guides["admin"]
+    assert "confirm_action" in guides["narrow"] and sim_vc1.address not in guides["narrow"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_progress_reaches_the_client_in_both_revisions(tmp_path: Path, mode: str) -> None:
+    reported: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reported.append((progress, total, message))
+
+    running = stand_in(tmp_path)
+    try:
+        async with mcp_client(running, running.tokens["alice"], mode) as client:
+            quiet = await client.call_tool("list_vms", {"target": "vc1"})
+            result = await client.call_tool("list_vms", {"target": "vc1"}, progress_callback=on_progress)
+    finally:
+        running.stop()
+    assert not quiet.is_error and not result.is_error
+    assert reported == [(0.5, 1.0, "halfway")]
+    assert result.structured_content is not None and result.structured_content["caller"] == "alice"
+
+
+async def _initialize(http: httpx2.AsyncClient) -> str:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "raw", "version": "1"}}}
+    response = await http.post("/mcp", json=body, headers={"Accept": "application/json, text/event-stream"})
+    assert response.status_code == 200, response.text
+    session: str = response.headers["mcp-session-id"]
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    headers = {"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session,
+               "MCP-Protocol-Version": "2025-11-25"}
+    assert (await http.post("/mcp", json=note, headers=headers)).status_code == 202
+    return session
+
+
+async def test_a_session_belongs_to_the_token_that_opened_it(served: Served) -> None:
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    async with served.http(served.tokens["alice"]) as alice, served.http(served.tokens["bob"]) as bob:
+        session = await _initialize(alice)
+        headers = {"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session,
+                   "MCP-Protocol-Version": "2025-11-25"}
+        stolen = await bob.post("/mcp", json=listing, headers=headers)
+        own = await alice.post("/mcp", json=listing, headers=headers)
+        assert stolen.status_code == 404
+        assert own.status_code == 200 and "list_vms" in own.text
+        assert (await bob.delete("/mcp", headers=headers)).status_code == 404
+        assert (await alice.delete("/mcp", headers=headers)).status_code == 200
+
+
+# ---------------------------------------------------------------------------- the edge on the wire
+
+
+async def test_no_or_bad_token_is_401_with_a_bearer_challenge(served: Served) -> None:
+    async with served.http() as anonymous, served.http("gwt_aaaaaaaaaaaa_" + "A" * 43) as forged:
+        missing = await anonymous.post("/mcp", json={})
+        wrong = await forged.post("/mcp", json={})
+    assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer ")
+    assert wrong.status_code == 401 and 'error="invalid_token"' in wrong.headers["www-authenticate"]
+
+
+async def test_failures_from_one_address_throttle_it(served: Served) -> None:
+    # 127.0.0.2 is loopback too; throttling it leaves the other tests' 127.0.0.1 alone
+    transport = httpx2.AsyncHTTPTransport(verify=served.tls(), local_address="127.0.0.2")
+    async with httpx2.AsyncClient(base_url=served.base, transport=transport) as client:
+        statuses = []
+        for _ in range(15):
+            response = await client.get("/metrics", headers={"Authorization": "Bearer gwt_nonsense"})
+            statuses.append(response.status_code)
+            if response.status_code == 429:
+                break
+        assert statuses[0] == 401 and statuses[-1] == 429
+        assert int(response.headers["retry-after"]) >= 1
+        good = await client.get("/metrics", headers={"Authorization": f"Bearer {served.tokens['alice']}"})
+        assert good.status_code == 429
+
+
+async def test_token_in_the_query_string_is_refused(served: Served) -> None:
+    async with served.http() as client:
+        response = await client.get(f"/mcp?access_token={served.tokens['alice']}")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "token_in_query"
+
+
+async def test_host_and_origin_allow_lists(served: Served) -> None:
+    async with served.http(served.tokens["alice"]) as client:
+        bad_host = await client.get("/metrics", headers={"Host": "rebound.attacker.example"})
+        bad_origin = await client.get("/metrics", headers={"Origin": "https://attacker.example"})
+        good = await client.get("/metrics", headers={"Origin": f"https://localhost:{served.port}"})
+        health = await client.get("/healthz", headers={"Host": "10.9.8.7"})
+    assert bad_host.status_code == 421 and bad_origin.status_code == 403 and good.status_code == 200
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+
+
+async def test_oversized_bodies_are_refused_declared_or_chunked(served: Served) -> None:
+    async def chunked() -> AsyncIterator[bytes]:
+        for _ in range(66):
+            yield b"x" * 1024
+
+    async with served.http(served.tokens["alice"]) as client:
+        json_type = {"Content-Type": "application/json"}
+        declared = await client.post("/mcp", content=b"x" * (65 * 1024), headers=json_type)
+        streamed = await client.post("/mcp", content=chunked(), headers=json_type)
+    assert declared.status_code == 413
+    assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "payload_too_large"
+
+
+async def test_oversized_headers_are_refused(served: Served) -> None:
+    async with served.http(served.tokens["alice"]) as client:
+        response = await client.get("/healthz", headers={"X-Padding": "p" * 16 * 1024})
+    assert response.status_code == 431
+
+
+async def test_probes_and_metrics(served: Served) -> None:
+    async with served.http() as anonymous, served.http(served.tokens["bob"]) as reader:
+        ready = await anonymous.get("/readyz")
+        hidden = await anonymous.get("/metrics")
+        metrics = await reader.get("/metrics", headers={"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert hidden.status_code == 401
+    assert metrics.status_code == 200 and metrics.headers["x-correlation-id"] == "ab" * 16
+    for family in ("gateway_tool_calls_total", "gateway_tool_call_duration_seconds",
+                   "gateway_auth_failures_total", "gateway_target_queue_depth", "gateway_target_slots",
+                   "gateway_target_sessions_in_use"):
+        assert f"# TYPE {family} " in metrics.text
+    assert 'gateway_target_slots{target="vc1"}' in metrics.text
+
+
+def _tls11_handshake(port: int) -> str:
+    """A TLS 1.1-only client (security level 0, so its own library does not refuse first)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.set_ciphers("DEFAULT:@SECLEVEL=0")
+        context.minimum_version = ssl.TLSVersion.TLSv1
+        context.maximum_version = ssl.TLSVersion.TLSv1_1
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, context.wrap_socket(raw) as tls:
+        return str(tls.version())
+
+
+def _permissive_server(cert: CertificatePaths) -> tuple[int, threading.Thread]:
+    """A one-shot TLS server that still accepts TLS 1.1: proves the client above can speak it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.set_ciphers("DEFAULT:@SECLEVEL=0")
+        context.minimum_version = ssl.TLSVersion.TLSv1
+    context.load_cert_chain(cert.cert, cert.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept_one() -> None:
+        with listener:
+            listener.settimeout(10)
+            conn, _ = listener.accept()
+            with conn, context.wrap_socket(conn, server_side=True):
+                pass
+
+    thread = threading.Thread(target=accept_one, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+def test_tls_below_1_2_is_refused_by_the_server(served: Served) -> None:
+    port, thread = _permissive_server(served.cert)
+    try:
+        assert _tls11_handshake(port) == "TLSv1.1"
+    except ssl.SSLError as exc:
+        pytest.skip(f"this OpenSSL cannot negotiate TLS 1.1 at all ({exc})")
+    finally:
+        thread.join(10)
+    # the same client just completed a TLS 1.1 handshake, so this refusal is the server's
+    # (uvicorn's TLS layer may answer with an alert or just close the connection)
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        _tls11_handshake(served.port)
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as raw, \
+            served.tls().wrap_socket(raw, server_hostname="localhost") as tls:
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+# ---------------------------------------------------------------------------- an orderly stop
+
+
+async def test_stop_fails_readiness_first_and_lets_calls_finish(tmp_path: Path) -> None:
+    running = stand_in(tmp_path, drain_seconds=0.0, grace_seconds=30.0)
+    try:
+        result: dict[str, Any] = {}
+        async with mcp_client(running, running.tokens["alice"], "2026-07-28") as client, \
+                anyio.create_task_group() as tg:
+            async def slow_call() -> None:
+                outcome = await client.call_tool("slow_read", {"target": "vc1"})
+                result["value"] = outcome.structured_content
+
+            tg.start_soon(slow_call)
+            await anyio.to_thread.run_sync(running.gateway.entered.wait, 30)
+            running.server.begin_stop()
+            async with running.http() as probe:
+                not_ready = await probe.get("/readyz")
+            assert not_ready.status_code == 503 and not_ready.json()["reasons"] == ["shutting down"]
+            assert running.thread.is_alive(), "the server must wait for the call in progress"
+            running.gateway.release.set()
+        assert result["value"]["vms"] == ["vm-a", "vm-b"]
+        await anyio.to_thread.run_sync(running.thread.join, 30)
+        assert not running.thread.is_alive()
+    finally:
+        running.gateway.release.set()
+        if running.thread.is_alive():
+            running.stop()
+
+
+# ---------------------------------------------------------------------------- gateway serve: refusals
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--transport", "https"], "https needs --cert, --key, --public-name"),
+    (["--transport", "https", "--cert", "c.pem", "--key", "k.pem"], "https needs --public-name"),
+    (["--transport", "http", "--host", "0.0.0.0"], "loopback address only"),
+    (["--transport", "http", "--host", "192.0.2.1"], "loopback address only"),
+    (["--transport", "http", "--port", "70000"], "between 1 and 65535"),
+])
+def test_network_flags_are_checked_before_anything_starts(argv: list[str], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        serve_cli.check_network_args(serve_args(*argv))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
+def test_http_binds_loopback_addresses(host: str) -> None:
+    assert serve_cli.check_network_args(serve_args("--transport", "http", "--host", host)) == host
+
+
+def test_https_binds_every_interface_by_default() -> None:
+    args = serve_args("--transport", "https", "--cert", "c", "--key", "k", "--public-name", "gw.example.com")
+    assert serve_cli.check_network_args(args) == "0.0.0.0"
+    assert serve_cli.edge_config(args).hosts[0].host == "gw.example.com"
+
+
+def test_network_transports_need_a_usable_token(tmp_path: Path) -> None:
+    with SqliteStore(tmp_path / "state.db") as store:
+        with pytest.raises(ConfigError, match="gateway token create NAME --role admin"):
+            serve_cli.require_token(store)
+        create_token(store, "old", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+        store.update_token("old", revoked=True)
+        with pytest.raises(ConfigError):
+            serve_cli.require_token(store)
+        create_token(store, "new", "reader", expires_in=None, now=time.time(), hasher=FAST_HASH)
+        serve_cli.require_token(store)
+
+
+@pytest.mark.parametrize(("env", "argv", "read_only"), [
+    ({"GATEWAY_READ_ONLY": "false"}, ["--read-only"], True),
+    ({"GATEWAY_READ_ONLY": "true"}, [], True),
+    ({}, [], False),
+])
+def test_switches_on_the_command_line_win_over_the_environment(
+    env: dict[str, str], argv: list[str], read_only: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    monkeypatch.delenv("GATEWAY_READ_ONLY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    args = serve_args("--home", str(tmp_path), *argv)
+    settings = settings_from(args, **serve_cli.switches(args))
+    assert settings.read_only is read_only and settings.home == tmp_path
+
+
+# ---------------------------------------------------------------------------- gateway serve: the real command
+
+
+@dataclass
+class Command:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise
+
+
+def run_serve(tmp: Path, env: Mapping[str, str], *argv: str) -> Command:
+    log = tmp / "serve.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, "serve", *argv], cwd=REPO,
+                                   env={**env, "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "")},
+                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+    return Command(process, log)
+
+
+def https_argv(cert: CertificatePaths) -> list[str]:
+    return ["--transport", "https", "--cert", str(cert.cert), "--key", str(cert.key),
+            "--public-name", "localhost", "--host", "127.0.0.1", "--port", "0", "--grace-seconds", "10"]
+
+
+@pytest.fixture
+def vc1_home(sim_vc1: Simulator, tmp_path: Path) -> tuple[dict[str, str], Path]:
+    home = tmp_path / "home"
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim_vc1})
+    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml")})
+    return env, home
+
+
+async def test_serve_https_end_to_end_and_stop_on_sigterm(
+    vc1_home: tuple[dict[str, str], Path], sim_vc1: Simulator, tmp_path: Path,
+) -> None:
+    env, home = vc1_home
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    home.mkdir(mode=0o700)
+    with SqliteStore(home / "state.db") as store:
+        token, _ = create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+    command = run_serve(tmp_path, env, *https_argv(cert))
+    try:
+        found = wait_until(lambda: command.process.poll() is not None or
+                           re.search(r"running on https://127\.0\.0\.1:(\d+)", command.output()), timeout=60,
+                           what="gateway serve to listen")
+        assert isinstance(found, re.Match), command.output()
+        assert "self-check passed" in command.output()
+        base = f"https://localhost:{found.group(1)}"
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                                  verify=ssl.create_default_context(cafile=str(cert.cert)))
+        transport = streamable_http_client(f"{base}/mcp", http_client=http)
+        async with http, Client(transport, mode="legacy") as client:
+            assert "list_vms" in {t.name for t in (await client.list_tools()).tools}
+            result = await client.call_tool("list_vms", {"target": "vc1"})
+        assert not result.is_error, result.content
+        assert all(name in json.dumps(result.structured_content) for name in sim_vc1.vm_names())
+    finally:
+        code = command.stop()
+    assert code == 0, command.output()
+    assert "stopping: readiness fails from now" in command.output()
+    assert token not in command.output()
+
+
+def test_serve_refuses_to_start_without_a_token(
+    vc1_home: tuple[dict[str, str], Path], tmp_path: Path,
+) -> None:
+    env, _ = vc1_home
+    cert = create_certificate(tmp_path / "tls", ["localhost"])
+    command = run_serve(tmp_path, env, *https_argv(cert))
+    assert command.process.wait(60) == 1
+    assert "gateway token create NAME --role admin" in command.output()

@@ -1,0 +1,279 @@
+"""Bearer tokens against a real SQLite store: creation, verification, caching, revocation, throttling."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import pytest
+from argon2 import PasswordHasher
+
+from gateway.auth.tokens import Principal, TokenAuthenticator, create_token, parse_expiry, parse_token_id
+from gateway.errors import InvalidArgument
+from gateway.store import SqliteStore
+
+
+class CountingHasher(PasswordHasher):
+    """Real argon2id with small parameters (fast tests) that counts verifications."""
+
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=8, parallelism=1)
+        self.verifications = 0
+
+    def verify(self, hash: Any, password: Any) -> Literal[True]:
+        self.verifications += 1
+        return super().verify(hash, password)
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "home" / "state.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[SqliteStore]:
+    with SqliteStore(db) as s:
+        yield s
+
+
+@pytest.fixture
+def hasher() -> CountingHasher:
+    return CountingHasher()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def auth(store: SqliteStore, hasher: CountingHasher, clock: Clock) -> TokenAuthenticator:
+    return TokenAuthenticator(store, clock=clock, hasher=hasher, max_failures=3, failure_window=60.0)
+
+
+def make(store: SqliteStore, name: str = "ci", role: str = "reader", expires_in: float | None = None,
+         now: float = 1_000_000.0) -> str:
+    token, _ = create_token(store, name, role, expires_in=expires_in, now=now, hasher=PasswordHasher(
+        time_cost=1, memory_cost=8, parallelism=1))
+    return token
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("3600s", 3600), ("2w", 14 * 86400), (" 1d ", 86400),
+])
+def test_parse_expiry(text: str, seconds: float) -> None:
+    assert parse_expiry(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "30", "d", "0d", "-1d", "1.5h", "10y", "1 d", "01d", "1D", "1e3s"])
+def test_parse_expiry_rejects(text: str) -> None:
+    with pytest.raises(InvalidArgument, match="30d"):
+        parse_expiry(text)
+
+
+def test_created_token_has_the_documented_format_and_only_a_hash_is_stored(store: SqliteStore,
+                                                                           db: Path) -> None:
+    token, rec = create_token(store, "ci", "reader", expires_in=3600, now=1000.0)
+    assert re.fullmatch(r"gwt_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", token)  # 32 random bytes = 256 bits
+    assert parse_token_id(token) == rec.token_id
+    assert rec.hash.startswith("$argon2id$")
+    assert (rec.name, rec.role, rec.created_at, rec.expires_at) == ("ci", "reader", 1000.0, 4600.0)
+    assert not rec.revoked
+    assert store.token_by_name("ci") == rec
+    secret = token[17:]  # after "gwt_<id>_"
+    for file in db.parent.iterdir():
+        assert secret.encode() not in file.read_bytes(), file
+    assert secret not in repr(rec) and rec.hash not in repr(rec)
+
+
+@pytest.mark.parametrize("name", ["", "-x", "a b", "x" * 65, "ü", "a/b"])
+def test_create_refuses_bad_names(store: SqliteStore, name: str) -> None:
+    with pytest.raises(InvalidArgument, match="name"):
+        create_token(store, name, "reader", expires_in=None, now=0.0)
+
+
+def test_create_refuses_a_nonpositive_lifetime(store: SqliteStore) -> None:
+    with pytest.raises(InvalidArgument, match="expires_in"):
+        create_token(store, "ci", "reader", expires_in=0, now=0.0)
+
+
+def test_verify_returns_the_principal_and_caches(auth: TokenAuthenticator, store: SqliteStore,
+                                                 hasher: CountingHasher) -> None:
+    token = make(store)
+    rec = store.token_by_name("ci")
+    assert rec is not None
+    for _ in range(5):
+        assert auth.verify(token, "10.0.0.1") == Principal(name="ci", role="reader", token_id=rec.token_id)
+    assert hasher.verifications == 1
+
+
+@pytest.mark.parametrize("bad", [
+    "", "Bearer x", "gwt_", "gwt_abc_def", "gwt_ABCDEFGHIJKL_" + "a" * 43, "gwc_" + "a" * 32,
+])
+def test_malformed_tokens_are_refused_without_argon2(auth: TokenAuthenticator, store: SqliteStore,
+                                                     hasher: CountingHasher, bad: str) -> None:
+    make(store)
+    assert auth.verify(bad) is None
+    assert hasher.verifications == 0
+
+
+def test_unknown_id_is_refused_without_argon2(auth: TokenAuthenticator, store: SqliteStore,
+                                              hasher: CountingHasher) -> None:
+    token = make(store)
+    forged = "gwt_" + "z" * 12 + token[16:]
+    assert parse_token_id(forged) == "z" * 12
+    assert auth.verify(forged) is None
+    assert hasher.verifications == 0
+
+
+def test_wrong_secret_for_a_known_id_is_refused(auth: TokenAuthenticator, store: SqliteStore,
+                                                hasher: CountingHasher) -> None:
+    token = make(store)
+    flipped = token[:-1] + ("A" if token[-1] != "A" else "B")
+    assert auth.verify(flipped) is None
+    assert hasher.verifications == 1
+    assert auth.verify(token) is not None
+
+
+def test_revocation_in_another_store_applies_on_the_next_request(auth: TokenAuthenticator, store: SqliteStore,
+                                                                 db: Path, hasher: CountingHasher) -> None:
+    token = make(store)
+    assert auth.verify(token) is not None
+    with SqliteStore(db) as other:  # another process's view of the same file
+        other.update_token("ci", revoked=True)
+    assert auth.verify(token) is None
+    assert hasher.verifications == 1
+
+
+def test_revocation_by_another_process_applies_on_the_next_request(auth: TokenAuthenticator,
+                                                                   store: SqliteStore, db: Path) -> None:
+    token = make(store)
+    assert auth.verify(token) is not None
+    script = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from gateway.store import SqliteStore
+        with SqliteStore(Path(sys.argv[1])) as store:
+            store.update_token("ci", revoked=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    subprocess.run([sys.executable, "-c", script, str(db)], check=True, timeout=60, env=env)
+    assert auth.verify(token) is None
+
+
+def test_role_change_applies_on_the_next_request_without_rehashing(auth: TokenAuthenticator,
+                                                                   store: SqliteStore, db: Path,
+                                                                   hasher: CountingHasher) -> None:
+    token = make(store)
+    assert auth.verify(token) == Principal("ci", "reader", parse_token_id(token))
+    with SqliteStore(db) as other:
+        other.update_token("ci", role="admin")
+    assert auth.verify(token) == Principal("ci", "admin", parse_token_id(token))
+    assert hasher.verifications == 1
+
+
+def test_a_token_created_after_the_cache_filled_is_found(auth: TokenAuthenticator, store: SqliteStore,
+                                                         db: Path) -> None:
+    first = make(store, "one")
+    assert auth.verify(first) is not None
+    with SqliteStore(db) as other:
+        second = make(other, "two")
+    principal = auth.verify(second)
+    assert principal is not None and principal.name == "two"
+
+
+def test_expiry_is_checked_against_the_clock_on_every_request(auth: TokenAuthenticator, store: SqliteStore,
+                                                              clock: Clock, hasher: CountingHasher) -> None:
+    token = make(store, expires_in=60, now=clock.now)
+    clock.now += 59
+    assert auth.verify(token) is not None
+    clock.now += 1
+    assert auth.verify(token) is None
+    assert hasher.verifications == 1
+
+
+def test_an_expired_token_is_refused_without_argon2(auth: TokenAuthenticator, store: SqliteStore,
+                                                    clock: Clock, hasher: CountingHasher) -> None:
+    token = make(store, expires_in=60, now=clock.now - 120)
+    assert auth.verify(token) is None
+    assert hasher.verifications == 0
+
+
+def test_failures_throttle_a_client_for_the_rest_of_the_window(auth: TokenAuthenticator, store: SqliteStore,
+                                                               clock: Clock, hasher: CountingHasher) -> None:
+    token = make(store)
+    for _ in range(3):
+        assert auth.verify("gwt_nonsense", "10.0.0.9") is None
+    assert auth.throttled("10.0.0.9") is None  # 3 failures allowed, the 4th throttles
+    clock.now += 10
+    assert auth.verify("gwt_nonsense", "10.0.0.9") is None
+    assert auth.throttled("10.0.0.9") == pytest.approx(50.0)
+    # while throttled, even the right token costs no argon2 for this client ...
+    assert auth.verify(token, "10.0.0.9") is None
+    assert hasher.verifications == 0
+    # ... and other clients are unaffected
+    assert auth.throttled("10.0.0.10") is None
+    assert auth.verify(token, "10.0.0.10") is not None
+    clock.now += 50
+    assert auth.throttled("10.0.0.9") is None
+    assert auth.verify(token, "10.0.0.9") is not None
+
+
+def test_a_token_already_proven_keeps_working_from_a_throttled_client(auth: TokenAuthenticator,
+                                                                      store: SqliteStore) -> None:
+    token = make(store)
+    assert auth.verify(token, "10.0.0.9") is not None
+    for _ in range(4):
+        auth.verify("gwt_nonsense", "10.0.0.9")
+    assert auth.throttled("10.0.0.9") is not None
+    assert auth.verify(token, "10.0.0.9") is not None
+
+
+def test_last_used_is_recorded_at_most_once_per_interval(auth: TokenAuthenticator, store: SqliteStore,
+                                                         clock: Clock) -> None:
+    token = make(store)
+    first = clock.now
+    auth.verify(token)
+    clock.now += 30
+    auth.verify(token)
+    rec = store.token_by_name("ci")
+    assert rec is not None and rec.last_used == first
+    clock.now += 31
+    auth.verify(token)
+    rec = store.token_by_name("ci")
+    assert rec is not None and rec.last_used == clock.now
+
+
+def test_verify_async_hashes_in_a_worker_thread(auth: TokenAuthenticator, store: SqliteStore,
+                                                hasher: CountingHasher) -> None:
+    token = make(store)
+
+    async def main() -> tuple[Principal | None, Principal | None, Principal | None]:
+        return (await auth.verify_async(token), await auth.verify_async(token),
+                await auth.verify_async("gwt_bad"))
+
+    first, second, bad = anyio.run(main)
+    assert first is not None and first == second
+    assert bad is None
+    assert hasher.verifications == 1
+
+
+def test_default_hasher_is_argon2id(store: SqliteStore) -> None:
+    token, rec = create_token(store, "real", "admin", expires_in=None, now=0.0)
+    assert rec.hash.startswith("$argon2id$")
+    assert TokenAuthenticator(store).verify(token) == Principal("real", "admin", rec.token_id)
