@@ -206,6 +206,7 @@ def start_simulator(
 
 def _launch(args: list[str], model: str, user: str, password: str, startup_timeout: float) -> Simulator:
     tmpdir = Path(tempfile.mkdtemp(prefix="vcsim-test-"))
+    args = [*args, "-orphan-cleanup", str(tmpdir)]
     env = {**os.environ, "TMPDIR": str(tmpdir), "VCSIM_PASSWORD": password}
     with open(tmpdir / "vcsim.log", "wb") as log:
         process = subprocess.Popen(

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,6 +45,7 @@ type options struct {
 	idleTimeout    time.Duration
 	control        string
 	exitWithParent bool
+	orphanCleanup  string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -66,6 +68,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.idleTimeout, "session-idle-timeout", 0, "expire sessions idle for this long (0: never)")
 	fs.StringVar(&o.control, "control", "", "loopback host:port for the test-only control endpoint (off unless set)")
 	fs.BoolVar(&o.exitWithParent, "exit-with-parent", false, "shut down when the parent process goes away")
+	fs.StringVar(&o.orphanCleanup, "orphan-cleanup", "",
+		"with -exit-with-parent: a disposable directory (absolute path) the parent made for us, deleted if it goes away")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -92,6 +96,9 @@ func (o *options) validate() error {
 		if _, err := uuid.Parse(o.instanceUUID); err != nil {
 			return fmt.Errorf("-instance-uuid: %v", err)
 		}
+	}
+	if o.orphanCleanup != "" && (!filepath.IsAbs(o.orphanCleanup) || filepath.Clean(o.orphanCleanup) == "/") {
+		return fmt.Errorf("-orphan-cleanup must be an absolute path below the root")
 	}
 	_, err := parseMethodDelay(o.methodDelay)
 	return err
@@ -220,7 +227,9 @@ func serve(o *options, m *simulator.Model, signals <-chan os.Signal) error {
 		public.String(), controlURL, orDash(o.instanceUUID), os.Getpid())
 	_ = os.Stdout.Sync()
 
-	waitForShutdown(signals, o.exitWithParent)
+	if orphaned := waitForShutdown(signals, o.exitWithParent); orphaned && o.orphanCleanup != "" {
+		defer os.RemoveAll(o.orphanCleanup) // nobody is left to read the log in it
+	}
 	gate.shutdown()
 	return nil
 }
@@ -260,7 +269,8 @@ func orDash(s string) string {
 	return s
 }
 
-func waitForShutdown(signals <-chan os.Signal, exitWithParent bool) {
+// waitForShutdown blocks until a signal arrives or, with exitWithParent, the parent exits (then true).
+func waitForShutdown(signals <-chan os.Signal, exitWithParent bool) bool {
 	orphaned := make(chan struct{})
 	if exitWithParent {
 		go watchParent(os.Getppid(), orphaned)
@@ -268,8 +278,10 @@ func waitForShutdown(signals <-chan os.Signal, exitWithParent bool) {
 	select {
 	case sig := <-signals:
 		log.Printf("received %v, shutting down", sig)
+		return false
 	case <-orphaned:
 		log.Printf("parent process exited, shutting down")
+		return true
 	}
 }
 

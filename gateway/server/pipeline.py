@@ -25,6 +25,7 @@ from gateway.auth.roles import Role, RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.errors import (
+    Ambiguous,
     AuditUnavailable,
     ConfirmationInvalid,
     Forbidden,
@@ -653,10 +654,7 @@ class Gateway:
         try:
             plan_fn = spec.plan
             assert plan_fn is not None
-            plan = await self.scheduler.run(
-                target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
-            )
-            _check_not_stale(proposal, plan)
+            plan = await self._replan(target, plan_fn, proposal)
             owner_ctx = CallContext(owner, owner_role, spec, ctx.correlation_id)
             decision = self._decide(owner_ctx, target, plan, proposal.args, self.clock())
             result = await self._execute(
@@ -685,6 +683,19 @@ class Gateway:
             proposal.id, ["executing"], "executed", outcome="ok", result={"summary": proposal.plan_summary}
         )
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
+
+    async def _replan(self, target: Target, plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
+                      proposal: Proposal) -> Plan:
+        """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
+        try:
+            plan = await self.scheduler.run(
+                target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
+            )
+        except (NotFound, Ambiguous) as exc:
+            raise Stale(f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
+                        "proposal and check it again") from exc
+        _check_not_stale(proposal, plan)
+        return plan
 
     def expire_due(self) -> None:
         for proposal in confirm.expire_due(self.store, self.clock()):

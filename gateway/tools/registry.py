@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.errors import ConfigError
 from gateway.tools.destructive import DESTRUCTIVE_TOOLS
 from gateway.tools.pending import PENDING_TOOLS
 from gateway.tools.read import LIST_TARGETS, READ_TOOLS, access_info_tool
-from gateway.tools.spec import Category, ToolSpec, by_name
+from gateway.tools.spec import Category, Param, ToolSpec, by_name
 from gateway.tools.write import WRITE_TOOLS
 
 log = logging.getLogger(__name__)
@@ -36,11 +36,24 @@ class Registry:
         return iter(self.tools.values())
 
 
+OVERRIDE = Param(
+    "override", "boolean",
+    "Ask policy to skip deny rules marked unless_override (protected objects and the rest of the policy "
+    "still apply). Use only when a person asked for it.", default=False)
+
+
+def _with_override(spec: ToolSpec) -> ToolSpec:
+    if spec.target_mode == "none" or any(p.name == "override" for p in spec.params):
+        return spec
+    return replace(spec, params=(*spec.params, OVERRIDE))
+
+
 def all_tools(*, destructive: bool) -> list[ToolSpec]:
     """Every tool this build offers; destructive ones (and the proposal tools) only when enabled."""
-    specs: list[ToolSpec] = [LIST_TARGETS, *READ_TOOLS, *WRITE_TOOLS]
+    changes = [*WRITE_TOOLS, *(DESTRUCTIVE_TOOLS if destructive else ())]
+    specs: list[ToolSpec] = [LIST_TARGETS, *READ_TOOLS, *(_with_override(s) for s in changes)]
     if destructive:
-        specs += [*DESTRUCTIVE_TOOLS, *PENDING_TOOLS]
+        specs += PENDING_TOOLS
     specs.append(access_info_tool(specs))
     return specs
 

@@ -66,8 +66,6 @@ def wait_for_task(
     try:
         props = watch(session, task, vim.Task, TASK_PATHS, _finished, deadline=deadline,
                       on_change=reporter.relay)
-    except errors.Timeout:
-        raise _past_deadline(target, moid, what, destructive, reporter.last) from None
     except errors.GatewayError as exc:
         if not destructive:
             exc.details.setdefault("task", moid)

@@ -1,0 +1,374 @@
+"""The guarded call pipeline end to end: real simulator, real store, real audit file, real policy file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+from simulator import (
+    MakeSimulator,
+    Simulator,
+    find_vm,
+    pyvmomi_connect,
+    read_properties,
+    wait_until,
+    write_targets,
+)
+
+from gateway.auth.tokens import Principal
+from gateway.errors import (
+    ApprovalRequired,
+    AuditUnavailable,
+    ConfirmationExpired,
+    ConfirmationInvalid,
+    Forbidden,
+    GatewayError,
+    NotFound,
+    PolicyDenied,
+    RateLimited,
+    Stale,
+)
+from gateway.guard.audit import read_rows, verify
+from gateway.server.pipeline import Gateway
+from gateway.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+ADMIN = Principal(name="agent-a", role="admin", surface="test")
+OTHER = Principal(name="agent-b", role="admin", surface="test")
+READER = Principal(name="watcher", role="reader", surface="test")
+HUMAN = Principal(name="alice", role="admin", surface="web")
+VM0 = "DC0_C0_RP0_VM0"
+VM1 = "DC0_C0_RP0_VM1"
+PERMISSIVE = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow"}}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Env:
+    """A gateway over one fresh simulator, built the way ``gateway serve`` builds it."""
+
+    def __init__(self, tmp: Path, sim: Simulator) -> None:
+        self.tmp, self.sim = tmp, sim
+        self.clock = Clock()
+        self.gateways: list[Gateway] = []
+
+    def build(self, rules: Mapping[str, Any] | None = None, targets_extra: Mapping[str, Any] | None = None,
+              **settings: Any) -> Gateway:
+        env = write_targets(self.tmp / "targets.yaml", {"vc1": self.sim}, {"vc1": dict(targets_extra or {})})
+        self.write_rules(PERMISSIVE if rules is None else rules)
+        base = Settings.from_env({"GATEWAY_HOME": str(self.tmp), **env})
+        values = {"enable_destructive": True, **settings}
+        gw = Gateway.build(Settings(**{**base.__dict__, **values}))
+        gw.clock = self.clock
+        self.gateways.append(gw)
+        return gw
+
+    def write_rules(self, rules: Mapping[str, Any]) -> None:
+        (self.tmp / "rules.yaml").write_text(yaml.safe_dump(dict(rules)))
+
+    def rows(self, **filters: Any) -> list[dict[str, Any]]:
+        return read_rows(self.tmp / "audit.jsonl", **filters)
+
+    def vm_exists(self, name: str) -> bool:
+        si = pyvmomi_connect(self.sim)
+        try:
+            find_vm(si, name)
+            return True
+        except LookupError:
+            return False
+
+    def power_state(self, name: str) -> str:
+        si = pyvmomi_connect(self.sim)
+        return str(read_properties(si, find_vm(si, name), "runtime.powerState")["runtime.powerState"])
+
+
+@pytest.fixture
+async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
+    e = Env(tmp_path, make_simulator(vms=2))
+    yield e
+    for gw in e.gateways:
+        await gw.close()
+
+
+async def propose_delete(gw: Gateway, vm: str = VM0, who: Principal = ADMIN) -> dict[str, Any]:
+    return await gw.call(who, "delete_vm", {"target": "vc1", "vm": vm, "force_power_off": True})
+
+
+# ---------------------------------------------------------------- writes
+
+
+async def test_a_write_on_all_targets_is_denied_and_audited(env: Env) -> None:
+    gw = env.build()
+    with pytest.raises(PolicyDenied, match="exactly one explicit target"):
+        await gw.call(ADMIN, "power_off_vm", {"target": "all", "vm": VM0})
+    (row,) = env.rows(phase="denied")
+    assert row["tool"] == "power_off_vm" and row["decision"]["rule"] == "target:single"
+    assert env.power_state(VM0) == "poweredOn"
+
+
+async def test_an_allowed_write_executes_and_is_audited(env: Env) -> None:
+    gw = env.build()
+    result = await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0})
+    assert result["target"] == "vc1"
+    assert env.power_state(VM0) == "poweredOff"
+    (row,) = env.rows(phase="executed")
+    assert row["caller"] == "agent-a" and row["target"] == "vc1" and row["decision"]["allowed"] is True
+    assert "result_digest" in row and "result" not in row
+
+
+async def test_strict_defaults_deny_destructive_calls(env: Env) -> None:
+    gw = env.build(rules={})
+    with pytest.raises(PolicyDenied):
+        await propose_delete(gw)
+    assert env.rows(phase="denied")[0]["tool"] == "delete_vm"
+    assert gw.store.list_proposals() == []
+
+
+async def test_a_role_without_the_tool_is_refused_like_an_unknown_tool(env: Env) -> None:
+    gw = env.build()
+    with pytest.raises(NotFound, match="unknown tool 'power_on_vm'"):
+        await gw.call(READER, "power_on_vm", {"target": "vc1", "vm": VM0})
+    (row,) = env.rows(phase="denied")
+    assert row["decision"]["rule"] == "role:reader" and row["caller"] == "watcher"
+    assert "power_on_vm" not in {t.name for t in gw.tools_for(READER)}
+
+
+async def test_bad_arguments_never_reach_vsphere(env: Env) -> None:
+    gw = env.build()
+    with pytest.raises(GatewayError) as info:
+        await gw.call(ADMIN, "reconfigure_vm", {"target": "vc1", "vm": VM0, "cpus": "four"})
+    assert info.value.code == "invalid_argument"
+
+
+# ---------------------------------------------------------------- two-phase confirmation
+
+
+async def test_delete_is_proposed_then_executed_once(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    assert proposal["state"] == "pending" and proposal["target"] == "vc1"
+    assert proposal["target_host"] == env.sim.address
+    assert [a["name"] for a in proposal["affected"]] == [VM0]
+    assert proposal["expires_in_seconds"] == 120 and "Nothing has changed yet" in proposal["note"]
+    assert env.vm_exists(VM0), "a proposal must change nothing"
+
+    done = await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert done["state"] == "executed" and done["target"] == "vc1"
+    assert not env.vm_exists(VM0)
+    with pytest.raises(ConfirmationInvalid):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    phases = [r["phase"] for r in env.rows(tool="delete_vm")]
+    assert phases == ["proposed", "executed"]
+    assert all(proposal["token"] not in json.dumps(r) for r in env.rows())
+    assert verify(env.tmp / "audit.jsonl").ok
+
+
+async def test_two_concurrent_confirms_execute_exactly_once(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    outcomes: list[str] = []
+
+    async def confirm() -> None:
+        try:
+            await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+            outcomes.append("executed")
+        except ConfirmationInvalid:
+            outcomes.append("refused")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(confirm)
+    assert sorted(outcomes) == ["executed", "refused", "refused", "refused"]
+    assert len(env.rows(phase="executed")) == 1
+
+
+async def test_another_caller_cannot_confirm(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    with pytest.raises(ConfirmationInvalid):
+        await gw.call(OTHER, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0)
+    await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert not env.vm_exists(VM0)
+
+
+async def test_an_expired_proposal_cannot_run_and_its_expiry_is_audited(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    env.clock.now += 121
+    with pytest.raises(ConfirmationExpired):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    gw.expire_due()
+    assert [r["proposal_id"] for r in env.rows(phase="expired")] == [proposal["proposal_id"]]
+    assert gw.store.get_proposal(proposal["proposal_id"]).state == "expired"  # type: ignore[union-attr]
+    assert env.vm_exists(VM0)
+
+
+async def test_cancel_kills_the_token(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    await gw.call(ADMIN, "cancel_action", {"token": proposal["token"]})
+    with pytest.raises(ConfirmationInvalid):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0) and env.rows(phase="cancelled")
+
+
+async def test_a_renamed_vm_makes_the_proposal_stale(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw, vm=VM1)
+    si = pyvmomi_connect(env.sim)
+    vm = find_vm(si, VM1)
+    task = vm.Rename_Task(newName="renamed-meanwhile")
+    wait_until(lambda: read_properties(si, task, "info.state")["info.state"] in ("success", "error"))
+    with pytest.raises(Stale):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists("renamed-meanwhile")
+    assert gw.store.get_proposal(proposal["proposal_id"]).state == "failed"  # type: ignore[union-attr]
+
+
+async def test_policy_is_checked_again_at_confirmation(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    env.write_rules({"defaults": {"destructive": "deny"}})
+    with pytest.raises(PolicyDenied):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0)
+
+
+async def test_web_approval_gates_the_agent_and_a_human_executes(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    proposal = await propose_delete(gw)
+    assert proposal["requires_human_approval"] is True
+    with pytest.raises(ApprovalRequired):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0)
+    result = await gw.approve(proposal["proposal_id"], HUMAN)
+    assert result["state"] == "executed" and not env.vm_exists(VM0)
+    approved = env.rows(phase="approved")
+    assert approved[0]["caller"] == "alice" and approved[0]["surface"] == "web"
+
+
+async def test_dry_run_runs_everything_but_the_change(env: Env) -> None:
+    gw = env.build(targets_extra={"dry_run": True})
+    proposal = await propose_delete(gw)
+    result = await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert result["dry_run"] is True and "would" in result
+    assert env.vm_exists(VM0)
+    assert env.rows(phase="dry_run")
+    off = await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0})
+    assert off["dry_run"] is True and env.power_state(VM0) == "poweredOn"
+
+
+async def test_bulk_over_the_limit_is_denied_before_any_proposal(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "defaults": {**PERMISSIVE["defaults"], "max_bulk_objects": 1}})
+    with pytest.raises(PolicyDenied, match="bulk|objects"):
+        await gw.call(ADMIN, "bulk_vm_action",
+                      {"target": "vc1", "action": "delete_vm", "name_regex": "DC0_C0_RP0_VM.*",
+                       "force_power_off": True})
+    assert gw.store.list_proposals() == []
+    assert env.vm_exists(VM0) and env.vm_exists(VM1)
+
+
+async def test_rate_limit_per_target_and_category(env: Env) -> None:
+    limits = {**PERMISSIVE["defaults"], "max_calls_per_minute": {"write": 2}}
+    gw = env.build(rules={"defaults": limits})
+    for vm in (VM0, VM1):
+        await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": vm, "guest_timeout_seconds": 0})
+    with pytest.raises(RateLimited) as info:
+        await gw.call(ADMIN, "power_on_vm", {"target": "vc1", "vm": VM0})
+    assert info.value.retry_after > 0
+    await gw.call(ADMIN, "list_vms", {"target": "vc1"})  # reads are not throttled
+
+
+# ---------------------------------------------------------------- fail closed
+
+
+async def test_a_broken_rules_file_denies_writes_but_serves_reads(env: Env) -> None:
+    gw = env.build()
+    (env.tmp / "rules.yaml").write_text("defaults: {write: allow\n")
+    with pytest.raises(PolicyDenied, match=r"rules\.yaml"):
+        await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0})
+    assert env.power_state(VM0) == "poweredOn"
+    listing = await gw.call(ADMIN, "list_vms", {"target": "vc1"})
+    assert listing["count"] >= 2
+
+
+async def test_an_unwritable_audit_log_refuses_the_call_before_vsphere(env: Env) -> None:
+    gw = env.build()
+    audit = env.tmp / "audit.jsonl"
+    audit.unlink(missing_ok=True)
+    audit.mkdir()  # a directory where the log should be: every append fails, even as root
+    with pytest.raises(AuditUnavailable):
+        await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0})
+    assert env.power_state(VM0) == "poweredOn"
+    with pytest.raises(AuditUnavailable):
+        await propose_delete(gw)
+    assert gw.store.list_proposals() == []
+    assert "audit log not writable" in gw.readiness()
+
+
+async def test_read_only_mode_withholds_every_change(env: Env) -> None:
+    gw = env.build(read_only=True)
+    names = {t.name for t in gw.tools_for(ADMIN)}
+    assert "list_vms" in names and not names & {"power_on_vm", "delete_vm", "confirm_action"}
+    with pytest.raises(NotFound):
+        await gw.call(ADMIN, "power_on_vm", {"target": "vc1", "vm": VM0})
+
+
+# ---------------------------------------------------------------- reads
+
+
+async def test_read_fan_out_answers_per_target(env: Env) -> None:
+    gw = env.build()
+    one = await gw.call(ADMIN, "list_vms", {"target": "vc1"})
+    assert {row["name"] for row in one["vms"]} >= {VM0, VM1}
+    many = await gw.call(ADMIN, "list_vms", {"target": "all"})
+    assert set(many) == {"vc1"} and "ok" in many["vc1"]
+    with pytest.raises(NotFound, match="unknown target 'nope'"):
+        await gw.call(ADMIN, "list_vms", {"target": ["vc1", "nope"]})
+    (row,) = [r for r in env.rows(phase="call") if r["target"] == "all"]
+    assert row["outcome"] == "ok"
+
+
+async def test_list_targets_hides_addresses_from_narrow_roles(env: Env, tmp_path: Path) -> None:
+    roles = tmp_path / "roles.yaml"
+    roles.write_text(yaml.safe_dump({"roles": {"narrow": {
+        "tools": "read", "allow_write": [], "allow_destructive": [], "targets": ["vc1"], "approve": "none"}}}))
+    os.chmod(roles, 0o600)
+    gw = env.build()
+    wide = await gw.call(ADMIN, "list_targets", {})
+    assert wide["targets"][0]["host"] == env.sim.host
+    narrow = await gw.call(Principal(name="n", role="narrow", surface="test"), "list_targets", {})
+    assert narrow["targets"][0]["name"] == "vc1" and "host" not in narrow["targets"][0]
+
+
+async def test_role_without_targets_gets_forbidden_for_all(env: Env, tmp_path: Path) -> None:
+    roles = tmp_path / "roles.yaml"
+    roles.write_text(yaml.safe_dump({"roles": {"lab": {
+        "tools": "read", "allow_write": [], "allow_destructive": [], "targets": ["lab-*"], "approve": "none"}}}))
+    os.chmod(roles, 0o600)
+    gw = env.build()
+    lab = Principal(name="l", role="lab", surface="test")
+    with pytest.raises(Forbidden):
+        await gw.call(lab, "list_vms", {"target": "all"})
+    with pytest.raises(NotFound):
+        await gw.call(lab, "list_vms", {"target": "vc1"})
+
