@@ -70,8 +70,12 @@ class Env:
         self.clock = Clock()
         self.gateways: list[Gateway] = []
 
-    def build(self, rules: Mapping[str, Any] | None = None, targets_extra: Mapping[str, Any] | None = None,
-              **settings: Any) -> Gateway:
+    def build(
+        self,
+        rules: Mapping[str, Any] | None = None,
+        targets_extra: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> Gateway:
         env = write_targets(self.tmp / "targets.yaml", {"vc1": self.sim}, {"vc1": dict(targets_extra or {})})
         self.write_rules(PERMISSIVE if rules is None else rules)
         base = Settings.from_env({"GATEWAY_HOME": str(self.tmp), **env})
@@ -279,10 +283,17 @@ async def test_dry_run_runs_everything_but_the_change(env: Env) -> None:
 
 async def test_bulk_over_the_limit_is_denied_before_any_proposal(env: Env) -> None:
     gw = env.build(rules={**PERMISSIVE, "defaults": {**PERMISSIVE["defaults"], "max_bulk_objects": 1}})
-    with pytest.raises(PolicyDenied, match="bulk|objects"):
-        await gw.call(ADMIN, "bulk_vm_action",
-                      {"target": "vc1", "action": "delete_vm", "name_regex": "DC0_C0_RP0_VM.*",
-                       "force_power_off": True})
+    with pytest.raises(PolicyDenied, match=r"bulk|objects"):
+        await gw.call(
+            ADMIN,
+            "bulk_vm_action",
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
+        )
     assert gw.store.list_proposals() == []
     assert env.vm_exists(VM0) and env.vm_exists(VM1)
 
@@ -350,8 +361,21 @@ async def test_read_fan_out_answers_per_target(env: Env) -> None:
 
 async def test_list_targets_hides_addresses_from_narrow_roles(env: Env, tmp_path: Path) -> None:
     roles = tmp_path / "roles.yaml"
-    roles.write_text(yaml.safe_dump({"roles": {"narrow": {
-        "tools": "read", "allow_write": [], "allow_destructive": [], "targets": ["vc1"], "approve": "none"}}}))
+    roles.write_text(
+        yaml.safe_dump(
+            {
+                "roles": {
+                    "narrow": {
+                        "tools": "read",
+                        "allow_write": [],
+                        "allow_destructive": [],
+                        "targets": ["vc1"],
+                        "approve": "none",
+                    }
+                }
+            }
+        )
+    )
     os.chmod(roles, 0o600)
     gw = env.build()
     wide = await gw.call(ADMIN, "list_targets", {})
@@ -362,8 +386,21 @@ async def test_list_targets_hides_addresses_from_narrow_roles(env: Env, tmp_path
 
 async def test_role_without_targets_gets_forbidden_for_all(env: Env, tmp_path: Path) -> None:
     roles = tmp_path / "roles.yaml"
-    roles.write_text(yaml.safe_dump({"roles": {"lab": {
-        "tools": "read", "allow_write": [], "allow_destructive": [], "targets": ["lab-*"], "approve": "none"}}}))
+    roles.write_text(
+        yaml.safe_dump(
+            {
+                "roles": {
+                    "lab": {
+                        "tools": "read",
+                        "allow_write": [],
+                        "allow_destructive": [],
+                        "targets": ["lab-*"],
+                        "approve": "none",
+                    }
+                }
+            }
+        )
+    )
     os.chmod(roles, 0o600)
     gw = env.build()
     lab = Principal(name="l", role="lab", surface="test")
@@ -371,4 +408,3 @@ async def test_role_without_targets_gets_forbidden_for_all(env: Env, tmp_path: P
         await gw.call(lab, "list_vms", {"target": "all"})
     with pytest.raises(NotFound):
         await gw.call(lab, "list_vms", {"target": "vc1"})
-
