@@ -13,7 +13,7 @@ $(BIN)/gateway: pyproject.toml
 
 venv: $(BIN)/gateway
 
-$(VCSIM): deploy/vcsim/main.go deploy/vcsim/build.sh
+$(VCSIM): $(wildcard deploy/vcsim/*.go) deploy/vcsim/build.sh
 	bash deploy/vcsim/build.sh
 
 vcsim: $(VCSIM)

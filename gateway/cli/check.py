@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rules: {settings.rules_file} absent; built-in strict defaults apply (destructive denied)")
     if settings.roles_file.exists():
         role_problems = RoleBook(settings.roles_file).check()
-        problems += [f"{settings.roles_file}: {p}" for p in role_problems]
+        problems += role_problems
         if not role_problems:
             print(f"roles: {settings.roles_file} ok")
     else:

@@ -1,0 +1,36 @@
+"""``gateway policy show``: the effective policy per target, or why rules.yaml cannot be used."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import yaml
+
+from gateway.cli import add_path_flags, settings_from
+from gateway.config import ConfigProblems, Target, load_targets
+from gateway.guard.policy import PolicyStore
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("policy", help="inspect the policy in force")
+    actions = parser.add_subparsers(dest="policy_action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="effective policy per target (exit 1 while rules.yaml is broken)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    add_path_flags(show)
+    show.set_defaults(handler=run_show)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    try:
+        targets: tuple[Target, ...] = load_targets(settings.targets_file)
+    except ConfigProblems:
+        targets = ()  # the policy can still be shown for its defaults; `gateway check` explains targets
+    report = PolicyStore(settings.rules_file).describe(targets)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        print(yaml.safe_dump(json.loads(json.dumps(report, default=str)), sort_keys=False), end="")
+    return 1 if report.get("status") == "error" else 0
