@@ -19,7 +19,6 @@ import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,23 +26,20 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from argon2 import PasswordHasher
+from httpserver import FAST_HASH, Served, mcp_client, serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, wait_until, write_targets
-from starlette.applications import Starlette
 
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
 from gateway.cli import serve as serve_cli
 from gateway.cli import settings_from
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument, NotFound
-from gateway.server.app import GatewayServer, build_app, uvicorn_config
-from gateway.server.edge import EdgeConfig
 from gateway.server.mcp import ProgressSink
 from gateway.server.metrics import Metrics
 from gateway.server.pipeline import Gateway
-from gateway.server.tls import CertificatePaths, create_certificate, server_context
+from gateway.server.tls import CertificatePaths, create_certificate
 from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
@@ -52,7 +48,6 @@ pytestmark = pytest.mark.anyio
 MODES = ("legacy", "2026-07-28")
 REPO = Path(__file__).resolve().parent.parent
 GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
-FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
 
 
 @pytest.fixture(scope="module")
@@ -141,54 +136,6 @@ def real_gateway(sim: Simulator, tmp: Path) -> Gateway:
 # ---------------------------------------------------------------------------- a running server
 
 
-@dataclass
-class Served:
-    server: GatewayServer
-    thread: threading.Thread
-    app: Starlette
-    gateway: Any
-    cert: CertificatePaths
-    tokens: dict[str, str]
-
-    @property
-    def port(self) -> int:
-        port: int = self.server.servers[0].sockets[0].getsockname()[1]
-        return port
-
-    @property
-    def base(self) -> str:
-        return f"https://localhost:{self.port}"
-
-    def tls(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.cert.cert))
-
-    def http(self, token: str | None = None, headers: Mapping[str, str] | None = None) -> httpx2.AsyncClient:
-        sent = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
-        return httpx2.AsyncClient(base_url=self.base, verify=self.tls(), headers=sent, timeout=30)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the server did not stop"
-
-
-def serve(tmp: Path, gateway: Any, **server_options: Any) -> Served:
-    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
-    tokens = {name: create_token(gateway.store, name, role, expires_in=None, now=time.time(),
-                                 hasher=FAST_HASH)[0]
-              for name, role in (("alice", "admin"), ("bob", "reader"), ("carol", "vc1-reader"))}
-    config = EdgeConfig.for_https(["localhost"], max_body_bytes=64 * 1024, max_header_bytes=8 * 1024)
-    app = build_app(gateway, config)
-    uv = uvicorn_config(app, config, host="127.0.0.1", port=0,
-                        ssl_context=server_context(cert.cert, cert.key))
-    server = GatewayServer(uv, gateway, app.state.in_flight, **server_options)
-    thread = threading.Thread(target=server.run, name="gateway-https", daemon=True)
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive(), timeout=20, what="server start")
-    assert server.started, "the server failed to start (see the log)"
-    return Served(server, thread, app, gateway, cert, tokens)
-
-
 @pytest.fixture(scope="module")
 def served(sim_vc1: Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("https")
@@ -199,16 +146,6 @@ def served(sim_vc1: Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def stand_in(tmp: Path, **server_options: Any) -> Served:
     return serve(tmp, StandInGateway(SqliteStore(tmp / "state.db")), **server_options)
-
-
-@asynccontextmanager
-async def mcp_client(
-    served: Served, token: str, mode: str, headers: Mapping[str, str] | None = None,
-) -> AsyncIterator[Client]:
-    http = served.http(token, headers)
-    transport = streamable_http_client(f"{served.base}/mcp", http_client=http)
-    async with http, Client(transport, mode=mode) as client:
-        yield client
 
 
 # ---------------------------------------------------------------------------- MCP over HTTPS

@@ -1,0 +1,483 @@
+"""The approval page: static files and a small JSON API, mounted at /ui by ``gateway.server.app``.
+
+Everything here goes through the same ``Gateway`` as MCP callers: reads are ``gateway.call`` (role
+checks, fan-out, audit rows with surface ``web``), approvals and denials are ``gateway.approve`` and
+``gateway.deny`` (the approve right, the proposal's state and expiry, audit rows naming the human).
+The page never creates or edits anything else.
+
+    GET  /                          the page (static HTML; script and style from /static, no inline code)
+    GET  /static/<file>             app.js, app.css, favicon.svg
+    GET  /api/session               who is signed in (and the CSRF token), or {"signed_in": false}
+    POST /api/sign-in               {"token": "gwt_..."} -> session cookie          (origin check)
+    POST /api/sign-out                                                                (origin + CSRF)
+    GET  /api/proposals             open and recently decided proposals on the viewer's targets
+    POST /api/proposals/<id>/approve   approve and execute                          (origin + CSRF)
+    POST /api/proposals/<id>/deny                                                    (origin + CSRF)
+    GET  /api/targets               list_targets plus each target's web-approval setting
+    GET  /api/inventory/<kind>      vms | hosts | clusters | datastores across the viewer's targets
+    GET  /api/audit                 a filtered tail of the audit log (rows of the viewer's targets)
+    GET  /api/audit/verify          whether the hash chain verifies
+
+Every response carries a Content-Security-Policy without inline script and with
+``frame-ancestors 'none'``, ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and
+``Cache-Control: no-store``. Every POST needs a JSON body (an HTML form cannot send one cross-site)
+and passes ``gateway.web.session.origin_refusal``; every POST but sign-in also needs the CSRF token.
+Each request re-reads the session's token record: revoking a token, its expiry or a role change
+applies from the next request.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.auth.roles import Role
+from gateway.auth.tokens import Principal
+from gateway.errors import (
+    AuditUnavailable,
+    Forbidden,
+    GatewayError,
+    InvalidArgument,
+    NotFound,
+    Unauthorized,
+    VSphereError,
+)
+from gateway.guard import audit
+from gateway.server.edge import correlation_id_var
+from gateway.server.pipeline import Gateway, proposal_view
+from gateway.store.base import FINAL_STATES, Proposal
+from gateway.web.session import (
+    CSRF_HEADER,
+    SessionStore,
+    WebSession,
+    clear_cookie_header,
+    cookie_name,
+    csrf_matches,
+    origin_refusal,
+    set_cookie_header,
+)
+
+log = logging.getLogger(__name__)
+
+SURFACE: Final = "web"
+SECURITY_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
+    (b"content-security-policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+     b"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+)
+ASSET_TYPES: Final = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+#: inventory kinds the page browses -> the read tool answering them
+INVENTORY_TOOLS: Final = {"vms": "list_vms", "hosts": "list_hosts", "clusters": "list_clusters",
+                          "datastores": "list_datastores"}
+OPEN_STATES: Final = ("pending", "approved", "executing")
+RECENT_LIMIT: Final = 50
+OPEN_LIMIT: Final = 200
+AUDIT_DEFAULT_ROWS: Final = 100
+AUDIT_MAX_ROWS: Final = 500
+#: rows read per row shown when a role sees only some targets (the rest are filtered out)
+AUDIT_SCAN_FACTOR: Final = 20
+AUDIT_FILTERS: Final = ("phase", "target", "tool", "caller")
+MAX_TOKEN_CHARS: Final = 256
+_PROPOSAL_ID: Final = re.compile(r"[a-z0-9]{12}")
+#: HTTP status per error code; other vSphere errors are 502, anything else 400
+_STATUS: Final = {
+    "invalid_argument": 400, "unauthorized": 401, "forbidden": 403, "policy_denied": 403,
+    "not_found": 404, "confirmation_invalid": 409, "approval_required": 409, "stale": 409,
+    "confirmation_expired": 410, "rate_limited": 429, "config_error": 500, "audit_unavailable": 503,
+    "state_unavailable": 503,
+}
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The signed-in human of one request: the session, the token's current name and role."""
+
+    session: WebSession
+    principal: Principal
+    role: Role
+
+
+def approval_refusal(approve: str, viewer: str, requester: str) -> str | None:
+    """Why ``viewer`` (whose role has the ``approve`` right) may not approve or deny a proposal made by
+    ``requester``; None if they may. Mirrors ``gateway.guard.confirm``, which decides for real. Pure."""
+    if approve == "any" or (approve == "others" and viewer != requester):
+        return None
+    if approve == "others":
+        return "you made this proposal, and your role approves only proposals made by others"
+    return "your role may not approve or deny proposals"
+
+
+def may_see_row(role: Role, row: Mapping[str, Any]) -> bool:
+    """An audit row is shown to a role covering every target, or when the role covers its target(s)."""
+    if role.all_targets:
+        return True
+    target = row.get("target")
+    return isinstance(target, str) and bool(target) and all(role.permits_target(t) for t in target.split(","))
+
+
+def error_status(exc: GatewayError) -> int:
+    return _STATUS.get(exc.code) or (502 if isinstance(exc, VSphereError) else 400)
+
+
+class SecurityHeaders:
+    """Adds ``SECURITY_HEADERS`` to every response of the page (errors and 404s included)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _load_static() -> tuple[bytes, dict[str, bytes]]:
+    folder = resources.files("gateway.web").joinpath("static")
+    page = folder.joinpath("index.html").read_bytes()
+    return page, {name: folder.joinpath(name).read_bytes() for name in ASSET_TYPES}
+
+
+def _origin_predicate(allowed: Sequence[str] | Callable[[str], bool] | None) -> Callable[[str], bool] | None:
+    if allowed is None or callable(allowed):
+        return allowed
+    accepted = frozenset(o.strip().rstrip("/").lower() for o in allowed)
+    return lambda origin: origin.strip().rstrip("/").lower() in accepted
+
+
+def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+Handler = Callable[[Request, Viewer], Awaitable[Any]]
+
+
+class WebApi:
+    """The page's endpoints over one ``Gateway`` (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway, sessions: SessionStore, *, secure_cookies: bool | None,
+                 origin_allowed: Callable[[str], bool] | None) -> None:
+        self.gateway, self.sessions = gateway, sessions
+        self.secure_cookies, self.origin_allowed = secure_cookies, origin_allowed
+        self.page_bytes, self.assets = _load_static()
+
+    def routes(self) -> list[Route]:
+        api = self._endpoint
+        return [
+            Route("/", self.page, methods=["GET"]),
+            Route("/static/{name}", self.asset, methods=["GET"]),
+            Route("/api/session", self.session_info, methods=["GET"]),
+            Route("/api/sign-in", self.sign_in, methods=["POST"]),
+            Route("/api/sign-out", self.sign_out, methods=["POST"]),
+            Route("/api/proposals", api(self.proposals), methods=["GET"]),
+            Route("/api/proposals/{pid}/approve", api(self.approve, change=True), methods=["POST"]),
+            Route("/api/proposals/{pid}/deny", api(self.deny, change=True), methods=["POST"]),
+            Route("/api/targets", api(self.targets), methods=["GET"]),
+            Route("/api/inventory/{kind}", api(self.inventory), methods=["GET"]),
+            Route("/api/audit", api(self.audit_tail), methods=["GET"]),
+            Route("/api/audit/verify", api(self.audit_verify), methods=["GET"]),
+        ]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _secure(self, request: Request) -> bool:
+        return self.secure_cookies if self.secure_cookies is not None else request.url.scheme == "https"
+
+    def _cookie_path(self, request: Request) -> str:
+        return str(request.scope.get("root_path") or "") + "/"
+
+    def _clear_cookie(self, request: Request) -> dict[str, str]:
+        return {"set-cookie": clear_cookie_header(secure=self._secure(request), path=self._cookie_path(request))}
+
+    def _session_id(self, request: Request) -> str | None:
+        return request.cookies.get(cookie_name(self._secure(request)))
+
+    def _viewer(self, request: Request) -> Viewer:
+        """The signed-in viewer, re-checked against the token store; ``Unauthorized`` otherwise."""
+        sid = self._session_id(request)
+        session = self.sessions.get(sid)
+        if session is None:
+            raise Unauthorized("you are not signed in, or your session ended; sign in with your token")
+        record = self.gateway.store.token_by_id(session.token_id)
+        if record is None or record.name != session.name or not record.usable(self.sessions.clock()):
+            self.sessions.end(sid)
+            raise Unauthorized("your token was revoked or has expired, so your session ended; sign in with a "
+                               "valid token (`gateway token create NAME --role ROLE`)")
+        principal = Principal(record.name, record.role, record.token_id, surface=SURFACE)
+        role = self.gateway.role_of(principal)
+        if role is None:
+            self.sessions.end(sid)
+            raise Unauthorized(f"your token's role '{record.role}' is not defined on this gateway; ask an "
+                               "administrator to fix roles.yaml or give your token another role")
+        return Viewer(session, principal, role)
+
+    def _check_origin(self, request: Request) -> None:
+        reason = origin_refusal(origin=request.headers.get("origin"),
+                                fetch_site=request.headers.get("sec-fetch-site"), scheme=request.url.scheme,
+                                host=request.headers.get("host"), allowed=self.origin_allowed)
+        if reason is not None:
+            log.warning("refused a cross-site %s %s: %s", request.method, request.url.path, reason)
+            raise Forbidden(reason, reason_code="cross_site")
+        if not request.headers.get("content-type", "").lower().startswith("application/json"):
+            raise Forbidden("changes are accepted only as JSON sent by this page", reason_code="content_type")
+
+    def _check_csrf(self, request: Request, session: WebSession) -> None:
+        if not csrf_matches(session, request.headers.get(CSRF_HEADER)):
+            log.warning("refused a %s %s without a valid CSRF token", request.method, request.url.path)
+            raise Forbidden("this request lacks the page's CSRF token; reload the page and try again",
+                            reason_code="csrf")
+
+    def _error(self, request: Request, exc: GatewayError) -> JSONResponse:
+        status = error_status(exc)
+        headers = self._clear_cookie(request) if status == 401 else None
+        return _json({"error": exc.to_wire()}, status, headers)
+
+    def _endpoint(self, handler: Handler, *, change: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        """Wrap ``handler`` with authentication, the change checks (origin, JSON, CSRF) and error replies."""
+
+        @functools.wraps(handler)
+        async def endpoint(request: Request) -> Response:
+            try:
+                if change:
+                    self._check_origin(request)
+                viewer = self._viewer(request)
+                if change:
+                    self._check_csrf(request, viewer.session)
+                return _json(await handler(request, viewer))
+            except GatewayError as exc:
+                return self._error(request, exc)
+            except Exception:
+                log.exception("the approval page failed on %s %s", request.method, request.url.path)
+                return _json({"error": {"code": "internal", "message": "the gateway failed on this request; "
+                                        "see its log"}}, 500)
+
+        return endpoint
+
+    def _audit_event(self, phase: str, principal: Principal) -> None:
+        """Sign-in and sign-out rows; an unwritable log is logged here (approvals refuse it themselves)."""
+        row = {"phase": phase, "caller": principal.name, "role": principal.role, "surface": SURFACE,
+               "correlation_id": correlation_id_var.get()}
+        try:
+            self.gateway.audit.write(row)
+        except AuditUnavailable:
+            log.warning("could not audit %s of %r: the audit log is not writable", phase, principal.name)
+
+    def _session_body(self, viewer: Viewer) -> dict[str, Any]:
+        return {"signed_in": True, "name": viewer.principal.name, "role": viewer.role.name,
+                "approve": viewer.role.approve, "all_targets": viewer.role.all_targets,
+                "csrf": viewer.session.csrf,
+                "expires_in_seconds": int(self.sessions.remaining(viewer.session)),
+                "idle_timeout_seconds": int(self.sessions.idle)}
+
+    # ------------------------------------------------------------------ page and session
+
+    async def page(self, _request: Request) -> Response:
+        return Response(self.page_bytes, media_type="text/html; charset=utf-8")
+
+    async def asset(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in self.assets:
+            return _json({"error": {"code": "not_found", "message": "no such file"}}, 404)
+        return Response(self.assets[name], media_type=ASSET_TYPES[name])
+
+    async def session_info(self, request: Request) -> Response:
+        try:
+            viewer = self._viewer(request)
+        except Unauthorized:
+            stale = self._session_id(request) is not None
+            return _json({"signed_in": False}, headers=self._clear_cookie(request) if stale else None)
+        except GatewayError as exc:
+            return self._error(request, exc)
+        return _json(self._session_body(viewer))
+
+    async def sign_in(self, request: Request) -> Response:
+        """Trade a bearer token for a session cookie; the token is read from the JSON body only."""
+        client = request.client.host if request.client else ""
+        try:
+            self._check_origin(request)
+            wait = self.gateway.authenticator.throttled(client)
+            if wait is not None:
+                return _json({"error": {"code": "rate_limited", "message": "too many failed sign-ins from this "
+                                        "address; wait a minute and try again"}}, 429,
+                             {"retry-after": str(max(1, int(wait) + 1))})
+            token = await _token_from(request)
+            principal = await self.gateway.authenticator.verify_async(token, client)
+            if principal is None:
+                raise Unauthorized("that token is not valid (unknown, revoked or expired); ask an administrator "
+                                   "for one: `gateway token create NAME --role ROLE`")
+            if self.gateway.role_of(principal) is None:
+                raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask an "
+                                "administrator to fix roles.yaml or give your token another role")
+        except GatewayError as exc:
+            return self._error(request, exc)
+        self.sessions.end(self._session_id(request))  # a fresh id on every sign-in: no session fixation
+        session = self.sessions.create(principal)
+        viewer_principal = Principal(principal.name, principal.role, principal.token_id, surface=SURFACE)
+        await anyio.to_thread.run_sync(self._audit_event, "web_sign_in", viewer_principal)
+        role = self.gateway.role_of(principal)
+        assert role is not None
+        cookie = set_cookie_header(session.id, secure=self._secure(request), max_age=self.sessions.lifetime,
+                                   path=self._cookie_path(request))
+        return _json(self._session_body(Viewer(session, viewer_principal, role)), headers={"set-cookie": cookie})
+
+    async def sign_out(self, request: Request) -> Response:
+        try:
+            self._check_origin(request)
+            viewer = self._viewer(request)
+            self._check_csrf(request, viewer.session)
+        except Unauthorized:
+            return _json({"signed_in": False}, headers=self._clear_cookie(request))
+        except GatewayError as exc:
+            return self._error(request, exc)
+        self.sessions.end(viewer.session.id)
+        await anyio.to_thread.run_sync(self._audit_event, "web_sign_out", viewer.principal)
+        return _json({"signed_in": False}, headers=self._clear_cookie(request))
+
+    # ------------------------------------------------------------------ proposals
+
+    def _proposal(self, p: Proposal, viewer: Viewer, now: float) -> dict[str, Any]:
+        view = proposal_view(p, now)
+        refusal = approval_refusal(viewer.role.approve, viewer.principal.name, p.caller)
+        view.update({
+            "gated": p.require_web_approval, "requested_via": p.surface, "decided_at": p.decided_at,
+            "mine": p.caller == viewer.principal.name,
+            "can_decide": refusal is None and p.state == "pending", "decide_note": refusal,
+        })
+        return view
+
+    async def proposals(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
+        store, now = self.gateway.store, self.gateway.clock()
+        found = [*store.list_proposals(OPEN_STATES, limit=OPEN_LIMIT),
+                 *store.list_proposals(sorted(FINAL_STATES), limit=RECENT_LIMIT)]
+        shown = [self._proposal(p, viewer, now) for p in found if viewer.role.permits_target(p.target)]
+        return {"proposals": shown}
+
+    async def approve(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        pid = _proposal_id(request)
+        result = await self.gateway.approve(pid, viewer.principal, correlation_id=correlation_id_var.get())
+        return {"result": result}
+
+    async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        pid = _proposal_id(request)
+        deny = functools.partial(self.gateway.deny, pid, viewer.principal, correlation_id=correlation_id_var.get())
+        return {"result": await anyio.to_thread.run_sync(deny)}
+
+    # ------------------------------------------------------------------ reads
+
+    async def targets(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
+        listing = await self.gateway.call(viewer.principal, "list_targets", {},
+                                          correlation_id=correlation_id_var.get())
+        for row in listing.get("targets", []):
+            row["require_web_approval"] = self.gateway.policy.target_limits(row["name"]).require_web_approval
+        return listing
+
+    async def inventory(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        kind = request.path_params["kind"]
+        tool = INVENTORY_TOOLS.get(kind)
+        if tool is None:
+            raise NotFound(f"no inventory kind '{kind}'; use one of {', '.join(INVENTORY_TOOLS)}")
+        results = await self.gateway.call(viewer.principal, tool, {"target": "all"},
+                                          correlation_id=correlation_id_var.get())
+        return {"kind": kind, "targets": results}
+
+    async def audit_tail(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        filters = {name: _query_text(request, name) for name in AUDIT_FILTERS}
+        last = _query_count(request, "last", AUDIT_DEFAULT_ROWS, AUDIT_MAX_ROWS)
+        scan = last if viewer.role.all_targets else last * AUDIT_SCAN_FACTOR
+        read = functools.partial(audit.read_rows, self.gateway.settings.audit_log, last=scan, **filters)
+        rows = [r for r in await anyio.to_thread.run_sync(read) if may_see_row(viewer.role, r)]
+        return {"rows": rows[-last:], "filters": {k: v for k, v in filters.items() if v}, "last": last}
+
+    async def audit_verify(self, _request: Request, _viewer: Viewer) -> dict[str, Any]:
+        report = await anyio.to_thread.run_sync(audit.verify, self.gateway.settings.audit_log)
+        return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq, "last_seq": report.last_seq,
+                "problems": report.problems, "starts_after_rotation": report.starts_after_rotation,
+                "first_broken_line": _fault(report.first_broken_line), "torn_last_line": _fault(report.torn_last_line)}
+
+
+def _fault(fault: audit.LineFault | None) -> dict[str, Any] | None:
+    if fault is None:
+        return None
+    return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}
+
+
+def _proposal_id(request: Request) -> str:
+    pid = str(request.path_params["pid"])
+    if not _PROPOSAL_ID.fullmatch(pid):
+        raise NotFound(f"no proposal {pid[:40]!r}; proposal ids are 12 lowercase letters and digits")
+    return pid
+
+
+def _query_text(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name, "").strip()
+    if len(value) > 128:
+        raise InvalidArgument(name, "at most 128 characters")
+    return value or None
+
+
+def _query_count(request: Request, name: str, default: int, maximum: int) -> int:
+    raw = request.query_params.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
+        raise InvalidArgument(name, f"a whole number from 1 to {maximum}")
+    return int(raw)
+
+
+async def _token_from(request: Request) -> str:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    token = body.get("token") if isinstance(body, dict) else None
+    if not isinstance(token, str) or not token.strip() or len(token) > MAX_TOKEN_CHARS:
+        raise InvalidArgument("token", "send the token as JSON: {\"token\": \"gwt_...\"}")
+    return token.strip()
+
+
+def build_web_app(
+    gateway: Gateway, *, secure_cookies: bool | None = None,
+    allowed_origins: Sequence[str] | Callable[[str], bool] | None = None,
+    sessions: SessionStore | None = None,
+) -> Starlette:
+    """The approval page as an ASGI app to mount at /ui (``gateway.server.app.build_app(web=...)``).
+
+    ``secure_cookies``: True always marks the cookie ``Secure`` with the ``__Host-`` prefix, False
+    never, None (default) when the request arrived over HTTPS (as uvicorn sees it, so behind a proxy
+    only with trusted forwarded headers). ``allowed_origins``: besides being the request's own origin,
+    the ``Origin`` of a change must be in this list (or pass this predicate) when given.
+    """
+    api = WebApi(gateway, sessions or SessionStore(), secure_cookies=secure_cookies,
+                 origin_allowed=_origin_predicate(allowed_origins))
+    app = Starlette(routes=api.routes(), middleware=[Middleware(SecurityHeaders)])
+    app.state.sessions = api.sessions
+    return app

@@ -1,0 +1,91 @@
+"""A real gateway HTTPS server for tests: uvicorn on a free loopback port with a generated certificate,
+tokens for three roles, and the SDK's MCP client pointed at it."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from argon2 import PasswordHasher
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from simulator import wait_until
+from starlette.applications import Starlette
+
+from gateway.auth.tokens import create_token
+from gateway.server.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge import EdgeConfig
+from gateway.server.tls import CertificatePaths, create_certificate, server_context
+
+#: argon2 parameters that keep token creation fast in tests (production uses the library's defaults)
+FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+
+
+@dataclass
+class Served:
+    server: GatewayServer
+    thread: threading.Thread
+    app: Starlette
+    gateway: Any
+    cert: CertificatePaths
+    tokens: dict[str, str]
+
+    @property
+    def port(self) -> int:
+        port: int = self.server.servers[0].sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def base(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    def tls(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert.cert))
+
+    def http(self, token: str | None = None, headers: Mapping[str, str] | None = None) -> httpx2.AsyncClient:
+        sent = {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+        return httpx2.AsyncClient(base_url=self.base, verify=self.tls(), headers=sent, timeout=30)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+def serve(tmp: Path, gateway: Any, **server_options: Any) -> Served:
+    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
+    tokens = {
+        name: create_token(gateway.store, name, role, expires_in=None, now=time.time(), hasher=FAST_HASH)[0]
+        for name, role in (("alice", "admin"), ("bob", "reader"), ("carol", "vc1-reader"))
+    }
+    config = EdgeConfig.for_https(["localhost"], max_body_bytes=64 * 1024, max_header_bytes=8 * 1024)
+    app = build_app(gateway, config)
+    uv = uvicorn_config(
+        app, config, host="127.0.0.1", port=0, ssl_context=server_context(cert.cert, cert.key)
+    )
+    server = GatewayServer(uv, gateway, app.state.in_flight, **server_options)
+    thread = threading.Thread(target=server.run, name="gateway-https", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), timeout=20, what="server start")
+    assert server.started, "the server failed to start (see the log)"
+    return Served(server, thread, app, gateway, cert, tokens)
+
+
+@asynccontextmanager
+async def mcp_client(
+    served: Served,
+    token: str,
+    mode: str,
+    headers: Mapping[str, str] | None = None,
+) -> AsyncIterator[Client]:
+    http = served.http(token, headers)
+    transport = streamable_http_client(f"{served.base}/mcp", http_client=http)
+    async with http, Client(transport, mode=mode) as client:
+        yield client
