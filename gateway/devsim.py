@@ -206,12 +206,17 @@ def start_simulator(
         args += ["-session-idle-timeout", f"{session_idle_timeout}s"]
     if control:
         args += ["-control", "127.0.0.1:0"]
-    return _launch(args, model, user or "vcsim", password or "vcsim", startup_timeout)
+    return _launch(args, model, user, password, startup_timeout)
 
 
-def _launch(args: list[str], model: str, user: str, password: str, timeout: float) -> SimulatorProcess:
+def _launch(
+    args: list[str], model: str, user: str | None, password: str | None, timeout: float,
+) -> SimulatorProcess:
     tmpdir = Path(tempfile.mkdtemp(prefix="vcsim-"))
-    env = {**os.environ, "TMPDIR": str(tmpdir), "VCSIM_PASSWORD": password}
+    env = {k: v for k, v in os.environ.items() if k != "VCSIM_PASSWORD"}
+    env["TMPDIR"] = str(tmpdir)
+    if user is not None and password is not None:
+        env["VCSIM_PASSWORD"] = password  # the launcher's -password default: kept out of `ps`
     with open(tmpdir / "vcsim.log", "wb") as log:
         process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                    env=env)
@@ -229,7 +234,8 @@ def _launch(args: list[str], model: str, user: str, password: str, timeout: floa
     url = fields["VCSIM_URL"]
     parts = urlsplit(url)
     sim = SimulatorProcess(
-        url=url, host=parts.hostname or "127.0.0.1", port=parts.port or 443, user=user, password=password,
+        url=url, host=parts.hostname or "127.0.0.1", port=parts.port or 443, user=user or "vcsim",
+        password=password or "vcsim",
         instance_uuid=_dash_to_none(fields.get("INSTANCE_UUID")),
         control_url=_dash_to_none(fields.get("CONTROL_URL")),
         pid=process.pid, model=model, process=process, tmpdir=tmpdir,

@@ -179,6 +179,7 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
 
 
 Handler = Callable[[Request, Viewer], Awaitable[Any]]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class WebApi:
@@ -216,7 +217,8 @@ class WebApi:
         return str(request.scope.get("root_path") or "") + "/"
 
     def _clear_cookie(self, request: Request) -> dict[str, str]:
-        return {"set-cookie": clear_cookie_header(secure=self._secure(request), path=self._cookie_path(request))}
+        cookie = clear_cookie_header(secure=self._secure(request), path=self._cookie_path(request))
+        return {"set-cookie": cookie}
 
     def _session_id(self, request: Request) -> str | None:
         return request.cookies.get(cookie_name(self._secure(request)))
@@ -261,7 +263,7 @@ class WebApi:
         headers = self._clear_cookie(request) if status == 401 else None
         return _json({"error": exc.to_wire()}, status, headers)
 
-    def _endpoint(self, handler: Handler, *, change: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    def _endpoint(self, handler: Handler, *, change: bool = False) -> Endpoint:
         """Wrap ``handler`` with authentication, the change checks (origin, JSON, CSRF) and error replies."""
 
         @functools.wraps(handler)
@@ -326,17 +328,17 @@ class WebApi:
             self._check_origin(request)
             wait = self.gateway.authenticator.throttled(client)
             if wait is not None:
-                return _json({"error": {"code": "rate_limited", "message": "too many failed sign-ins from this "
-                                        "address; wait a minute and try again"}}, 429,
+                message = "too many failed sign-ins from this address; wait a minute and try again"
+                return _json({"error": {"code": "rate_limited", "message": message}}, 429,
                              {"retry-after": str(max(1, int(wait) + 1))})
             token = await _token_from(request)
             principal = await self.gateway.authenticator.verify_async(token, client)
             if principal is None:
-                raise Unauthorized("that token is not valid (unknown, revoked or expired); ask an administrator "
-                                   "for one: `gateway token create NAME --role ROLE`")
+                raise Unauthorized("that token is not valid (unknown, revoked or expired); ask an "
+                                   "administrator for one: `gateway token create NAME --role ROLE`")
             if self.gateway.role_of(principal) is None:
-                raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask an "
-                                "administrator to fix roles.yaml or give your token another role")
+                raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask "
+                                "an administrator to fix roles.yaml or give your token another role")
         except GatewayError as exc:
             return self._error(request, exc)
         self.sessions.end(self._session_id(request))  # a fresh id on every sign-in: no session fixation
@@ -347,7 +349,8 @@ class WebApi:
         assert role is not None
         cookie = set_cookie_header(session.id, secure=self._secure(request), max_age=self.sessions.lifetime,
                                    path=self._cookie_path(request))
-        return _json(self._session_body(Viewer(session, viewer_principal, role)), headers={"set-cookie": cookie})
+        body = self._session_body(Viewer(session, viewer_principal, role))
+        return _json(body, headers={"set-cookie": cookie})
 
     async def sign_out(self, request: Request) -> Response:
         try:
@@ -388,7 +391,8 @@ class WebApi:
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)
-        deny = functools.partial(self.gateway.deny, pid, viewer.principal, correlation_id=correlation_id_var.get())
+        deny = functools.partial(self.gateway.deny, pid, viewer.principal,
+                                 correlation_id=correlation_id_var.get())
         return {"result": await anyio.to_thread.run_sync(deny)}
 
     # ------------------------------------------------------------------ reads
@@ -413,15 +417,19 @@ class WebApi:
         filters = {name: _query_text(request, name) for name in AUDIT_FILTERS}
         last = _query_count(request, "last", AUDIT_DEFAULT_ROWS, AUDIT_MAX_ROWS)
         scan = last if viewer.role.all_targets else last * AUDIT_SCAN_FACTOR
-        read = functools.partial(audit.read_rows, self.gateway.settings.audit_log, last=scan, **filters)
+        read = functools.partial(audit.read_rows, self.gateway.settings.audit_log, last=scan,
+                                 phase=filters["phase"], target=filters["target"], tool=filters["tool"],
+                                 caller=filters["caller"])
         rows = [r for r in await anyio.to_thread.run_sync(read) if may_see_row(viewer.role, r)]
         return {"rows": rows[-last:], "filters": {k: v for k, v in filters.items() if v}, "last": last}
 
     async def audit_verify(self, _request: Request, _viewer: Viewer) -> dict[str, Any]:
         report = await anyio.to_thread.run_sync(audit.verify, self.gateway.settings.audit_log)
-        return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq, "last_seq": report.last_seq,
-                "problems": report.problems, "starts_after_rotation": report.starts_after_rotation,
-                "first_broken_line": _fault(report.first_broken_line), "torn_last_line": _fault(report.torn_last_line)}
+        return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq,
+                "last_seq": report.last_seq, "problems": report.problems,
+                "starts_after_rotation": report.starts_after_rotation,
+                "first_broken_line": _fault(report.first_broken_line),
+                "torn_last_line": _fault(report.torn_last_line)}
 
 
 def _fault(fault: audit.LineFault | None) -> dict[str, Any] | None:
