@@ -408,3 +408,37 @@ async def test_role_without_targets_gets_forbidden_for_all(env: Env, tmp_path: P
         await gw.call(lab, "list_vms", {"target": "all"})
     with pytest.raises(NotFound):
         await gw.call(lab, "list_vms", {"target": "vc1"})
+
+
+async def test_a_change_interrupted_by_a_crash_is_settled_as_unknown(env: Env) -> None:
+    gw = env.build()
+    proposal = await propose_delete(gw)
+    pid = proposal["proposal_id"]
+    assert gw.store.transition(pid, ["pending"], "executing", decided_at=env.clock.now)
+    assert gw.settle_interrupted() == [], "a change claimed moments ago may still be running elsewhere"
+    env.clock.now += 3 * 86400
+    assert gw.settle_interrupted() == [pid]
+    settled = gw.store.get_proposal(pid)
+    assert settled is not None and settled.state == "failed" and settled.outcome == "outcome_unknown"
+    assert env.rows(phase="failed")[-1]["error_code"] == "outcome_unknown"
+
+
+async def test_the_pending_command_is_a_human_approval_path(
+    env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli import main
+
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    proposal = await propose_delete(gw)
+    for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "true")
+    home = ["--home", str(env.tmp)]
+    assert main(["pending", "list", *home]) == 0
+    listing = capsys.readouterr().out
+    assert proposal["proposal_id"] in listing and "BLOCKED until approved" in listing and "vc1" in listing
+    assert proposal["token"] not in listing
+    assert await anyio.to_thread.run_sync(main, ["pending", "approve", proposal["proposal_id"], *home]) == 0
+    assert not env.vm_exists(VM0)
+    approved = env.rows(phase="approved")[-1]
+    assert approved["surface"] == "cli" and approved["caller"].startswith("cli:")

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
 ALL = "all"
+#: a proposal still ``executing`` this long after it was claimed belongs to a process that died
+EXECUTION_GRACE_SECONDS = 2 * 86400.0
 #: tools the pipeline answers itself; a role gets them with its first write or destructive tool
 _PROPOSAL_TOOLS = frozenset({"list_pending_actions", "confirm_action", "cancel_action"})
 
@@ -148,7 +150,29 @@ class Gateway:
         )
 
     async def start(self) -> None:
+        self.settle_interrupted()
         self._sweeper = asyncio.create_task(self._sweep_expired_forever())
+
+    def settle_interrupted(self, older_than: float = EXECUTION_GRACE_SECONDS) -> list[str]:
+        """Mark proposals left ``executing`` by a process that died as failed with an unknown outcome.
+
+        Only proposals claimed longer ago than any task may run are touched, so a CLI approval that
+        is executing right now in another process is left alone. They are never retried: whether
+        vSphere finished the change is unknown, and the audit row says how to find out.
+        """
+        settled = []
+        cutoff = self.clock() - older_than
+        for p in self.store.list_proposals(["executing"]):
+            if (p.decided_at or p.created_at) > cutoff:
+                continue
+            error = {"code": "outcome_unknown", "message": "the gateway stopped while this change was running; "
+                     "check the objects and get_tasks on the target before doing anything again"}
+            if self.store.transition(p.id, ["executing"], "failed", outcome="outcome_unknown", error=error):
+                self._audit({"phase": "failed", "tool": p.tool, "target": p.target, "caller": p.caller,
+                             "role": p.role, "surface": "server", "proposal_id": p.id,
+                             "error_code": "outcome_unknown", "outcome": "outcome_unknown"})
+                settled.append(p.id)
+        return settled
 
     async def close(self) -> None:
         self.draining = True
