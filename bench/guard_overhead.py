@@ -44,16 +44,22 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
     return time.perf_counter() - start
 
 
-async def compare(label: str, bare: Callable[[int], Awaitable[Any]], guarded: Callable[[int], Awaitable[Any]],
-                  calls: int) -> dict[str, Any]:
+async def compare(
+    label: str, bare: Callable[[int], Awaitable[Any]], guarded: Callable[[int], Awaitable[Any]], calls: int
+) -> dict[str, Any]:
     a: list[float] = []
     b: list[float] = []
     for i in range(calls):
         a.append(await timed(lambda i=i: bare(i)))  # type: ignore[misc]
         b.append(await timed(lambda i=i: guarded(i)))  # type: ignore[misc]
     ma, mb = statistics.median(a), statistics.median(b)
-    return {"call": label, "bare_ms": ma * 1e3, "guarded_ms": mb * 1e3, "added_us": (mb - ma) * 1e6,
-            "ratio": mb / ma}
+    return {
+        "call": label,
+        "bare_ms": ma * 1e3,
+        "guarded_ms": mb * 1e3,
+        "added_us": (mb - ma) * 1e6,
+        "ratio": mb / ma,
+    }
 
 
 async def main(calls: int) -> list[dict[str, Any]]:
@@ -61,8 +67,9 @@ async def main(calls: int) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     try:
         env = write_targets(tmp / "targets.yaml", {"vc1": sim})
-        (tmp / "rules.yaml").write_text(yaml.safe_dump(
-            {"defaults": {"write": "allow", "max_calls_per_minute": {"write": 100_000}}}))
+        (tmp / "rules.yaml").write_text(
+            yaml.safe_dump({"defaults": {"write": "allow", "max_calls_per_minute": {"write": 100_000}}})
+        )
         gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp), **env}))
         # alternating identical writes are the benchmark, not a runaway: give the breaker a wide budget
         gw.breaker = RunawayBreaker(max_repeats=10**9)
@@ -83,7 +90,9 @@ async def main(calls: int) -> list[dict[str, Any]]:
             spec = gw.registry.get(ops[i % 2])
             assert spec is not None and spec.plan is not None and spec.execute is not None
             plan_fn, execute = spec.plan, spec.execute
-            args = spec.validate({"target": "vc1", "vm": VM, **({"guest_timeout_seconds": 0} if i % 2 == 0 else {})})
+            args = spec.validate(
+                {"target": "vc1", "vm": VM, **({"guest_timeout_seconds": 0} if i % 2 == 0 else {})}
+            )
             return await gw.scheduler.run("vc1", lambda s: execute(s, plan_fn(s, args), lambda f, m: None))
 
         async def guarded_write(i: int) -> Any:
@@ -100,8 +109,10 @@ async def main(calls: int) -> list[dict[str, Any]]:
             await guarded_write(1)
 
         await guarded_read(0)
-        rows = [await compare("get_vm_details (read)", bare_read, guarded_read, calls),
-                await compare("power off + on (2 writes)", bare_pair, guarded_pair, max(10, calls // 10))]
+        rows = [
+            await compare("get_vm_details (read)", bare_read, guarded_read, calls),
+            await compare("power off + on (2 writes)", bare_pair, guarded_pair, max(10, calls // 10)),
+        ]
         await gw.close()
         return rows
     finally:
@@ -110,8 +121,11 @@ async def main(calls: int) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]]) -> str:
     lines = ["| call | bare (ms) | guarded (ms) | added (µs) | ratio |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['call']} | {r['bare_ms']:.2f} | {r['guarded_ms']:.2f} | {r['added_us']:.0f} | "
-              f"{r['ratio']:.2f}x |" for r in rows]
+    lines += [
+        f"| {r['call']} | {r['bare_ms']:.2f} | {r['guarded_ms']:.2f} | {r['added_us']:.0f} | "
+        f"{r['ratio']:.2f}x |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -165,12 +165,25 @@ class Gateway:
         for p in self.store.list_proposals(["executing"]):
             if (p.decided_at or p.created_at) > cutoff:
                 continue
-            error = {"code": "outcome_unknown", "message": "the gateway stopped while this change was running; "
-                     "check the objects and get_tasks on the target before doing anything again"}
+            error = {
+                "code": "outcome_unknown",
+                "message": "the gateway stopped while this change was running; "
+                "check the objects and get_tasks on the target before doing anything again",
+            }
             if self.store.transition(p.id, ["executing"], "failed", outcome="outcome_unknown", error=error):
-                self._audit({"phase": "failed", "tool": p.tool, "target": p.target, "caller": p.caller,
-                             "role": p.role, "surface": "server", "proposal_id": p.id,
-                             "error_code": "outcome_unknown", "outcome": "outcome_unknown"})
+                self._audit(
+                    {
+                        "phase": "failed",
+                        "tool": p.tool,
+                        "target": p.target,
+                        "caller": p.caller,
+                        "role": p.role,
+                        "surface": "server",
+                        "proposal_id": p.id,
+                        "error_code": "outcome_unknown",
+                        "outcome": "outcome_unknown",
+                    }
+                )
                 settled.append(p.id)
         return settled
 
@@ -708,16 +721,19 @@ class Gateway:
         )
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
-    async def _replan(self, target: Target, plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
-                      proposal: Proposal) -> Plan:
+    async def _replan(
+        self, target: Target, plan_fn: Callable[[Any, Mapping[str, Any]], Plan], proposal: Proposal
+    ) -> Plan:
         """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
         try:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
         except (NotFound, Ambiguous) as exc:
-            raise Stale(f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
-                        "proposal and check it again") from exc
+            raise Stale(
+                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
+                "proposal and check it again"
+            ) from exc
         _check_not_stale(proposal, plan)
         return plan
 
