@@ -38,6 +38,11 @@ def parse_switch(name: str, raw: str | None, *, default: bool, fail_safe: bool |
     return chosen
 
 
+def logging_options(environ: Mapping[str, str]) -> tuple[str, str]:
+    """(format, level) for the process's logs, read before anything else is configured."""
+    return environ.get("GATEWAY_LOG_FORMAT", "text"), environ.get("GATEWAY_LOG_LEVEL", "INFO")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable about one gateway process."""
@@ -55,7 +60,6 @@ class Settings:
     queue_timeout_seconds: float = 300.0
     fanout_timeout_seconds: float = 30.0
     audit_max_bytes: int = 50 * 1024 * 1024
-    log_format: str = "text"
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -99,7 +103,6 @@ class Settings:
             queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
             fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
             audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),
-            log_format=environ.get("GATEWAY_LOG_FORMAT", "text"),
             credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
         )
         overrides = {

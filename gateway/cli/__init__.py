@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from gateway.errors import GatewayError
-from gateway.settings import Settings
+from gateway.logs import configure_logging
+from gateway.settings import Settings, logging_options
 
 #: command modules, in the order ``gateway --help`` lists them
 COMMAND_MODULES = ("serve", "check", "token", "roles", "pending", "audit", "policy", "cert")
@@ -46,10 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
+        configure_logging(*logging_options(os.environ))
         return int(args.handler(args) or 0)
     except GatewayError as exc:
         print(f"gateway: {exc.code}: {exc.message}", file=sys.stderr)

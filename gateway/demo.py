@@ -1,0 +1,371 @@
+"""``python -m gateway.demo`` (``make run``): the whole gateway on one machine in one command.
+
+It starts two simulated vCenters and one simulated ESXi host on loopback (``gateway.devsim``), writes a
+working configuration into a demo folder (``demo/`` at the repository root by default), makes a
+self-signed certificate, creates an admin token and a reader token, and runs ``gateway serve
+--transport https --web`` on ``https://127.0.0.1:PORT``. It prints the tokens (once), the web page's
+address and client configuration to paste, then a line starting with ``Ready:``. Ctrl-C (or SIGTERM)
+stops the gateway and the simulators; nothing it started outlives it.
+
+The demo folder is recreated on every run: its previous content (tokens, proposals, audit log) goes.
+A folder that exists, is not empty and was not made by the demo is refused, never deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+from gateway.auth.tokens import create_token
+from gateway.devsim import REPO, VCSIM_BIN, SimulatorProcess, start_simulator, write_targets
+from gateway.guard.audit import AuditSink
+from gateway.server.tls import create_certificate
+from gateway.store.sqlite import SqliteStore
+
+DEFAULT_PORT: Final = 8443
+MARKER: Final = ".gateway-demo"
+GATEWAY_MAIN: Final = "from gateway.cli import main; raise SystemExit(main())"
+PACKAGE_ROOT: Final = Path(__file__).resolve().parent.parent
+STARTUP_SECONDS: Final = 90.0
+STOP_SECONDS: Final = 30.0
+
+#: name -> start_simulator options: two vCenters and a standalone ESXi host, a few VMs each
+SIMULATORS: Final[dict[str, dict[str, Any]]] = {
+    "vc-1": {"model": "vpx", "clusters": 1, "hosts_per_cluster": 2, "standalone_hosts": 1, "vms": 3},
+    "vc-2": {"model": "vpx", "clusters": 1, "hosts_per_cluster": 2, "standalone_hosts": 0, "vms": 4},
+    "esx-1": {"model": "esx", "vms": 3},
+}
+TARGET_TAGS: Final = {"vc-1": ["env:lab"], "vc-2": ["env:staging"], "esx-1": ["env:lab"]}
+
+RULES: Final = """\
+# Demo policy (the full syntax is in rules.example.yaml).
+# Reads and writes are allowed everywhere. Destructive calls are allowed too, but each one is first
+# proposed and must be confirmed with confirm_action; on vc-2 a person must also approve it on the
+# web page before it can be confirmed.
+defaults:
+  read: allow
+  write: allow
+  destructive: allow
+protected:
+  - name: demo-protected-vm
+    vm_patterns: ["DC0_H0_VM0"]
+    reason: shows a protected VM; no destructive call may touch it
+targets:
+  vc-2:
+    require_web_approval: true
+"""
+
+ROLES: Final = """\
+# Demo custom roles (the full syntax is in roles.example.yaml); reader and admin are built in.
+roles:
+  lab-operator:
+    tools: read
+    allow_write: [power_on_vm, power_off_vm, reset_vm, create_snapshot]
+    allow_destructive: [delete_snapshot]
+    targets: ["vc-1", "esx-1"]
+    approve: none
+  approver:
+    tools: read
+    allow_write: []
+    allow_destructive: []
+    targets: "*"
+    approve: others
+"""
+
+#: token name -> role, created on every run
+TOKENS: Final = {"demo-admin": "admin", "demo-reader": "reader"}
+
+
+@dataclass(frozen=True)
+class DemoFiles:
+    """Where the demo keeps everything, all inside one folder."""
+
+    folder: Path
+
+    @property
+    def home(self) -> Path:
+        return self.folder / "home"
+
+    @property
+    def tls(self) -> Path:
+        return self.folder / "tls"
+
+    @property
+    def env_file(self) -> Path:
+        return self.folder / "gateway.env"
+
+    @property
+    def stdio_script(self) -> Path:
+        return self.folder / "stdio.sh"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "gateway.log"
+
+    def environment(self) -> dict[str, str]:
+        """The GATEWAY_* settings every gateway command of the demo runs with."""
+        return {
+            "GATEWAY_HOME": str(self.home), "GATEWAY_TARGETS_FILE": str(self.folder / "targets.yaml"),
+            "GATEWAY_RULES_FILE": str(self.folder / "rules.yaml"),
+            "GATEWAY_ROLES_FILE": str(self.folder / "roles.yaml"),
+            "GATEWAY_AUDIT_LOG": str(self.folder / "audit.jsonl"), "GATEWAY_ENABLE_DESTRUCTIVE": "true",
+        }
+
+
+class DemoError(Exception):
+    """The demo cannot start; the message says why and what to do."""
+
+
+# ------------------------------------------------------------------------------------------ the folder
+
+
+def prepare_folder(folder: Path) -> DemoFiles:
+    """Empty (or create) ``folder`` for a new run; refuse a non-empty folder the demo did not make."""
+    folder = folder.resolve()
+    if folder.exists() and any(folder.iterdir()):
+        if not (folder / MARKER).is_file():
+            raise DemoError(f"{folder} exists, is not empty and was not made by the demo; "
+                            "remove it or pass --dir with another folder")
+        shutil.rmtree(folder)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (folder / MARKER).write_text("made by `python -m gateway.demo`; emptied on every run\n")
+    return DemoFiles(folder)
+
+
+def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def write_configuration(files: DemoFiles, sims: Mapping[str, SimulatorProcess]) -> dict[str, str]:
+    """targets.yaml, rules.yaml, roles.yaml, gateway.env and stdio.sh; returns the gateway's environment
+    (settings and the simulators' credentials)."""
+    extra = {name: {"tags": TARGET_TAGS.get(name, [])} for name in sims}
+    credentials = write_targets(files.folder / "targets.yaml", sims, extra)
+    (files.folder / "targets.yaml").chmod(0o600)
+    _write_private(files.folder / "rules.yaml", RULES)
+    _write_private(files.folder / "roles.yaml", ROLES)
+    env = {**files.environment(), **credentials}
+    lines = [f"{key}={value}" for key, value in env.items()]
+    _write_private(files.env_file, "# the demo gateway's environment (simulator credentials included)\n"
+                   + "\n".join(lines) + "\n")
+    _write_private(files.stdio_script, stdio_script(files), mode=0o700)
+    return env
+
+
+def stdio_script(files: DemoFiles) -> str:
+    """A launcher a desktop MCP client can run: the demo's settings, then ``gateway serve`` over stdio."""
+    return (
+        "#!/bin/sh\n"
+        "# Serves the demo gateway over stdio (for desktop MCP clients) while the demo's simulators run.\n"
+        f"set -a; . '{files.env_file}'; set +a\n"
+        f"export PYTHONPATH='{PACKAGE_ROOT}'${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f"exec '{sys.executable}' -c '{GATEWAY_MAIN}' serve --transport stdio\n"
+    )
+
+
+def create_tokens(files: DemoFiles) -> dict[str, str]:
+    """One token per ``TOKENS`` entry (plaintext returned, only hashes stored), each audited."""
+    files.home.mkdir(mode=0o700, exist_ok=True)
+    tokens: dict[str, str] = {}
+    with SqliteStore(files.home / "state.db") as store, AuditSink(files.folder / "audit.jsonl") as audit:
+        for name, role in TOKENS.items():
+            token, record = create_token(store, name, role, expires_in=None, now=time.time())
+            audit.write({"phase": "token_created", "caller": "demo", "surface": "cli", "token_name": name,
+                         "token_id": record.token_id, "role": role, "expires_at": None})
+            tokens[name] = token
+    return tokens
+
+
+# ----------------------------------------------------------------------------------------- processes
+
+
+def start_simulators(stack: contextlib.ExitStack, binary: Path) -> dict[str, SimulatorProcess]:
+    """Start every ``SIMULATORS`` entry; each is stopped when ``stack`` closes."""
+    sims: dict[str, SimulatorProcess] = {}
+    for name, options in SIMULATORS.items():
+        sim = start_simulator(binary=binary, **options)
+        stack.callback(sim.stop)
+        sims[name] = sim
+    return sims
+
+
+def web_available() -> bool:
+    """Whether this build has the approval page (``gateway.web.app``)."""
+    try:
+        return importlib.util.find_spec("gateway.web.app") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def serve_argv(files: DemoFiles, port: int, web: bool) -> list[str]:
+    """The ``gateway serve`` arguments the demo runs (no secret among them)."""
+    argv = ["serve", "--transport", "https", "--cert", str(files.tls / "cert.pem"),
+            "--key", str(files.tls / "key.pem"), "--public-name", "127.0.0.1", "--public-name", "localhost",
+            "--host", "127.0.0.1", "--port", str(port), "--enable-destructive", "--grace-seconds", "5"]
+    return [*argv, "--web"] if web else argv
+
+
+def start_gateway(files: DemoFiles, env: Mapping[str, str], argv: list[str]) -> subprocess.Popen[bytes]:
+    """``gateway serve`` as a child process logging to the demo folder's gateway.log."""
+    child_env = {**os.environ, **env}
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+    with files.log.open("ab") as log:
+        return subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=child_env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_ready(process: subprocess.Popen[bytes], url: str, cafile: Path, timeout: float) -> None:
+    """Poll ``url`` (/readyz) until it answers 200; DemoError if the process exits or time runs out."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise DemoError(f"the gateway exited with status {process.returncode} while starting")
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise DemoError(f"the gateway did not become ready within {timeout:.0f}s")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = STOP_SECONDS) -> None:
+    """SIGTERM (the gateway's orderly stop), SIGKILL after ``timeout``; always reaped."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# ------------------------------------------------------------------------------------------ the banner
+
+
+def gateway_command() -> str:
+    """How to run the ``gateway`` command from a shell on this machine."""
+    script = Path(sys.executable).parent / "gateway"
+    if script.is_file():
+        return str(script)
+    return f"PYTHONPATH={PACKAGE_ROOT} {sys.executable} -c '{GATEWAY_MAIN}'"
+
+
+def client_configs(base: str, admin_token: str, files: DemoFiles) -> tuple[str, str]:
+    """(HTTPS client configuration, stdio client configuration), as JSON to paste."""
+    https = {"mcpServers": {"vsphere-gateway": {
+        "type": "http", "url": f"{base}/mcp", "headers": {"Authorization": f"Bearer {admin_token}"}}}}
+    stdio = {"mcpServers": {"vsphere-gateway": {"command": str(files.stdio_script)}}}
+    return json.dumps(https, indent=2), json.dumps(stdio, indent=2)
+
+
+def banner(files: DemoFiles, sims: Mapping[str, SimulatorProcess], tokens: Mapping[str, str], base: str,
+           web: bool) -> str:
+    """What the demo prints once the gateway is ready (the only place tokens are ever shown)."""
+    https_config, stdio_config = client_configs(base, tokens["demo-admin"], files)
+    kinds = {"vpx": "vCenter", "esx": "ESXi host"}
+    out = ["", "vSphere MCP Gateway demo", "", "Simulated targets (loopback):"]
+    out += [f"  {name:<7} {kinds.get(sim.model, sim.model):<10} {sim.url}" for name, sim in sims.items()]
+    out += ["", "Tokens (shown only now; only their hashes are stored):"]
+    out += [f"  {name} ({TOKENS[name]}): {token}" for name, token in tokens.items()]
+    out += ["", f"MCP endpoint:  {base}/mcp"]
+    if web:
+        out += [f"Web page:      {base}/ui  (log in with the admin token; proposals on vc-2 wait for "
+                "approval there)"]
+    else:
+        out += ["Web page:      not part of this build yet (gateway.web.app is missing)"]
+    out += [
+        f"Demo folder:   {files.folder}  (configuration, certificate, audit.jsonl, gateway.log)",
+        f"Certificate:   {files.tls / 'cert.pem'}  (self-signed: make your client trust it, e.g.",
+        f"               NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} or SSL_CERT_FILE=...)",
+        "", "MCP client over HTTPS (bearer token in a header):", https_config,
+        "", "Desktop client over stdio (runs on this machine, as you):", stdio_config,
+        "", "More tokens, e.g. for the custom role lab-operator:",
+        f"  (set -a; . {files.env_file}; {gateway_command()} token create alice --role lab-operator)",
+        "",
+    ]
+    return "\n".join(out)
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def _stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run(folder: Path, port: int, binary: Path) -> int:
+    """Start everything, print the banner, wait for Ctrl-C (or the gateway exiting); stop everything."""
+    files = prepare_folder(folder)
+    with contextlib.ExitStack() as stack:
+        print(f"starting simulators ({', '.join(SIMULATORS)}) ...", flush=True)
+        sims = start_simulators(stack, binary)
+        env = write_configuration(files, sims)
+        create_certificate(files.tls, ["localhost"], ["127.0.0.1"])
+        tokens = create_tokens(files)
+        web = web_available()
+        base = f"https://127.0.0.1:{port}"
+        print(f"starting the gateway on {base} (log: {files.log}) ...", flush=True)
+        gateway = start_gateway(files, env, serve_argv(files, port, web))
+        stack.callback(stop_process, gateway)
+        # runs first when the stack unwinds: a second Ctrl-C must not cut the clean-up short
+        stack.callback(signal.signal, signal.SIGINT, signal.SIG_IGN)
+        try:
+            wait_ready(gateway, f"{base}/readyz", files.tls / "cert.pem", STARTUP_SECONDS)
+        except DemoError as exc:
+            print(f"{exc}; the end of {files.log}:\n{log_tail(files.log)}", file=sys.stderr)
+            return 1
+        print(banner(files, sims, tokens, base, web))
+        print(f"Ready: {base}/mcp  (Ctrl-C stops the gateway and the simulators)", flush=True)
+        code = gateway.wait()
+        print(f"the gateway exited with status {code}; the end of {files.log}:\n{log_tail(files.log)}",
+              file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTPS port (default {DEFAULT_PORT})")
+    parser.add_argument("--dir", type=Path, default=REPO / "demo", help="demo folder (default: demo/)")
+    parser.add_argument("--vcsim", type=Path, default=VCSIM_BIN,
+                        help="the simulator launcher (default: deploy/vcsim/bin/vcsim-gw; `make vcsim`)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        return run(args.dir, args.port, args.vcsim)
+    except KeyboardInterrupt:
+        print("\nstopped: the gateway and the simulators are down", flush=True)
+        return 0
+    except (DemoError, RuntimeError) as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

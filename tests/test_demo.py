@@ -1,0 +1,191 @@
+"""The quick start for real: ``python -m gateway.demo`` as a subprocess on a free port, an MCP call over
+HTTPS with the token it printed, then Ctrl-C (SIGINT) and no process it started left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway import demo
+from gateway.auth.roles import RoleBook
+from gateway.guard.policy import Policy, PolicyStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.add(child)
+            pending.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class RunningDemo:
+    process: subprocess.Popen[bytes]
+    output: str
+    folder: Path
+    port: int
+
+    def token(self, name: str) -> str:
+        match = re.search(rf"{name} \(\w+\): (gwt_\S+)", self.output)
+        assert match, self.output
+        return match.group(1)
+
+
+def read_until(process: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """stdout of ``process`` up to and including the line holding ``marker``; fail on exit or timeout."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    text = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while marker.encode() not in text or not text.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                pytest.fail(f"no {marker!r} within {timeout}s; output so far:\n{text.decode()}")
+            if selector.select(remaining):
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:
+                    pytest.fail(f"the demo exited ({process.wait()}) before {marker!r}:\n{text.decode()}")
+                text += chunk
+    return text.decode()
+
+
+@pytest.fixture
+def running_demo(vcsim_bin: Path, tmp_path: Path) -> Iterator[RunningDemo]:
+    port = free_port()
+    folder = tmp_path / "demo"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
+         "--vcsim", str(vcsim_bin)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        yield RunningDemo(process, read_until(process, "Ready:", timeout=120), folder, port)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+async def call_over_https(demo_run: RunningDemo, token: str) -> tuple[list[str], dict[str, object]]:
+    verify = ssl.create_default_context(cafile=str(demo_run.folder / "tls" / "cert.pem"))
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, verify=verify, timeout=60)
+    transport = streamable_http_client(f"https://127.0.0.1:{demo_run.port}/mcp", http_client=http)
+    async with http, Client(transport, mode="legacy") as client:
+        tools = [tool.name for tool in (await client.list_tools()).tools]
+        result = await client.call_tool("list_vms", {"target": "all"})
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return tools, result.structured_content
+
+
+async def call_over_stdio(demo_run: RunningDemo) -> dict[str, object]:
+    """The desktop-client form the demo printed: its stdio.sh launcher."""
+    launcher = str(demo_run.folder / "stdio.sh")
+    params = StdioServerParameters(command=launcher, env={"PATH": os.environ["PATH"]})
+    async with Client(params, mode="legacy") as client:
+        result = await client.call_tool("list_vms", {"target": "esx-1"})
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo: RunningDemo) -> None:
+    children = descendants(running_demo.process.pid)
+    assert len(children) >= 4, "three simulators and the gateway"
+
+    tools, listing = anyio.run(call_over_https, running_demo, running_demo.token("demo-admin"))
+    reader_tools, _ = anyio.run(call_over_https, running_demo, running_demo.token("demo-reader"))
+    local = anyio.run(call_over_stdio, running_demo)
+
+    assert {"list_vms", "power_off_vm", "delete_vm", "confirm_action"} <= set(tools)
+    assert "power_off_vm" not in reader_tools and "list_vms" in reader_tools
+    text = json.dumps(listing)
+    assert all(name in text for name in ("vc-1", "vc-2", "esx-1", "DC0_C0_RP0_VM0", "ha-host_VM0"))
+    assert "ha-host_VM0" in json.dumps(local)
+    assert f"https://127.0.0.1:{running_demo.port}/ui" in running_demo.output
+    assert '"Authorization": "Bearer gwt_' in running_demo.output and "stdio.sh" in running_demo.output
+
+    running_demo.process.send_signal(signal.SIGINT)
+    assert running_demo.process.wait(60) == 0
+    assert not [pid for pid in children if alive(pid)], "processes the demo started outlived it"
+    log = (running_demo.folder / "gateway.log").read_text()
+    assert running_demo.token("demo-admin") not in log and "stopping: readiness fails" in log
+
+
+def test_the_demo_configuration_is_valid(tmp_path: Path) -> None:
+    files = demo.prepare_folder(tmp_path / "demo")
+    (files.folder / "roles.yaml").write_text(demo.ROLES)
+    (files.folder / "roles.yaml").chmod(0o600)
+    (files.folder / "rules.yaml").write_text(demo.RULES)
+    roles = RoleBook(files.folder / "roles.yaml")
+    assert roles.check() == [] and {"lab-operator", "approver"} <= set(roles.roles())
+    policy = PolicyStore(files.folder / "rules.yaml").current()
+    assert isinstance(policy, Policy) and policy.target_settings("vc-2").require_web_approval
+
+
+def test_the_demo_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(demo.DemoError, match="not made by the demo"):
+        demo.prepare_folder(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_the_demo_empties_its_own_folder_on_a_new_run(tmp_path: Path) -> None:
+    files = demo.prepare_folder(tmp_path / "demo")
+    (files.folder / "audit.jsonl").write_text("old\n")
+    again = demo.prepare_folder(tmp_path / "demo")
+    assert not (again.folder / "audit.jsonl").exists() and (again.folder / demo.MARKER).is_file()

@@ -1,0 +1,651 @@
+"""The approval page over real HTTPS: the gateway (two simulated vCenters behind it) served by uvicorn
+with the page mounted at /ui, an agent speaking MCP with the SDK's client, and raw httpx2 requests
+for the session, CSRF and origin rules. The pure parts (origin check, session store, approve rights,
+audit visibility) get tables of cases first.
+
+``start_web_server`` and the helpers below are shared with tests/test_web_browser.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html.parser
+import itertools
+import json
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from argon2 import PasswordHasher
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from simulator import Simulator, start_simulator, wait_until, write_targets
+
+from gateway.auth.roles import BUILTIN_ROLES, Role
+from gateway.auth.tokens import Principal, create_token
+from gateway.server.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge import EdgeConfig
+from gateway.server.pipeline import Gateway
+from gateway.server.tls import CertificatePaths, create_certificate, server_context
+from gateway.settings import Settings
+from gateway.web.app import approval_refusal, build_web_app, may_see_row
+from gateway.web.session import (
+    SECURE_COOKIE,
+    SessionStore,
+    clear_cookie_header,
+    csrf_matches,
+    origin_refusal,
+    set_cookie_header,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+STATIC = REPO / "gateway" / "web" / "static"
+FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+
+ROLES_YAML = """\
+roles:
+  agent:
+    tools: "*"
+    allow_write: []
+    allow_destructive: []
+    targets: "*"
+    approve: none
+  lead:
+    tools: "*"
+    allow_write: []
+    allow_destructive: []
+    targets: "*"
+    approve: others
+  lab-approver:
+    tools: read
+    allow_write: []
+    allow_destructive: []
+    targets: ["lab-*"]
+    approve: any
+"""
+RULES_YAML = """\
+defaults:
+  destructive: allow
+  max_calls_per_minute:
+    write: null
+    destructive: null
+targets:
+  "prod-*":
+    require_web_approval: true
+"""
+#: token name -> role
+PEOPLE = {"agent": "agent", "alice": "admin", "rita": "reader", "olga": "lead", "lara": "lab-approver"}
+_unique = itertools.count(1)
+
+
+# ---------------------------------------------------------------------------- a running gateway with /ui
+
+
+@dataclass
+class WebServer:
+    """uvicorn on loopback: the real gateway (targets prod-vc and its alias prod-alias on one simulator,
+    lab-vc on another) with the page at /ui. ``advance(s)`` moves the gateway's clock forward."""
+
+    server: GatewayServer
+    thread: threading.Thread
+    gateway: Gateway
+    cert: CertificatePaths
+    tokens: dict[str, str]
+    sims: dict[str, Simulator]
+    offset: list[float] = field(default_factory=lambda: [0.0])
+
+    @property
+    def port(self) -> int:
+        port: int = self.server.servers[0].sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def origin(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    def tls(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert.cert))
+
+    def http(self, headers: Mapping[str, str] | None = None) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.origin, verify=self.tls(), headers=dict(headers or {}), timeout=60)
+
+    def advance(self, seconds: float) -> None:
+        self.offset[0] += seconds
+
+    def audit_rows(self) -> list[dict[str, Any]]:
+        lines = self.gateway.settings.audit_log.read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def proposal_state(self, proposal_id: str) -> str:
+        proposal = self.gateway.store.get_proposal(proposal_id)
+        assert proposal is not None
+        return proposal.state
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
+    env = write_targets(tmp / "targets.yaml", {"prod-vc": prod, "prod-alias": prod, "lab-vc": lab})
+    (tmp / "rules.yaml").write_text(RULES_YAML)
+    roles = tmp / "roles.yaml"
+    roles.write_text(ROLES_YAML)
+    roles.chmod(0o600)
+    settings = Settings.from_env(env, home=str(tmp / "home"), targets=str(tmp / "targets.yaml"),
+                                 rules=str(tmp / "rules.yaml"), roles=str(roles), enable_destructive=True,
+                                 web_ui=True)
+    gateway = Gateway.build(settings)
+    offset = [0.0]
+    gateway.clock = lambda: time.time() + offset[0]
+    tokens = {name: create_token(gateway.store, name, role, expires_in=None, now=time.time(),
+                                 hasher=FAST_HASH)[0] for name, role in PEOPLE.items()}
+    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
+    config = EdgeConfig.for_https(["localhost"])
+    app = build_app(gateway, config, web=build_web_app(gateway))
+    uv = uvicorn_config(app, config, host="127.0.0.1", port=0, ssl_context=server_context(cert.cert, cert.key))
+    server = GatewayServer(uv, gateway, app.state.in_flight)
+    thread = threading.Thread(target=server.run, name="gateway-web", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), timeout=20, what="server start")
+    assert server.started, "the server failed to start (see the log)"
+    return WebServer(server, thread, gateway, cert, tokens, {"prod": prod, "lab": lab}, offset)
+
+
+@contextlib.contextmanager
+def web_server(tmp: Path, vcsim_bin: Path) -> Iterator[WebServer]:
+    """Two fresh simulators (tests delete their VMs) and the server in front of them."""
+    prod = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=2)
+    lab = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=2)
+    running = None
+    try:
+        running = start_web_server(tmp, prod, lab)
+        yield running
+    finally:
+        if running is not None:
+            running.stop()
+        prod.stop()
+        lab.stop()
+
+
+async def mcp_call(server: WebServer, who: str, tool: str, args: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """One MCP tools/call as the caller ``who``: (is_error, structured content)."""
+    http = httpx2.AsyncClient(verify=server.tls(), timeout=60,
+                              headers={"Authorization": f"Bearer {server.tokens[who]}"})
+    transport = streamable_http_client(f"{server.origin}/mcp", http_client=http)
+    async with http, Client(transport, mode="2026-07-28") as client:
+        result = await client.call_tool(tool, dict(args))
+    return result.is_error, dict(result.structured_content or {})
+
+
+async def propose_delete(server: WebServer, who: str, target: str, vm: str) -> dict[str, Any]:
+    """``who`` proposes deleting ``vm`` over MCP; the proposal (with its confirmation token)."""
+    args = {"target": target, "vm": vm, "force_power_off": True, "timeout_seconds": 600 + next(_unique)}
+    failed, body = await mcp_call(server, who, "delete_vm", args)
+    assert not failed, body
+    assert body["state"] == "pending", body
+    return body
+
+
+# ---------------------------------------------------------------------------- HTTP helpers
+
+
+def change_headers(server: WebServer, csrf: str | None) -> dict[str, str]:
+    headers = {"Origin": server.origin, "Content-Type": "application/json"}
+    if csrf is not None:
+        headers["X-CSRF-Token"] = csrf
+    return headers
+
+
+async def sign_in(client: httpx2.AsyncClient, server: WebServer, who: str) -> str:
+    """Sign ``who`` in on ``client`` (its cookie jar keeps the session); return the CSRF token."""
+    response = await client.post("/ui/api/sign-in", json={"token": server.tokens[who]},
+                                 headers={"Origin": server.origin})
+    assert response.status_code == 200, response.text
+    csrf: str = response.json()["csrf"]
+    return csrf
+
+
+@contextlib.asynccontextmanager
+async def signed_in(server: WebServer, who: str) -> AsyncIterator[tuple[httpx2.AsyncClient, str]]:
+    async with server.http() as client:
+        yield client, await sign_in(client, server, who)
+
+
+async def decide(client: httpx2.AsyncClient, server: WebServer, csrf: str | None, proposal_id: str,
+                 action: str) -> httpx2.Response:
+    return await client.post(f"/ui/api/proposals/{proposal_id}/{action}", json={},
+                             headers=change_headers(server, csrf))
+
+
+async def listed(client: httpx2.AsyncClient) -> dict[str, dict[str, Any]]:
+    response = await client.get("/ui/api/proposals")
+    assert response.status_code == 200, response.text
+    return {p["proposal_id"]: p for p in response.json()["proposals"]}
+
+
+# ---------------------------------------------------------------------------- pure parts
+
+
+ORIGIN = "https://gw.example.com"
+
+
+@pytest.mark.parametrize(("origin", "fetch_site", "host", "refused"), [
+    (ORIGIN, "same-origin", "gw.example.com", False),
+    (ORIGIN, None, "gw.example.com", False),                  # older browsers send no Sec-Fetch-Site
+    ("https://gw.example.com:443", None, "gw.example.com", False),
+    (ORIGIN, None, "gw.example.com:443", False),
+    ("https://GW.example.com", None, "gw.example.com", False),
+    (None, "same-origin", "gw.example.com", True),            # a POST always carries Origin
+    ("null", None, "gw.example.com", True),
+    ("https://evil.example", None, "gw.example.com", True),
+    ("http://gw.example.com", None, "gw.example.com", True),  # another scheme is another origin
+    ("https://gw.example.com:8443", None, "gw.example.com", True),
+    (ORIGIN, "cross-site", "gw.example.com", True),
+    (ORIGIN, "same-site", "gw.example.com", True),
+    (ORIGIN, "none", "gw.example.com", True),
+    ("https://gw.example.com/path", None, "gw.example.com", True),
+    ("https://user@gw.example.com", None, "gw.example.com", True),
+])
+def test_origin_refusal(origin: str | None, fetch_site: str | None, host: str, refused: bool) -> None:
+    reason = origin_refusal(origin=origin, fetch_site=fetch_site, scheme="https", host=host)
+    assert (reason is not None) is refused, reason
+
+
+def test_origin_refusal_also_applies_the_allow_list() -> None:
+    def allowed(origin: str) -> bool:
+        return origin == "https://other.example"
+
+    assert origin_refusal(origin=ORIGIN, fetch_site=None, scheme="https", host="gw.example.com",
+                          allowed=allowed) is not None
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _principal(name: str = "alice") -> Principal:
+    return Principal(name, "admin", token_id=f"id-{name}")
+
+
+def test_sessions_end_after_their_lifetime_or_when_idle() -> None:
+    clock = FakeClock()
+    store = SessionStore(lifetime=100, idle=30, clock=clock)
+    busy, idle = store.create(_principal("busy")), store.create(_principal("idle"))
+    for _ in range(4):
+        clock.now += 20
+        assert store.get(busy.id) is busy
+    assert store.get(idle.id) is None, "idle for 80s with a 30s idle timeout"
+    clock.now += 20
+    assert store.get(busy.id) is None, "past its absolute lifetime however busy"
+    assert len(store) == 0
+
+
+def test_sessions_are_bounded_and_end_on_request() -> None:
+    store = SessionStore(max_sessions=2, clock=FakeClock())
+    first, second, third = (store.create(_principal(n)) for n in ("a", "b", "c"))
+    assert store.get(first.id) is None and store.get(second.id) and store.get(third.id)
+    assert store.end(second.id) is second and store.get(second.id) is None
+    assert store.get(None) is None and store.get("") is None and store.end("nope") is None
+    assert first.id != second.id and first.csrf != second.csrf
+    with pytest.raises(ValueError, match="token id"):
+        store.create(Principal("x", "admin"))
+
+
+def test_csrf_matches_only_the_sessions_token() -> None:
+    session = SessionStore(clock=FakeClock()).create(_principal())
+    assert csrf_matches(session, session.csrf)
+    assert not csrf_matches(session, None) and not csrf_matches(session, "")
+    assert not csrf_matches(session, session.csrf + "x")
+
+
+def test_cookie_headers() -> None:
+    secure = set_cookie_header("abc", secure=True, max_age=3600, path="/ui/")
+    assert secure == f"{SECURE_COOKIE}=abc; Max-Age=3600; HttpOnly; SameSite=Strict; Path=/; Secure"
+    plain = set_cookie_header("abc", secure=False, max_age=3600, path="/ui/")
+    assert plain == "gw_session=abc; Max-Age=3600; HttpOnly; SameSite=Strict; Path=/ui/"
+    assert clear_cookie_header(secure=True, path="/ui/").startswith(f"{SECURE_COOKIE}=; Max-Age=0;")
+
+
+@pytest.mark.parametrize(("approve", "viewer", "requester", "allowed"), [
+    ("any", "alice", "agent", True),
+    ("any", "alice", "alice", True),
+    ("others", "olga", "agent", True),
+    ("others", "olga", "olga", False),
+    ("none", "rita", "agent", False),
+])
+def test_approval_refusal(approve: str, viewer: str, requester: str, allowed: bool) -> None:
+    assert (approval_refusal(approve, viewer, requester) is None) is allowed
+
+
+LAB_ONLY = Role("lab", tools="read", targets=("lab-*",))
+
+
+@pytest.mark.parametrize(("role", "row", "shown"), [
+    (BUILTIN_ROLES["reader"], {"phase": "roles_reload"}, True),
+    (LAB_ONLY, {"target": "lab-vc"}, True),
+    (LAB_ONLY, {"target": "prod-vc"}, False),
+    (LAB_ONLY, {"target": "lab-vc,prod-vc"}, False),
+    (LAB_ONLY, {"phase": "web_sign_in"}, False),
+    (LAB_ONLY, {"target": ""}, False),
+])
+def test_audit_rows_shown_to_a_role(role: Role, row: dict[str, Any], shown: bool) -> None:
+    assert may_see_row(role, row) is shown
+
+
+def test_the_page_has_no_inline_code_and_never_parses_html() -> None:
+    class Collector(html.parser.HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scripts: list[dict[str, str | None]] = []
+            self.in_script = False
+            self.script_text = ""
+            self.bad_attributes: list[str] = []
+            self.urls: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            values = dict(attrs)
+            self.bad_attributes += [name for name, _ in attrs if name.startswith("on") or name == "style"]
+            self.urls += [v or "" for k, v in attrs if k in ("src", "href")]
+            if tag == "script":
+                self.scripts.append(values)
+                self.in_script = True
+            self.bad_attributes += ["<style>"] if tag == "style" else []
+
+        def handle_endtag(self, tag: str) -> None:
+            self.in_script = self.in_script and tag != "script"
+
+        def handle_data(self, data: str) -> None:
+            if self.in_script:
+                self.script_text += data.strip()
+
+    page = Collector()
+    page.feed((STATIC / "index.html").read_text())
+    assert page.scripts == [{"src": "static/app.js", "defer": None}] and page.script_text == ""
+    assert page.bad_attributes == []
+    assert page.urls and all(not u.startswith(("http:", "https:", "//", "data:")) for u in page.urls)
+    script = (STATIC / "app.js").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
+                 "setAttribute(\"style", "http://", "https://"):
+        assert sink not in script, sink
+
+
+# ---------------------------------------------------------------------------- over HTTPS
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
+    with web_server(tmp_path_factory.mktemp("web"), vcsim_bin) as running:
+        yield running
+
+
+def _has_all_headers(response: httpx2.Response) -> None:
+    csp = response.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert "default-src 'none'" in csp
+    assert response.headers["x-frame-options"] == "DENY"
+    assert "no-referrer" in response.headers["referrer-policy"]
+    assert response.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.anyio
+async def test_every_response_of_the_page_carries_the_security_headers(served: WebServer) -> None:
+    async with served.http() as client:
+        page = await client.get("/ui/")
+        script = await client.get("/ui/static/app.js")
+        style = await client.get("/ui/static/app.css")
+        session = await client.get("/ui/api/session")
+        missing = await client.get("/ui/api/nothing-here")
+        unauthenticated = await client.get("/ui/api/proposals")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "static/app.js" in page.text
+    assert script.headers["content-type"].startswith("text/javascript") and style.status_code == 200
+    assert session.json() == {"signed_in": False}
+    assert missing.status_code == 404 and unauthenticated.status_code == 401
+    for response in (page, script, style, session, missing, unauthenticated):
+        _has_all_headers(response)
+
+
+@pytest.mark.anyio
+async def test_sign_in_trades_the_token_for_a_hardened_session_cookie(served: WebServer) -> None:
+    async with served.http() as client:
+        response = await client.post("/ui/api/sign-in", json={"token": served.tokens["alice"]},
+                                     headers={"Origin": served.origin})
+        session = await client.get("/ui/api/session")
+    assert response.status_code == 200, response.text
+    cookie = response.headers["set-cookie"]
+    name, _, rest = cookie.partition("=")
+    attributes = [a.strip() for a in rest.split(";")[1:]]
+    assert name == SECURE_COOKIE
+    assert {"HttpOnly", "Secure", "SameSite=Strict", "Path=/"} <= set(attributes)
+    assert not any(a.lower().startswith("domain") for a in attributes)
+    max_age = int(next(a for a in attributes if a.startswith("Max-Age=")).split("=")[1])
+    assert 0 < max_age <= 12 * 3600
+    body = response.json()
+    assert (body["name"], body["role"], body["approve"]) == ("alice", "admin", "any") and body["csrf"]
+    assert served.tokens["alice"] not in response.text + cookie
+    assert session.json()["signed_in"] is True and session.json()["csrf"] == body["csrf"]
+    row = [r for r in served.audit_rows() if r.get("phase") == "web_sign_in"][-1]
+    assert (row["caller"], row["surface"]) == ("alice", "web")
+
+
+@pytest.mark.anyio
+async def test_a_bad_token_is_refused_and_a_token_in_the_url_never_accepted(served: WebServer) -> None:
+    async with served.http() as client:
+        wrong = await client.post("/ui/api/sign-in", json={"token": "gwt_aaaaaaaaaaaa_" + "A" * 43},
+                                  headers={"Origin": served.origin})
+        garbage = await client.post("/ui/api/sign-in", json={"nope": 1}, headers={"Origin": served.origin})
+        in_url = await client.get(f"/ui/api/session?token={served.tokens['alice']}")
+    assert wrong.status_code == 401
+    assert wrong.headers.get("set-cookie", f"{SECURE_COOKIE}=;").startswith(f"{SECURE_COOKIE}=;")
+    assert wrong.json()["error"]["code"] == "unauthorized"
+    assert garbage.status_code == 400 and garbage.json()["error"]["code"] == "invalid_argument"
+    assert in_url.status_code == 400 and in_url.json()["error"]["code"] == "token_in_query"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("headers", "status"), [
+    ({}, 403),                                                          # no Origin
+    ({"Origin": "https://attacker.example"}, 403),                      # refused at the edge already
+    ({"Sec-Fetch-Site": "cross-site"}, 403),
+    ({"Content-Type": "text/plain"}, 403),                              # what a cross-site form can send
+])
+async def test_sign_in_refuses_posts_that_may_come_from_another_site(
+    served: WebServer, headers: dict[str, str], status: int,
+) -> None:
+    sent = {"Origin": served.origin, "Content-Type": "application/json", **headers}
+    if not headers:
+        sent.pop("Origin")
+    async with served.http() as client:
+        response = await client.post("/ui/api/sign-in", content=json.dumps({"token": served.tokens["alice"]}),
+                                     headers=sent)
+    assert response.status_code == status, response.text
+    assert "set-cookie" not in response.headers
+
+
+@pytest.mark.anyio
+async def test_changes_need_the_csrf_token_the_page_origin_and_a_post(served: WebServer) -> None:
+    proposal = await propose_delete(served, "agent", "lab-vc", "DC0_H0_VM1")
+    pid = proposal["proposal_id"]
+    async with signed_in(served, "alice") as (client, csrf):
+        no_token = await decide(client, served, None, pid, "approve")
+        wrong_token = await decide(client, served, csrf[::-1], pid, "approve")
+        cross_site = await client.post(f"/ui/api/proposals/{pid}/approve", json={},
+                                       headers={**change_headers(served, csrf), "Sec-Fetch-Site": "cross-site"})
+        as_form = await client.post(f"/ui/api/proposals/{pid}/approve", content=b"a=1",
+                                    headers={**change_headers(served, csrf),
+                                             "Content-Type": "application/x-www-form-urlencoded"})
+        by_get = await client.get(f"/ui/api/proposals/{pid}/approve")
+        assert served.proposal_state(pid) == "pending"
+        denied = await decide(client, served, csrf, pid, "deny")
+    for response, reason in ((no_token, "csrf"), (wrong_token, "csrf"), (cross_site, "cross_site"),
+                             (as_form, "content_type")):
+        assert response.status_code == 403, response.text
+        assert response.json()["error"]["reason_code"] == reason
+    assert by_get.status_code == 405
+    assert denied.status_code == 200 and denied.json()["result"]["state"] == "denied"
+    assert "DC0_H0_VM1" in served.sims["lab"].vm_names()
+
+
+@pytest.mark.anyio
+async def test_sign_out_ends_the_session_even_for_a_replayed_cookie(served: WebServer) -> None:
+    async with signed_in(served, "alice") as (client, csrf):
+        cookie = client.cookies[SECURE_COOKIE]
+        without_csrf = await client.post("/ui/api/sign-out", json={}, headers=change_headers(served, None))
+        assert without_csrf.status_code == 403
+        out = await client.post("/ui/api/sign-out", json={}, headers=change_headers(served, csrf))
+    assert out.status_code == 200 and out.headers["set-cookie"].startswith(f"{SECURE_COOKIE}=;")
+    async with served.http({"Cookie": f"{SECURE_COOKIE}={cookie}"}) as replay:
+        refused = await replay.get("/ui/api/proposals")
+    assert refused.status_code == 401
+    assert any(r.get("phase") == "web_sign_out" and r["caller"] == "alice" for r in served.audit_rows())
+
+
+@pytest.mark.anyio
+async def test_revoking_the_token_or_changing_its_role_applies_to_the_session(served: WebServer) -> None:
+    store = served.gateway.store
+    for name in ("tess", "rob"):
+        token, _ = create_token(store, name, "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+        served.tokens[name] = token
+    async with signed_in(served, "tess") as (tess, _), signed_in(served, "rob") as (rob, _):
+        assert (await tess.get("/ui/api/proposals")).status_code == 200
+        store.update_token("tess", revoked=True)
+        store.update_token("rob", role="reader")
+        revoked = await tess.get("/ui/api/proposals")
+        session = await rob.get("/ui/api/session")
+    assert revoked.status_code == 401 and "revoked" in revoked.json()["error"]["message"]
+    assert (session.json()["role"], session.json()["approve"]) == ("reader", "none")
+
+
+@pytest.mark.anyio
+async def test_approving_needs_the_roles_approve_right(served: WebServer) -> None:
+    by_agent = await propose_delete(served, "agent", "prod-vc", "DC0_H0_VM0")
+    by_olga = await propose_delete(served, "olga", "prod-vc", "DC0_H0_VM0")
+    agent_confirm = await mcp_call(served, "agent", "confirm_action", {"token": by_agent["token"]})
+    async with signed_in(served, "rita") as (rita, rita_csrf), signed_in(served, "olga") as (olga, olga_csrf):
+        seen_by_rita = (await listed(rita))[by_agent["proposal_id"]]
+        reader = await decide(rita, served, rita_csrf, by_agent["proposal_id"], "approve")
+        reader_deny = await decide(rita, served, rita_csrf, by_agent["proposal_id"], "deny")
+        seen_by_olga = await listed(olga)
+        own = await decide(olga, served, olga_csrf, by_olga["proposal_id"], "approve")
+        others = await decide(olga, served, olga_csrf, by_agent["proposal_id"], "approve")
+    assert agent_confirm[0] and agent_confirm[1]["error"]["code"] == "approval_required"
+    assert seen_by_rita["gated"] is True and seen_by_rita["can_decide"] is False
+    assert seen_by_rita["target_host"] == served.gateway.targets["prod-vc"].address
+    assert reader.status_code == 403 and reader_deny.status_code == 403
+    assert seen_by_olga[by_olga["proposal_id"]]["can_decide"] is False
+    assert seen_by_olga[by_agent["proposal_id"]]["can_decide"] is True
+    assert own.status_code == 403 and own.json()["error"]["code"] == "forbidden"
+    assert others.status_code == 200, others.text
+    assert others.json()["result"]["state"] == "executed"
+    assert "DC0_H0_VM0" not in served.sims["prod"].vm_names()
+    approved = [r for r in served.audit_rows() if r.get("phase") == "approved"
+                and r.get("proposal_id") == by_agent["proposal_id"]]
+    assert [(r["caller"], r["surface"], r["requested_by"]) for r in approved] == [("olga", "web", "agent")]
+    assert served.proposal_state(by_olga["proposal_id"]) == "pending"
+
+
+@pytest.mark.anyio
+async def test_a_denial_is_audited_with_the_human_and_the_agent_is_told(served: WebServer) -> None:
+    proposal = await propose_delete(served, "agent", "lab-vc", "DC0_C0_RP0_VM0")
+    async with signed_in(served, "alice") as (client, csrf):
+        entry = (await listed(client))[proposal["proposal_id"]]
+        response = await decide(client, served, csrf, proposal["proposal_id"], "deny")
+        again = await decide(client, served, csrf, proposal["proposal_id"], "approve")
+        after = (await listed(client))[proposal["proposal_id"]]
+    assert entry["gated"] is False and entry["can_decide"] is True and entry["state"] == "pending"
+    assert response.status_code == 200 and after["state"] == "denied" and after["approved_by"] == "alice"
+    assert again.status_code == 409 and again.json()["error"]["code"] == "confirmation_invalid"
+    failed, body = await mcp_call(served, "agent", "confirm_action", {"token": proposal["token"]})
+    assert failed and "denied" in body["error"]["message"]
+    rows = [r for r in served.audit_rows() if r.get("proposal_id") == proposal["proposal_id"]
+            and r.get("phase") == "denied" and r.get("surface") == "web"]
+    assert [(r["caller"], r["role"]) for r in rows] == [("alice", "admin")]
+    assert "DC0_C0_RP0_VM0" in served.sims["lab"].vm_names()
+
+
+@pytest.mark.anyio
+async def test_the_page_shows_only_what_the_role_covers(served: WebServer) -> None:
+    on_prod = await propose_delete(served, "agent", "prod-vc", "DC0_H0_VM1")
+    on_lab = await propose_delete(served, "agent", "lab-vc", "DC0_H0_VM0")
+    async with signed_in(served, "lara") as (client, csrf):
+        proposals = await listed(client)
+        targets = (await client.get("/ui/api/targets")).json()
+        vms = (await client.get("/ui/api/inventory/vms")).json()
+        tail = (await client.get("/ui/api/audit", params={"last": 500})).json()
+        forbidden = await decide(client, served, csrf, on_prod["proposal_id"], "deny")
+        allowed = await decide(client, served, csrf, on_lab["proposal_id"], "deny")
+    assert on_lab["proposal_id"] in proposals and on_prod["proposal_id"] not in proposals
+    assert all(p["target"].startswith("lab-") for p in proposals.values())
+    assert [t["name"] for t in targets["targets"]] == ["lab-vc"]
+    assert list(vms["targets"]) == ["lab-vc"]
+    assert tail["rows"] and all(r["target"].startswith("lab-") for r in tail["rows"])
+    assert forbidden.status_code == 404 and allowed.status_code == 200
+    async with signed_in(served, "alice") as (client, csrf):
+        assert (await decide(client, served, csrf, on_prod["proposal_id"], "deny")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_targets_show_connectivity_product_and_shared_instances(served: WebServer) -> None:
+    async with signed_in(served, "rita") as (client, _):
+        response = await client.get("/ui/api/targets")
+    rows = {t["name"]: t for t in response.json()["targets"]}
+    assert set(rows) == {"prod-vc", "prod-alias", "lab-vc"}
+    assert rows["prod-vc"]["shares_instance_with"] == ["prod-alias"]
+    assert "shares_instance_with" not in rows["lab-vc"]
+    assert all(r["connectivity"] == "ok" and r["product"] and r["version"] for r in rows.values())
+    assert rows["prod-vc"]["require_web_approval"] is True and rows["lab-vc"]["require_web_approval"] is False
+    listing = [r for r in served.audit_rows() if r.get("tool") == "list_targets" and r.get("caller") == "rita"]
+    assert listing and listing[-1]["surface"] == "web"
+
+
+@pytest.mark.anyio
+async def test_inventory_reads_every_kind_across_targets(served: WebServer) -> None:
+    async with signed_in(served, "rita") as (client, _):
+        answers = {kind: (await client.get(f"/ui/api/inventory/{kind}")).json()
+                   for kind in ("vms", "hosts", "clusters", "datastores")}
+        unknown = await client.get("/ui/api/inventory/networks")
+    for kind, answer in answers.items():
+        assert set(answer["targets"]) == {"prod-vc", "prod-alias", "lab-vc"}, kind
+        assert all(answer["targets"][t]["ok"][kind] for t in answer["targets"]), kind
+    lab_vms = {vm["name"] for vm in answers["vms"]["targets"]["lab-vc"]["ok"]["vms"]}
+    assert lab_vms == set(served.sims["lab"].vm_names())
+    assert unknown.status_code == 404
+
+
+@pytest.mark.anyio
+async def test_audit_tail_filters_and_the_chain_verifies(served: WebServer) -> None:
+    await propose_delete(served, "agent", "lab-vc", "DC0_H0_VM0")
+    async with signed_in(served, "alice") as (client, _):
+        proposed = (await client.get("/ui/api/audit", params={"phase": "proposed", "caller": "agent"})).json()
+        two = (await client.get("/ui/api/audit", params={"last": 2})).json()
+        bad = await client.get("/ui/api/audit", params={"last": 0})
+        chain = (await client.get("/ui/api/audit/verify")).json()
+    assert proposed["rows"] and all((r["phase"], r["caller"]) == ("proposed", "agent") for r in proposed["rows"])
+    assert len(two["rows"]) == 2 and two["rows"][0]["seq"] < two["rows"][1]["seq"]
+    assert bad.status_code == 400
+    assert chain["ok"] is True and chain["rows"] >= len(served.audit_rows()) - 5 and chain["first_seq"] == 1
+
+
+@pytest.mark.anyio
+async def test_unknown_proposals_are_not_found(served: WebServer) -> None:
+    async with signed_in(served, "alice") as (client, csrf):
+        unknown = await decide(client, served, csrf, "aaaaaaaaaaaa", "approve")
+        malformed = await decide(client, served, csrf, "..%2Fetc", "deny")
+    assert unknown.status_code == 404 and malformed.status_code == 404
