@@ -59,12 +59,19 @@ def all_tools(*, destructive: bool) -> list[ToolSpec]:
 
 
 def apply_read_only(specs: Sequence[ToolSpec]) -> tuple[list[ToolSpec], list[str]]:
+    """Keep the read tools; return them and the sorted names of the tools withheld."""
     kept = [s for s in specs if s.kind is Category.READ]
-    withheld = sorted(s.name for s in specs if s not in kept)
-    survivors = [s.name for s in kept if s.kind is not Category.READ]
-    if survivors:  # defence in depth: the filter above must leave only reads
-        raise ReadOnlyGateError(f"read-only mode could not remove {', '.join(survivors)}; refusing to start")
-    return kept, withheld
+    return kept, sorted(s.name for s in specs if s.kind is not Category.READ)
+
+
+def verify_read_only(offered: Sequence[ToolSpec]) -> None:
+    """Prove read-only mode on what will actually be offered: every tool must be a read, by category
+    and by its MCP annotation. Raises ``ReadOnlyGateError`` (the server refuses to start) otherwise."""
+    survivors = sorted(s.name for s in offered
+                       if s.kind is not Category.READ or not s.annotations()["readOnlyHint"])
+    if survivors:
+        raise ReadOnlyGateError(f"read-only mode is on but {', '.join(survivors)} would still be offered; "
+                                "refusing to start")
 
 
 def build_registry(*, destructive: bool, read_only: bool) -> Registry:
@@ -72,5 +79,6 @@ def build_registry(*, destructive: bool, read_only: bool) -> Registry:
     withheld: list[str] = []
     if read_only:
         specs, withheld = apply_read_only(specs)
+        verify_read_only(specs)
         log.warning("read-only mode: withholding %d tools: %s", len(withheld), ", ".join(withheld))
     return Registry(by_name(specs), tuple(withheld))
