@@ -139,8 +139,9 @@ async def call_over_stdio(demo_run: RunningDemo) -> dict[str, object]:
     async with Client(params, mode="legacy") as client:
         result = await client.call_tool("list_vms", {"target": "esx-1"})
     assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
+    content: dict[str, object] | None = result.structured_content
+    assert content is not None
+    return content
 
 
 def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo: RunningDemo) -> None:

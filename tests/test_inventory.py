@@ -141,6 +141,91 @@ def test_decoder_answers_empty_replies_and_refuses_data_objects() -> None:
         inv.parse_retrieve_result(reply(complex_value))
 
 
+def _objects(props: dict[str, str] | None = None, moid: str = "vm-1", kind: str = "VirtualMachine",
+             more: str = "") -> str:
+    sets = "".join(f"<propSet><name>{name}</name>{val}</propSet>" for name, val in (props or {}).items())
+    return f'<objects><obj type="{kind}">{moid}</obj>{sets}{more}</objects>'
+
+
+def _returnval(inner: str, response_attrs: str = ' xmlns="urn:vim25"') -> bytes:
+    return reply(f"<RetrievePropertiesExResponse{response_attrs}><returnval>{inner}</returnval>"
+                 "</RetrievePropertiesExResponse>")
+
+
+def _val(text: str, kind: str = "xsd:string") -> str:
+    return f'<val xsi:type="{kind}">{text}</val>'
+
+
+_SIM_REF = ('<val xmlns:XMLSchema-instance="http://www.w3.org/2001/XMLSchema-instance" '
+            'XMLSchema-instance:type="ManagedObjectReference" type="HostSystem">host-1</val>')
+_XSI_AS_X = ' xmlns="urn:vim25" xmlns:x="http://www.w3.org/2001/XMLSchema-instance"'
+_ARRAY = ('<val xsi:type="ArrayOfManagedObjectReference">'
+          '<ManagedObjectReference type="Datastore">d-1</ManagedObjectReference></val>')
+_MISSING = '<missingSet><path>a</path><fault><fault xsi:type="NoPermission"></fault></fault></missingSet>'
+_PREFIXED = ('<v:RetrievePropertiesExResponse xmlns:v="urn:vim25"><v:returnval>{}</v:returnval>'
+             '</v:RetrievePropertiesExResponse>')
+_SCANNED = {  # replies the scanner decodes itself
+    "references": _returnval(_objects({"name": _val("a &amp; b &lt;c&gt; &#65;&#x42;&quot;"),
+                                       "cr": _val("a\r\nb\rc&#13;"), "host": _SIM_REF})),
+    "scalars": _returnval(_objects({
+        "n": _val("4", "xsd:int"), "t": _val("1", "xsd:boolean"), "e": _val("", "ArrayOfString"),
+        "d": _val("2024-05-01T10:00:00.5Z", "xsd:dateTime"), "u": "<val>7</val>",
+        "q": '<val xmlns:q="urn:other" q:type="xsd:int">7</val>'})),
+    "xsi declared on the response": _returnval(_objects({"n": '<val x:type="xsd:int">7</val>'}), _XSI_AS_X),
+    "tokens and non-ASCII": _returnval("<token>t&amp;1</token>" + _objects({"n": _val("wéb\u202e")},
+                                                                           moid="vm&amp;2")),
+}
+_DEFERRED = {  # replies left to ElementTree: decoded the same, or refused the same way
+    "CDATA": _returnval(_objects({"n": _val("<![CDATA[x<y]]>")})),
+    "comment": _returnval(_objects({"n": _val("x")}) + "<!-- c -->"),
+    "whitespace": _returnval(_objects({"n": _val("x")}) + "\n"),
+    "self-closing value": _returnval(_objects({"n": '<val xsi:type="xsd:string"/>'})),
+    "array": _returnval(_objects({"ds": _ARRAY})),
+    "missing property": _returnval(_objects({"n": _val("x")}, more=_MISSING)),
+    "two tokens": _returnval("<token>a</token>" + _objects() + "<token>b</token>"),
+    "prefixed response": reply(_PREFIXED.format(_objects({"n": _val("x")}))),
+    "entity in a type": _returnval(_objects(kind="Virtual&amp;Machine")),
+    "single quotes": _returnval(_objects({"n": "<val xsi:type='xsd:int'>1</val>"})),
+    "Latin-1": _returnval(_objects()).replace(b'encoding="UTF-8"', b'encoding="ISO-8859-1"'),
+    "undefined entity": _returnval(_objects({"n": _val("a &nbsp; b")})),
+    "bare ampersand": _returnval(_objects({"n": _val("a & b")})),
+    "unbound prefix": _returnval(_objects({"n": '<val zz:type="xsd:int">7</val>'})),
+    "control character": _returnval(_objects({"n": _val("a\x01b")})),
+    "NUL reference": _returnval(_objects({"n": _val("a&#0;b")})),
+    "stray end tag": _returnval(_objects({"n": '<val xsi:type="xsd:string"/>x</val>'})),
+    "duplicate attribute": _returnval(_objects({"n": '<val xsi:type="xsd:int" xsi:type="xsd:int">1</val>'})),
+    "trailing garbage": _returnval(_objects()) + b"<x/>",
+    "not a number": _returnval(_objects({"n": _val("seven", "xsd:int")})),
+    "data object": _returnval(_objects({"s": _val("<a>b</a>", "VirtualMachineSummary")})),
+}
+
+
+def _outcome(decode: Callable[[bytes], Page], body: bytes) -> Page | str:
+    try:
+        return decode(body)
+    except Exception as exc:  # the comparison is the point: both decoders must fail alike
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("name", [*_SCANNED, *_DEFERRED])
+def test_scanner_agrees_with_elementtree(name: str) -> None:
+    body = {**_SCANNED, **_DEFERRED}[name]
+    scanned = inv.scan_retrieve_result(body)
+    assert (scanned is not None) == (name in _SCANNED)
+    tree = _outcome(inv.parse_retrieve_tree, body)
+    assert _outcome(inv.parse_retrieve_result, body) == tree
+    if scanned is not None:
+        assert scanned == tree
+
+
+def test_scanner_reads_references_and_line_ends_as_xml_does() -> None:
+    page = inv.scan_retrieve_result(_SCANNED["references"])
+    assert page is not None
+    assert page.objects[0].props == {"name": 'a & b <c> AB"', "cr": "a\nb\nc\r", "host": "host-1"}
+    tokens = inv.scan_retrieve_result(_SCANNED["tokens and non-ASCII"])
+    assert tokens is not None and tokens.token == "t&1" and tokens.objects[0].moid == "vm&2"
+
+
 def obj(moid: str, **props: Any) -> ObjectProps:
     return ObjectProps("VirtualMachine", moid, props)
 
@@ -268,6 +353,22 @@ def test_fast_decoder_and_pyvmomi_decoder_agree(pool_name: str, request: pytest.
     slow = pool.run(lambda s: inv.list_vms(s, everything, fast=False))
     assert fast == slow
     assert fast["count"] == 4 if pool_name == "vc1" else 2
+
+
+def test_the_simulators_replies_take_the_scanner(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    replies: list[bytes] = []
+    send = inv.soap_call
+
+    def recording(*args: Any) -> bytes:
+        replies.append(send(*args))
+        return replies[-1]
+
+    monkeypatch.setattr(inv, "soap_call", recording)
+    vc1.run(lambda s: inv.list_vms(s, VmQuery(fields=tuple(inv.VM_COLUMNS))))
+    assert replies
+    for body in replies:
+        scanned = inv.scan_retrieve_result(body)
+        assert scanned is not None and scanned == inv.parse_retrieve_tree(body)
 
 
 def test_fast_path_raises_the_targets_own_fault(vc1: SessionPool) -> None:

@@ -442,3 +442,13 @@ async def test_the_pending_command_is_a_human_approval_path(
     assert not env.vm_exists(VM0)
     approved = env.rows(phase="approved")[-1]
     assert approved["surface"] == "cli" and approved["caller"].startswith("cli:")
+
+
+async def test_a_refused_human_approval_is_audited(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    proposal = await propose_delete(gw)
+    with pytest.raises(Forbidden):
+        await gw.approve(proposal["proposal_id"], Principal(name="bob", role="reader", surface="web"))
+    row = env.rows(phase="denied")[-1]
+    assert row["caller"] == "bob" and row["decision"]["rule"] == "approve:none"
+    assert env.vm_exists(VM0)

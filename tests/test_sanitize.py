@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import unicodedata
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -99,3 +100,44 @@ def test_clean_bounds_every_string() -> None:
 def test_clean_leaves_plain_rows_equal() -> None:
     rows = [{"name": f"vm-{i}", "power_state": "poweredOn", "cpu": 2, "tags": ["a"]} for i in range(1000)]
     assert clean(rows) == rows
+
+
+def _string_by_string(value: Any, max_len: int) -> Any:
+    """What clean means, spelled out: clean_text on every string, containers rebuilt."""
+    if isinstance(value, str):
+        return clean_text(value, max_len)
+    if isinstance(value, dict):
+        return {_string_by_string(k, max_len): _string_by_string(v, max_len) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_string_by_string(v, max_len) for v in value)
+    return value
+
+
+_WHEN = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("needle", [
+    pytest.param(s, id=name) for name, s, _ in CASES
+] + [
+    pytest.param("x" * 16, id="exactly-max-len"), pytest.param("x" * 17, id="one-over-max-len"),
+    pytest.param('say "hi"', id="quote"), pytest.param("back\\slash", id="backslash"),
+])
+@pytest.mark.parametrize("place", ["value", "key", "deep-in-tuple"])
+def test_one_string_deep_in_plain_rows_is_cleaned_like_any_other(needle: str, place: str) -> None:
+    rows: list[Any] = [{"name": f"vm-{i}", "n": i, "on": None, "at": _WHEN, "set": {"a"}} for i in range(50)]
+    target = rows[37]
+    if place == "value":
+        target["name"] = needle
+    elif place == "key":
+        target[needle] = 1
+    else:
+        target["pair"] = ("plain", [needle])
+    value = {"vms": rows, "count": 50}
+    assert clean(value, max_len=16) == _string_by_string(value, 16)
+
+
+def test_plain_rows_come_back_as_they_are() -> None:
+    rows = [{"name": f"vm-{i}", "power_state": "poweredOn", "at": _WHEN, 7: [1.5, None]} for i in range(100)]
+    assert clean(rows) is rows
+    tricky: Any = {"k": ({"a": "b"},), ("tuple", "key"): "v"}  # a key JSON cannot encode: the slow path
+    assert clean(tricky) == tricky and clean(tricky) is not tricky

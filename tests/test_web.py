@@ -12,6 +12,7 @@ import contextlib
 import html.parser
 import itertools
 import json
+import socket
 import ssl
 import threading
 import time
@@ -22,10 +23,11 @@ from typing import Any
 
 import httpx2
 import pytest
+import yaml
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import Simulator, start_simulator, wait_until, write_targets
+from simulator import Simulator, credential_prefix, credentials_env, start_simulator, target_entry, wait_until
 
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal, create_token
@@ -113,7 +115,8 @@ class WebServer:
         return ssl.create_default_context(cafile=str(self.cert.cert))
 
     def http(self, headers: Mapping[str, str] | None = None) -> httpx2.AsyncClient:
-        return httpx2.AsyncClient(base_url=self.origin, verify=self.tls(), headers=dict(headers or {}), timeout=60)
+        return httpx2.AsyncClient(base_url=self.origin, verify=self.tls(), headers=dict(headers or {}),
+                                  timeout=60)
 
     def advance(self, seconds: float) -> None:
         self.offset[0] += seconds
@@ -133,8 +136,23 @@ class WebServer:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
-    env = write_targets(tmp / "targets.yaml", {"prod-vc": prod, "prod-alias": prod, "lab-vc": lab})
+    """The server for ``prod`` and ``lab``, plus ``lab-down``: a target nobody answers for."""
+    sims = {"prod-vc": prod, "prod-alias": prod, "lab-vc": lab}
+    env = credentials_env(sims)
+    prefix = credential_prefix("lab-down")
+    down = {"name": "lab-down", "host": "127.0.0.1", "port": _closed_port(), "insecure": True,
+            "credential_env_prefix": prefix}
+    env.update({f"{prefix}_USER": "nobody", f"{prefix}_PASSWORD": "nothing"})
+    entries = [*(target_entry(name, sim) for name, sim in sims.items()), down]
+    (tmp / "targets.yaml").write_text(yaml.safe_dump({"targets": entries}, sort_keys=False))
     (tmp / "rules.yaml").write_text(RULES_YAML)
     roles = tmp / "roles.yaml"
     roles.write_text(ROLES_YAML)
@@ -150,7 +168,8 @@ def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
     cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
     config = EdgeConfig.for_https(["localhost"])
     app = build_app(gateway, config, web=build_web_app(gateway))
-    uv = uvicorn_config(app, config, host="127.0.0.1", port=0, ssl_context=server_context(cert.cert, cert.key))
+    tls = server_context(cert.cert, cert.key)
+    uv = uvicorn_config(app, config, host="127.0.0.1", port=0, ssl_context=tls)
     server = GatewayServer(uv, gateway, app.state.in_flight)
     thread = threading.Thread(target=server.run, name="gateway-web", daemon=True)
     thread.start()
@@ -175,7 +194,9 @@ def web_server(tmp: Path, vcsim_bin: Path) -> Iterator[WebServer]:
         lab.stop()
 
 
-async def mcp_call(server: WebServer, who: str, tool: str, args: Mapping[str, Any]) -> tuple[bool, dict[str, Any]]:
+async def mcp_call(
+    server: WebServer, who: str, tool: str, args: Mapping[str, Any],
+) -> tuple[bool, dict[str, Any]]:
     """One MCP tools/call as the caller ``who``: (is_error, structured content)."""
     http = httpx2.AsyncClient(verify=server.tls(), timeout=60,
                               headers={"Authorization": f"Bearer {server.tokens[who]}"})
@@ -257,6 +278,11 @@ ORIGIN = "https://gw.example.com"
 def test_origin_refusal(origin: str | None, fetch_site: str | None, host: str, refused: bool) -> None:
     reason = origin_refusal(origin=origin, fetch_site=fetch_site, scheme="https", host=host)
     assert (reason is not None) is refused, reason
+
+
+def test_origin_refusal_names_the_proxy_setting_when_only_the_scheme_differs() -> None:
+    reason = origin_refusal(origin=ORIGIN, fetch_site="same-origin", scheme="http", host="gw.example.com")
+    assert reason is not None and "--forwarded-allow-ips" in reason
 
 
 def test_origin_refusal_also_applies_the_allow_list() -> None:
@@ -400,7 +426,7 @@ def _has_all_headers(response: httpx2.Response) -> None:
     assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert "default-src 'none'" in csp
     assert response.headers["x-frame-options"] == "DENY"
-    assert "no-referrer" in response.headers["referrer-policy"]
+    assert response.headers["referrer-policy"] == "no-referrer"  # once: the edge sets it
     assert response.headers["cache-control"] == "no-store"
 
 
@@ -442,7 +468,7 @@ async def test_sign_in_trades_the_token_for_a_hardened_session_cookie(served: We
     assert served.tokens["alice"] not in response.text + cookie
     assert session.json()["signed_in"] is True and session.json()["csrf"] == body["csrf"]
     row = [r for r in served.audit_rows() if r.get("phase") == "web_sign_in"][-1]
-    assert (row["caller"], row["surface"]) == ("alice", "web")
+    assert (row["caller"], row["role"], row["surface"]) == ("alice", "admin", "web") and row["correlation_id"]
 
 
 @pytest.mark.anyio
@@ -486,8 +512,9 @@ async def test_changes_need_the_csrf_token_the_page_origin_and_a_post(served: We
     async with signed_in(served, "alice") as (client, csrf):
         no_token = await decide(client, served, None, pid, "approve")
         wrong_token = await decide(client, served, csrf[::-1], pid, "approve")
-        cross_site = await client.post(f"/ui/api/proposals/{pid}/approve", json={},
-                                       headers={**change_headers(served, csrf), "Sec-Fetch-Site": "cross-site"})
+        cross_site = await client.post(
+            f"/ui/api/proposals/{pid}/approve", json={},
+            headers={**change_headers(served, csrf), "Sec-Fetch-Site": "cross-site"})
         as_form = await client.post(f"/ui/api/proposals/{pid}/approve", content=b"a=1",
                                     headers={**change_headers(served, csrf),
                                              "Content-Type": "application/x-www-form-urlencoded"})
@@ -576,7 +603,9 @@ async def test_a_denial_is_audited_with_the_human_and_the_agent_is_told(served: 
     assert failed and "denied" in body["error"]["message"]
     rows = [r for r in served.audit_rows() if r.get("proposal_id") == proposal["proposal_id"]
             and r.get("phase") == "denied" and r.get("surface") == "web"]
-    assert [(r["caller"], r["role"]) for r in rows] == [("alice", "admin")]
+    decisions = [(r["caller"], r["role"]) for r in rows if r["decision"]["rule"] == "human"]
+    refusals = [r["error_code"] for r in rows if r["decision"]["rule"].startswith("approve:")]
+    assert decisions == [("alice", "admin")] and refusals == ["confirmation_invalid"]
     assert "DC0_C0_RP0_VM0" in served.sims["lab"].vm_names()
 
 
@@ -593,8 +622,8 @@ async def test_the_page_shows_only_what_the_role_covers(served: WebServer) -> No
         allowed = await decide(client, served, csrf, on_lab["proposal_id"], "deny")
     assert on_lab["proposal_id"] in proposals and on_prod["proposal_id"] not in proposals
     assert all(p["target"].startswith("lab-") for p in proposals.values())
-    assert [t["name"] for t in targets["targets"]] == ["lab-vc"]
-    assert list(vms["targets"]) == ["lab-vc"]
+    assert [t["name"] for t in targets["targets"]] == ["lab-vc", "lab-down"]
+    assert list(vms["targets"]) == ["lab-vc", "lab-down"]
     assert tail["rows"] and all(r["target"].startswith("lab-") for r in tail["rows"])
     assert forbidden.status_code == 404 and allowed.status_code == 200
     async with signed_in(served, "alice") as (client, csrf):
@@ -606,13 +635,16 @@ async def test_targets_show_connectivity_product_and_shared_instances(served: We
     async with signed_in(served, "rita") as (client, _):
         response = await client.get("/ui/api/targets")
     rows = {t["name"]: t for t in response.json()["targets"]}
-    assert set(rows) == {"prod-vc", "prod-alias", "lab-vc"}
+    assert set(rows) == {"prod-vc", "prod-alias", "lab-vc", "lab-down"}
     assert rows["prod-vc"]["shares_instance_with"] == ["prod-alias"]
     assert "shares_instance_with" not in rows["lab-vc"]
+    down = rows.pop("lab-down")
+    assert down["connectivity"] == "error" and down["last_error"]["code"] == "unreachable"
     assert all(r["connectivity"] == "ok" and r["product"] and r["version"] for r in rows.values())
     assert rows["prod-vc"]["require_web_approval"] is True and rows["lab-vc"]["require_web_approval"] is False
-    listing = [r for r in served.audit_rows() if r.get("tool") == "list_targets" and r.get("caller") == "rita"]
-    assert listing and listing[-1]["surface"] == "web"
+    listing = [r["surface"] for r in served.audit_rows()
+               if r.get("tool") == "list_targets" and r.get("caller") == "rita"]
+    assert listing and listing[-1] == "web"
 
 
 @pytest.mark.anyio
@@ -622,6 +654,8 @@ async def test_inventory_reads_every_kind_across_targets(served: WebServer) -> N
                    for kind in ("vms", "hosts", "clusters", "datastores")}
         unknown = await client.get("/ui/api/inventory/networks")
     for kind, answer in answers.items():
+        down = answer["targets"].pop("lab-down")
+        assert down["error"]["code"] == "unreachable", kind
         assert set(answer["targets"]) == {"prod-vc", "prod-alias", "lab-vc"}, kind
         assert all(answer["targets"][t]["ok"][kind] for t in answer["targets"]), kind
     lab_vms = {vm["name"] for vm in answers["vms"]["targets"]["lab-vc"]["ok"]["vms"]}
@@ -637,7 +671,8 @@ async def test_audit_tail_filters_and_the_chain_verifies(served: WebServer) -> N
         two = (await client.get("/ui/api/audit", params={"last": 2})).json()
         bad = await client.get("/ui/api/audit", params={"last": 0})
         chain = (await client.get("/ui/api/audit/verify")).json()
-    assert proposed["rows"] and all((r["phase"], r["caller"]) == ("proposed", "agent") for r in proposed["rows"])
+    assert proposed["rows"]
+    assert all((r["phase"], r["caller"]) == ("proposed", "agent") for r in proposed["rows"])
     assert len(two["rows"]) == 2 and two["rows"][0]["seq"] < two["rows"][1]["seq"]
     assert bad.status_code == 400
     assert chain["ok"] is True and chain["rows"] >= len(served.audit_rows()) - 5 and chain["first_seq"] == 1

@@ -21,6 +21,8 @@ Contract of ``clean_text``:
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import unicodedata
 from typing import Any
@@ -72,14 +74,48 @@ def clean_text(value: str, max_len: int = DEFAULT_MAX_LEN) -> str:
 def clean(value: Any, max_len: int = DEFAULT_MAX_LEN) -> Any:
     """``value`` with every string inside (dict keys too) passed through ``clean_text``.
 
-    Dicts, lists and tuples are rebuilt; any other value is returned as it is.
+    Dicts, lists and tuples are rebuilt when a string inside them changes; when none does, ``value``
+    itself is returned (a result of thousands of plain rows costs one JSON encoding in C instead of a
+    Python call per string). Any other value is returned as it is.
     """
+    if isinstance(value, dict | list | tuple) and _nothing_to_clean(value, max_len):
+        return value
+    return _clean(value, max_len)
+
+
+def _clean(value: Any, max_len: int) -> Any:
     if isinstance(value, str):
         return clean_text(value, max_len)
     if isinstance(value, dict):
-        return {clean(k, max_len): clean(v, max_len) for k, v in value.items()}
+        return {_clean(k, max_len): _clean(v, max_len) for k, v in value.items()}
     if isinstance(value, list):
-        return [clean(v, max_len) for v in value]
+        return [_clean(v, max_len) for v in value]
     if isinstance(value, tuple):
-        return tuple(clean(v, max_len) for v in value)
+        return tuple(_clean(v, max_len) for v in value)
     return value
+
+
+def _nothing_to_clean(value: dict[Any, Any] | list[Any] | tuple[Any, ...], max_len: int) -> bool:
+    """True when no string in ``value`` would change, judged from its JSON encoding.
+
+    The encoder writes every string (keys too) between quotes and escapes quotes, backslashes and
+    control characters with a backslash, so an ASCII encoding without a backslash or DEL holds only
+    printable ASCII strings, which ``clean_text`` returns as they are unless longer than ``max_len``:
+    such a string shows as a run of more than ``max_len`` characters after a quote. Values ``clean``
+    does not enter (numbers, dates, sets...) are encoded as null. False whenever unsure.
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=_not_entered)
+    except (TypeError, ValueError, RecursionError):  # keys of other types, cycles
+        return False
+    return (text.isascii() and "\\" not in text and "\x7f" not in text
+            and _long_run(max_len).search(text) is None)
+
+
+def _not_entered(_value: object) -> None:
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _long_run(max_len: int) -> re.Pattern[str]:
+    return re.compile(f'"[^"]{{{max_len + 1}}}')

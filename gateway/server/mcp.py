@@ -118,21 +118,32 @@ def tool_of(spec: ToolSpec) -> types.Tool:
     )
 
 
-def _json_safe(value: dict[str, Any]) -> dict[str, Any]:
-    """The result as plain JSON types (dates and the like become strings), identical in both blocks."""
-    safe: dict[str, Any] = json.loads(json.dumps(value, default=str))
-    return safe
+def _encoded(value: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The result's compact JSON text, and the same content as plain JSON types for the structured block.
+
+    Encoded once: ``value`` itself serves as the structured block unless the encoder had to turn
+    something into text (dates and the like, via ``str``), in which case the text is parsed back so
+    that both blocks say the same. Results are dicts with string keys, as JSON objects have.
+    """
+    converted = False
+
+    def as_text(item: object) -> str:
+        nonlocal converted
+        converted = True
+        return str(item)
+
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=as_text)
+    structured: dict[str, Any] = json.loads(text) if converted else value
+    return text, structured
 
 
 def success_result(value: dict[str, Any]) -> types.CallToolResult:
-    safe = _json_safe(value)
-    text = json.dumps(safe, ensure_ascii=False, separators=(",", ":"))
-    return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=safe)
+    text, structured = _encoded(value)
+    return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=structured)
 
 
 def error_result(wire: dict[str, Any]) -> types.CallToolResult:
-    body = _json_safe({"error": wire})
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    text, body = _encoded({"error": wire})
     return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=body,
                                 is_error=True)
 

@@ -618,25 +618,47 @@ class Gateway:
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
         """A human's approval (web page or CLI): checks the approve right, then executes the proposal."""
+        proposal = self._human_decision(proposal_id, human, "approve", correlation_id)
+        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
+
+    def _human_decision(
+        self, proposal_id: str, human: Principal, verb: str, correlation_id: str | None
+    ) -> Proposal:
+        """The proposal a human may approve or deny; a refusal is audited before it is raised."""
         role = self.role_of(human)
         proposal = self.store.get_proposal(proposal_id)
         if role is None or proposal is None or not role.permits_target(proposal.target):
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        confirm.check_confirmable(
-            proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
-        )
-        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
+        try:
+            confirm.check_confirmable(
+                proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
+            )
+        except GatewayError as exc:
+            self._audit(
+                {
+                    "phase": "denied",
+                    "tool": proposal.tool,
+                    "target": proposal.target,
+                    "caller": human.name,
+                    "role": human.role,
+                    "surface": human.surface,
+                    "proposal_id": proposal.id,
+                    "correlation_id": correlation_id,
+                    "error_code": exc.code,
+                    "decision": {
+                        "allowed": False,
+                        "reason": f"{verb} refused: {exc.message}",
+                        "rule": f"approve:{role.approve}",
+                    },
+                }
+            )
+            raise
+        return proposal
 
     def deny(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
-        role = self.role_of(human)
-        proposal = self.store.get_proposal(proposal_id)
-        if role is None or proposal is None or not role.permits_target(proposal.target):
-            raise NotFound(f"no proposal {proposal_id} that you may see")
-        confirm.check_confirmable(
-            proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
-        )
+        proposal = self._human_decision(proposal_id, human, "deny", correlation_id)
         self._require_audit()
         if not self.store.transition(
             proposal.id, ["pending"], "denied", approved_by=human.name, decided_at=self.clock()

@@ -73,14 +73,13 @@ from gateway.web.session import (
 log = logging.getLogger(__name__)
 
 SURFACE: Final = "web"
+#: X-Content-Type-Options and Referrer-Policy come from the edge, which adds them to every response
 SECURITY_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
     (b"content-security-policy",
      b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
      b"base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
-    (b"x-content-type-options", b"nosniff"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
 )
@@ -284,12 +283,12 @@ class WebApi:
 
         return endpoint
 
-    def _audit_event(self, phase: str, principal: Principal) -> None:
+    async def _audit_event(self, phase: str, principal: Principal) -> None:
         """Sign-in and sign-out rows; an unwritable log is logged here (approvals refuse it themselves)."""
         row = {"phase": phase, "caller": principal.name, "role": principal.role, "surface": SURFACE,
                "correlation_id": correlation_id_var.get()}
         try:
-            self.gateway.audit.write(row)
+            await anyio.to_thread.run_sync(self.gateway.audit.write, row)
         except AuditUnavailable:
             log.warning("could not audit %s of %r: the audit log is not writable", phase, principal.name)
 
@@ -344,7 +343,7 @@ class WebApi:
         self.sessions.end(self._session_id(request))  # a fresh id on every sign-in: no session fixation
         session = self.sessions.create(principal)
         viewer_principal = Principal(principal.name, principal.role, principal.token_id, surface=SURFACE)
-        await anyio.to_thread.run_sync(self._audit_event, "web_sign_in", viewer_principal)
+        await self._audit_event("web_sign_in", viewer_principal)
         role = self.gateway.role_of(principal)
         assert role is not None
         cookie = set_cookie_header(session.id, secure=self._secure(request), max_age=self.sessions.lifetime,
@@ -362,7 +361,7 @@ class WebApi:
         except GatewayError as exc:
             return self._error(request, exc)
         self.sessions.end(viewer.session.id)
-        await anyio.to_thread.run_sync(self._audit_event, "web_sign_out", viewer.principal)
+        await self._audit_event("web_sign_out", viewer.principal)
         return _json({"signed_in": False}, headers=self._clear_cookie(request))
 
     # ------------------------------------------------------------------ proposals

@@ -178,6 +178,9 @@ def origin_refusal(
         return "the request carries no Origin header; changes are accepted only from this page"
     own = _origin_key(scheme.lower(), (host or "").lower())
     theirs = _parse_origin(origin)
+    if own is not None and theirs is not None and theirs[1] == own[1] and theirs[0] != own[0]:
+        return (f"the page was loaded over {theirs[0]} but this request reached the gateway over {own[0]}; "
+                "behind a TLS-terminating proxy, start the gateway with --forwarded-allow-ips naming it")
     if own is None or theirs is None or theirs != own:
         return "the request comes from another web origin; changes are accepted only from this page"
     if allowed is not None and not allowed(origin.strip()):

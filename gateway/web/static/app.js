@@ -184,11 +184,12 @@
     if (p.gated) {
       return el("p", { class: "gate gated" },
         el("strong", { text: "Blocked until approved here. " }),
-        "Target " + p.target + " requires a human's approval: the agent cannot confirm this itself.");
+        "Target " + p.target + " requires a human's approval: " + p.requested_by + " cannot confirm it over MCP.");
     }
     return el("p", { class: "gate open" },
       el("strong", { text: "Not gated. " }),
-      "The agent may confirm this itself at any moment. Approving runs it now; denying withdraws it.");
+      p.requested_by + " may confirm it over MCP at any moment, without you. Approving here runs it now; " +
+      "denying withdraws it.");
   }
 
   function affectedList(p) {
@@ -234,7 +235,7 @@
         disabled: !p.can_decide || busy, title: p.decide_note || "" });
       deny.addEventListener("click", () => decide(p, "deny"));
       approve.addEventListener("click", () => decide(p, "approve"));
-      footer.append(el("span", { class: "spacer" }), note, deny, approve);
+      footer.append(...[el("span", { class: "spacer" }), note, deny, approve].filter(Boolean));
     } else {
       countdown.textContent = p.state === "executing" ? "running in vSphere…" : "approved, about to run";
       countdown.removeAttribute("data-deadline");
@@ -246,7 +247,7 @@
   function outcomeText(p) {
     const by = p.approved_by ? " by " + p.approved_by : "";
     const texts = {
-      executed: "Approved" + by + " and executed",
+      executed: p.approved_by ? "Approved by " + p.approved_by + " and executed" : "Confirmed by " + p.requested_by + " and executed",
       failed: "Failed" + (p.error && p.error.message ? ": " + p.error.message : ""),
       denied: "Denied" + by,
       expired: "Expired before anyone confirmed it",
@@ -366,7 +367,7 @@
       await api("api/proposals/" + encodeURIComponent(p.proposal_id) + "/" + action, { method: "POST" });
       toast(action === "approve" ? "Approved and executed on " + p.target + "." : "Denied on " + p.target + ".", "ok");
     } catch (error) {
-      toast((action === "approve" ? "Approval" : "Denial") + " refused: " + error.message, "error");
+      toast((action === "approve" ? "Not executed: " : "Not denied: ") + error.message, "error");
     } finally {
       state.busy.delete(p.proposal_id);
       await loadProposals();
