@@ -18,6 +18,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import ssl
@@ -149,8 +150,11 @@ def prepare_folder(folder: Path) -> DemoFiles:
 
 
 def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    path.write_text(text)
-    path.chmod(mode)
+    """Write ``text`` to a file only its owner can read (never briefly readable by others)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), mode)
+        handle.write(text)
 
 
 def write_configuration(files: DemoFiles, sims: Mapping[str, SimulatorProcess]) -> dict[str, str]:
@@ -162,7 +166,7 @@ def write_configuration(files: DemoFiles, sims: Mapping[str, SimulatorProcess]) 
     _write_private(files.folder / "rules.yaml", RULES)
     _write_private(files.folder / "roles.yaml", ROLES)
     env = {**files.environment(), **credentials}
-    lines = [f"{key}={value}" for key, value in env.items()]
+    lines = [f"{key}={shlex.quote(value)}" for key, value in env.items()]
     _write_private(files.env_file, "# the demo gateway's environment (simulator credentials included)\n"
                    + "\n".join(lines) + "\n")
     _write_private(files.stdio_script, stdio_script(files), mode=0o700)
@@ -174,9 +178,9 @@ def stdio_script(files: DemoFiles) -> str:
     return (
         "#!/bin/sh\n"
         "# Serves the demo gateway over stdio (for desktop MCP clients) while the demo's simulators run.\n"
-        f"set -a; . '{files.env_file}'; set +a\n"
-        f"export PYTHONPATH='{PACKAGE_ROOT}'${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        f"exec '{sys.executable}' -c '{GATEWAY_MAIN}' serve --transport stdio\n"
+        f"set -a; . {shlex.quote(str(files.env_file))}; set +a\n"
+        f"export PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f"exec {shlex.quote(sys.executable)} -c {shlex.quote(GATEWAY_MAIN)} serve --transport stdio\n"
     )
 
 

@@ -159,6 +159,8 @@ def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo
     assert "ha-host_VM0" in json.dumps(local)
     assert f"https://127.0.0.1:{running_demo.port}/ui" in running_demo.output
     assert '"Authorization": "Bearer gwt_' in running_demo.output and "stdio.sh" in running_demo.output
+    secrets = running_demo.folder / "gateway.env"
+    assert secrets.stat().st_mode & 0o077 == 0 and "_PASSWORD=" in secrets.read_text()
 
     running_demo.process.send_signal(signal.SIGINT)
     assert running_demo.process.wait(60) == 0

@@ -74,9 +74,9 @@ def clean_text(value: str, max_len: int = DEFAULT_MAX_LEN) -> str:
 def clean(value: Any, max_len: int = DEFAULT_MAX_LEN) -> Any:
     """``value`` with every string inside (dict keys too) passed through ``clean_text``.
 
-    Dicts, lists and tuples are rebuilt when a string inside them changes; when none does, ``value``
-    itself is returned (a result of thousands of plain rows costs one JSON encoding in C instead of a
-    Python call per string). Any other value is returned as it is.
+    Dicts, lists and tuples are rebuilt, unless no string inside them would change: then ``value``
+    itself is returned (so a result of thousands of plain rows costs one JSON encoding in C instead
+    of a Python call per string). Any other value is returned as it is.
     """
     if isinstance(value, dict | list | tuple) and _nothing_to_clean(value, max_len):
         return value

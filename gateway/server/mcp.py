@@ -10,6 +10,9 @@ tools/call answers in three shapes:
   written for the model to act on;
 - anything else: ``isError`` with a generic message naming the correlation id; the traceback goes
   to the server log only.
+
+Over HTTP, ``AnswerAsJson`` (around the SDK's /mcp endpoint) sends an answer that needs no stream as
+one JSON body: large results stay within what clients accept, and cost less on both ends.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +32,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth.tokens import Principal
 from gateway.config import Target
@@ -258,3 +263,115 @@ async def serve_stdio(gateway: StdioGateway, *, version: str = "") -> None:
             await server.run(read_stream, write_stream, server.create_initialization_options())
     finally:
         await gateway.close()
+
+
+# ------------------------------------------------------------------------------------------------------
+# HTTP answers
+
+
+class AnswerAsJson:
+    """ASGI wrapper for the /mcp endpoint: a POST whose event stream would carry nothing but its answer
+    gets that answer as one ``application/json`` body instead.
+
+    Both are valid answers to a request (the 2025-11-25 revision lets the server choose per request,
+    and the SDK's 2026-07-28 transport chooses the same way). The SDK's legacy transport always
+    opens an event stream, and its client refuses an event over 1 MiB unless configured otherwise:
+    list_vms on about 3,000 VMs is larger. A JSON body has no such limit and costs less to frame
+    and to parse. The stream is held back until its first event: the answer becomes the JSON
+    body; anything else first (progress, a keep-alive ping after a long wait, a request to the
+    client, an event id for resumption) sends the stream on unchanged from its start.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not _accepts_json(scope):
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, _HeldStream(send).send)
+
+
+_SSE_ONLY_HEADERS = frozenset({b"content-type", b"content-length", b"transfer-encoding", b"connection",
+                               b"x-accel-buffering"})
+#: a JSON-RPC answer as the SDK encodes it: its id, then its result or error
+_ANSWER = re.compile(rb'\{"jsonrpc":"2\.0","id":(?:"(?:[^"\\]|\\.)*"|-?[0-9]+),"(?:result|error)":')
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def _accepts_json(scope: Scope) -> bool:
+    accept = b",".join(v for k, v in scope["headers"] if k == b"accept").lower()
+    return b"application/json" in accept or b"*/*" in accept
+
+
+def _is_event_stream(message: Message) -> bool:
+    content_type = b"".join(v for k, v in message.get("headers", ()) if k.lower() == b"content-type")
+    return message.get("status") == 200 and content_type.lower().startswith(b"text/event-stream")
+
+
+def _lone_answer(stream: bytes) -> bytes | None:
+    """The data of ``stream`` when it is exactly one complete ``message`` event carrying a JSON-RPC
+    answer (nothing before or after it), else None."""
+    end = _EVENT_END.search(stream)
+    if end is None or end.end() != len(stream):
+        return None
+    event, data = b"", []
+    for line in stream[: end.start()].splitlines():
+        field, _, value = line.partition(b":")
+        value = value.removeprefix(b" ")
+        if field == b"event":
+            event = value
+        elif field == b"data":
+            data.append(value)
+        else:  # a comment (ping), an id, a retry hint: the stream has more to say than its answer
+            return None
+    body = b"\n".join(data)
+    return body if event == b"message" and _ANSWER.match(body) else None
+
+
+class _HeldStream:
+    """``send`` for one POST: holds an event stream's start until its first event decides its form."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._start: Message | None = None
+        self._buffer = b""
+        self._mode = "undecided"  # then "stream" (sent on as is) or "answered" (sent as JSON)
+
+    async def send(self, message: Message) -> None:
+        if self._mode == "stream":
+            await self._send(message)
+        elif self._mode == "undecided":
+            await self._decide(message)
+        # "answered": what follows is the end of the stream that was not opened
+
+    async def _decide(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if _is_event_stream(message):
+                self._start = message
+                return
+            self._mode = "stream"
+            await self._send(message)
+            return
+        if self._start is None or message["type"] != "http.response.body":
+            self._mode = "stream"
+            await self._send(message)
+            return
+        self._buffer += message.get("body", b"")
+        answer = _lone_answer(self._buffer)
+        if answer is not None:
+            await self._answer(self._start, answer)
+        elif _EVENT_END.search(self._buffer) or not message.get("more_body", False):
+            await self._open_stream(self._start, message.get("more_body", False))
+
+    async def _answer(self, start: Message, body: bytes) -> None:
+        self._mode = "answered"
+        headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in _SSE_ONLY_HEADERS]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await self._send({**start, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _open_stream(self, start: Message, more_body: bool) -> None:
+        self._mode = "stream"
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": self._buffer, "more_body": more_body})
