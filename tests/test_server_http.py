@@ -29,7 +29,7 @@ import pytest
 from httpserver import FAST_HASH, Served, mcp_client, serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import Simulator, wait_until, write_targets
+from simulator import MakeSimulator, Simulator, wait_until, write_targets
 
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
 from gateway.cli import serve as serve_cli
@@ -537,3 +537,21 @@ def test_serve_refuses_to_start_without_a_token(
     command = run_serve(tmp_path, env, *https_argv(cert))
     assert command.process.wait(60) == 1
     assert "gateway token create NAME --role admin" in command.output()
+
+
+async def test_an_answer_over_one_mebibyte_reaches_the_default_client(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """The SDK client refuses server-sent events over 1 MiB: large answers must arrive as one JSON body."""
+    sim = make_simulator(clusters=1, hosts_per_cluster=2, vms=3000, startup_timeout=120)
+    running = serve(tmp_path, real_gateway(sim, tmp_path))
+    try:
+        async with mcp_client(running, running.tokens["alice"], "legacy") as client:
+            result = await client.call_tool("list_vms", {"target": "vc1"})
+    finally:
+        running.stop()
+        await running.gateway.close()
+    assert not result.is_error, result.content
+    assert result.structured_content is not None and result.structured_content["count"] == 3000
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert len(json.dumps(result.structured_content)) + len(json.dumps(text)) > 1024 * 1024

@@ -37,7 +37,7 @@ from starlette.types import ASGIApp
 from gateway.errors import ConfigError
 from gateway.server import edge
 from gateway.server.edge import EdgeConfig
-from gateway.server.mcp import InFlightCalls, McpGateway, build_mcp_server
+from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
 from gateway.server.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,10 @@ def build_app(
         finally:
             await gateway.close()
 
-    routes: list[BaseRoute] = [Route("/mcp", StreamableHTTPASGIApp(manager)), *_probe_routes(gateway)]
+    # a call's answer travels as one JSON body unless something (progress) must stream first: clients
+    # cap single server-sent events (the SDK at 1 MiB), and a large inventory answer exceeds that
+    mcp_endpoint = AnswerAsJson(StreamableHTTPASGIApp(manager))
+    routes: list[BaseRoute] = [Route("/mcp", mcp_endpoint), *_probe_routes(gateway)]
     if web is not None:
         routes.append(Mount("/ui", app=web))
     app = Starlette(routes=routes, middleware=_edge_stack(gateway, config), lifespan=lifespan)
