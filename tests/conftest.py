@@ -13,6 +13,7 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SIMULATOR_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.simulator)
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port whose peer completes the TCP handshake (in the kernel backlog) and never answers."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:
+        yield server.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ directly, so tests can check what the gateway did without going through the gate
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from gateway.devsim import SimulatorProcess as Simulator
 
 __all__ = [
     "BUILD_SCRIPT", "DEFAULT_USER", "REPO", "VC1_INSTANCE_UUID", "VC2_INSTANCE_UUID", "VCSIM_BIN",
-    "MakeSimulator", "Simulator", "SimulatorError", "build_simulator", "credential_prefix",
+    "MakeSimulator", "Simulator", "SimulatorError", "build_simulator", "closed_port", "credential_prefix",
     "credentials_env", "find_vm", "pyvmomi_connect", "read_properties", "start_simulator",
     "target_entry", "wait_until", "write_targets",
 ]
@@ -41,6 +42,12 @@ T = TypeVar("T")
 
 MakeSimulator = Callable[..., Simulator]
 """The type of the ``make_simulator`` fixture: ``make_simulator(**start_simulator options)``."""
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (connections are refused)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        return int(server.getsockname()[1])
 
 
 def pyvmomi_connect(sim: Simulator, *, user: str | None = None, password: str | None = None) -> Any:

@@ -7,9 +7,6 @@ arrival order; calls on the healthy target must finish while the others are stil
 
 from __future__ import annotations
 
-import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,40 +26,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def hung_port() -> Iterator[int]:
-    """A listener that accepts connections and never says a word."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                accepted.append(listener.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    for conn in accepted:
-        conn.close()
-    listener.close()
-
-
-def three_target_gateway(tmp: Path, make_simulator: MakeSimulator, hung_port: int, **flags: Any) -> Gateway:
+def three_target_gateway(tmp: Path, make_simulator: MakeSimulator, silent_port: int, **flags: Any) -> Gateway:
     fast = make_simulator(vms=2)
     slow = make_simulator(vms=2, method_delay={"RetrievePropertiesEx": 400})
     env = write_targets(tmp / "targets.yaml", {"fast": fast, "slow": slow}, {"slow": {"pool_size": 1}})
     text = (tmp / "targets.yaml").read_text()
     text += (
-        f"- name: hung\n  host: 127.0.0.1\n  port: {hung_port}\n  credential_env_prefix: "
+        f"- name: hung\n  host: 127.0.0.1\n  port: {silent_port}\n  credential_env_prefix: "
         f"{credential_prefix('hung')}\n  insecure: true\n  timeout_seconds: 3\n"
     )
     (tmp / "targets.yaml").write_text(text)
@@ -73,9 +43,9 @@ def three_target_gateway(tmp: Path, make_simulator: MakeSimulator, hung_port: in
 
 
 async def test_same_target_queues_in_order_and_other_targets_run_free(
-    tmp_path: Path, make_simulator: MakeSimulator, hung_port: int
+    tmp_path: Path, make_simulator: MakeSimulator, silent_port: int
 ) -> None:
-    gateway = three_target_gateway(tmp_path, make_simulator, hung_port)
+    gateway = three_target_gateway(tmp_path, make_simulator, silent_port)
     served: Served = serve(tmp_path, gateway)
     token = served.tokens["alice"]
     finished: list[str] = []
@@ -130,9 +100,9 @@ async def test_same_target_queues_in_order_and_other_targets_run_free(
 
 
 async def test_calls_naming_no_target_do_not_wait_behind_a_vcenter(
-    tmp_path: Path, make_simulator: MakeSimulator, hung_port: int
+    tmp_path: Path, make_simulator: MakeSimulator, silent_port: int
 ) -> None:
-    gateway = three_target_gateway(tmp_path, make_simulator, hung_port, enable_destructive=True)
+    gateway = three_target_gateway(tmp_path, make_simulator, silent_port, enable_destructive=True)
     served = serve(tmp_path, gateway)
     token = served.tokens["alice"]
     order: list[str] = []

@@ -6,7 +6,7 @@ import contextlib
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pyVim.connect import Disconnect
 from pyVmomi import vim
-from simulator import VC1_INSTANCE_UUID, Simulator, credential_prefix, pyvmomi_connect
+from simulator import VC1_INSTANCE_UUID, Simulator, closed_port, credential_prefix, pyvmomi_connect
 
 from gateway import errors
 from gateway.config import Credentials, Target
@@ -45,18 +45,6 @@ def session_keys(sim: Simulator) -> set[str]:
 
 def now(session: VSphereSession) -> Any:
     return session.si.CurrentTime()
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A TCP port whose peer completes the handshake (in the kernel backlog) and never says a word."""
-    with socket.create_server(("127.0.0.1", 0), backlog=16) as server:
-        yield server.getsockname()[1]
-
-
-def closed_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        return int(server.getsockname()[1])
 
 
 def test_login_is_lazy(sim_vc1: Simulator) -> None:

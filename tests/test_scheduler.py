@@ -6,14 +6,13 @@ Each test drives its own event loop with ``asyncio.run`` and closes its schedule
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-from simulator import Simulator, credential_prefix, credentials_env
+from simulator import Simulator, closed_port, credential_prefix, credentials_env
 
 from gateway import errors
 from gateway.config import Target
@@ -55,18 +54,6 @@ def run_with(scheduler: Scheduler, main: Callable[[], Awaitable[T]]) -> T:
         finally:
             scheduler.close()
     return asyncio.run(wrapped())
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A TCP port whose peer completes the handshake (in the kernel backlog) and never says a word."""
-    with socket.create_server(("127.0.0.1", 0), backlog=16) as server:
-        yield server.getsockname()[1]
-
-
-def closed_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        return int(server.getsockname()[1])
 
 
 def test_unknown_target_lists_known_names(sim_vc1: Simulator) -> None:

@@ -12,7 +12,6 @@ import contextlib
 import html.parser
 import itertools
 import json
-import socket
 import ssl
 import threading
 import time
@@ -27,7 +26,15 @@ import yaml
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import Simulator, credential_prefix, credentials_env, start_simulator, target_entry, wait_until
+from simulator import (
+    Simulator,
+    closed_port,
+    credential_prefix,
+    credentials_env,
+    start_simulator,
+    target_entry,
+    wait_until,
+)
 
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal, create_token
@@ -136,19 +143,12 @@ class WebServer:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
     """The server for ``prod`` and ``lab``, plus ``lab-down``: a target nobody answers for."""
     sims = {"prod-vc": prod, "prod-alias": prod, "lab-vc": lab}
     env = credentials_env(sims)
     prefix = credential_prefix("lab-down")
-    down = {"name": "lab-down", "host": "127.0.0.1", "port": _closed_port(), "insecure": True,
+    down = {"name": "lab-down", "host": "127.0.0.1", "port": closed_port(), "insecure": True,
             "credential_env_prefix": prefix}
     env.update({f"{prefix}_USER": "nobody", f"{prefix}_PASSWORD": "nothing"})
     entries = [*(target_entry(name, sim) for name, sim in sims.items()), down]

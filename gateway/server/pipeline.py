@@ -634,23 +634,11 @@ class Gateway:
                 proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
             )
         except GatewayError as exc:
+            reason = f"{verb} refused: {exc.message}"
             self._audit(
-                {
-                    "phase": "denied",
-                    "tool": proposal.tool,
-                    "target": proposal.target,
-                    "caller": human.name,
-                    "role": human.role,
-                    "surface": human.surface,
-                    "proposal_id": proposal.id,
-                    "correlation_id": correlation_id,
-                    "error_code": exc.code,
-                    "decision": {
-                        "allowed": False,
-                        "reason": f"{verb} refused: {exc.message}",
-                        "rule": f"approve:{role.approve}",
-                    },
-                }
+                _human_row(
+                    proposal, human, correlation_id, reason, f"approve:{role.approve}", error_code=exc.code
+                )
             )
             raise
         return proposal
@@ -664,19 +652,7 @@ class Gateway:
             proposal.id, ["pending"], "denied", approved_by=human.name, decided_at=self.clock()
         ):
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
-        self._audit(
-            {
-                "phase": "denied",
-                "tool": proposal.tool,
-                "target": proposal.target,
-                "caller": human.name,
-                "role": human.role,
-                "surface": human.surface,
-                "proposal_id": proposal.id,
-                "correlation_id": correlation_id,
-                "decision": {"allowed": False, "reason": f"denied by {human.name}", "rule": "human"},
-            }
-        )
+        self._audit(_human_row(proposal, human, correlation_id, f"denied by {human.name}", "human"))
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
 
     async def execute_proposal(
@@ -806,6 +782,24 @@ class _NoRole:
 
 
 _NO_ROLE: Any = _NoRole()
+
+
+def _human_row(
+    proposal: Proposal, human: Principal, correlation_id: str | None, reason: str, rule: str, **extra: Any
+) -> dict[str, Any]:
+    """The audit row of a human's refusal of, or refused attempt at, a proposal decision."""
+    return {
+        "phase": "denied",
+        "tool": proposal.tool,
+        "target": proposal.target,
+        "caller": human.name,
+        "role": human.role,
+        "surface": human.surface,
+        "proposal_id": proposal.id,
+        "correlation_id": correlation_id,
+        "decision": {"allowed": False, "reason": reason, "rule": rule},
+        **extra,
+    }
 
 
 def _target_label(args: Mapping[str, Any] | None) -> str | None:
