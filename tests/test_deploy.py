@@ -98,7 +98,7 @@ def test_systemd_unit_is_hardened_and_runs_a_valid_command() -> None:
     for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
                        "ProtectHome": "yes", "StateDirectory": "vsphere-mcp-gateway"}.items():
         assert settings.get(key) == [value], key
-    assert {"GATEWAY_HOME=/var/lib/vsphere-mcp-gateway", "MALLOC_ARENA_MAX=2"} <= set(settings["Environment"])
+    assert "GATEWAY_HOME=/var/lib/vsphere-mcp-gateway" in settings["Environment"]
     program, *argv = shlex.split(settings["ExecStart"][0])
     assert program.endswith("/bin/gateway")
     accepts_serve(argv)
@@ -321,8 +321,7 @@ def test_container_recipe_runs_as_non_root_with_state_on_a_volume() -> None:
     assert entrypoint == ["gateway"]
     accepts_serve(command)
     assert image["USER"] == ["10001"] and image["VOLUME"] == ['["/var/lib/gateway"]']
-    assert all(env in image["ENV"][0] for env in ("GATEWAY_HOME=/var/lib/gateway", "MALLOC_ARENA_MAX=2"))
-    assert "/healthz" in image["HEALTHCHECK"][0]
+    assert "GATEWAY_HOME=/var/lib/gateway" in image["ENV"][0] and "/healthz" in image["HEALTHCHECK"][0]
 
 
 # ------------------------------------------------------------------------------------------ Kubernetes
