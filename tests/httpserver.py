@@ -59,13 +59,14 @@ class Served:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
-def serve(tmp: Path, gateway: Any, **server_options: Any) -> Served:
+def serve(tmp: Path, gateway: Any, edge: Mapping[str, Any] | None = None, **server_options: Any) -> Served:
     cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
     tokens = {
         name: create_token(gateway.store, name, role, expires_in=None, now=time.time(), hasher=FAST_HASH)[0]
         for name, role in (("alice", "admin"), ("bob", "reader"), ("carol", "vc1-reader"))
     }
-    config = EdgeConfig.for_https(["localhost"], max_body_bytes=64 * 1024, max_header_bytes=8 * 1024)
+    limits = {"max_body_bytes": 64 * 1024, "max_header_bytes": 8 * 1024, **(edge or {})}
+    config = EdgeConfig.for_https(["localhost"], **limits)
     app = build_app(gateway, config)
     uv = uvicorn_config(
         app, config, host="127.0.0.1", port=0, ssl_context=server_context(cert.cert, cert.key)

@@ -555,3 +555,20 @@ async def test_an_answer_over_one_mebibyte_reaches_the_default_client(
     assert result.structured_content is not None and result.structured_content["count"] == 3000
     text = result.content[0].text  # type: ignore[union-attr]
     assert len(json.dumps(result.structured_content)) + len(json.dumps(text)) > 1024 * 1024
+
+
+def test_a_body_that_never_arrives_gets_408(sim_vc1: Simulator, tmp_path: Path) -> None:
+    """A client that announces a body and stalls is cut off at the receive deadline, not held forever."""
+    running = serve(tmp_path, real_gateway(sim_vc1, tmp_path), edge={"receive_timeout_seconds": 1.0})
+    try:
+        with socket.create_connection(("127.0.0.1", running.port)) as raw, \
+                running.tls().wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer "
+                        + running.tokens["alice"].encode() + b"\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 100\r\n\r\n{")
+            tls.settimeout(20)
+            reply = tls.recv(4096)
+    finally:
+        running.stop()
+        anyio.run(running.gateway.close)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
