@@ -406,8 +406,10 @@ async def test_role_without_targets_gets_forbidden_for_all(env: Env, tmp_path: P
     lab = Principal(name="l", role="lab", surface="test")
     with pytest.raises(Forbidden):
         await gw.call(lab, "list_vms", {"target": "all"})
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match="unknown target 'vc1'"):
         await gw.call(lab, "list_vms", {"target": "vc1"})
+    (row,) = env.rows(phase="denied")
+    assert row["caller"] == "l" and row["target"] == "vc1" and row["decision"]["rule"] == "role:lab"
 
 
 async def test_a_change_interrupted_by_a_crash_is_settled_as_unknown(env: Env) -> None:

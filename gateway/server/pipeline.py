@@ -81,10 +81,6 @@ class CallContext:
         return base
 
 
-def _decision_dict(decision: Decision) -> dict[str, Any]:
-    return decision.to_dict()
-
-
 class Gateway:
     """One gateway process's runtime: every surface calls ``call``, ``tools_for`` and the approval API."""
 
@@ -298,11 +294,23 @@ class Gateway:
         return names
 
     def _check_target(self, ctx: CallContext, name: str) -> Target:
+        """The named target if the caller's role covers it; a target outside the role is refused exactly
+        like an unknown one, and audited as denied."""
         target = self.targets.get(name)
-        if target is None or not ctx.role.permits_target(name):
-            known = ", ".join(t.name for t in self.visible_targets(ctx.role)) or "none"
-            raise NotFound(f"unknown target '{name}'; targets you may use: {known}")
-        return target
+        if target is not None and ctx.role.permits_target(name):
+            return target
+        if target is not None:
+            reason = "target not permitted for role"
+            self._audit(
+                ctx.row(
+                    "denied",
+                    target=name,
+                    error_code="not_found",
+                    decision={"allowed": False, "reason": reason, "rule": f"role:{ctx.role.name}"},
+                )
+            )
+        known = ", ".join(t.name for t in self.visible_targets(ctx.role)) or "none"
+        raise NotFound(f"unknown target '{name}'; targets you may use: {known}")
 
     async def _read(self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
         assert ctx.spec.read is not None
@@ -417,7 +425,7 @@ class Gateway:
         if self.settings.dry_run or target.dry_run:
             decision = replace(decision, dry_run=True)
         if not decision.allowed:
-            raise PolicyDenied(decision.reason, decision=_decision_dict(decision))
+            raise PolicyDenied(decision.reason, decision=decision.to_dict())
         return decision
 
     def _propose(
@@ -457,7 +465,7 @@ class Gateway:
                 "proposed",
                 target=target.name,
                 args=_redact_args(ctx.spec, args),
-                decision=_decision_dict(decision),
+                decision=decision.to_dict(),
                 proposal_id=proposal.id,
                 affected=proposal.affected,
             )
@@ -499,7 +507,7 @@ class Gateway:
         spec = ctx.spec
         execute = spec.execute
         assert execute is not None
-        decision_row = _decision_dict(decision)
+        decision_row = decision.to_dict()
         if decision.dry_run:
             result = {
                 "dry_run": True,
