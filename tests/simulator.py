@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gateway.config import Credentials, Target
 from gateway.devsim import (
     BUILD_SCRIPT,
     DEFAULT_USER,
@@ -27,12 +28,31 @@ from gateway.devsim import (
     write_targets,
 )
 from gateway.devsim import SimulatorProcess as Simulator
+from gateway.vsphere.pool import SessionPool
 
 __all__ = [
-    "BUILD_SCRIPT", "DEFAULT_USER", "REPO", "VC1_INSTANCE_UUID", "VC2_INSTANCE_UUID", "VCSIM_BIN",
-    "MakeSimulator", "Simulator", "SimulatorError", "build_simulator", "closed_port", "credential_prefix",
-    "credentials_env", "find_vm", "pyvmomi_connect", "read_properties", "start_simulator",
-    "target_entry", "wait_until", "write_targets",
+    "BUILD_SCRIPT",
+    "DEFAULT_USER",
+    "REPO",
+    "VC1_INSTANCE_UUID",
+    "VC2_INSTANCE_UUID",
+    "VCSIM_BIN",
+    "MakeSimulator",
+    "Simulator",
+    "SimulatorError",
+    "build_simulator",
+    "closed_port",
+    "credential_prefix",
+    "credentials_env",
+    "find_vm",
+    "open_pool",
+    "pyvmomi_connect",
+    "read_properties",
+    "sim_target",
+    "start_simulator",
+    "target_entry",
+    "wait_until",
+    "write_targets",
 ]
 
 VC1_INSTANCE_UUID = "5f1e6d1a-0c1b-4f55-9a31-000000000001"
@@ -42,6 +62,19 @@ T = TypeVar("T")
 
 MakeSimulator = Callable[..., Simulator]
 """The type of the ``make_simulator`` fixture: ``make_simulator(**start_simulator options)``."""
+
+
+def sim_target(name: str, sim: Simulator, **options: Any) -> Target:
+    """A ``Target`` for ``sim`` (TLS verification off: the simulator's certificate is self-signed)."""
+    settings: dict[str, Any] = {"insecure": True, **options}
+    return Target(
+        name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name), **settings
+    )
+
+
+def open_pool(name: str, sim: Simulator, **options: Any) -> SessionPool:
+    """A session pool on ``sim`` with its credentials (lazy: nothing logs in until the first call)."""
+    return SessionPool(sim_target(name, sim, **options), Credentials(sim.user, sim.password))
 
 
 def closed_port() -> int:
@@ -59,8 +92,11 @@ def pyvmomi_connect(sim: Simulator, *, user: str | None = None, password: str | 
 
     connect: Any = SmartConnect  # untyped
     return connect(
-        host=sim.host, port=sim.port, user=user if user is not None else sim.user,
-        pwd=password if password is not None else sim.password, disableSslCertValidation=True,
+        host=sim.host,
+        port=sim.port,
+        user=user if user is not None else sim.user,
+        pwd=password if password is not None else sim.password,
+        disableSslCertValidation=True,
     )
 
 

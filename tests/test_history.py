@@ -10,16 +10,14 @@ from typing import Any
 
 import pytest
 from pyVmomi import vim
-from simulator import Simulator, credential_prefix
+from simulator import MakeSimulator, Simulator, open_pool
 
 from gateway import errors
-from gateway.config import Credentials, Target
 from gateway.vsphere import history as h
 from gateway.vsphere import inventory as inv
 from gateway.vsphere.history import Record, Window
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
-MakeSimulator = Callable[..., Simulator]
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
@@ -174,12 +172,6 @@ def test_customization_failure_carries_the_reason_and_times() -> None:
 
 # --------------------------------------------------------------------------------------------------
 # against the simulator
-
-
-def open_pool(name: str, sim: Simulator) -> SessionPool:
-    target = Target(name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name),
-                    insecure=True)
-    return SessionPool(target, Credentials(sim.user, sim.password))
 
 
 @pytest.fixture

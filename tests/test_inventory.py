@@ -12,25 +12,23 @@ from typing import Any
 import pytest
 from pyVim.connect import Disconnect
 from pyVmomi import vim
-from simulator import Simulator, credential_prefix, find_vm, pyvmomi_connect, read_properties, wait_until
+from simulator import (
+    MakeSimulator,
+    Simulator,
+    find_vm,
+    open_pool,
+    pyvmomi_connect,
+    read_properties,
+    wait_until,
+)
 
 from gateway import errors
-from gateway.config import Credentials, Target
 from gateway.vsphere import inventory as inv
 from gateway.vsphere.inventory import ObjectProps, Page, VmQuery
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
-MakeSimulator = Callable[..., Simulator]
-
-
 # --------------------------------------------------------------------------------------------------
 # helpers
-
-
-def open_pool(name: str, sim: Simulator) -> SessionPool:
-    target = Target(name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name),
-                    insecure=True)
-    return SessionPool(target, Credentials(sim.user, sim.password))
 
 
 @pytest.fixture(scope="module")

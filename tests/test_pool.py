@@ -6,7 +6,6 @@ import contextlib
 import socket
 import ssl
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,19 +13,18 @@ from typing import Any
 import pytest
 from pyVim.connect import Disconnect
 from pyVmomi import vim
-from simulator import VC1_INSTANCE_UUID, Simulator, closed_port, credential_prefix, pyvmomi_connect
+from simulator import (
+    VC1_INSTANCE_UUID,
+    MakeSimulator,
+    Simulator,
+    closed_port,
+    pyvmomi_connect,
+    sim_target,
+)
 
 from gateway import errors
 from gateway.config import Credentials, Target
 from gateway.vsphere.pool import SessionPool, VSphereSession
-
-MakeSimulator = Callable[..., Simulator]
-
-
-def sim_target(name: str, sim: Simulator, **options: Any) -> Target:
-    settings: dict[str, Any] = {"insecure": True, **options}
-    return Target(name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name),
-                  **settings)
 
 
 def credentials(sim: Simulator) -> Credentials:

@@ -9,27 +9,17 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from simulator import Simulator, credential_prefix, credentials_env
+from simulator import MakeSimulator, Simulator, credentials_env, open_pool, sim_target
 
 from gateway import errors
-from gateway.config import Credentials, Target
+from gateway.config import Target
 from gateway.tools import read
 from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec, by_name
 from gateway.vsphere.inventory import PrivilegeCheck
 from gateway.vsphere.pool import SessionPool
 from gateway.vsphere.scheduler import Scheduler
 
-MakeSimulator = Callable[..., Simulator]
 TOOLS = by_name(read.READ_TOOLS)
-
-
-def sim_target(name: str, sim: Simulator, **extra: Any) -> Target:
-    return Target(name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name),
-                  insecure=True, **extra)
-
-
-def open_pool(name: str, sim: Simulator) -> SessionPool:
-    return SessionPool(sim_target(name, sim), Credentials(sim.user, sim.password))
 
 
 @pytest.fixture(scope="module")

@@ -12,21 +12,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-from simulator import Simulator, closed_port, credential_prefix, credentials_env
+from simulator import MakeSimulator, Simulator, closed_port, credential_prefix, credentials_env, sim_target
 
 from gateway import errors
 from gateway.config import Target
 from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler
 
-MakeSimulator = Callable[..., Simulator]
 T = TypeVar("T")
-
-
-def sim_target(name: str, sim: Simulator, **options: Any) -> Target:
-    settings: dict[str, Any] = {"insecure": True, **options}
-    return Target(name=name, host=sim.host, port=sim.port, credential_env_prefix=credential_prefix(name),
-                  **settings)
 
 
 def local_target(name: str, port: int, **options: Any) -> Target:

@@ -507,26 +507,28 @@ class Gateway:
         spec = ctx.spec
         execute = spec.execute
         assert execute is not None
-        decision_row = decision.to_dict()
+
+        def record(phase: str, **fields: Any) -> None:
+            self._audit(
+                ctx.row(
+                    phase,
+                    target=target.name,
+                    args=audit_args,
+                    decision=decision.to_dict(),
+                    proposal_id=proposal_id,
+                    **fields,
+                )
+            )
+
         if decision.dry_run:
-            result = {
+            would = {
                 "dry_run": True,
                 "target": target.name,
                 "would": plan.summary,
                 "affected": [a.to_dict() for a in plan.affected],
             }
-            self._audit(
-                ctx.row(
-                    "dry_run",
-                    target=target.name,
-                    args=audit_args,
-                    decision=decision_row,
-                    proposal_id=proposal_id,
-                    outcome="ok",
-                    result=result,
-                )
-            )
-            return result
+            record("dry_run", outcome="ok", result=would)
+            return would
         params = dict(plan.params)
         params["auto_snapshot"] = decision.auto_snapshot and spec.snapshot_before
         plan = replace(plan, params=params)
@@ -535,32 +537,10 @@ class Gateway:
         try:
             result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
         except GatewayError as exc:
-            phase = "failed"
-            self._audit(
-                ctx.row(
-                    phase,
-                    target=target.name,
-                    args=audit_args,
-                    decision=decision_row,
-                    proposal_id=proposal_id,
-                    outcome=exc.code,
-                    error_code=exc.code,
-                    error=exc.message,
-                )
-            )
+            record("failed", outcome=exc.code, error_code=exc.code, error=exc.message)
             raise
         result = clean(result)
-        self._audit(
-            ctx.row(
-                "executed",
-                target=target.name,
-                args=audit_args,
-                decision=decision_row,
-                proposal_id=proposal_id,
-                outcome="ok",
-                result=result,
-            )
-        )
+        record("executed", outcome="ok", result=result)
         return result  # type: ignore[no-any-return]
 
     def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
