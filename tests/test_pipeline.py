@@ -180,7 +180,7 @@ async def test_delete_is_proposed_then_executed_once(env: Env) -> None:
     with pytest.raises(ConfirmationInvalid):
         await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
     phases = [r["phase"] for r in env.rows(tool="delete_vm")]
-    assert phases == ["proposed", "executed"]
+    assert phases == ["proposed", "executed", "denied"]  # the refused second confirm is on record too
     assert all(proposal["token"] not in json.dumps(r) for r in env.rows())
     assert verify(env.tmp / "audit.jsonl").ok
 

@@ -579,6 +579,8 @@ class Gateway:
                     "denied",
                     proposal_id=proposal.id if proposal else None,
                     target=proposal.target if proposal else None,
+                    tool=proposal.tool if proposal else None,  # rows name the change, not the verb
+                    via=ctx.spec.name,
                     error_code=exc.code,
                 )
             )
@@ -599,7 +601,15 @@ class Gateway:
             )
         if not self.store.transition(proposal.id, ["pending"], "cancelled", decided_at=self.clock()):
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
-        self._audit(ctx.row("cancelled", target=proposal.target, proposal_id=proposal.id))
+        self._audit(
+            ctx.row(
+                "cancelled",
+                target=proposal.target,
+                proposal_id=proposal.id,
+                tool=proposal.tool,
+                via=ctx.spec.name,
+            )
+        )
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
