@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -575,3 +576,25 @@ def test_a_body_that_never_arrives_gets_408(sim_vc1: Simulator, tmp_path: Path) 
         running.stop()
         anyio.run(running.gateway.close)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+
+
+async def test_an_idle_session_expires(
+    sim_vc1: Simulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    running = serve(tmp_path, real_gateway(sim_vc1, tmp_path), edge={"session_idle_seconds": 1.0})
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    try:
+        with caplog.at_level(logging.INFO, logger="mcp"):
+            async with running.http(running.tokens["alice"]) as alice:
+                session = await _initialize(alice)
+                headers = {"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session,
+                           "MCP-Protocol-Version": "2025-11-25"}
+                assert (await alice.post("/mcp", json=listing, headers=headers)).status_code == 200
+                # touching the session would keep it alive: wait for the server to reap it instead
+                await anyio.to_thread.run_sync(lambda: wait_until(
+                    lambda: f"Session {session} idle timeout" in caplog.text, timeout=30, what="idle reap"))
+                after = await alice.post("/mcp", json=listing, headers=headers)
+    finally:
+        running.stop()
+        await running.gateway.close()
+    assert after.status_code == 404

@@ -43,7 +43,6 @@ from gateway.server.metrics import CONTENT_TYPE, Metrics
 log = logging.getLogger(__name__)
 
 #: a 2025-11-25 session with no request for this long is closed; the client then opens a new one
-SESSION_IDLE_SECONDS: Final = 30 * 60
 MAX_SESSIONS: Final = 1000
 SELF_CHECK_TIMEOUT: Final = 10.0
 #: after the calls in progress finished, how long idle event streams get to close before they are cut
@@ -133,7 +132,7 @@ def build_app(
     server = build_mcp_server(gateway, edge.current_principal, version=version, in_flight=in_flight)
     manager = StreamableHTTPSessionManager(
         app=server, json_response=False, stateless=False, security_settings=config.transport_security(),
-        session_idle_timeout=SESSION_IDLE_SECONDS, max_sessions=MAX_SESSIONS,
+        session_idle_timeout=config.session_idle_seconds, max_sessions=MAX_SESSIONS,
         max_request_body_size=config.max_body_bytes,
     )
 

@@ -150,6 +150,8 @@ class EdgeConfig:
     max_header_bytes: int = 16 << 10
     receive_timeout_seconds: float = 30.0
     max_concurrent_requests: int = 64
+    #: an MCP session with no request in flight for this long is closed (its id then answers 404)
+    session_idle_seconds: float = 30 * 60
     #: paths served without a token (exact match)
     open_paths: frozenset[str] = frozenset({"/healthz", "/readyz"})
     #: probes answer any Host: load balancers and kubelets address the pod or node, not the public name
