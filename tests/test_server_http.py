@@ -413,6 +413,8 @@ def serve_args(*argv: str) -> argparse.Namespace:
     (["--transport", "http", "--host", "0.0.0.0"], "loopback address only"),
     (["--transport", "http", "--host", "192.0.2.1"], "loopback address only"),
     (["--transport", "http", "--port", "70000"], "between 1 and 65535"),
+    (["--transport", "http", "--session-idle-seconds", "0"], "--session-idle-seconds: must be a positive"),
+    (["--transport", "http", "--max-body-bytes", "-1"], "--max-body-bytes: must be a positive"),
 ])
 def test_network_flags_are_checked_before_anything_starts(argv: list[str], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):

@@ -58,6 +58,8 @@ def register(sub: Any) -> None:
                         help="request body limit (default 1 MiB)")
     parser.add_argument("--max-concurrent", type=int, default=64,
                         help="requests in progress before 503 (default 64)")
+    parser.add_argument("--session-idle-seconds", type=float, default=1800.0,
+                        help="close an MCP session after this long without a request (default 1800)")
     parser.add_argument("--drain-seconds", type=float, default=0.0,
                         help="on SIGTERM, keep serving this long with readiness failing (default 0)")
     parser.add_argument("--grace-seconds", type=float, default=30.0,
@@ -77,6 +79,9 @@ def check_network_args(args: argparse.Namespace) -> str:
     host: str = args.host or _DEFAULT_HOSTS[args.transport]
     if not 0 <= args.port < 65536:
         raise InvalidArgument("port", "must be between 1 and 65535 (0 picks a free port)")
+    for flag in ("session_idle_seconds", "max_body_bytes", "max_concurrent"):
+        if not getattr(args, flag) > 0:
+            raise InvalidArgument("--" + flag.replace("_", "-"), "must be a positive number")
     if args.transport == "https":
         missing = [flag for flag, value in (("--cert", args.cert), ("--key", args.key),
                                             ("--public-name", args.public_names)) if not value]
@@ -98,7 +103,8 @@ def require_token(store: Any) -> None:
 
 
 def edge_config(args: argparse.Namespace) -> EdgeConfig:
-    options = {"max_body_bytes": args.max_body_bytes, "max_concurrent_requests": args.max_concurrent}
+    options = {"max_body_bytes": args.max_body_bytes, "max_concurrent_requests": args.max_concurrent,
+               "session_idle_seconds": args.session_idle_seconds}
     if args.transport == "https":
         return EdgeConfig.for_https(args.public_names, **options)
     return EdgeConfig.for_http(args.public_names, **options)
