@@ -26,8 +26,11 @@ from simulator import (
     Simulator,
     SimulatorError,
     build_simulator,
+    open_pool,
     start_simulator,
 )
+
+from gateway.vsphere.pool import SessionPool
 
 SIMULATOR_FIXTURES = frozenset({"vcsim_bin", "sim_vc1", "sim_vc2", "sim_esx", "make_simulator"})
 
@@ -89,6 +92,22 @@ def sim_vc2(vcsim_bin: Path) -> Iterator[Simulator]:
 def sim_esx(vcsim_bin: Path) -> Iterator[Simulator]:
     """Standalone ESXi host (no instance uuid): VMs ha-host_VM0..1 on datastore LocalDS_0."""
     yield from _session_simulator(vcsim_bin, model="esx", vms=2, datastores=1)
+
+
+@pytest.fixture(scope="module")
+def vc1(sim_vc1: Simulator) -> Iterator[SessionPool]:
+    """A session pool on ``sim_vc1`` shared by one test module (read-only use)."""
+    pool = open_pool("vc1", sim_vc1)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def esx(sim_esx: Simulator) -> Iterator[SessionPool]:
+    """A session pool on ``sim_esx`` shared by one test module (read-only use)."""
+    pool = open_pool("esx", sim_esx)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,20 +29,6 @@ from gateway.vsphere.pool import SessionPool, VSphereSession
 
 # --------------------------------------------------------------------------------------------------
 # helpers
-
-
-@pytest.fixture(scope="module")
-def vc1(sim_vc1: Simulator) -> Iterator[SessionPool]:
-    pool = open_pool("vc1", sim_vc1)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def esx(sim_esx: Simulator) -> Iterator[SessionPool]:
-    pool = open_pool("esx", sim_esx)
-    yield pool
-    pool.close()
 
 
 class RequestLog:

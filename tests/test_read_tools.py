@@ -4,7 +4,7 @@ simulator through its ToolSpec, list_targets folding, and get_access_info."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -20,20 +20,6 @@ from gateway.vsphere.pool import SessionPool
 from gateway.vsphere.scheduler import Scheduler
 
 TOOLS = by_name(read.READ_TOOLS)
-
-
-@pytest.fixture(scope="module")
-def vc1(sim_vc1: Simulator) -> Iterator[SessionPool]:
-    pool = open_pool("vc1", sim_vc1)
-    yield pool
-    pool.close()
-
-
-@pytest.fixture(scope="module")
-def esx(sim_esx: Simulator) -> Iterator[SessionPool]:
-    pool = open_pool("esx", sim_esx)
-    yield pool
-    pool.close()
 
 
 def call(pool: SessionPool, name: str, **args: Any) -> Any:
