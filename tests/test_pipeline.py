@@ -359,24 +359,21 @@ async def test_read_fan_out_answers_per_target(env: Env) -> None:
     assert row["outcome"] == "ok"
 
 
+def write_read_role(home: Path, name: str, targets: str) -> None:
+    """A roles.yaml with one custom role that reads the targets matching ``targets``."""
+    role = {
+        "tools": "read",
+        "allow_write": [],
+        "allow_destructive": [],
+        "targets": [targets],
+        "approve": "none",
+    }
+    (home / "roles.yaml").write_text(yaml.safe_dump({"roles": {name: role}}))
+    os.chmod(home / "roles.yaml", 0o600)
+
+
 async def test_list_targets_hides_addresses_from_narrow_roles(env: Env, tmp_path: Path) -> None:
-    roles = tmp_path / "roles.yaml"
-    roles.write_text(
-        yaml.safe_dump(
-            {
-                "roles": {
-                    "narrow": {
-                        "tools": "read",
-                        "allow_write": [],
-                        "allow_destructive": [],
-                        "targets": ["vc1"],
-                        "approve": "none",
-                    }
-                }
-            }
-        )
-    )
-    os.chmod(roles, 0o600)
+    write_read_role(tmp_path, "narrow", "vc1")
     gw = env.build()
     wide = await gw.call(ADMIN, "list_targets", {})
     assert wide["targets"][0]["host"] == env.sim.host
@@ -385,23 +382,7 @@ async def test_list_targets_hides_addresses_from_narrow_roles(env: Env, tmp_path
 
 
 async def test_role_without_targets_gets_forbidden_for_all(env: Env, tmp_path: Path) -> None:
-    roles = tmp_path / "roles.yaml"
-    roles.write_text(
-        yaml.safe_dump(
-            {
-                "roles": {
-                    "lab": {
-                        "tools": "read",
-                        "allow_write": [],
-                        "allow_destructive": [],
-                        "targets": ["lab-*"],
-                        "approve": "none",
-                    }
-                }
-            }
-        )
-    )
-    os.chmod(roles, 0o600)
+    write_read_role(tmp_path, "lab", "lab-*")
     gw = env.build()
     lab = Principal(name="l", role="lab", surface="test")
     with pytest.raises(Forbidden):
