@@ -33,7 +33,7 @@ from gateway.server.edge import (
     correlation_id_from,
     split_authority,
 )
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import Metrics, gauge_family
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.spec import ToolSpec
 
@@ -55,7 +55,7 @@ class StandInGateway:
     """The pipeline's surface with canned answers; tokens and metrics are the real ones."""
 
     def __init__(self, store: SqliteStore) -> None:
-        self.metrics = Metrics()
+        self.metrics = Metrics(targets=["vc1"], tools=["list_vms"])
         self.authenticator = TokenAuthenticator(store)
         self.draining = False
         self.not_ready: list[str] = []
@@ -221,16 +221,38 @@ def test_unsafe_or_missing_correlation_id_is_replaced(headers: dict[str, str]) -
     assert generated != correlation_id_from(Headers(headers=headers))
 
 
-def test_metrics_escape_label_values_and_keep_buckets_cumulative() -> None:
-    metrics = Metrics()
-    metrics.observe_call('odd"tool\\', "vc\n1", "ok", 0.07)
-    metrics.observe_call('odd"tool\\', "vc\n1", "ok", 3.0)
+def test_metric_labels_come_from_configured_names_and_buckets_stay_cumulative() -> None:
+    metrics = Metrics(targets=["vc1", 'odd"vc\\'], tools=["list_vms"])
+    metrics.observe_call("list_vms", "vc1", "ok", 0.07)
+    metrics.observe_call("list_vms", "vc1", "ok", 3.0)
+    metrics.observe_call("list_vms", 'odd"vc\\', "ok", 1.0)
+    metrics.observe_call('made"up\n', "x" * 1024, "weird", 1.0)
+    metrics.observe_call("list_vms", 'vc1,odd"vc\\', "denied", 0.0)
+    metrics.observe_call("list_vms", "vc1,nowhere", "error", 0.0)
+    metrics.auth_failure("invented")
     text = metrics.render()
-    assert 'gateway_tool_calls_total{tool="odd\\"tool\\\\",target="vc\\n1",outcome="ok"} 2' in text
-    buckets = {line.split('le="')[1].split('"')[0]: int(line.rsplit(" ", 1)[1])
-               for line in text.splitlines() if line.startswith("gateway_tool_call_duration_seconds_bucket")}
-    assert (buckets["0.05"], buckets["0.1"], buckets["2.5"], buckets["5"], buckets["+Inf"]) == (0, 1, 1, 2, 2)
+    assert 'gateway_tool_calls_total{outcome="ok",target="vc1",tool="list_vms"} 2.0' in text
+    assert 'gateway_tool_calls_total{outcome="ok",target="odd\\"vc\\\\",tool="list_vms"} 1.0' in text
+    assert 'gateway_tool_calls_total{outcome="unknown",target="unknown",tool="unknown"} 1.0' in text
+    assert 'gateway_tool_calls_total{outcome="denied",target="several",tool="list_vms"} 1.0' in text
+    assert 'gateway_tool_calls_total{outcome="error",target="unknown",tool="list_vms"} 1.0' in text
+    assert 'gateway_auth_failures_total{reason="unknown"} 1.0' in text
+    buckets = {line.split('le="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines()
+               if line.startswith('gateway_tool_call_duration_seconds_bucket{le=') and 'tool="list_vms"' in line}
+    assert (buckets["0.05"], buckets["0.1"], buckets["2.5"], buckets["5.0"], buckets["+Inf"]) == (2, 3, 4, 5, 5)
     assert "gateway_tool_call_duration_seconds_sum" in text and text.endswith("\n")
+
+
+def test_metrics_of_two_gateways_never_collide_and_collectors_can_be_added() -> None:
+    first, second = Metrics(tools=["a"]), Metrics(tools=["a"])
+    first.observe_call("a", "-", "ok", 0.1)
+    second.add_collector("extra", lambda: [gauge_family("gateway_extra", "An added gauge.", "kind",
+                                                        {"x": 2.0})])
+    second.add_collector("broken", lambda: 1 / 0)  # type: ignore[arg-type, return-value]
+    assert 'tool="a"} 1.0' in first.render() and 'tool="a"} 1.0' not in second.render()
+    assert 'gateway_extra{kind="x"} 2.0' in second.render() and "gateway_extra" not in first.render()
+    assert "process_resident_memory_bytes" in first.render()
 
 
 # ---------------------------------------------------------------------------- through the app
@@ -285,8 +307,11 @@ async def test_missing_token_gets_a_bearer_challenge(client: Http, gateway: Stan
     for method in ("POST", "GET", "DELETE"):
         response = await client.request(method, "/mcp")
         assert response.status_code == 401
-        assert response.headers["www-authenticate"] == 'Bearer realm="vsphere-mcp-gateway"'
-    assert 'gateway_auth_failures_total{reason="missing"} 3' in gateway.metrics.render()
+        assert response.headers["www-authenticate"] == (
+            'Bearer realm="vsphere-mcp-gateway", error_description="a bearer token from '
+            "'gateway token create' is required\"")
+        assert "gateway token create" in response.json()["error"]["message"]
+    assert 'gateway_auth_failures_total{reason="missing"} 3.0' in gateway.metrics.render()
 
 
 @pytest.mark.parametrize("value", ["Bearer gwt_aaaaaaaaaaaa_" + "x" * 43, "Bearer nonsense",
@@ -297,7 +322,9 @@ async def test_bad_credentials_are_unauthorized(client: Http, value: str) -> Non
     assert response.headers["www-authenticate"].startswith("Bearer ")
 
 
-async def test_repeated_failures_throttle_that_client_only(gateway: StandInGateway, token: str) -> None:
+async def test_repeated_failures_throttle_made_up_tokens_never_a_valid_one(
+    gateway: StandInGateway, token: str,
+) -> None:
     app = build_app(gateway, EDGE)
 
     def from_address(address: str) -> httpx2.AsyncClient:
@@ -308,8 +335,9 @@ async def test_repeated_failures_throttle_that_client_only(gateway: StandInGatew
         statuses = [(await attacker.get("/metrics", headers=bearer("gwt_bad"))).status_code
                     for _ in range(12)]
         assert statuses[0] == 401 and statuses[-1] == 429
-        throttled = await attacker.get("/metrics", headers=bearer(token))
+        throttled = await attacker.get("/metrics", headers=bearer("gwt_bad"))
         assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+        assert (await attacker.get("/metrics", headers=bearer(token))).status_code == 200
         assert (await other.get("/metrics", headers=bearer(token))).status_code == 200
     assert 'gateway_auth_failures_total{reason="throttled"}' in gateway.metrics.render()
 
@@ -317,11 +345,14 @@ async def test_repeated_failures_throttle_that_client_only(gateway: StandInGatew
 async def test_readiness_reports_short_reasons_without_a_token(
     client: Http, gateway: StandInGateway,
 ) -> None:
-    assert (await client.get("/readyz")).json() == {"status": "ready"}
+    breakers = {"targets": 1, "open": 0}
+    assert (await client.get("/readyz")).json() == {"status": "ready", "circuit_breakers": breakers}
     gateway.not_ready = ["audit log not writable"]
+    gateway.target_stats["vc1"]["circuit_open"] = 1
     response = await client.get("/readyz")
     assert response.status_code == 503
-    assert response.json() == {"status": "not ready", "reasons": ["audit log not writable"]}
+    assert response.json() == {"status": "not ready", "reasons": ["audit log not writable"],
+                               "circuit_breakers": {"targets": 1, "open": 1}}
 
 
 async def test_metrics_need_a_token_and_show_every_family(
@@ -337,11 +368,11 @@ async def test_metrics_need_a_token_and_show_every_family(
                 "gateway_auth_failures_total", "gateway_target_queue_depth", "gateway_target_sessions_in_use")
     for family in families:
         assert f"# TYPE {family} " in text
-    assert 'gateway_tool_calls_total{tool="list_vms",target="vc1",outcome="ok"} 1' in text
-    assert 'gateway_tool_call_duration_seconds_bucket{tool="list_vms",le="0.25"} 1' in text
-    assert 'gateway_target_queue_depth{target="vc1"} 3' in text
+    assert 'gateway_tool_calls_total{outcome="ok",target="vc1",tool="list_vms"} 1.0' in text
+    assert 'gateway_tool_call_duration_seconds_bucket{le="0.25",tool="list_vms"} 1.0' in text
+    assert 'gateway_target_queue_depth{target="vc1"} 3.0' in text
     assert "# TYPE gateway_target_logins_total counter" in text
-    assert 'gateway_target_relogins_total{target="vc1"} 1' in text
+    assert 'gateway_target_relogins_total{target="vc1"} 1.0' in text
 
 
 async def test_correlation_id_is_echoed_on_every_answer(client: Http) -> None:

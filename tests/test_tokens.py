@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -214,34 +215,102 @@ def test_an_expired_token_is_refused_without_argon2(auth: TokenAuthenticator, st
     assert hasher.verifications == 0
 
 
-def test_failures_throttle_a_client_for_the_rest_of_the_window(auth: TokenAuthenticator, store: SqliteStore,
-                                                               clock: Clock, hasher: CountingHasher) -> None:
+def test_made_up_tokens_throttle_made_up_tokens_from_that_client_only(
+    auth: TokenAuthenticator, store: SqliteStore, clock: Clock, hasher: CountingHasher,
+) -> None:
     token = make(store)
+    unknown_id = "gwt_" + "z" * 12 + "_" + "A" * 43
     for _ in range(3):
         assert auth.verify("gwt_nonsense", "10.0.0.9") is None
     assert auth.throttled("10.0.0.9") is None  # 3 failures allowed, the 4th throttles
     clock.now += 10
-    assert auth.verify("gwt_nonsense", "10.0.0.9") is None
+    assert auth.verify(unknown_id, "10.0.0.9") is None
     assert auth.throttled("10.0.0.9") == pytest.approx(50.0)
-    # while throttled, even the right token costs no argon2 for this client ...
-    assert auth.verify(token, "10.0.0.9") is None
-    assert hasher.verifications == 0
+    assert anyio.run(auth.authenticate, unknown_id, "10.0.0.9").reason == "throttled"
+    # a token whose id exists is never refused for the made-up ones (a NAT, a proxy) ...
+    assert auth.verify(token, "10.0.0.9") is not None
     # ... and other clients are unaffected
     assert auth.throttled("10.0.0.10") is None
-    assert auth.verify(token, "10.0.0.10") is not None
     clock.now += 50
     assert auth.throttled("10.0.0.9") is None
-    assert auth.verify(token, "10.0.0.9") is not None
 
 
-def test_a_token_already_proven_keeps_working_from_a_throttled_client(auth: TokenAuthenticator,
-                                                                      store: SqliteStore) -> None:
+def test_guessing_one_tokens_secret_throttles_that_client_on_that_token(
+    auth: TokenAuthenticator, store: SqliteStore, clock: Clock, hasher: CountingHasher,
+) -> None:
     token = make(store)
-    assert auth.verify(token, "10.0.0.9") is not None
-    for _ in range(4):
-        auth.verify("gwt_nonsense", "10.0.0.9")
-    assert auth.throttled("10.0.0.9") is not None
-    assert auth.verify(token, "10.0.0.9") is not None
+    other = make(store, "other")
+    token_id = parse_token_id(token)
+    guess = f"gwt_{token_id}_" + "Q" * 43
+    verdicts = [anyio.run(auth.authenticate, guess, "10.0.0.9") for _ in range(5)]
+    assert [v.reason for v in verdicts] == ["invalid"] * 4 + ["throttled"]
+    assert verdicts[-1].retry_after == pytest.approx(60.0)
+    assert hasher.verifications == 4, "a throttled guess costs no argon2"
+    # the real token, never proven in this process, waits too from that client on that id ...
+    assert auth.verify(token, "10.0.0.9") is None
+    # ... but not from another client, nor another token from the same client
+    assert auth.verify(token, "10.0.0.10") is not None
+    assert auth.verify(other, "10.0.0.9") is not None
+    assert auth.throttled("10.0.0.9") is None
+
+
+def test_argon2_checks_run_at_most_max_verifications_at_once(store: SqliteStore) -> None:
+    class Gate(PasswordHasher):
+        """Real argon2id that records the most verifications running at once."""
+
+        def __init__(self) -> None:
+            super().__init__(time_cost=1, memory_cost=8, parallelism=1)
+            self.lock = threading.Lock()
+            self.running = self.most = 0
+
+        def verify(self, hash: Any, password: Any) -> Literal[True]:
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            try:
+                return super().verify(hash, password)
+            finally:
+                with self.lock:
+                    self.running -= 1
+
+    gate = Gate()
+    auth = TokenAuthenticator(store, hasher=gate, max_verifications=2, max_waiting=40, max_failures=100)
+    tokens = [make(store, f"t{i}") for i in range(30)]
+
+    async def main() -> list[Principal | None]:
+        found: list[Principal | None] = [None] * len(tokens)
+
+        async def one(i: int) -> None:
+            found[i] = await auth.verify_async(tokens[i], "10.0.0.1")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(tokens)):
+                tg.start_soon(one, i)
+        return found
+
+    found = anyio.run(main)
+    assert all(p is not None for p in found)
+    assert 1 <= gate.most <= 2
+
+
+def test_beyond_the_waiting_room_requests_are_refused_as_busy(store: SqliteStore) -> None:
+    auth = TokenAuthenticator(store, hasher=CountingHasher(), max_verifications=1, max_waiting=2)
+    tokens = [make(store, f"t{i}") for i in range(6)]
+
+    async def main() -> list[str]:
+        reasons: list[str] = [""] * len(tokens)
+
+        async def one(i: int) -> None:
+            verdict = await auth.authenticate(tokens[i], "10.0.0.1")
+            reasons[i] = "ok" if verdict.principal else verdict.reason
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(tokens)):
+                tg.start_soon(one, i)
+        return reasons
+
+    reasons = anyio.run(main)
+    assert sorted(reasons) == ["busy"] * 4 + ["ok"] * 2
 
 
 def test_last_used_is_recorded_at_most_once_per_interval(auth: TokenAuthenticator, store: SqliteStore,

@@ -9,12 +9,19 @@ and microseconds afterwards: a successful verification is cached under a keyed d
 (blake2b with a per-process random key, so the cache reveals nothing). Every request still reads the
 store's token generation, a counter bumped by every token change in any process, and reloads the
 records (never re-hashing) when it moved, so a revocation, an expiry or a role change applies from
-the very next request. Unknown ids and malformed tokens are refused without running argon2, and
-each client (IP) that fails too often in a window is throttled.
+the very next request. Unknown ids and malformed tokens are refused without running argon2.
+
+Throttling never refuses a valid token for someone else's mistakes (many clients share an address
+behind a proxy or a NAT): failures are counted per (client, token id) for a token id that exists (a
+guessed secret), and per client for malformed tokens and unknown ids (a flood of made-up tokens).
+A token already proven in this process always passes; an existing id is only refused when that
+client failed on that very id too often. At most ``max_verifications`` argon2 checks run at once;
+``max_waiting`` more may wait for one, beyond that the request is refused as ``busy`` at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -25,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+from weakref import WeakKeyDictionary
 
 import anyio.to_thread
 from argon2 import PasswordHasher
@@ -34,8 +42,8 @@ from gateway.errors import InvalidArgument, StateUnavailable
 from gateway.store.base import ID_LENGTH, StateStore, TokenRecord, new_id
 
 __all__ = [
-    "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "create_token", "parse_expiry",
-    "parse_token_id",
+    "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
+    "parse_expiry", "parse_token_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,10 @@ _EXPIRY_RE: Final = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
 _UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _CACHE_LIMIT: Final = 10_000
 _CLIENT_LIMIT: Final = 10_000
+#: argon2 checks that may run at once (each takes the hash's memory cost, 64 MiB by default)
+MAX_VERIFICATIONS: Final = 4
+#: requests that may wait for an argon2 check before more are refused as busy
+MAX_WAITING: Final = 64
 
 
 @dataclass(frozen=True)
@@ -105,18 +117,32 @@ class _Candidate:
     key: bytes
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What ``authenticate`` found: the principal, or why not (``reason``: malformed, unknown_token,
+    invalid, throttled, busy) and, when throttled or busy, the seconds to wait."""
+
+    principal: Principal | None
+    reason: str = ""
+    retry_after: float | None = None
+
+
+_Key = tuple[str, str | None]  # (client, token id); None: malformed tokens and unknown ids
+
+
 class TokenAuthenticator:
     """Turns a bearer token into a ``Principal`` (see the module docstring). Thread-safe.
 
-    ``verify`` runs argon2 inline on first sight of a token; on an event loop use ``verify_async``,
-    which does only that part in a worker thread. A throttled client gets None without any argon2
-    work; answer it 429 with ``throttled(client)`` as Retry-After before calling ``verify``.
+    ``verify`` runs argon2 inline on first sight of a token; on an event loop use ``authenticate``
+    (or ``verify_async``), which does only that part in a worker thread. A throttled request gets no
+    argon2 work; ``authenticate`` says so with the seconds to wait (answer 429 with Retry-After).
     """
 
     def __init__(
         self, store: StateStore, *, clock: Callable[[], float] = time.time,
         hasher: PasswordHasher | None = None, max_failures: int = 10, failure_window: float = 60.0,
-        touch_interval: float = 60.0,
+        touch_interval: float = 60.0, max_verifications: int = MAX_VERIFICATIONS,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -129,30 +155,62 @@ class TokenAuthenticator:
         self._generation: int | None = None
         self._records: dict[str, TokenRecord] = {}
         self._verified: dict[bytes, str] = {}
-        self._failures: dict[str, deque[float]] = {}
+        self._failures: dict[_Key, deque[float]] = {}
         self._touched: dict[str, float] = {}
+        self._max_verifications = max_verifications
+        self._max_waiting = max_waiting
+        self._hashing = threading.BoundedSemaphore(max_verifications)
+        self._slots: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = WeakKeyDictionary()
+        self._waiting = 0
 
     def verify(self, token: str, client: str = "") -> Principal | None:
-        """The caller behind ``token``, or None (malformed, unknown, wrong secret, revoked, expired).
-
-        Raises ``StateUnavailable`` if the store cannot be read: the request must fail closed."""
+        """The caller behind ``token``, or None (malformed, unknown, wrong secret, revoked, expired,
+        throttled). Raises ``StateUnavailable`` if the store cannot be read: the request must fail closed."""
         found = self._lookup(token, client)
         if isinstance(found, _Candidate):
-            return self._prove(found, token, client)
-        return found
+            return self._prove(found, token, client).principal
+        return found.principal
 
     async def verify_async(self, token: str, client: str = "") -> Principal | None:
         """``verify`` for an event loop: the argon2 check of a token not yet seen runs in a thread."""
+        return (await self.authenticate(token, client)).principal
+
+    async def authenticate(self, token: str, client: str = "") -> Verdict:
+        """The principal behind ``token`` or why not, for an event loop: argon2 runs in a worker thread,
+        at most ``max_verifications`` at once; raises ``StateUnavailable`` like ``verify``."""
         found = self._lookup(token, client)
-        if isinstance(found, _Candidate):
-            return await anyio.to_thread.run_sync(self._prove, found, token, client)
-        return found
+        if not isinstance(found, _Candidate):
+            return found
+        if self._waiting >= self._max_waiting:
+            return Verdict(None, "busy", 1.0)
+        self._waiting += 1
+        try:
+            async with self._slot():
+                # failures of the same burst may have landed while this request waited
+                wait = self._throttle_wait((client, found.record.token_id))
+                if wait is not None:
+                    return Verdict(None, "throttled", wait)
+                return await anyio.to_thread.run_sync(self._prove, found, token, client)
+        finally:
+            self._waiting -= 1
+
+    def _slot(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            slot = self._slots.get(loop)
+            if slot is None:
+                slot = self._slots[loop] = asyncio.Semaphore(self._max_verifications)
+            return slot
 
     def throttled(self, client: str) -> float | None:
-        """Seconds until ``client`` may try again, or None if it is not throttled."""
+        """Seconds until ``client`` may send a malformed or unknown token again, or None if it may now
+        (a token whose id exists is judged by ``authenticate``, per client and id)."""
+        return self._throttle_wait((client, None))
+
+    def _throttle_wait(self, key: _Key) -> float | None:
         now = self._clock()
         with self._lock:
-            failures = self._failures.get(client)
+            failures = self._failures.get(key)
             if failures is None:
                 return None
             while failures and failures[0] <= now - self._window:
@@ -163,26 +221,35 @@ class TokenAuthenticator:
 
     # -- the fast path -------------------------------------------------------------------------
 
-    def _lookup(self, token: str, client: str) -> Principal | _Candidate | None:
+    def _lookup(self, token: str, client: str) -> Verdict | _Candidate:
         token_id = parse_token_id(token)
         if token_id is None:
-            self._fail(client)
-            return None
+            return self._refuse((client, None), "malformed")
         self._sync()
         now = self._clock()
         key = hashlib.blake2b(token.encode("utf-8"), key=self._key, digest_size=32).digest()
         with self._lock:
             record = self._records.get(token_id)
             proven = self._verified.get(key) == token_id
-        if record is None or not record.usable(now):
-            self._fail(client)
-            return None
+        if record is None:
+            return self._refuse((client, None), "unknown_token")
+        if not record.usable(now):
+            return self._refuse((client, token_id), "invalid")
         if proven:
             self._touch(record, now)
-            return Principal(name=record.name, role=record.role, token_id=record.token_id)
-        if self.throttled(client) is not None:
-            return None
+            return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id))
+        wait = self._throttle_wait((client, token_id))
+        if wait is not None:
+            return Verdict(None, "throttled", wait)
         return _Candidate(record, key)
+
+    def _refuse(self, key: _Key, reason: str) -> Verdict:
+        """Count a failure against ``key``; a key already over its limit answers ``throttled``."""
+        wait = self._throttle_wait(key)
+        if wait is not None:
+            return Verdict(None, "throttled", wait)
+        self._fail(key)
+        return Verdict(None, reason)
 
     def _sync(self) -> None:
         """Reload the token records if any process changed a token since they were loaded.
@@ -199,31 +266,31 @@ class TokenAuthenticator:
             self._verified = {k: i for k, i in self._verified.items()
                               if i in records and not records[i].revoked}
 
-    def _prove(self, candidate: _Candidate, token: str, client: str) -> Principal | None:
-        """The slow path: argon2 against the stored hash, then the fast path once more (so a change
-        made while hashing still applies)."""
-        try:
-            self._hasher.verify(candidate.record.hash, token)
-        except (VerificationError, InvalidHashError):
-            self._fail(client)
-            return None
+    def _prove(self, candidate: _Candidate, token: str, client: str) -> Verdict:
+        """The slow path: argon2 against the stored hash (at most ``max_verifications`` at once), then
+        the fast path once more (so a change made while hashing still applies)."""
+        with self._hashing:
+            try:
+                self._hasher.verify(candidate.record.hash, token)
+            except (VerificationError, InvalidHashError):
+                return self._refuse((client, candidate.record.token_id), "invalid")
         with self._lock:
             if len(self._verified) >= _CACHE_LIMIT:
                 self._verified.clear()
             self._verified[candidate.key] = candidate.record.token_id
         found = self._lookup(token, client)
-        return found if isinstance(found, Principal) else None
+        return found if isinstance(found, Verdict) else Verdict(None, "invalid")
 
-    def _fail(self, client: str) -> None:
+    def _fail(self, key: _Key) -> None:
         now = self._clock()
         with self._lock:
-            if client not in self._failures and len(self._failures) >= _CLIENT_LIMIT:
+            if key not in self._failures and len(self._failures) >= _CLIENT_LIMIT:
                 self._forget_quiet_clients(now)
-            failures = self._failures.setdefault(client, deque(maxlen=self._max_failures + 1))
+            failures = self._failures.setdefault(key, deque(maxlen=self._max_failures + 1))
             failures.append(now)
 
     def _forget_quiet_clients(self, now: float) -> None:
-        quiet = [c for c, f in self._failures.items() if not f or f[-1] <= now - self._window]
+        quiet = [k for k, f in self._failures.items() if not f or f[-1] <= now - self._window]
         for c in quiet:
             del self._failures[c]
         while len(self._failures) >= _CLIENT_LIMIT:

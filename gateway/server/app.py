@@ -5,45 +5,60 @@
     /healthz   GET/HEAD {"status": "ok"} for a load balancer: any Host, no token, nothing else revealed
     /readyz    200 when the gateway is ready, else 503 with short reasons: any Host, no token (the
                reasons name no target, path or secret)
-    /metrics   Prometheus text, token required
+    /metrics   Prometheus exposition (text, or OpenMetrics when asked), token required
+    /.well-known/oauth-*   404 saying this server takes bearer tokens from `gateway token create`,
+               no token (so a client's OAuth discovery ends with that message)
     /ui        the approval page, when given (it authenticates with its own cookie)
 
-The lifespan starts the gateway, then the MCP session manager, and stops them in reverse order.
-``self_check`` proves before binding that /mcp refuses unauthenticated requests.
+MCP sessions are bounded per token and in total (``BoundedSessionManager``); uvicorn runs with a
+protocol that closes connections whose request headers crawl in (``header_deadline_protocol``).
+The lifespan starts the gateway, the refused-token audit and the MCP session manager, and stops them
+in reverse order. ``self_check`` proves before binding that /mcp refuses unauthenticated requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from types import FrameType
 from typing import Any, Final, Protocol
 
 import anyio
+import h11
 import httpx2
 import uvicorn
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from prometheus_client.core import Metric
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.errors import ConfigError
 from gateway.server import edge
-from gateway.server.edge import EdgeConfig
+from gateway.server.edge import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
-from gateway.server.metrics import CONTENT_TYPE, Metrics
+from gateway.server.metrics import Metrics, target_families
 
 log = logging.getLogger(__name__)
 
-#: a 2025-11-25 session with no request for this long is closed; the client then opens a new one
-MAX_SESSIONS: Final = 1000
+#: where OAuth clients look for an authorization server; answered 404 with how to get a token instead
+OAUTH_DISCOVERY: Final = frozenset({
+    "/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+    "/.well-known/oauth-authorization-server", "/.well-known/oauth-authorization-server/mcp",
+    "/.well-known/openid-configuration",
+})
 SELF_CHECK_TIMEOUT: Final = 10.0
 #: after the calls in progress finished, how long idle event streams get to close before they are cut
 STREAM_CLOSE_SECONDS: Final = 5
@@ -51,6 +66,10 @@ STREAM_CLOSE_SECONDS: Final = 5
 
 class Scheduler(Protocol):
     def stats(self) -> Mapping[str, Mapping[str, int]]: ...
+
+
+class AuditWriter(Protocol):
+    def write(self, event: Mapping[str, Any]) -> Any: ...
 
 
 class AppGateway(McpGateway, Protocol):
@@ -73,13 +92,14 @@ class AppGateway(McpGateway, Protocol):
     async def close(self) -> None: ...
 
 
-def _edge_stack(gateway: AppGateway, config: EdgeConfig) -> list[Middleware]:
+def _edge_stack(gateway: AppGateway, config: EdgeConfig, gate: DrainGate,
+                refusals: RefusalAudit) -> list[Middleware]:
     """The middleware, outermost first (see the ``edge`` module docstring for what each refuses)."""
     metrics = gateway.metrics
-    verifier = edge.GatewayTokenVerifier(gateway.authenticator, surface=config.surface)
     return [
         Middleware(edge.CorrelationIdMiddleware, hsts=config.surface == "https",
                    quiet_paths=config.open_paths),
+        Middleware(edge.DrainMiddleware, gate=gate, config=config, metrics=metrics),
         Middleware(edge.HostAllowListMiddleware, config=config, metrics=metrics),
         Middleware(edge.OriginAllowListMiddleware, config=config, metrics=metrics),
         Middleware(edge.RequestSizeMiddleware, max_body_bytes=config.max_body_bytes,
@@ -88,9 +108,17 @@ def _edge_stack(gateway: AppGateway, config: EdgeConfig) -> list[Middleware]:
         Middleware(edge.ConcurrencyLimitMiddleware, limit=config.max_concurrent_requests, config=config,
                    metrics=metrics),
         Middleware(edge.QueryTokenMiddleware, metrics=metrics),
-        Middleware(edge.BearerAuthMiddleware, verifier=verifier, authenticator=gateway.authenticator,
-                   config=config, metrics=metrics),
+        Middleware(edge.BearerAuthMiddleware, authenticator=gateway.authenticator, config=config,
+                   metrics=metrics, refusals=refusals),
     ]
+
+
+def _target_stats(gateway: AppGateway) -> Mapping[str, Mapping[str, int]]:
+    try:
+        return gateway.scheduler.stats()
+    except Exception:
+        log.exception("scheduler statistics unavailable")
+        return {}
 
 
 def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
@@ -103,45 +131,127 @@ def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
         except Exception:
             log.exception("readiness check failed")
             reasons = ["readiness check failed"]
+        stats = _target_stats(gateway)
+        # counts only: this answer needs no token, so it names no target
+        breakers = {"targets": len(stats), "open": sum(1 for row in stats.values() if row.get("circuit_open"))}
         if reasons:
-            return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503)
-        return JSONResponse({"status": "ready"})
+            return JSONResponse({"status": "not ready", "reasons": reasons, "circuit_breakers": breakers},
+                                status_code=503)
+        return JSONResponse({"status": "ready", "circuit_breakers": breakers})
 
-    async def metrics(_request: Request) -> Response:
-        try:
-            stats: Mapping[str, Mapping[str, int]] = gateway.scheduler.stats()
-        except Exception:
-            log.exception("scheduler statistics unavailable for /metrics")
-            stats = {}
-        return PlainTextResponse(gateway.metrics.render(stats), media_type=CONTENT_TYPE)
+    async def metrics(request: Request) -> Response:
+        body, content_type = await anyio.to_thread.run_sync(gateway.metrics.exposition,
+                                                            request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
+    async def no_oauth(_request: Request) -> Response:
+        return JSONResponse({"error": {"code": "not_found", "message": edge.TOKEN_HINT}}, status_code=404)
 
     return [
         Route("/healthz", healthz, methods=["GET", "HEAD"]),
         Route("/readyz", readyz, methods=["GET", "HEAD"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *(Route(path, no_oauth, methods=["GET"]) for path in sorted(OAUTH_DISCOVERY)),
     ]
+
+
+def _owner(context: AuthorizationContext | None) -> tuple[str, str | None]:
+    return ("", None) if context is None else (context["client_id"], context["subject"])
+
+
+def _idle_since(transport: StreamableHTTPServerTransport) -> float | None:
+    """When an idle session's countdown ends (smaller: idle longer), or None while it serves a request
+    (the SDK parks its idle deadline at infinity then) or has none."""
+    scope = transport.idle_scope
+    if scope is None or transport.is_terminated or math.isinf(scope.deadline):
+        return None
+    return scope.deadline
+
+
+class BoundedSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager with a limit per token as well as in total.
+
+    Admitting a session for a token already at ``max_per_token`` closes that token's session idle
+    the longest; at the total limit, the session idle the longest of the token holding the most
+    sessions is closed. A session serving a request is never closed: when nothing can be closed
+    the new session is refused with 503 (the SDK's answer), so one token can only ever crowd itself.
+    """
+
+    def __init__(self, *args: Any, max_per_token: int, metrics: Metrics, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_per_token = max_per_token
+        self.metrics = metrics
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        owner = _owner(requestor)
+        held: dict[tuple[str, str | None], list[str]] = {}
+        for session_id in self._server_instances:
+            held.setdefault(_owner(self._session_owners.get(session_id)), []).append(session_id)
+        mine = held.get(owner, [])
+        if len(mine) >= self.max_per_token and not self._evict(mine):
+            self.metrics.refusal("sessions")
+            log.warning("refused a new MCP session for %s: its %d sessions are all busy", owner[0], len(mine))
+            return None
+        total = len(self._server_instances)
+        if self.max_sessions is not None and total >= self.max_sessions:
+            for _holder, sessions in sorted(held.items(), key=lambda item: -len(item[1])):
+                if self._evict(sessions):
+                    break
+            else:
+                self.metrics.refusal("sessions")
+                log.warning("refused a new MCP session: all %d sessions are busy", total)
+                return None
+        return super()._admit_session(requestor)
+
+    def _evict(self, sessions: Iterable[str]) -> bool:
+        """Close the session of ``sessions`` idle the longest; False when every one is busy."""
+        idle = [(since, sid) for sid in sessions
+                if (since := _idle_since(self._server_instances[sid])) is not None]
+        if not idle or self._task_group is None:
+            return False
+        _since, session_id = min(idle)
+        transport = self._server_instances.pop(session_id)
+        self._session_owners.pop(session_id, None)
+        log.info("closed MCP session %s (idle the longest) to make room for a new one", session_id)
+        self._task_group.start_soon(self._discard_session, session_id, transport)
+        return True
 
 
 def build_app(
     gateway: AppGateway, config: EdgeConfig, *, version: str = "", web: ASGIApp | None = None,
+    audit: AuditWriter | None = None,
 ) -> Starlette:
-    """The whole HTTP application for ``gateway``; ``app.state.in_flight`` counts tool calls running."""
+    """The whole HTTP application for ``gateway``; ``app.state.in_flight`` counts tool calls running,
+    ``app.state.drain`` is the gate a stop closes, ``app.state.refusals`` the refused-token audit
+    (rows go to ``audit``, by default ``gateway.audit`` when the gateway has one)."""
     if web is not None:
         config = replace(config, self_authenticating_prefixes=(*config.self_authenticating_prefixes, "/ui"))
+    config = replace(config, open_paths=config.open_paths | OAUTH_DISCOVERY)
     in_flight = InFlightCalls()
+    gate = DrainGate()
+    refusals = RefusalAudit(audit if audit is not None else getattr(gateway, "audit", None),
+                            interval=config.refusal_audit_seconds, surface=config.surface)
+    gateway.metrics.add_collector("targets", lambda: _target_metrics(gateway))
     server = build_mcp_server(gateway, edge.current_principal, version=version, in_flight=in_flight)
-    manager = StreamableHTTPSessionManager(
+    manager = BoundedSessionManager(
         app=server, json_response=False, stateless=False, security_settings=config.transport_security(),
-        session_idle_timeout=config.session_idle_seconds, max_sessions=MAX_SESSIONS,
-        max_request_body_size=config.max_body_bytes,
+        session_idle_timeout=config.session_idle_seconds, max_sessions=config.max_sessions,
+        max_request_body_size=config.max_body_bytes, max_per_token=config.max_sessions_per_token,
+        metrics=gateway.metrics,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         await gateway.start()
         try:
-            async with manager.run():
-                yield
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(refusals.run)
+                try:
+                    async with manager.run():
+                        yield
+                finally:
+                    tasks.cancel_scope.cancel()
+            await refusals.flush()
         finally:
             await gateway.close()
 
@@ -151,9 +261,16 @@ def build_app(
     routes: list[BaseRoute] = [Route("/mcp", mcp_endpoint), *_probe_routes(gateway)]
     if web is not None:
         routes.append(Mount("/ui", app=web))
-    app = Starlette(routes=routes, middleware=_edge_stack(gateway, config), lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=_edge_stack(gateway, config, gate, refusals), lifespan=lifespan)
     app.state.in_flight = in_flight
+    app.state.drain = gate
+    app.state.refusals = refusals
+    app.state.metrics = gateway.metrics
     return app
+
+
+def _target_metrics(gateway: AppGateway) -> list[Metric]:
+    return target_families(_target_stats(gateway))
 
 
 _PROBES: Final[tuple[tuple[str, dict[str, str], bytes], ...]] = (
@@ -186,15 +303,70 @@ async def self_check(app: ASGIApp, config: EdgeConfig) -> None:
     log.info("self-check passed: /mcp refuses unauthenticated POST, GET and DELETE")
 
 
+def header_deadline_protocol(seconds: float, on_timeout: Callable[[], None] | None = None) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline for request headers: a connection whose request line and
+    headers are not complete ``seconds`` after they began (after the connection opened, or after the
+    first byte of a next request on a kept-alive connection) is closed. uvicorn itself only bounds the
+    wait *between* requests (keep-alive), so without this a client sending a byte now and then holds
+    a connection forever (slowloris)."""
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # never uvicorn's access log: it writes the query string (where a token may be); it is off
+            # only while "uvicorn.access" has no handler, which any root handler defeats
+            self.access_log = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm()
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._header_timer = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.info("closed a connection from %s: request headers incomplete after %gs",
+                         self.client[0] if self.client else "?", seconds)
+                if on_timeout is not None:
+                    on_timeout()
+                self.transport.close()
+
+    return HeaderDeadlineProtocol
+
+
 def uvicorn_config(
     app: ASGIApp, config: EdgeConfig, *, host: str, port: int, ssl_context: ssl.SSLContext | None,
     forwarded_allow_ips: str | None = None,
 ) -> uvicorn.Config:
-    """How ``gateway serve`` runs ``app``: h11 (so the header size limit applies), our TLS context,
-    no uvicorn access log (ours never logs query strings), proxy headers only from trusted proxies."""
+    """How ``gateway serve`` runs ``app``: h11 (so the header size limit applies) with a header deadline,
+    our TLS context, no uvicorn access log (ours never logs query strings), proxy headers only from
+    trusted proxies."""
     factory = None if ssl_context is None else (lambda _config, _default: ssl_context)
+    metrics = getattr(getattr(app, "state", None), "metrics", None)
+    on_timeout = None if metrics is None else (lambda: metrics.refusal("header_timeout"))
     return uvicorn.Config(
-        app, host=host, port=port, http="h11", h11_max_incomplete_event_size=config.max_header_bytes,
+        app, host=host, port=port, http=header_deadline_protocol(config.header_timeout_seconds, on_timeout),
+        h11_max_incomplete_event_size=config.max_header_bytes,
         ssl_context_factory=factory, proxy_headers=forwarded_allow_ips is not None,
         forwarded_allow_ips=forwarded_allow_ips, access_log=False, log_config=None, server_header=False,
         lifespan="on", timeout_graceful_shutdown=STREAM_CLOSE_SECONDS,
@@ -205,15 +377,18 @@ class GatewayServer(uvicorn.Server):
     """uvicorn's server with an orderly stop.
 
     The first SIGTERM/SIGINT (or ``begin_stop()``) makes readiness fail at once, keeps serving for
-    ``drain_seconds`` so a load balancer notices, then waits for the tool calls in progress (at most
-    ``grace_seconds``) before uvicorn stops accepting and closes what is left. A second signal stops
-    at once, as plain uvicorn does.
+    ``drain_seconds`` so a load balancer notices, then answers every new request 503 (closing the
+    app's ``DrainGate``) while the tool calls in progress finish (at most ``grace_seconds``), before
+    uvicorn stops accepting and closes what is left. A second signal stops at once, as plain uvicorn
+    does.
     """
 
     def __init__(self, config: uvicorn.Config, gateway: AppGateway, in_flight: InFlightCalls, *,
-                 drain_seconds: float = 0.0, grace_seconds: float = 30.0) -> None:
+                 drain_seconds: float = 0.0, grace_seconds: float = 30.0, gate: DrainGate | None = None) -> None:
         super().__init__(config)
         self.gateway, self.in_flight = gateway, in_flight
+        found = getattr(getattr(config.app, "state", None), "drain", None)
+        self.gate = gate or (found if isinstance(found, DrainGate) else DrainGate())
         self.drain_seconds, self.grace_seconds = drain_seconds, grace_seconds
         self.stop_requested: float | None = None
 
@@ -221,6 +396,8 @@ class GatewayServer(uvicorn.Server):
         if self.stop_requested is None:
             self.stop_requested = time.monotonic()
             self.gateway.draining = True
+            if self.drain_seconds <= 0:
+                self.gate.close()
             log.info("stopping: readiness fails from now; serving %gs more, then waiting for %d call(s) "
                      "in progress (at most %gs)", self.drain_seconds, self.in_flight.count,
                      self.grace_seconds)
@@ -237,6 +414,7 @@ class GatewayServer(uvicorn.Server):
         elapsed = now - self.stop_requested
         if elapsed < self.drain_seconds:
             return False
+        self.gate.close()
         if self.in_flight.count and elapsed < self.drain_seconds + self.grace_seconds:
             return False
         if self.in_flight.count:

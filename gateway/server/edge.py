@@ -6,17 +6,22 @@ Outermost first (composed in ``gateway.server.app.build_app``)::
                       echoed as X-Correlation-ID, visible to the pipeline through correlation_id_var,
                       and written to the access log (path only: a query string is never logged;
                       successful probes log at DEBUG)
+    Drain             503 for every new request (probes excepted) once the server stops taking work
     HostAllowList     421 unless Host is a public name (DNS rebinding); the probes answer any Host
     OriginAllowList   403 when an Origin header is present and is not the server's own origin
     RequestSize       431 past the header size limit; 413 past the body size limit (declared or
                       counted while streaming); 408 when the body does not arrive within the deadline
     ConcurrencyLimit  503 beyond the limit of requests in progress (long-lived event streams excepted)
-    QueryToken        400 for a token in the query string: a URL ends up in logs and histories
-    BearerAuth        429 for a throttled client, 401 (WWW-Authenticate: Bearer) without a valid token;
+    QueryToken        400 for a token anywhere in the query string: a URL ends up in logs and histories
+    BearerAuth        401 (WWW-Authenticate: Bearer, and how to get a token) without a valid token, 429
+                      while throttled (see ``gateway.auth.tokens``), 503 while argon2 is saturated;
                       a valid token becomes the SDK's AuthenticatedUser, so get_access_token() works in
-                      handlers and each MCP session stays bound to the token that opened it
+                      handlers and each MCP session stays bound to the token that opened it. Refused
+                      tokens are counted per (source, reason) and audited in aggregate (``RefusalAudit``)
 
-uvicorn also bounds headers still arriving (``h11_max_incomplete_event_size`` = ``max_header_bytes``).
+uvicorn also bounds headers still arriving (``h11_max_incomplete_event_size`` = ``max_header_bytes``),
+and ``gateway.server.app`` gives it a protocol that closes a connection whose request headers are not
+complete within ``header_timeout_seconds`` (slowloris).
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 import anyio
+import anyio.to_thread
 from mcp.server.auth.middleware.auth_context import auth_context_var, get_access_token
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken, TokenVerifier
@@ -43,8 +49,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth.tokens import Principal
-from gateway.errors import InvalidArgument
+from gateway.auth.tokens import TOKEN_PREFIX, Principal, Verdict
+from gateway.errors import GatewayError, InvalidArgument
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
@@ -58,6 +64,10 @@ REALM: Final = "vsphere-mcp-gateway"
 _SAFE_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 _QUERY_TOKEN_KEYS: Final = frozenset({"access_token", "token"})
+#: what a client without a token is told (401 body and challenge, OAuth discovery paths)
+TOKEN_HINT: Final = ("this gateway needs a bearer token made with `gateway token create NAME --role ROLE` "
+                     "by its operator; send it as 'Authorization: Bearer <token>' (MCP Inspector: --header "
+                     "'Authorization: Bearer <token>'); it offers no OAuth sign-in")
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1")
 
@@ -75,7 +85,7 @@ class Authenticator(Protocol):
 
     async def verify_async(self, token: str, client: str = "") -> Principal | None: ...
 
-    def throttled(self, client: str) -> float | None: ...
+    async def authenticate(self, token: str, client: str = "") -> Verdict: ...
 
 
 # ---------------------------------------------------------------------------- names and config
@@ -160,6 +170,14 @@ class EdgeConfig:
     self_authenticating_prefixes: tuple[str, ...] = ()
     #: paths whose GET is a long-lived event stream (not counted against the concurrency limit)
     stream_paths: frozenset[str] = frozenset({"/mcp"})
+    #: MCP sessions (2025-11-25 revision) open at once, in total and per token; a token at its limit
+    #: loses its own session idle the longest, and at the total limit the biggest holder loses one
+    max_sessions: int = 1000
+    max_sessions_per_token: int = 32
+    #: a connection whose request headers are not complete this long after they began is closed
+    header_timeout_seconds: float = 10.0
+    #: refused tokens are audited once per (source, reason) per this many seconds, with a count
+    refusal_audit_seconds: float = 60.0
 
     @classmethod
     def for_https(cls, public_names: Iterable[str], **options: Any) -> EdgeConfig:
@@ -411,20 +429,54 @@ class ConcurrencyLimitMiddleware:
 
 
 class QueryTokenMiddleware:
-    """Refuses a credential in the URL before anything could log or cache it."""
+    """Refuses a credential in the URL before anything could log or cache it: a ``token`` or
+    ``access_token`` parameter, or a gateway token (``gwt_``) anywhere in the query string."""
 
     def __init__(self, app: ASGIApp, *, metrics: Counter) -> None:
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("query_string"):
-            query = scope["query_string"].decode("latin-1")
-            if any(key.lower() in _QUERY_TOKEN_KEYS for key, _ in parse_qsl(query, keep_blank_values=True)):
-                self.metrics.refusal("token_in_query")
-                await refuse(scope, receive, send, 400, "token_in_query",
-                             "never put a token in the URL (it ends up in logs and histories); send it as "
-                             "'Authorization: Bearer <token>' and revoke the one you sent")
-                return
+        if scope["type"] == "http" and scope.get("query_string") and _credential_in(scope["query_string"]):
+            self.metrics.refusal("token_in_query")
+            await refuse(scope, receive, send, 400, "token_in_query",
+                         "never put a token in the URL (it ends up in logs and histories); send it as "
+                         "'Authorization: Bearer <token>' and revoke the one you sent")
+            return
+        await self.app(scope, receive, send)
+
+
+def _credential_in(query: bytes) -> bool:
+    text = query.decode("latin-1")
+    decoded = unquote_plus(unquote_plus(text)).lower()  # twice: a doubly encoded token is still one
+    if TOKEN_PREFIX in decoded:
+        return True
+    keys = (part.partition("=")[0].strip() for part in decoded.replace(";", "&").split("&"))
+    return any(key in _QUERY_TOKEN_KEYS for key in keys)
+
+
+class DrainGate:
+    """Open while the server takes new requests; ``close()`` when it stops (``GatewayServer``)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class DrainMiddleware:
+    """503 for new requests once the gate is closed; requests already in progress go on."""
+
+    def __init__(self, app: ASGIApp, *, gate: DrainGate, config: EdgeConfig, metrics: Counter) -> None:
+        self.app, self.gate, self.config, self.metrics = app, gate, config, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.gate.closed and scope["path"] not in self.config.any_host_paths:
+            self.metrics.refusal("draining")
+            await refuse(scope, receive, send, 503, "draining",
+                         "this gateway instance is shutting down and takes no new requests; retry (another "
+                         "instance will answer)", headers={"Retry-After": "1", "Connection": "close"})
+            return
         await self.app(scope, receive, send)
 
 
@@ -471,32 +523,100 @@ def _bearer(headers: Headers) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+class AuditWriter(Protocol):
+    """Where refused tokens are recorded (``gateway.guard.audit.AuditSink``); ``write`` may block."""
+
+    def write(self, event: Mapping[str, Any]) -> Any: ...
+
+
+class RefusalAudit:
+    """Refused authentications, counted per (source, reason) and audited in aggregate.
+
+    ``record`` only counts (on the event loop, no I/O); ``flush`` writes one ``token_refused`` row per
+    (source, reason) with its count, in a worker thread with a deadline, and ``run`` flushes every
+    ``interval`` seconds. At most ``max_sources`` keys are kept per interval; beyond that sources are
+    counted under ``*``, so a flood from many addresses still makes a bounded number of rows. Rows that
+    cannot be written are kept and retried with the next flush.
+    """
+
+    def __init__(self, sink: AuditWriter | None, *, interval: float, surface: str, max_sources: int = 256,
+                 write_seconds: float = 10.0) -> None:
+        self.sink, self.interval, self.surface = sink, interval, surface
+        self.max_sources, self.write_seconds = max_sources, write_seconds
+        self._counts: dict[tuple[str, str], int] = {}
+        self._since = time.time()
+
+    def record(self, source: str, reason: str) -> None:
+        key = (source, reason)
+        if key not in self._counts and len(self._counts) >= self.max_sources:
+            key = ("*", reason)
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self.interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self.sink is None or not self._counts:
+            return
+        counts, self._counts = self._counts, {}
+        since, self._since = self._since, time.time()
+        rows = [{"phase": "token_refused", "caller": "-", "surface": self.surface, "source": source,
+                 "reason": reason, "count": count, "since": round(since, 3)}
+                for (source, reason), count in sorted(counts.items())]
+        written = 0
+
+        def write_all() -> None:
+            nonlocal written
+            assert self.sink is not None
+            for row in rows:
+                self.sink.write(row)
+                written += 1
+
+        try:
+            with anyio.fail_after(self.write_seconds):
+                await anyio.to_thread.run_sync(write_all, abandon_on_cancel=True)
+        except (GatewayError, OSError, TimeoutError) as exc:
+            log.warning("refused tokens not audited yet (%s); retrying with the next flush", type(exc).__name__)
+            for row in rows[written:]:
+                key = (str(row["source"]), str(row["reason"]))
+                self._counts[key] = self._counts.get(key, 0) + int(row["count"])
+            self._since = since
+
+
 @dataclass
 class BearerAuthMiddleware:
     app: ASGIApp
-    verifier: TokenVerifier
     authenticator: Authenticator
     config: EdgeConfig
     metrics: Counter
+    refusals: RefusalAudit | None = None
     _challenge: str = field(default=f'Bearer realm="{REALM}"', init=False)
+    #: RFC 6750 puts no error code on a request without credentials; the description says what to do
+    _missing: str = field(default=f'Bearer realm="{REALM}", error_description="a bearer token from '
+                          "'gateway token create' is required\"", init=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.config.needs_token(scope["path"]):
             await self.app(scope, receive, send)
             return
         client = _client(scope)
-        wait = self.authenticator.throttled(client)
-        if wait is not None:
-            self.metrics.auth_failure("throttled")
-            await refuse(scope, receive, send, 429, "rate_limited",
-                         "too many failed authentications from this address; wait before retrying",
-                         headers={"Retry-After": str(max(1, math.ceil(wait)))})
-            return
         token = _bearer(Headers(scope=scope))
-        access = await self._verify(token, client) if token is not None else None
-        if access is None:
-            await self._unauthorized(scope, receive, send, client, missing=token is None)
+        if token is None:
+            self._refused(client, "missing")
+            await refuse(scope, receive, send, 401, "unauthorized", f"a bearer token is required: {TOKEN_HINT}",
+                         headers={"WWW-Authenticate": self._missing})
             return
+        try:
+            verdict = await self.authenticator.authenticate(token, client)
+        except GatewayError:  # the token store cannot be read: fail closed
+            log.exception("token check failed (correlation id %s)", correlation_id_var.get())
+            verdict = Verdict(None, "unavailable", 5.0)
+        if verdict.principal is None:
+            await self._refuse_token(scope, receive, send, client, verdict)
+            return
+        access = access_token_for(replace(verdict.principal, surface=self.config.surface))
         user = AuthenticatedUser(access)
         scope["user"], scope["auth"] = user, AuthCredentials(access.scopes)
         reset = auth_context_var.set(user)
@@ -505,24 +625,26 @@ class BearerAuthMiddleware:
         finally:
             auth_context_var.reset(reset)
 
-    async def _verify(self, token: str, client: str) -> AccessToken | None:
-        reset = client_address_var.set(client)
-        try:
-            return await self.verifier.verify_token(token)
-        finally:
-            client_address_var.reset(reset)
+    def _refused(self, client: str, reason: str) -> None:
+        self.metrics.auth_failure(reason)
+        if self.refusals is not None:
+            self.refusals.record(client, reason)
 
-    async def _unauthorized(
-        self, scope: Scope, receive: Receive, send: Send, client: str, *, missing: bool
-    ) -> None:
-        self.metrics.auth_failure("missing" if missing else "invalid")
-        if missing:
-            challenge = self._challenge
-            message = "a bearer token is required: send 'Authorization: Bearer <token>'"
+    async def _refuse_token(self, scope: Scope, receive: Receive, send: Send, client: str,
+                            verdict: Verdict) -> None:
+        self._refused(client, verdict.reason)
+        retry = {"Retry-After": str(max(1, math.ceil(verdict.retry_after or 1)))}
+        if verdict.reason == "throttled":
+            await refuse(scope, receive, send, 429, "rate_limited",
+                         "too many failed authentications from this address with this token; wait before "
+                         "retrying", headers=retry)
+        elif verdict.reason in ("busy", "unavailable"):
+            await refuse(scope, receive, send, 503, "overloaded",
+                         "tokens cannot be checked right now; retry shortly", headers=retry)
         else:
-            log.warning("refused an invalid or revoked token from %s (correlation id %s)", client,
-                        correlation_id_var.get())
-            challenge = f'{self._challenge}, error="invalid_token"'
-            message = "the bearer token is invalid, expired or revoked; ask for a new one"
-        await refuse(scope, receive, send, 401, "unauthorized", message,
-                     headers={"WWW-Authenticate": challenge})
+            log.debug("refused a token (%s) from %s (correlation id %s)", verdict.reason, client,
+                      correlation_id_var.get())
+            await refuse(scope, receive, send, 401, "unauthorized",
+                         "the bearer token is invalid, expired or revoked; ask the gateway's operator for a "
+                         "new one (`gateway token create`)",
+                         headers={"WWW-Authenticate": f'{self._challenge}, error="invalid_token"'})

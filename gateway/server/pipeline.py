@@ -107,7 +107,7 @@ class Gateway:
         self.roles = roles
         self.clock = clock
         self.authenticator = TokenVerifier(store)
-        self.metrics = Metrics()
+        self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.rate_limiter = RateLimiter()
         self.breaker = RunawayBreaker()
         self.draining = False

@@ -258,6 +258,8 @@ def summarize_targets(
 
     Entries whose endpoints report the same instance uuid list each other in ``shares_instance_with``:
     they are the same vCenter reached twice (an alias, or a linked-mode member listed again).
+    ``circuit`` is ``open`` while the scheduler's breaker makes the target's calls fail fast (the
+    error then carries ``retry_after_seconds``), else ``closed``.
     """
     rows = [_target_row(t, results.get(t.name)) for t in targets]
     by_uuid: dict[str, list[str]] = {}
@@ -283,6 +285,7 @@ def _target_row(target: Target, result: Mapping[str, Any] | None) -> dict[str, A
         "version": about.get("version"), "build": about.get("build"), "api_type": about.get("api_type"),
         "instance_uuid": about.get("instance_uuid"),
         "last_error": dict(error) if error else None,
+        "circuit": (error or {}).get("circuit") or "closed",
     }
 
 

@@ -4,6 +4,12 @@ Each target is a bulkhead (a ``_Lane``): ``pool_size`` slots handed out strictly
 and ``pool_size`` worker threads of its own. A call holds its slot until its worker thread is done,
 even when the caller has given up at its deadline, so a hung target fills only its own slots and
 threads; calls to other targets never wait behind it. The event loop only ever awaits futures.
+
+Each target also has a circuit breaker (``_Breaker``): after ``breaker_threshold`` connection failures
+in a row (``unreachable``, or ``timeout`` raised by the target's socket, not by a caller's deadline)
+its calls fail fast with ``unreachable``, ``circuit: "open"`` and ``retry_after_seconds``, while one
+background thread probes the target (one login or one call) every ``probe_seconds``, doubling up to
+``max_probe_seconds``; the first probe that gets an answer closes the breaker.
 """
 
 from __future__ import annotations
@@ -26,6 +32,13 @@ from gateway.vsphere.pool import SessionPool, VSphereSession
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+BREAKER_THRESHOLD = 3
+"""Connection failures in a row that open a target's breaker."""
+PROBE_SECONDS = 5.0
+"""First wait before probing an open breaker; doubled after each failed probe up to ``MAX_PROBE_SECONDS``."""
+MAX_PROBE_SECONDS = 60.0
+_BREAKER_ERRORS = (errors.Unreachable, errors.Timeout)
 
 _CLOSE_SECONDS = 6.0
 """How long ``close`` waits for all pools together (each bounds its own logouts)."""
@@ -179,11 +192,97 @@ def _shutting_down(name: str) -> errors.Unreachable:
                               target=name)
 
 
+class _Breaker:
+    """One target's circuit breaker: closed, open (failing fast, a probe waiting) or probing.
+
+    Shared by the event loop (``check``, ``record``) and the probe thread, hence the lock.
+    """
+
+    def __init__(self, name: str, probe: Callable[[], object], *, threshold: int, probe_seconds: float,
+                 max_probe_seconds: float, stopping: threading.Event) -> None:
+        self.name = name
+        self._probe = probe
+        self._threshold = threshold
+        self._first_wait = probe_seconds
+        self._max_wait = max(max_probe_seconds, probe_seconds)
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self.state = "closed"
+        self.failures = 0
+        self._wait = probe_seconds
+        self._probe_at = 0.0
+
+    def retry_after(self) -> float:
+        with self._lock:
+            if self.state == "closed":
+                return 0.0
+            return round(max(self._probe_at - time.monotonic(), 1.0), 1)
+
+    def check(self) -> None:
+        """Raise the fail-fast ``Unreachable`` while the breaker is open or probing."""
+        if self.state == "closed":
+            return
+        wait = self.retry_after()
+        raise errors.Unreachable(
+            f"target '{self.name}': {self.failures} connection attempts in a row failed, so calls fail fast "
+            f"until a background probe reaches it again; retry in {wait:g}s, and check the target's health "
+            "and the network path to it", target=self.name, circuit="open", retry_after_seconds=wait)
+
+    def record(self, error: BaseException | None) -> None:
+        """Count a finished call: a connection failure (``error``), or an answer (None or another error)."""
+        if error is not None and not isinstance(error, _BREAKER_ERRORS):
+            error = None  # the target answered (a fault, a refusal): the connection works
+        with self._lock:
+            if error is None:
+                if self.state == "closed":
+                    self.failures = 0
+                return
+            self.failures += 1
+            if self.state != "closed" or self.failures < self._threshold:
+                return
+            self.state = "open"
+            self._wait = self._first_wait
+            self._probe_at = time.monotonic() + self._wait
+        log.warning("target %s: %d connection failures in a row; failing fast and probing it every %gs or "
+                    "more", self.name, self.failures, self._first_wait)
+        threading.Thread(target=self._probe_until_closed, name=f"vsphere-probe-{self.name}",
+                         daemon=True).start()
+
+    def snapshot(self) -> dict[str, Any]:
+        retry = self.retry_after()
+        with self._lock:
+            return {"state": self.state, "consecutive_failures": self.failures, "retry_after_seconds": retry}
+
+    def _probe_until_closed(self) -> None:
+        while True:
+            with self._lock:
+                delay = self._probe_at - time.monotonic()
+            if self._stopping.wait(max(delay, 0.0)):
+                return
+            with self._lock:
+                self.state = "probing"
+            try:
+                self._probe()
+            except Exception as exc:
+                with self._lock:
+                    self.state = "open"
+                    self._wait = min(self._wait * 2, self._max_wait)
+                    self._probe_at = time.monotonic() + self._wait
+                log.info("target %s: probe failed (%s); next probe in %gs", self.name, type(exc).__name__,
+                         self._wait)
+                continue
+            with self._lock:
+                self.state, self.failures = "closed", 0
+            log.warning("target %s: probe answered; calls go through again", self.name)
+            return
+
+
 class Scheduler:
     """Runs blocking vSphere work per target: FIFO slots, bulkheaded threads, deadlines, fan-out."""
 
     def __init__(self, targets: Sequence[Target], credentials: Mapping[str, str], *,
-                 queue_timeout: float = 300.0) -> None:
+                 queue_timeout: float = 300.0, breaker_threshold: int = BREAKER_THRESHOLD,
+                 probe_seconds: float = PROBE_SECONDS, max_probe_seconds: float = MAX_PROBE_SECONDS) -> None:
         self._targets = tuple(targets)
         self._by_name = {t.name: t for t in self._targets}
         self._credentials = credentials
@@ -191,6 +290,21 @@ class Scheduler:
         self._lanes = {t.name: _Lane(t) for t in self._targets}
         self._pools: dict[str, SessionPool] = {}
         self._pools_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._breakers = {
+            t.name: _Breaker(t.name, self._prober(t.name), threshold=breaker_threshold,
+                             probe_seconds=probe_seconds, max_probe_seconds=max_probe_seconds,
+                             stopping=self._stopping)
+            for t in self._targets}
+
+    def _prober(self, name: str) -> Callable[[], object]:
+        """One login (when no session is open) and one call on ``name``, on the probe's own thread."""
+        return lambda: self.pool(name).run(lambda session: session.si.CurrentTime())
+
+    def breakers(self) -> dict[str, dict[str, Any]]:
+        """Per target: breaker ``state`` (closed, open, probing), ``consecutive_failures``,
+        ``retry_after_seconds`` (0 when closed)."""
+        return {name: breaker.snapshot() for name, breaker in self._breakers.items()}
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -223,6 +337,8 @@ class Scheduler:
         its slot until its socket times out, but neither the caller nor other targets wait for it.
         """
         lane = self._lanes[self.target(target).name]
+        breaker = self._breakers[target]
+        breaker.check()
         pool = self.pool(target)
         started = time.monotonic()
         wait = self.queue_timeout if deadline is None else min(self.queue_timeout, deadline)
@@ -233,7 +349,8 @@ class Scheduler:
         except RuntimeError:  # the workers were shut down between the grant and now
             lane.release()
             raise _shutting_down(target) from None
-        work.add_done_callback(lambda _done: lane.release())
+        work.add_done_callback(lambda done: (lane.release(), breaker.record(
+            None if done.cancelled() else done.exception())))
         remaining = None if deadline is None else deadline - (time.monotonic() - started)
         scope = asyncio.timeout(remaining)
         try:
@@ -267,7 +384,10 @@ class Scheduler:
         for name, lane in self._lanes.items():
             pool = pools.get(name)
             sessions = pool.stats if pool is not None else None
+            breaker = self._breakers[name]
             result[name] = {
+                "circuit_open": int(breaker.state != "closed"),
+                "consecutive_failures": breaker.failures,
                 "queued": lane.queued,
                 "running": lane.running,
                 "slots": lane.capacity,
@@ -280,6 +400,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Refuse new calls, fail queued ones, and log out every pool (bounded; running calls finish)."""
+        self._stopping.set()
         for lane in self._lanes.values():
             lane.close()
         with self._pools_lock:
