@@ -40,8 +40,8 @@ async def until(condition: Any, timeout: float = 30.0) -> None:
 
 
 def test_a_closed_port_opens_the_breaker_and_then_fails_fast() -> None:
-    target = Target(name="dead", host="127.0.0.1", port=closed_port(), credential_env_prefix=credential_prefix(
-        "dead"), insecure=True)
+    target = Target(name="dead", host="127.0.0.1", port=closed_port(),
+                    credential_env_prefix=credential_prefix("dead"), insecure=True)
     scheduler = Scheduler([target], creds("dead", "u", "p"), breaker_threshold=3,
                           probe_seconds=60.0)
 

@@ -239,8 +239,9 @@ def test_metric_labels_come_from_configured_names_and_buckets_stay_cumulative() 
     assert 'gateway_auth_failures_total{reason="unknown"} 1.0' in text
     buckets = {line.split('le="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
                for line in text.splitlines()
-               if line.startswith('gateway_tool_call_duration_seconds_bucket{le=') and 'tool="list_vms"' in line}
-    assert (buckets["0.05"], buckets["0.1"], buckets["2.5"], buckets["5.0"], buckets["+Inf"]) == (2, 3, 4, 5, 5)
+               if line.startswith("gateway_tool_call_duration_seconds_bucket{le=") and "list_vms" in line}
+    bounds = ("0.05", "0.1", "2.5", "5.0", "+Inf")
+    assert tuple(buckets[b] for b in bounds) == (2, 3, 4, 5, 5)
     assert "gateway_tool_call_duration_seconds_sum" in text and text.endswith("\n")
 
 

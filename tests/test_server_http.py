@@ -37,6 +37,7 @@ from gateway.cli import serve as serve_cli
 from gateway.cli import settings_from
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument, NotFound
+from gateway.server.edge import EdgeConfig
 from gateway.server.mcp import ProgressSink
 from gateway.server.metrics import Metrics
 from gateway.server.pipeline import Gateway
@@ -423,6 +424,8 @@ def serve_args(*argv: str) -> argparse.Namespace:
     (["--transport", "http", "--port", "70000"], "between 1 and 65535"),
     (["--transport", "http", "--session-idle-seconds", "0"], "--session-idle-seconds: must be a positive"),
     (["--transport", "http", "--max-body-bytes", "-1"], "--max-body-bytes: must be a positive"),
+    (["--transport", "http", "--max-sessions-per-token", "0"], "--max-sessions-per-token: must be a pos"),
+    (["--transport", "http", "--header-timeout-seconds", "0"], "--header-timeout-seconds: must be a pos"),
 ])
 def test_network_flags_are_checked_before_anything_starts(argv: list[str], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
@@ -437,7 +440,15 @@ def test_http_binds_loopback_addresses(host: str) -> None:
 def test_https_binds_every_interface_by_default() -> None:
     args = serve_args("--transport", "https", "--cert", "c", "--key", "k", "--public-name", "gw.example.com")
     assert serve_cli.check_network_args(args) == "0.0.0.0"
-    assert serve_cli.edge_config(args).hosts[0].host == "gw.example.com"
+    config = serve_cli.edge_config(args)
+    assert config.hosts[0].host == "gw.example.com"
+    def limits(config: EdgeConfig) -> tuple[int, int, float]:
+        return config.max_sessions, config.max_sessions_per_token, config.header_timeout_seconds
+
+    assert limits(config) == (1000, 32, 10.0)
+    limited = serve_cli.edge_config(serve_args("--transport", "http", "--max-sessions", "50",
+                                               "--max-sessions-per-token", "4", "--header-timeout-seconds", "2"))
+    assert limits(limited) == (50, 4, 2.0)
 
 
 def test_network_transports_need_a_usable_token(tmp_path: Path) -> None:

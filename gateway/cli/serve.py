@@ -60,6 +60,15 @@ def register(sub: Any) -> None:
                         help="requests in progress before 503 (default 64)")
     parser.add_argument("--session-idle-seconds", type=float, default=1800.0,
                         help="close an MCP session after this long without a request (default 1800)")
+    parser.add_argument("--max-sessions", type=int, default=1000,
+                        help="MCP sessions open at once in total (default 1000); at the limit the biggest "
+                             "holder's session idle the longest is closed")
+    parser.add_argument("--max-sessions-per-token", type=int, default=32,
+                        help="MCP sessions one token may hold (default 32); a new one closes that token's "
+                             "session idle the longest")
+    parser.add_argument("--header-timeout-seconds", type=float, default=10.0,
+                        help="close a connection whose request headers are not complete in this time "
+                             "(default 10)")
     parser.add_argument("--drain-seconds", type=float, default=0.0,
                         help="on SIGTERM, keep serving this long with readiness failing (default 0)")
     parser.add_argument("--grace-seconds", type=float, default=30.0,
@@ -79,7 +88,8 @@ def check_network_args(args: argparse.Namespace) -> str:
     host: str = args.host or _DEFAULT_HOSTS[args.transport]
     if not 0 <= args.port < 65536:
         raise InvalidArgument("port", "must be between 1 and 65535 (0 picks a free port)")
-    for flag in ("session_idle_seconds", "max_body_bytes", "max_concurrent"):
+    for flag in ("session_idle_seconds", "max_body_bytes", "max_concurrent", "max_sessions",
+                 "max_sessions_per_token", "header_timeout_seconds"):
         if not getattr(args, flag) > 0:
             raise InvalidArgument("--" + flag.replace("_", "-"), "must be a positive number")
     if args.transport == "https":
@@ -104,7 +114,9 @@ def require_token(store: Any) -> None:
 
 def edge_config(args: argparse.Namespace) -> EdgeConfig:
     options = {"max_body_bytes": args.max_body_bytes, "max_concurrent_requests": args.max_concurrent,
-               "session_idle_seconds": args.session_idle_seconds}
+               "session_idle_seconds": args.session_idle_seconds, "max_sessions": args.max_sessions,
+               "max_sessions_per_token": args.max_sessions_per_token,
+               "header_timeout_seconds": args.header_timeout_seconds}
     if args.transport == "https":
         return EdgeConfig.for_https(args.public_names, **options)
     return EdgeConfig.for_http(args.public_names, **options)

@@ -40,7 +40,7 @@ from prometheus_client.core import Metric
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -133,7 +133,8 @@ def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
             reasons = ["readiness check failed"]
         stats = _target_stats(gateway)
         # counts only: this answer needs no token, so it names no target
-        breakers = {"targets": len(stats), "open": sum(1 for row in stats.values() if row.get("circuit_open"))}
+        open_count = sum(1 for row in stats.values() if row.get("circuit_open"))
+        breakers = {"targets": len(stats), "open": open_count}
         if reasons:
             return JSONResponse({"status": "not ready", "reasons": reasons, "circuit_breakers": breakers},
                                 status_code=503)
@@ -303,7 +304,9 @@ async def self_check(app: ASGIApp, config: EdgeConfig) -> None:
     log.info("self-check passed: /mcp refuses unauthenticated POST, GET and DELETE")
 
 
-def header_deadline_protocol(seconds: float, on_timeout: Callable[[], None] | None = None) -> type[H11Protocol]:
+def header_deadline_protocol(
+    seconds: float, on_timeout: Callable[[], None] | None = None,
+) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a deadline for request headers: a connection whose request line and
     headers are not complete ``seconds`` after they began (after the connection opened, or after the
     first byte of a next request on a kept-alive connection) is closed. uvicorn itself only bounds the
@@ -384,7 +387,8 @@ class GatewayServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, gateway: AppGateway, in_flight: InFlightCalls, *,
-                 drain_seconds: float = 0.0, grace_seconds: float = 30.0, gate: DrainGate | None = None) -> None:
+                 drain_seconds: float = 0.0, grace_seconds: float = 30.0,
+                 gate: DrainGate | None = None) -> None:
         super().__init__(config)
         self.gateway, self.in_flight = gateway, in_flight
         found = getattr(getattr(config.app, "state", None), "drain", None)

@@ -578,10 +578,10 @@ class RefusalAudit:
             with anyio.fail_after(self.write_seconds):
                 await anyio.to_thread.run_sync(write_all, abandon_on_cancel=True)
         except (GatewayError, OSError, TimeoutError) as exc:
-            log.warning("refused tokens not audited yet (%s); retrying with the next flush", type(exc).__name__)
-            for row in rows[written:]:
-                key = (str(row["source"]), str(row["reason"]))
-                self._counts[key] = self._counts.get(key, 0) + int(row["count"])
+            log.warning("refused tokens not audited yet (%s); retrying with the next flush",
+                        type(exc).__name__)
+            for (source, reason), count in sorted(counts.items())[written:]:
+                self._counts[(source, reason)] = self._counts.get((source, reason), 0) + count
             self._since = since
 
 
@@ -605,7 +605,8 @@ class BearerAuthMiddleware:
         token = _bearer(Headers(scope=scope))
         if token is None:
             self._refused(client, "missing")
-            await refuse(scope, receive, send, 401, "unauthorized", f"a bearer token is required: {TOKEN_HINT}",
+            await refuse(scope, receive, send, 401, "unauthorized",
+                         f"a bearer token is required: {TOKEN_HINT}",
                          headers={"WWW-Authenticate": self._missing})
             return
         try:

@@ -48,7 +48,8 @@ UNKNOWN: Final = "unknown"
 OUTCOMES: Final = frozenset({"ok", "error", "denied"})
 AUTH_REASONS: Final = frozenset({"missing", "malformed", "unknown_token", "invalid", "throttled", "busy",
                                  "unavailable"})
-REFUSAL_REASONS: Final = frozenset({"host", "origin", "headers_too_large", "body_too_large", "receive_timeout",
+REFUSAL_REASONS: Final = frozenset({"host", "origin", "headers_too_large", "body_too_large",
+                                    "receive_timeout",
                                     "overloaded", "token_in_query", "draining", "header_timeout", "sessions"})
 #: target labels that are no target name: none given, every target, a list of targets
 TARGET_WORDS: Final = frozenset({"-", "all", "several"})
@@ -138,7 +139,7 @@ class Metrics:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self._callbacks = _Callbacks()
-        self.registry.register(self._callbacks)  # type: ignore[arg-type]
+        self.registry.register(self._callbacks)
 
     # -- names allowed as label values
 

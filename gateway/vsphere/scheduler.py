@@ -349,8 +349,12 @@ class Scheduler:
         except RuntimeError:  # the workers were shut down between the grant and now
             lane.release()
             raise _shutting_down(target) from None
-        work.add_done_callback(lambda done: (lane.release(), breaker.record(
-            None if done.cancelled() else done.exception())))
+
+        def finished(done: concurrent.futures.Future[T]) -> None:
+            lane.release()
+            breaker.record(None if done.cancelled() else done.exception())
+
+        work.add_done_callback(finished)
         remaining = None if deadline is None else deadline - (time.monotonic() - started)
         scope = asyncio.timeout(remaining)
         try:
