@@ -446,8 +446,9 @@ def test_https_binds_every_interface_by_default() -> None:
         return config.max_sessions, config.max_sessions_per_token, config.header_timeout_seconds
 
     assert limits(config) == (1000, 32, 10.0)
-    limited = serve_cli.edge_config(serve_args("--transport", "http", "--max-sessions", "50",
-                                               "--max-sessions-per-token", "4", "--header-timeout-seconds", "2"))
+    limited = serve_cli.edge_config(serve_args(
+        "--transport", "http", "--max-sessions", "50", "--max-sessions-per-token", "4",
+        "--header-timeout-seconds", "2"))
     assert limits(limited) == (50, 4, 2.0)
 
 
