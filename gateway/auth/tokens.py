@@ -22,6 +22,7 @@ client failed on that very id too often. At most ``max_verifications`` argon2 ch
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import re
@@ -32,9 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
-from weakref import WeakKeyDictionary
 
-import anyio.to_thread
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
@@ -56,7 +55,7 @@ _UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _CACHE_LIMIT: Final = 10_000
 _CLIENT_LIMIT: Final = 10_000
 #: argon2 checks that may run at once (each takes the hash's memory cost, 64 MiB by default)
-MAX_VERIFICATIONS: Final = 4
+MAX_VERIFICATIONS: Final = 2
 #: requests that may wait for an argon2 check before more are refused as busy
 MAX_WAITING: Final = 64
 
@@ -160,8 +159,12 @@ class TokenAuthenticator:
         self._max_verifications = max_verifications
         self._max_waiting = max_waiting
         self._hashing = threading.BoundedSemaphore(max_verifications)
-        self._slots: WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = WeakKeyDictionary()
+        # argon2 of ``authenticate`` runs on these threads only: each allocates the hash's memory cost,
+        # and glibc keeps what a thread freed in that thread's arena, so any thread of a large shared
+        # pool would end up holding 64 MiB (RSS grew to about 1 GB under a burst when it did)
+        self._hashers = concurrent.futures.ThreadPoolExecutor(max_verifications, thread_name_prefix="argon2")
         self._waiting = 0
+        self._pending: dict[_Key, int] = {}
 
     def verify(self, token: str, client: str = "") -> Principal | None:
         """The caller behind ``token``, or None (malformed, unknown, wrong secret, revoked, expired,
@@ -181,26 +184,33 @@ class TokenAuthenticator:
         found = self._lookup(token, client)
         if not isinstance(found, _Candidate):
             return found
-        if self._waiting >= self._max_waiting:
-            return Verdict(None, "busy", 1.0)
-        self._waiting += 1
-        try:
-            async with self._slot():
-                # failures of the same burst may have landed while this request waited
-                wait = self._throttle_wait((client, found.record.token_id))
-                if wait is not None:
-                    return Verdict(None, "throttled", wait)
-                return await anyio.to_thread.run_sync(self._prove, found, token, client)
-        finally:
-            self._waiting -= 1
-
-    def _slot(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
+        key = (client, found.record.token_id)
         with self._lock:
-            slot = self._slots.get(loop)
-            if slot is None:
-                slot = self._slots[loop] = asyncio.Semaphore(self._max_verifications)
-            return slot
+            # checks of this client on this id already under way count as failures to come: a burst
+            # on one id queues at most ``max_failures + 1`` checks, the rest are throttled at once
+            pending = self._pending.get(key, 0)
+            if len(self._failures.get(key, ())) + pending > self._max_failures:
+                return Verdict(None, "throttled", self._window)
+            if self._waiting >= self._max_waiting:
+                return Verdict(None, "busy", 1.0)
+            self._waiting += 1
+            self._pending[key] = pending + 1
+        try:
+            return await asyncio.wrap_future(self._hashers.submit(self._prove_unless_throttled, found, token,
+                                                                  client))
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                left = self._pending.pop(key) - 1
+                if left:
+                    self._pending[key] = left
+
+    def _prove_unless_throttled(self, candidate: _Candidate, token: str, client: str) -> Verdict:
+        # failures of the same burst may have landed while this check waited for a thread
+        wait = self._throttle_wait((client, candidate.record.token_id))
+        if wait is not None:
+            return Verdict(None, "throttled", wait)
+        return self._prove(candidate, token, client)
 
     def throttled(self, client: str) -> float | None:
         """Seconds until ``client`` may send a malformed or unknown token again, or None if it may now
