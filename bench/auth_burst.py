@@ -76,7 +76,8 @@ def start(home: Path, cert: Path, key: Path, log: Path) -> tuple[subprocess.Pope
     targets.write_text(f"targets:\n  - name: vc1\n    host: 127.0.0.1\n    port: {closed_port()}\n"
                        "    credential_env_prefix: VC1\n    insecure: true\n")
     env = {"PATH": os.environ.get("PATH", ""), "GATEWAY_HOME": str(home),
-           "GATEWAY_TARGETS_FILE": str(targets), "VC1_USER": "u", "VC1_PASSWORD": "p", "PYTHONPATH": str(REPO)}
+           "GATEWAY_TARGETS_FILE": str(targets), "VC1_USER": "u", "VC1_PASSWORD": "p",
+           "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())", "serve",
             "--transport", "https", "--cert", str(cert), "--key", str(key), "--public-name", "localhost",
             "--host", "127.0.0.1", "--port", "0", "--max-concurrent", "1000"]
