@@ -58,6 +58,8 @@ _CLIENT_LIMIT: Final = 10_000
 MAX_VERIFICATIONS: Final = 2
 #: requests that may wait for an argon2 check before more are refused as busy
 MAX_WAITING: Final = 64
+#: how long a request waits for the token store (a locked or stalled disk) before it is refused
+STORE_SECONDS: Final = 5.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ class TokenAuthenticator:
         # and glibc keeps what a thread freed in that thread's arena, so any thread of a large shared
         # pool would end up holding 64 MiB (RSS grew to about 1 GB under a burst when it did)
         self._hashers = concurrent.futures.ThreadPoolExecutor(max_verifications, thread_name_prefix="argon2")
+        self._readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="token-store")
         self._waiting = 0
         self._pending: dict[_Key, int] = {}
 
@@ -180,8 +183,16 @@ class TokenAuthenticator:
 
     async def authenticate(self, token: str, client: str = "") -> Verdict:
         """The principal behind ``token`` or why not, for an event loop: argon2 runs in a worker thread,
-        at most ``max_verifications`` at once; raises ``StateUnavailable`` like ``verify``."""
-        found = self._lookup(token, client)
+        at most ``max_verifications`` at once; raises ``StateUnavailable`` like ``verify``, also when the
+        token store does not answer within ``STORE_SECONDS`` (its reads run off the loop as well)."""
+        if parse_token_id(token) is None:
+            return self._refuse((client, None), "malformed")
+        try:
+            reading = self._readers.submit(self._lookup, token, client)
+            found = await asyncio.wait_for(asyncio.wrap_future(reading), STORE_SECONDS)
+        except TimeoutError:
+            raise StateUnavailable(f"the token store did not answer within {STORE_SECONDS:g}s; the request "
+                                   "was refused (check the state database's disk and locks)") from None
         if not isinstance(found, _Candidate):
             return found
         key = (client, found.record.token_id)
