@@ -122,6 +122,28 @@ async def test_one_token_opening_1000_sessions_locks_out_nobody(served: Served) 
     assert not result.is_error, result.content
 
 
+async def test_at_the_total_limit_the_biggest_holder_gives_way(sim_vc1: Simulator, tmp_path: Path) -> None:
+    gateway = real_gateway(sim_vc1, tmp_path)
+    running = serve(tmp_path, gateway, edge={"max_sessions": 4, "max_sessions_per_token": 3})
+    try:
+        async with running.http(running.tokens["bob"]) as bob, \
+                running.http(running.tokens["carol"]) as carol, \
+                running.http(running.tokens["alice"]) as alice:
+            bobs = [await initialize(bob) for _ in range(3)]
+            carols = [await initialize(carol)]
+            alices = [await initialize(alice)]  # the total is full: bob (3 of 4) gives his oldest
+            answers: dict[str, list[int]] = {}
+            for name, client, sessions in (("bob", bob, bobs), ("carol", carol, carols),
+                                           ("alice", alice, alices)):
+                replies = [await client.post("/mcp", json=LISTING, headers=session_headers(session))
+                           for session in sessions]
+                answers[name] = [r.status_code for r in replies]
+    finally:
+        running.stop()
+        await gateway.close()
+    assert answers == {"bob": [404, 200, 200], "carol": [200], "alice": [200]}
+
+
 # ---------------------------------------------------------------------------- metrics
 
 
