@@ -42,7 +42,7 @@ import anyio
 import anyio.to_thread
 from mcp.server.auth.middleware.auth_context import auth_context_var, get_access_token
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken, TokenVerifier
+from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
@@ -57,8 +57,6 @@ access_log = logging.getLogger("gateway.access")
 
 #: the current request's correlation id; the pipeline reads it for audit rows and error messages
 correlation_id_var: ContextVar[str | None] = ContextVar("gateway_correlation_id", default=None)
-#: the address of the client being authenticated (read by ``GatewayTokenVerifier`` for throttling)
-client_address_var: ContextVar[str] = ContextVar("gateway_client_address", default="")
 
 REALM: Final = "vsphere-mcp-gateway"
 _SAFE_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -503,18 +501,6 @@ def current_principal() -> Principal | None:
     """The authenticated caller of the current HTTP request (None outside one)."""
     access = get_access_token()
     return principal_of(access) if access is not None else None
-
-
-@dataclass
-class GatewayTokenVerifier(TokenVerifier):
-    """The SDK's ``TokenVerifier`` over the gateway's token authenticator."""
-
-    authenticator: Authenticator
-    surface: str = "https"
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        principal = await self.authenticator.verify_async(token, client_address_var.get())
-        return access_token_for(replace(principal, surface=self.surface)) if principal is not None else None
 
 
 def _bearer(headers: Headers) -> str | None:
