@@ -20,7 +20,7 @@ from gateway import errors
 from gateway.config import Target
 from gateway.tools.read import summarize_targets
 from gateway.vsphere.pool import VSphereSession
-from gateway.vsphere.scheduler import Scheduler
+from gateway.vsphere.scheduler import Scheduler, is_connection_failure
 
 
 def creds(name: str, user: str, password: str) -> dict[str, str]:
@@ -127,3 +127,22 @@ def test_a_target_that_answers_resets_the_count(make_simulator: MakeSimulator) -
         scheduler.close()
     assert states["vc1"] == {"state": "closed", "consecutive_failures": 0, "retry_after_seconds": 0.0}
     assert states["dead"]["state"] == "closed" and states["dead"]["consecutive_failures"] == 1
+
+
+def _caused(error: errors.GatewayError, cause: BaseException) -> errors.GatewayError:
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(("error", "counts"), [
+    (errors.Unreachable("refused"), True),
+    (_caused(errors.Timeout("socket"), TimeoutError("timed out")), True),
+    (errors.Timeout("task t-1 past its deadline", task="t-1"), False),
+    (errors.OutcomeUnknown("lost track"), False),
+    (errors.PermissionDenied("no"), False),
+    (errors.NotFound("vm"), False),
+    (ValueError("a bug"), False),
+    (None, False),
+])
+def test_which_errors_count_as_connection_failures(error: BaseException | None, counts: bool) -> None:
+    assert is_connection_failure(error) is counts

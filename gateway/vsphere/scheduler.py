@@ -6,7 +6,8 @@ even when the caller has given up at its deadline, so a hung target fills only i
 threads; calls to other targets never wait behind it. The event loop only ever awaits futures.
 
 Each target also has a circuit breaker (``_Breaker``): after ``breaker_threshold`` connection failures
-in a row (``unreachable``, or ``timeout`` raised by the target's socket, not by a caller's deadline)
+in a row (``unreachable``, or ``timeout`` raised by the target's socket, not by a caller's deadline
+or a task's; ``is_connection_failure``)
 its calls fail fast with ``unreachable``, ``circuit: "open"`` and ``retry_after_seconds``, while one
 background thread probes the target (one login or one call) every ``probe_seconds``, doubling up to
 ``max_probe_seconds``; the first probe that gets an answer closes the breaker.
@@ -38,7 +39,14 @@ BREAKER_THRESHOLD = 3
 PROBE_SECONDS = 5.0
 """First wait before probing an open breaker; doubled after each failed probe up to ``MAX_PROBE_SECONDS``."""
 MAX_PROBE_SECONDS = 60.0
-_BREAKER_ERRORS = (errors.Unreachable, errors.Timeout)
+
+
+def is_connection_failure(error: BaseException | None) -> bool:
+    """Whether a call's error says the target could not be talked to: ``unreachable``, or a ``timeout``
+    caused by the socket (a vSphere task past its deadline is an answer, not a connection failure)."""
+    if isinstance(error, errors.Unreachable):
+        return True
+    return isinstance(error, errors.Timeout) and isinstance(error.__cause__, OSError)
 
 _CLOSE_SECONDS = 6.0
 """How long ``close`` waits for all pools together (each bounds its own logouts)."""
@@ -230,10 +238,9 @@ class _Breaker:
 
     def record(self, error: BaseException | None) -> None:
         """Count a finished call: a connection failure (``error``), or an answer (None or another error)."""
-        if error is not None and not isinstance(error, _BREAKER_ERRORS):
-            error = None  # the target answered (a fault, a refusal): the connection works
+        failed = is_connection_failure(error)  # else the target answered (a fault, a refusal)
         with self._lock:
-            if error is None:
+            if not failed:
                 if self.state == "closed":
                     self.failures = 0
                 return
