@@ -13,6 +13,7 @@ from pyVmomi import vim
 from simulator import MakeSimulator, Simulator, open_pool
 
 from gateway import errors
+from gateway.guard.patterns import compile_user_regex
 from gateway.vsphere import history as h
 from gateway.vsphere import inventory as inv
 from gateway.vsphere.history import Record, Window
@@ -124,7 +125,8 @@ def test_record_filter_and_shape() -> None:
         Record(3, T0 - timedelta(minutes=1), {"type": "VmPoweredOnEvent", "user": "bob"}, ("db-1",)),
     ]
     result = h.ScanResult(records=records, scanned=3)
-    keep = h.RecordFilter(h.allow(type=("VmPoweredOnEvent",), user=None), re.compile("^(web|db)-1$"))
+    keep = h.RecordFilter(h.allow(type=("VmPoweredOnEvent",), user=None),
+                          compile_user_regex("entity_name", "^(web|db)-1$"))
     shaped = h.shape(result, keep, WINDOW, max_results=1, key="events")
     assert shaped["events"] == [records[2].data] and shaped["matched"] == 2 and shaped["truncated"] is True
     assert h.shape(result, h.RecordFilter(h.allow(user="alice")), WINDOW, 10, "events")["count"] == 1
@@ -227,7 +229,8 @@ def test_events_scroll_the_window_and_always_destroy_the_collector(vc: SessionPo
 
 def test_event_window_entity_name_type_and_user(vc: SessionPool, make_simulator: MakeSimulator) -> None:
     vc.run(lambda s: post(s, "DC0_C0_RP0_VM0", vim.event.VmMessageEvent, message="batch A"))
-    first = all_events(vc, entity_name=re.compile("^DC0_C0_RP0_VM0$"), event_types=("VmMessageEvent",))
+    first = all_events(vc, entity_name=compile_user_regex("entity_name", "^DC0_C0_RP0_VM0$"),
+                       event_types=("VmMessageEvent",))
     [a] = first["events"]
     a_time = datetime.fromisoformat(a["created"])
     vc.run(lambda s: post(s, "DC0_C0_RP0_VM1", vim.event.VmMessageEvent, message="batch B"))
@@ -235,7 +238,8 @@ def test_event_window_entity_name_type_and_user(vc: SessionPool, make_simulator:
 
     everything = all_events(vc, event_types=("VmMessageEvent",))
     assert [e["vm"] for e in everything["events"]] == ["DC0_C0_RP0_VM0", "DC0_C0_RP0_VM1", "DC0_C0_RP0_VM0"]
-    just_vm0 = all_events(vc, entity_name=re.compile("RP0_VM0"), event_types=("VmMessageEvent",))
+    just_vm0 = all_events(vc, entity_name=compile_user_regex("entity_name", "RP0_VM0"),
+                          event_types=("VmMessageEvent",))
     assert [e["key"] for e in just_vm0["events"]] == [everything["events"][0]["key"], a["key"]]
 
     window = Window(a_time, a_time)  # exactly the first event's instant

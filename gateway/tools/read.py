@@ -12,19 +12,18 @@ declared privileges (``access_info_tool``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from gateway.config import Target
 from gateway.errors import InvalidArgument
+from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.tools.spec import TARGETS, Category, Param, Risk, ToolSpec
 from gateway.vsphere import history, inventory, perf
 
 ReadFn = Callable[[Any, Mapping[str, Any]], dict[str, Any]]
 
-MAX_PATTERN_CHARS = 256
 """Longest regular expression accepted (patterns run in the target's worker thread)."""
 
 VM_POWER_STATES = ("poweredOn", "poweredOff", "suspended")
@@ -48,16 +47,10 @@ def parse_time(field: str, value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def parse_regex(field: str, value: str | None) -> re.Pattern[str] | None:
-    """A regular expression searched anywhere in a name (anchor with ^ and $)."""
-    if value is None:
-        return None
-    if len(value) > MAX_PATTERN_CHARS:
-        raise InvalidArgument(field, f"patterns are limited to {MAX_PATTERN_CHARS} characters")
-    try:
-        return re.compile(value)
-    except re.error as exc:
-        raise InvalidArgument(field, f"not a valid regular expression ({exc})") from None
+def parse_regex(field: str, value: str | None) -> UserRegex | None:
+    """A regular expression searched anywhere in a name (anchor with ^ and $), on the linear-time
+    engine of ``gateway.guard.patterns``."""
+    return None if value is None else compile_user_regex(field, value)
 
 
 def vm_query(args: Mapping[str, Any]) -> inventory.VmQuery:
@@ -145,7 +138,7 @@ _WINDOW = (
           minimum=1, maximum=60 * 24 * 31),
     Param("user", "string", "Only records of this user (exact)."),
     Param("entity_name", "string", "Regular expression searched in the entity names each record carries "
-                                   "(finds records about deleted objects too)."),
+                                   "(finds records about deleted objects too); RE2 syntax, at most 200 characters."),
     Param("max_scan", "integer", "Most records to read from the window; a busier window is an error "
                                  "(scan_limit_reached), never a silently partial list.", default=5000,
           minimum=1, maximum=100000),
@@ -156,7 +149,8 @@ _WINDOW = (
 _LIST_VMS_PARAMS = (
     TARGETS,
     Param("name", "string", "Only the VM with exactly this name."),
-    Param("regex", "string", "Regular expression searched in VM names (anchor with ^ and $)."),
+    Param("regex", "string", "Regular expression searched in VM names (anchor with ^ and $); RE2 syntax, "
+                                   "at most 200 characters."),
     Param("folder", "string", "A folder path (/DC0/vm/prod: that folder and below) or a folder name "
                               "(VMs directly in a folder of that name)."),
     Param("resource_pool", "string", "Resource pool name or moid."),

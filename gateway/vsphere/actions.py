@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import pyVmomi
 
 from gateway import errors
+from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.tools.spec import AffectedObject, Plan, ProgressFn
 from gateway.vsphere import faults, inventory
 from gateway.vsphere.inventory import VmRef
@@ -1168,7 +1169,6 @@ def execute_remove_disk(call: Execution) -> dict[str, Any]:
 
 
 BULK_ACTIONS = ("delete_vm", "delete_all_snapshots", "revert_to_current_snapshot")
-MAX_REGEX_CHARS = 200
 _BULK_VM_PATHS = ("name", "parent", "resourcePool", "runtime.connectionState", "runtime.powerState",
                   "snapshot.currentSnapshot", "config.template")
 
@@ -1179,19 +1179,14 @@ class _BulkVm:
     current_snapshot: str | None
 
 
-def compile_name_regex(pattern: str) -> re.Pattern[str]:
-    """The bulk name pattern, matched against the whole VM name: ``web-\\d+`` does not match
-    ``old-web-1``."""
-    if len(pattern) > MAX_REGEX_CHARS:
-        raise errors.InvalidArgument("name_regex", f"must be at most {MAX_REGEX_CHARS} characters")
-    try:
-        return re.compile(rf"(?:{pattern})\Z")
-    except re.error as exc:
-        raise errors.InvalidArgument("name_regex", f"not a valid regular expression: {exc}") from None
+def compile_name_regex(pattern: str) -> UserRegex:
+    """The bulk name pattern (``gateway.guard.patterns``), matched against the whole VM name:
+    ``web-\\d+`` does not match ``old-web-1``."""
+    return compile_user_regex("name_regex", pattern)
 
 
 def _bulk_candidates(
-    session: Any, regex: re.Pattern[str], folder: inventory.FolderRef | None
+    session: Any, regex: UserRegex, folder: inventory.FolderRef | None
 ) -> list[_BulkVm]:
     objects = inventory.sweep(session, [
         inventory.Query(vim.VirtualMachine, _BULK_VM_PATHS), inventory.Query(vim.ResourcePool, ("name",)),
@@ -1202,7 +1197,7 @@ def _bulk_candidates(
     for o in objects:
         name = o.props.get("name", "")
         path = tree.path(o.props.get("parent"))
-        if o.type != "VirtualMachine" or not regex.match(name):
+        if o.type != "VirtualMachine" or not regex.fullmatch(name):
             continue
         if folder is not None and not inventory.folder_matches(path, folder.path or folder.name):
             continue

@@ -22,7 +22,6 @@ which is how records about deleted objects are still found.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 from pyVmomi import vim, vmodl
 
 from gateway import errors
+from gateway.guard.patterns import UserRegex
 from gateway.vsphere import inventory
 from gateway.vsphere.inventory import Session, iso
 
@@ -132,7 +132,7 @@ class RecordFilter:
     of values it may take; ``entity_name`` is searched in every entity name the record carries."""
 
     allowed: Mapping[str, frozenset[Any]] = field(default_factory=dict)
-    entity_name: re.Pattern[str] | None = None
+    entity_name: UserRegex | None = None
 
     def __call__(self, record: Record) -> bool:
         if any(record.data.get(k) not in values for k, values in self.allowed.items()):
@@ -253,7 +253,7 @@ class EventQuery:
     window: Window
     event_types: tuple[str, ...] = ()
     user: str | None = None
-    entity_name: re.Pattern[str] | None = None
+    entity_name: UserRegex | None = None
     entity: Any = None
     max_scan: int = 5000
     max_results: int = 500
@@ -317,7 +317,7 @@ class TaskQuery:
     states: tuple[str, ...] = ()
     task_id: str | None = None
     user: str | None = None
-    entity_name: re.Pattern[str] | None = None
+    entity_name: UserRegex | None = None
     max_scan: int = 5000
     max_results: int = 500
 

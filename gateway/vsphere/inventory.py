@@ -42,6 +42,7 @@ from pyVmomi.SoapAdapter import SoapResponseDeserializer, SoapStubAdapter
 
 from gateway import errors
 from gateway.config import Target
+from gateway.guard.patterns import UserRegex
 
 Props = dict[str, Any]
 PC: Any = vmodl.query.PropertyCollector
@@ -950,7 +951,7 @@ class VmQuery:
     """list_vms filters (all must hold) and the columns to return; see ``VM_FILTERS``."""
 
     name: str | None = None
-    regex: re.Pattern[str] | None = None
+    regex: UserRegex | None = None
     folder: str | None = None
     resource_pool: str | None = None
     power_state: str | None = None
