@@ -138,7 +138,8 @@ _WINDOW = (
           minimum=1, maximum=60 * 24 * 31),
     Param("user", "string", "Only records of this user (exact)."),
     Param("entity_name", "string", "Regular expression searched in the entity names each record carries "
-                                   "(finds records about deleted objects too); RE2 syntax, at most 200 characters."),
+                                   "(finds records about deleted objects too); RE2 syntax, at most 200 "
+                                   "characters."),
     Param("max_scan", "integer", "Most records to read from the window; a busier window is an error "
                                  "(scan_limit_reached), never a silently partial list.", default=5000,
           minimum=1, maximum=100000),
