@@ -1,20 +1,152 @@
-"""Typed, strictly loaded ``targets.yaml``.
+"""Typed, strictly loaded ``targets.yaml``, and the one YAML loader every configuration file uses.
+
+``load_yaml`` reads targets.yaml, rules.yaml, roles.yaml (and any other section a module adds):
+PyYAML's safe loader, except that a key repeated in one mapping is an error (a later ``targets:
+"*"`` never silently wins), YAML merge keys (``<<``) are refused, and every mapping and list it
+returns remembers where each of its keys and items stood, so a parser can say
+``file:line:column`` for a meaning-level problem too (``located``). A syntax error names the file.
 
 Loading never guesses: an unknown key, a duplicate name, a wrong type or a missing credential is a
 ``ConfigProblem`` naming the file, the target and the fix. ``load_targets`` collects every problem
 before raising, so ``gateway check`` can print them all at once.
+
+``NameRef`` records a name one file uses for something another file defines (a target, tool, role
+or tag); ``gateway.guard.names`` checks them all against what exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from gateway.errors import ConfigError
+
+# --------------------------------------------------------------------------- the strict YAML loader
+
+
+@dataclass(frozen=True, order=True)
+class Mark:
+    """A place in a file, 1-based like editors count."""
+
+    line: int
+    column: int
+
+    @classmethod
+    def of(cls, mark: yaml.Mark) -> Mark:
+        return cls(mark.line + 1, mark.column + 1)
+
+
+class YamlMap(dict[Any, Any]):
+    """A mapping read by ``load_yaml``: ``start`` is where it begins, ``marks[key]`` where ``key`` is."""
+
+    start: Mark = Mark(1, 1)
+    marks: dict[Any, Mark]
+
+
+class YamlList(list[Any]):
+    """A list read by ``load_yaml``: ``start`` is where it begins, ``marks[i]`` where item ``i`` is."""
+
+    start: Mark = Mark(1, 1)
+    marks: list[Mark]
+
+
+def position(container: Any, key: Any = None) -> Mark | None:
+    """Where ``key`` of ``container`` (or ``container`` itself, with no key) stood in its file; None
+    for values that did not come from ``load_yaml``."""
+    if key is None:
+        return getattr(container, "start", None)
+    if isinstance(container, YamlMap):
+        return container.marks.get(key)
+    if isinstance(container, YamlList) and isinstance(key, int) and 0 <= key < len(container.marks):
+        return container.marks[key]
+    return None
+
+
+def located(source: str, container: Any = None, key: Any = None) -> str:
+    """``file:line:column`` of ``key`` in ``container`` (just ``file`` when unknown)."""
+    mark = position(container, key)
+    return source if mark is None else f"{source}:{mark.line}:{mark.column}"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with duplicate keys refused and positions kept (see ``load_yaml``)."""
+
+    def construct_located_mapping(self, node: yaml.MappingNode) -> YamlMap:
+        out = YamlMap()
+        out.start, out.marks = Mark.of(node.start_mark), {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise yaml.constructor.ConstructorError(
+                    None, None, "merge keys ('<<') are not supported here; write the keys out",
+                    key_node.start_mark)
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, "a key must be a plain value, not a list "
+                    "or mapping", key_node.start_mark) from None
+            if key in out:
+                first = out.marks[key]
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping (first at line {first.line}, "
+                    f"column {first.column}); keep only one", key_node.start_mark)
+            out[key] = self.construct_object(value_node, deep=True)
+            out.marks[key] = Mark.of(key_node.start_mark)
+        return out
+
+    def construct_located_list(self, node: yaml.SequenceNode) -> YamlList:
+        out = YamlList(self.construct_object(child, deep=True) for child in node.value)
+        out.start, out.marks = Mark.of(node.start_mark), [Mark.of(child.start_mark) for child in node.value]
+        return out
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _StrictLoader.construct_located_mapping)
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG,
+                              _StrictLoader.construct_located_list)
+
+
+def load_yaml(text: str | bytes, source: str) -> Any:
+    """Parse one configuration file's text strictly (see the module doc). ``ConfigProblems`` with one
+    ``file:line:column: ...`` problem when it is not valid YAML or repeats a key."""
+    loader = _StrictLoader(text)
+    loader.name = source
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        context = f"{exc.context}: " if exc.context and exc.problem else (exc.context or "")
+        kind = "" if isinstance(exc, yaml.constructor.ConstructorError) else "not valid YAML: "
+        raise ConfigProblems([f"{where}: {kind}{context}{exc.problem or ''}".rstrip()]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigProblems([f"{source}: not valid YAML: {exc}"]) from None
+    finally:
+        loader.dispose()
+
+
+NameKind = Literal["target", "tool", "write tool", "destructive tool", "role", "target tag"]
+
+
+@dataclass(frozen=True)
+class NameRef:
+    """A name (or glob, when ``glob``) that a configuration entry uses for something defined elsewhere.
+
+    ``where`` is ``file:line:column``, ``path`` the entry's path in its file (``rules[0].match.targets``),
+    ``fold_case`` whether the name is compared case-insensitively (rules.yaml)."""
+
+    kind: NameKind
+    value: str
+    where: str
+    path: str
+    glob: bool = True
+    fold_case: bool = False
 
 _TARGET_KEYS = {
     "name",
@@ -69,7 +201,8 @@ class Target:
 
 
 class ConfigProblems(ConfigError):
-    """Several problems found in one file; ``problems`` lists each as a full sentence."""
+    """Several problems found in one file; ``problems`` lists each as a full sentence, most starting
+    with ``file:line:column:``."""
 
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems), problems=problems)
@@ -90,26 +223,30 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
     if isinstance(data, Mapping) and set(data) == {"targets"}:
         data = data["targets"]
     if not isinstance(data, list):
-        raise ConfigProblems([f"{source}: expected a top-level 'targets:' list of target entries"])
+        raise ConfigProblems([f"{located(source, data)}: expected a top-level 'targets:' list of target "
+                              "entries"])
     targets: list[Target] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for index, entry in enumerate(data):
-        where = f"{source}: target #{index + 1}"
         if not isinstance(entry, Mapping):
-            problems.append(
-                f"{where}: each target must be a mapping with at least name, host, credential_env_prefix"
-            )
+            problems.append(f"{located(source, data, index)}: target #{index + 1}: each target must be a "
+                            "mapping with at least name, host, credential_env_prefix")
             continue
         name = entry.get("name")
-        if isinstance(name, str) and name:
-            where = f"{source}: target '{name}'"
+        label = f"target '{name}'" if isinstance(name, str) and name else f"target #{index + 1}"
+
+        def where(key: str | None = None, entry: Any = entry, index: int = index, label: str = label) -> str:
+            at = located(source, entry, key) if key in entry else located(source, data, index)
+            return f"{at}: {label}"
+
         target = _parse_target(entry, where, problems, environ)
         if target is None:
             continue
         if target.name in seen:
-            problems.append(f"{where}: duplicate name; every target needs a unique 'name'")
+            problems.append(f"{where('name')}: duplicate name (also at {seen[target.name]}); every target "
+                            "needs a unique 'name'")
             continue
-        seen.add(target.name)
+        seen[target.name] = located(source, entry, "name")
         targets.append(target)
     if problems:
         raise ConfigProblems(problems)
@@ -117,16 +254,19 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
 
 
 def _parse_target(
-    entry: Mapping[str, Any], where: str, problems: list[str], environ: Mapping[str, str] | None
+    entry: Mapping[str, Any], where: Callable[..., str], problems: list[str],
+    environ: Mapping[str, str] | None,
 ) -> Target | None:
     before = len(problems)
-    for key in sorted(set(entry) - _TARGET_KEYS):
-        problems.append(f"{where}: unknown key '{key}'; allowed keys are {', '.join(sorted(_TARGET_KEYS))}")
+    for key in sorted(set(entry) - _TARGET_KEYS, key=str):
+        hint = suggestion(str(key), _TARGET_KEYS)
+        problems.append(f"{where(key)}: unknown key '{key}'{hint}; allowed keys are "
+                        f"{', '.join(sorted(_TARGET_KEYS))}")
     for key in ("name", "host", "credential_env_prefix"):
         if key not in entry:
-            problems.append(f"{where}: missing required key '{key}'")
+            problems.append(f"{where()}: missing required key '{key}'")
         else:
-            _check_type(problems, where, key, entry[key], str)
+            _check_type(problems, where(key), key, entry[key], str)
     kinds: dict[str, type | tuple[type, ...]] = {
         "port": int,
         "insecure": bool,
@@ -139,21 +279,21 @@ def _parse_target(
     }
     for key, kind in kinds.items():
         if key in entry and entry[key] is not None:
-            _check_type(problems, where, key, entry[key], kind)
+            _check_type(problems, where(key), key, entry[key], kind)
     if len(problems) > before:
         return None
     tags = entry.get("tags") or []
     if not all(isinstance(t, str) for t in tags):
-        problems.append(f"{where}: 'tags' must be a list of strings")
+        problems.append(f"{where('tags')}: 'tags' must be a list of strings")
         return None
     if entry.get("insecure") and entry.get("ca_file"):
-        problems.append(f"{where}: set either 'insecure: true' or 'ca_file', not both")
+        problems.append(f"{where('insecure')}: set either 'insecure: true' or 'ca_file', not both")
     pool_size = entry.get("pool_size", 2)
     if not 1 <= pool_size <= 32:
-        problems.append(f"{where}: 'pool_size' must be between 1 and 32")
+        problems.append(f"{where('pool_size')}: 'pool_size' must be between 1 and 32")
     timeout = entry.get("timeout_seconds", 60.0)
     if timeout <= 0:
-        problems.append(f"{where}: 'timeout_seconds' must be positive")
+        problems.append(f"{where('timeout_seconds')}: 'timeout_seconds' must be positive")
     target = Target(
         name=entry["name"],
         host=entry["host"],
@@ -168,13 +308,21 @@ def _parse_target(
         dry_run=entry.get("dry_run"),
     )
     if target.name in ("all", "*"):
-        problems.append(f"{where}: '{target.name}' is reserved (it means every target); pick another name")
+        problems.append(f"{where('name')}: '{target.name}' is reserved (it means every target); pick another "
+                        "name")
     if environ is not None:
         try:
             target.credentials(environ)
         except ConfigError as exc:
-            problems.append(f"{where}: {exc.message}")
+            problems.append(f"{where('credential_env_prefix')}: "
+                            f"{exc.message.removeprefix(f'target {target.name!r}: ')}")
     return None if len(problems) > before else target
+
+
+def suggestion(word: str, choices: Any) -> str:
+    """``; did you mean 'x'?`` for the closest of ``choices`` to ``word``, or nothing."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def load_targets(path: Path, environ: Mapping[str, str] | None = None) -> tuple[Target, ...]:
@@ -188,8 +336,4 @@ def load_targets(path: Path, environ: Mapping[str, str] | None = None) -> tuple[
                 "GATEWAY_TARGETS_FILE / --targets"
             ]
         ) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigProblems([f"{path}: not valid YAML: {exc}"]) from exc
-    return parse_targets(data, str(path), environ if environ is not None else None)
+    return parse_targets(load_yaml(text, str(path)), str(path), environ)

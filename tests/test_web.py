@@ -679,6 +679,26 @@ async def test_audit_tail_filters_and_the_chain_verifies(served: WebServer) -> N
 
 
 @pytest.mark.anyio
+async def test_the_built_in_reader_sees_only_its_own_audit_rows(served: WebServer) -> None:
+    await propose_delete(served, "agent", "lab-vc", "DC0_H0_VM0")
+    async with signed_in(served, "rita") as (client, _):
+        mine = (await client.get("/ui/api/audit", params={"last": 500})).json()
+        asked = (await client.get("/ui/api/audit", params={"last": 500, "caller": "agent"})).json()
+    assert any(r["caller"] == "agent" for r in served.audit_rows())
+    assert mine["rows"] and {r["caller"] for r in mine["rows"]} == {"rita"}
+    assert asked["rows"] == []
+
+
+@pytest.mark.anyio
+async def test_a_role_without_the_audit_right_is_refused_the_audit(served: WebServer) -> None:
+    async with signed_in(served, "olga") as (client, _):
+        tail = await client.get("/ui/api/audit")
+        chain = await client.get("/ui/api/audit/verify")
+    assert tail.status_code == 403 and chain.status_code == 403
+    assert "audit" in tail.json()["error"]["message"]
+
+
+@pytest.mark.anyio
 async def test_unknown_proposals_are_not_found(served: WebServer) -> None:
     async with signed_in(served, "alice") as (client, csrf):
         unknown = await decide(client, served, csrf, "aaaaaaaaaaaa", "approve")

@@ -35,7 +35,12 @@ log = logging.getLogger(__name__)
 
 ApproveRight = Literal["none", "any", "others"]
 APPROVE_RIGHTS: Final = ("none", "any", "others")
+AuditRight = Literal["none", "own", "all"]
+AUDIT_RIGHTS: Final = ("none", "own", "all")
+#: every custom role sets these
 ROLE_KEYS: Final = ("tools", "allow_write", "allow_destructive", "targets", "approve")
+#: optional keys and the value a role gets without them (the narrowest)
+OPTIONAL_ROLE_KEYS: Final[Mapping[str, str]] = {"audit": "none"}
 #: target values that mean "every target" in a call (names reserved by targets.yaml)
 ALL_TARGETS: Final = frozenset({"all", "*"})
 
@@ -56,6 +61,9 @@ class Role:
     allow_destructive: frozenset[str] = frozenset()
     targets: Literal["*"] | tuple[str, ...] = "*"
     approve: ApproveRight = "none"
+    #: which audit rows the role may read: none, its own calls (caller = the token's name), or all
+    #: rows of its targets
+    audit: AuditRight = "none"
 
     @property
     def all_targets(self) -> bool:
@@ -79,19 +87,44 @@ class Role:
             return False
         return any(fnmatchcase(target, pattern) for pattern in self.targets)
 
-    def describe(self) -> dict[str, Any]:
-        """The role as plain JSON-able values (for ``gateway roles list``)."""
+    def describe(self, catalog: Mapping[str, Category] | None = None) -> dict[str, Any]:
+        """What the role really allows, as plain JSON-able values (for ``gateway roles list``):
+        ``allow_write`` / ``allow_destructive`` are every write / destructive tool the role may call,
+        whichever key grants it ("*" when ``tools: "*"``); ``catalog`` (tool name -> category) lets a
+        ``tools`` list count too."""
         def listed(value: frozenset[str] | str | tuple[str, ...]) -> list[str] | str:
             return value if isinstance(value, str) else sorted(value)
 
-        return {"name": self.name, "tools": listed(self.tools), "allow_write": listed(self.allow_write),
-                "allow_destructive": listed(self.allow_destructive), "targets": listed(self.targets),
-                "approve": self.approve}
+        def granted(category: Category, extra: frozenset[str]) -> list[str] | str:
+            if self.tools == "*":
+                return "*"
+            named = {t for t in self.tools if catalog and catalog.get(t) == category} \
+                if isinstance(self.tools, frozenset) else set()
+            return sorted(named | extra)
+
+        return {"name": self.name, "tools": listed(self.tools),
+                "allow_write": granted(Category.WRITE, self.allow_write),
+                "allow_destructive": granted(Category.DESTRUCTIVE, self.allow_destructive),
+                "targets": listed(self.targets), "approve": self.approve, "audit": self.audit}
+
+    def may_read_audit_row(self, viewer: str, row: Mapping[str, Any]) -> bool:
+        """May a token named ``viewer`` with this role read audit ``row``? ``none``: never; ``own``:
+        rows whose caller is ``viewer``; ``all``: every row for a role covering every target, else
+        rows whose target(s) the role covers. Pure."""
+        if self.audit == "own":
+            return row.get("caller") == viewer
+        if self.audit != "all":
+            return False
+        if self.all_targets:
+            return True
+        target = row.get("target")
+        return isinstance(target, str) and bool(target) and all(self.permits_target(t)
+                                                                 for t in target.split(","))
 
 
 BUILTIN_ROLES: Final[Mapping[str, Role]] = {
-    "reader": Role("reader", tools="read", targets="*", approve="none"),
-    "admin": Role("admin", tools="*", targets="*", approve="any"),
+    "reader": Role("reader", tools="read", targets="*", approve="none", audit="own"),
+    "admin": Role("admin", tools="*", targets="*", approve="any", audit="all"),
 }
 
 
@@ -135,6 +168,14 @@ def _targets(value: Any, where: str, problems: list[str]) -> Literal["*"] | tupl
                         f"got {value!r}")
         return None
     return "*" if "*" in value else tuple(value)
+
+
+def _audit(value: Any, where: str, problems: list[str]) -> AuditRight | None:
+    if value in AUDIT_RIGHTS:
+        return cast(AuditRight, value)
+    problems.append(f"{where}: 'audit' must be one of none, own, all (quote it if YAML reads it as a "
+                    f"boolean), got {value!r}")
+    return None
 
 
 def _approve(value: Any, where: str, problems: list[str]) -> ApproveRight | None:

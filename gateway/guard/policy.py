@@ -63,9 +63,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-
-from gateway.config import ConfigProblems, Target
+from gateway.config import ConfigProblems, NameKind, NameRef, Target, load_yaml, located, position
 from gateway.errors import ConfigError
 from gateway.guard.limits import bulk_denial
 from gateway.tools.spec import AffectedObject, Category, Risk
@@ -385,6 +383,8 @@ class Policy:
     maintenance_windows: tuple[MaintenanceWindow, ...] = ()
     builtin: bool = False
     note: str = ""
+    #: every target, tool, role and tag name the file uses, with where (``gateway.guard.names``)
+    refs: tuple[NameRef, ...] = ()
 
     def target_settings(self, target: str) -> TargetPolicy:
         """The effective settings for ``target`` (see the module doc for the layering)."""
@@ -535,14 +535,37 @@ def _kind(value: Any) -> str:
 
 
 class _Reader:
-    """Collects every problem in a file, each naming the path inside it and the fix."""
+    """Collects every problem in a file, each naming ``file:line:column``, the path inside the file and
+    the fix; and every name the file uses for a target, tool, role or tag (``refs``)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, root: Any = None) -> None:
         self.source = source
         self.problems: list[str] = []
+        self.refs: list[NameRef] = []
+        #: path inside the file -> where it is (registered as the parsers walk the file)
+        self._at: dict[str, str] = {"": located(source, root)}
+
+    def at(self, path: str, container: Any, key: Any) -> None:
+        """Remember where ``path`` (``key`` of ``container``) is in the file."""
+        if position(container, key) is not None:
+            self._at[path] = located(self.source, container, key)
+
+    def where(self, path: str) -> str:
+        """``file:line:column`` of ``path``, or of the nearest enclosing entry the file says where."""
+        probe = path
+        while probe not in self._at:
+            cut = max(probe.rfind("."), probe.rfind("["))
+            probe = probe[:cut] if cut > 0 else ""
+        return self._at[probe]
 
     def problem(self, path: str, message: str) -> None:
-        self.problems.append(f"{self.source}: {path or '(top level)'}: {message}")
+        self.problems.append(f"{self.where(path)}: {path or '(top level)'}: {message}")
+
+    def ref(self, kind: NameKind, values: Sequence[str], path: str, *, exact: bool = False) -> None:
+        """Note that the file names ``values`` (items of the list at ``path``) as ``kind``."""
+        for index, value in enumerate(values):
+            where = f"{path}[{index}]" if not exact else path
+            self.refs.append(NameRef(kind, value, self.where(where), where, glob=True, fold_case=True))
 
     def mapping(self, value: Any, path: str, allowed: Collection[str],
                 required: Sequence[str] = ()) -> dict[str, Any]:
@@ -551,6 +574,7 @@ class _Reader:
             return {}
         out: dict[str, Any] = {}
         for key, item in value.items():
+            self.at(_child(path, str(key)), value, key)
             if key in allowed:
                 out[key] = item
             else:
@@ -572,6 +596,8 @@ class _Reader:
         if not isinstance(value, list):
             self.problem(path, f"must be a list ('- ' items), got {_kind(value)}")
             return []
+        for index in range(len(value)):
+            self.at(f"{path}[{index}]", value, index)
         return value
 
     def text(self, value: Any, path: str) -> str:
@@ -583,6 +609,8 @@ class _Reader:
     def strings(self, value: Any, path: str) -> tuple[str, ...]:
         if (isinstance(value, list) and value
                 and all(isinstance(v, str) and v.strip() for v in value)):
+            for index in range(len(value)):
+                self.at(f"{path}[{index}]", value, index)
             return tuple(value)
         self.problem(path, f'must be a non-empty list of strings, e.g. ["prod-*"], got {_kind(value)}')
         return ()
@@ -650,9 +678,11 @@ def _parse_targets(r: _Reader, value: Any, path: str) -> tuple[TargetOverride, .
     out: list[TargetOverride] = []
     for pattern, block in value.items():
         where = f"{path}.{pattern}"
+        r.at(where, value, pattern)
         if not isinstance(pattern, str) or not pattern.strip():
             r.problem(where, "a target name or glob must be a non-empty string (quote it)")
             continue
+        r.ref("target", (pattern,), where, exact=True)
         out.append(TargetOverride(pattern, MappingProxyType(_settings(r, block, where))))
     return tuple(out)
 
@@ -681,9 +711,16 @@ def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
 def _parse_match(r: _Reader, value: Any, path: str) -> Match:
     entry = r.mapping(value, path, (*_MATCH_FIELDS, "min_risk_level"))
     fields = {k: r.strings(v, f"{path}.{k}") for k, v in entry.items() if k in _MATCH_FIELDS}
+    for key, kind in _MATCH_REFS.items():
+        items = fields.get(key, ())
+        r.ref(kind, [i for i in items if not (kind == "tool" and i in _CATEGORY_NAMES)], f"{path}.{key}")
     risk = r.optional(entry, "min_risk_level", path, lambda v, p: r.choice(v, p, Risk), None)
     return Match(MappingProxyType(fields), risk)
 
+
+#: match fields naming things other files define
+_MATCH_REFS: Mapping[str, NameKind] = {"targets": "target", "tools": "tool", "roles": "role",
+                                       "target_tags": "target tag"}
 
 _PROTECTED_KEYS = ("name", "vm_patterns", "names", "types", "targets", "min_risk_level", "reason")
 
@@ -695,12 +732,14 @@ def _parse_protected(r: _Reader, value: Any, path: str) -> Protected | None:
     if "vm_patterns" not in entry and "names" not in entry:
         r.problem(path, "needs 'vm_patterns' (VM names) or 'names' (names or moids of any object type)")
     empty: tuple[str, ...] = ()
+    targets = r.optional(entry, "targets", path, r.strings, empty)
+    r.ref("target", targets, f"{path}.targets")
     return Protected(
         name=r.optional(entry, "name", path, r.text, ""),
         vm_patterns=r.optional(entry, "vm_patterns", path, r.strings, empty),
         names=r.optional(entry, "names", path, r.strings, empty),
         types=r.optional(entry, "types", path, r.strings, empty),
-        targets=r.optional(entry, "targets", path, r.strings, empty),
+        targets=targets,
         min_risk_level=r.optional(entry, "min_risk_level", path, lambda v, p: r.choice(v, p, Risk), None),
         reason=r.optional(entry, "reason", path, r.text, None),
     )
@@ -752,6 +791,8 @@ def _parse_window(r: _Reader, value: Any, path: str) -> MaintenanceWindow | None
     empty: tuple[str, ...] = ()
     default_risks: tuple[str, ...] = (Risk.HIGH.value, Risk.CRITICAL.value)
     risks = r.optional(entry, "risk_levels", path, r.strings, default_risks)
+    targets = r.optional(entry, "targets", path, r.strings, empty)
+    r.ref("target", targets, f"{path}.targets")
     levels = {r.choice(v, f"{path}.risk_levels[{i}]", Risk) for i, v in enumerate(risks)}
     return MaintenanceWindow(
         name=r.optional(entry, "name", path, r.text, ""),
@@ -760,7 +801,7 @@ def _parse_window(r: _Reader, value: Any, path: str) -> MaintenanceWindow | None
         timezone=r.optional(entry, "timezone", path, lambda v, p: _parse_zone(r, v, p), "UTC"),
         days=r.optional(entry, "days", path, lambda v, p: _parse_days(r, v, p), _ALL_DAYS),
         risk_levels=frozenset(level for level in levels if level is not None),
-        targets=r.optional(entry, "targets", path, r.strings, empty),
+        targets=targets,
     )
 
 
@@ -806,7 +847,7 @@ def parse_policy(data: Any, source: str) -> Policy:
     """
     if data is None or data == {}:
         return Policy(source, builtin=True, note=f"{source} is empty: the built-in strict defaults apply")
-    r = _Reader(source)
+    r = _Reader(source, data)
     sections = r.mapping(data, "", _SECTIONS)
     parsed = {name: parse(r, sections.get(name), name) for name, parse in _SECTIONS.items()}
     if r.problems:
@@ -818,39 +859,14 @@ def parse_policy(data: Any, source: str) -> Policy:
         rules=parsed["rules"],
         targets=parsed["targets"],
         maintenance_windows=parsed["maintenance_windows"],
+        refs=tuple(r.refs),
     )
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key repeated in one mapping is an error, not a silent overwrite."""
-
-
-def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-        except TypeError:  # unhashable key: the mapping constructor reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark, f"found the key {key!r} twice; keep only one",
-                key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def parse_policy_text(text: str, source: str) -> Policy:
-    """Parse the YAML text of a rules file (duplicate keys are errors) into a ``Policy``."""
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigProblems([f"{source}: not valid YAML: {exc}"]) from exc
-    return parse_policy(data, source)
+    """Parse the YAML text of a rules file (``gateway.config.load_yaml``: duplicate keys are errors,
+    positions kept) into a ``Policy``."""
+    return parse_policy(load_yaml(text, source), source)
 
 
 # --------------------------------------------------------------------------- the live store
