@@ -315,3 +315,80 @@ def test_removing_the_file_turns_custom_roles_off(tmp_path: Path) -> None:
     path.unlink()
     assert book.get("ops") is None and book.get("reader") is READER
     assert book.sha256 is None
+
+
+# --------------------------------------------------------------------------- repeated keys, positions
+
+
+@pytest.mark.parametrize(("text", "position", "key", "first"), [
+    ("roles:\n  ops:\n    tools: read\n    allow_write: []\n    allow_destructive: []\n"
+     "    targets: [lab-1]\n    approve: none\n    targets: \"*\"\n",
+     "roles.yaml:8:5", "targets", "line 6, column 5"),
+    ("roles:\n  ops:\n    tools: read\n    allow_write: []\n    allow_destructive: []\n"
+     "    targets: [lab-1]\n    approve: none\n    approve: any\n",
+     "roles.yaml:8:5", "approve", "line 7, column 5"),
+    ("roles:\n  ops: {tools: read, allow_write: [], allow_destructive: [], targets: [a], approve: none}\n"
+     "  ops: {tools: \"*\", allow_write: [], allow_destructive: [], targets: \"*\", approve: any}\n",
+     "roles.yaml:3:3", "ops", "line 2, column 3"),
+])
+def test_a_repeated_key_is_refused_not_silently_widening(text: str, position: str, key: str,
+                                                         first: str) -> None:
+    with pytest.raises(ConfigProblems) as info:
+        load_roles(text.encode(), "roles.yaml")
+    assert info.value.problems == [f"{position}: the key '{key}' appears twice in one mapping (first at "
+                                   f"{first}); keep only one"]
+
+
+def test_meaning_problems_carry_file_line_and_column() -> None:
+    text = ("roles:\n  ops:\n    tools: read\n    allow_write: [power_on_vm]\n    allow_destructive: []\n"
+            "    targets: all\n    approve: maybe\n")
+    with pytest.raises(ConfigProblems) as info:
+        load_roles(text.encode(), "roles.yaml")
+    assert [p.split(": role")[0] for p in info.value.problems] == ["roles.yaml:6:5", "roles.yaml:7:5"]
+    assert "'targets'" in info.value.problems[0] and "'approve'" in info.value.problems[1]
+    with pytest.raises(ConfigProblems) as info:
+        load_roles(text.replace("approve: maybe", "aprove: none").encode(), "roles.yaml")
+    assert info.value.problems[0].startswith("roles.yaml:7:5: role 'ops': unknown key 'aprove'; did you mean "
+                                             "'approve'?")
+
+
+# --------------------------------------------------------------------------- the audit right
+
+
+def test_builtin_audit_rights_and_the_safe_default() -> None:
+    assert (READER.audit, ADMIN.audit) == ("own", "all")
+    assert parse_roles(role_doc(), "roles.yaml")["ops"].audit == "none"
+    assert parse_roles(role_doc(audit="own"), "roles.yaml")["ops"].audit == "own"
+    with pytest.raises(ConfigProblems) as info:
+        parse_roles(role_doc(audit="everything"), "roles.yaml")
+    assert "'audit' must be one of none, own, all" in info.value.message
+
+
+LAB_ALL = Role("lab", tools="read", targets=("lab-*",), audit="all")
+
+
+@pytest.mark.parametrize(("role", "viewer", "row", "shown"), [
+    (READER, "rita", {"caller": "rita", "target": "prod"}, True),
+    (READER, "rita", {"caller": "agent", "target": "prod"}, False),
+    (READER, "rita", {"phase": "roles_reload", "caller": "gateway"}, False),
+    (ADMIN, "alice", {"caller": "agent", "target": "prod"}, True),
+    (ADMIN, "alice", {"phase": "roles_reload"}, True),
+    (LAB_ALL, "lara", {"target": "lab-vc", "caller": "agent"}, True),
+    (LAB_ALL, "lara", {"target": "prod-vc"}, False),
+    (LAB_ALL, "lara", {"target": "lab-vc,prod-vc"}, False),
+    (LAB_ALL, "lara", {"phase": "web_sign_in", "caller": "lara"}, False),
+    (LAB_ALL, "lara", {"target": ""}, False),
+    (OPERATOR, "olga", {"caller": "olga", "target": "lab-1"}, False),  # audit: none (the default)
+])
+def test_who_may_read_an_audit_row(role: Role, viewer: str, row: dict[str, Any], shown: bool) -> None:
+    assert role.may_read_audit_row(viewer, row) is shown
+
+
+def test_roles_list_shows_what_admin_really_allows() -> None:
+    catalog = {"list_vms": R, "power_off_vm": W, "delete_vm": D}
+    admin = ADMIN.describe(catalog)
+    assert (admin["allow_write"], admin["allow_destructive"], admin["audit"]) == ("*", "*", "all")
+    reader = READER.describe(catalog)
+    assert (reader["allow_write"], reader["allow_destructive"]) == ([], [])
+    listed = LISTED.describe(catalog)
+    assert listed["allow_write"] == ["power_off_vm"]

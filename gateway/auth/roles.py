@@ -26,9 +26,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
-import yaml
-
-from gateway.config import ConfigProblems
+from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position, suggestion
 from gateway.tools.spec import Category
 
 log = logging.getLogger(__name__)
@@ -136,99 +134,126 @@ def permits(role: Role, tool: str, category: Category, target: str | None) -> bo
 
 # -- parsing ---------------------------------------------------------------------------------------
 
-def _tools(value: Any, where: str, problems: list[str]) -> Literal["read", "*"] | frozenset[str] | None:
-    if value in ("read", "*"):
-        return cast(Literal["read", "*"], value)
-    if isinstance(value, list):
-        names = _names(value, where, "tools", problems)
-        return None if names is None else names
-    problems.append(f"{where}: 'tools' must be read, \"*\" (every tool) or a list of tool names, "
-                    f"got {value!r}")
-    return None
+class _RoleReader:
+    """One role's entry: each problem starts with ``file:line:column: role 'name':``; names of tools and
+    targets the role uses are collected in ``refs``."""
 
+    def __init__(self, source: str, name: Any, entry: Any, entries: Any, problems: list[str],
+                 refs: list[NameRef]) -> None:
+        self.source, self.name, self.entry, self.entries = source, name, entry, entries
+        self.problems, self.refs = problems, refs
 
-def _names(value: Any, where: str, key: str, problems: list[str]) -> frozenset[str] | None:
-    if not isinstance(value, list):
-        problems.append(f"{where}: '{key}' must be a list of tool names (write [] for none), got {value!r}")
+    def problem(self, message: str, key: str | None = None) -> None:
+        at = located(self.source, self.entry, key) if key is not None and position(self.entry, key) \
+            else located(self.source, self.entries, self.name)
+        self.problems.append(f"{at}: role {self.name!r}: {message}")
+
+    def ref(self, kind: NameKind, key: str, values: Any, *, glob: bool) -> None:
+        for index, value in enumerate(values):
+            where = located(self.source, self.entry[key], index) if position(self.entry[key], index) \
+                else located(self.source, self.entry, key)
+            self.refs.append(NameRef(kind, value, where, f"roles.{self.name}.{key}[{index}]", glob=glob))
+
+    def tools(self) -> Literal["read", "*"] | frozenset[str] | None:
+        value = self.entry["tools"]
+        if value in ("read", "*"):
+            return cast(Literal["read", "*"], value)
+        if isinstance(value, list):
+            return self.names("tools", "tool")
+        self.problem(f"'tools' must be read, \"*\" (every tool) or a list of tool names, got {value!r}",
+                     "tools")
         return None
-    bad = [v for v in value if not isinstance(v, str) or not _TOOL_NAME.fullmatch(v)]
-    for v in bad:
-        pattern = isinstance(v, str) and bool(_GLOB_CHARS & set(v))
-        hint = "name tools one by one; patterns are not accepted" if pattern else "not a tool name"
-        problems.append(f"{where}: '{key}' entry {v!r}: {hint}")
-    return None if bad else frozenset(value)
 
+    def names(self, key: str, kind: NameKind) -> frozenset[str] | None:
+        value = self.entry[key]
+        if not isinstance(value, list):
+            self.problem(f"'{key}' must be a list of tool names (write [] for none), got {value!r}", key)
+            return None
+        bad = [v for v in value if not isinstance(v, str) or not _TOOL_NAME.fullmatch(v)]
+        for v in bad:
+            pattern = isinstance(v, str) and bool(_GLOB_CHARS & set(v))
+            hint = "name tools one by one; patterns are not accepted" if pattern else "not a tool name"
+            self.problem(f"'{key}' entry {v!r}: {hint}", key)
+        if bad:
+            return None
+        self.ref(kind, key, value, glob=False)
+        return frozenset(value)
 
-def _targets(value: Any, where: str, problems: list[str]) -> Literal["*"] | tuple[str, ...] | None:
-    if value == "*":
-        return "*"
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        hint = " (spell every target \"*\")" if value == "all" else ""
-        problems.append(f"{where}: 'targets' must be \"*\" or a list of target names or globs{hint}, "
-                        f"got {value!r}")
+    def targets(self) -> Literal["*"] | tuple[str, ...] | None:
+        value = self.entry["targets"]
+        if value == "*":
+            return "*"
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            hint = " (spell every target \"*\")" if value == "all" else ""
+            self.problem(f"'targets' must be \"*\" or a list of target names or globs{hint}, got {value!r}",
+                         "targets")
+            return None
+        if "*" in value:
+            return "*"
+        self.ref("target", "targets", value, glob=True)
+        return tuple(value)
+
+    def right(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
+        value = self.entry.get(key, default)
+        if value in choices:
+            return cast(str, value)
+        self.problem(f"'{key}' must be one of {', '.join(choices)} (quote it if YAML reads it as a "
+                     f"boolean), got {value!r}", key)
         return None
-    return "*" if "*" in value else tuple(value)
 
 
-def _audit(value: Any, where: str, problems: list[str]) -> AuditRight | None:
-    if value in AUDIT_RIGHTS:
-        return cast(AuditRight, value)
-    problems.append(f"{where}: 'audit' must be one of none, own, all (quote it if YAML reads it as a "
-                    f"boolean), got {value!r}")
-    return None
-
-
-def _approve(value: Any, where: str, problems: list[str]) -> ApproveRight | None:
-    if value in APPROVE_RIGHTS:
-        return cast(ApproveRight, value)
-    problems.append(f"{where}: 'approve' must be one of none, any, others (quote it if YAML reads it as "
-                    f"a boolean), got {value!r}")
-    return None
-
-
-def _parse_role(name: Any, entry: Any, source: str, problems: list[str]) -> Role | None:
-    where = f"{source}: role {name!r}"
+def _parse_role(name: Any, entry: Any, source: str, problems: list[str], entries: Any = None,
+                refs: list[NameRef] | None = None) -> Role | None:
+    r = _RoleReader(source, name, entry, entries, problems, [] if refs is None else refs)
     before = len(problems)
     if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
-        problems.append(f"{where}: a role name is 1-64 letters, digits, '.', '_' or '-'")
+        r.problem("a role name is 1-64 letters, digits, '.', '_' or '-'")
     elif name in BUILTIN_ROLES:
-        problems.append(f"{where}: '{name}' is built in and cannot be redefined; pick another name")
+        r.problem(f"'{name}' is built in and cannot be redefined; pick another name")
     if not isinstance(entry, Mapping):
-        problems.append(f"{where}: must be a mapping with the keys {', '.join(ROLE_KEYS)}")
+        r.problem(f"must be a mapping with the keys {', '.join(ROLE_KEYS)}")
         return None
-    for key in sorted(set(entry) - set(ROLE_KEYS), key=str):
-        problems.append(f"{where}: unknown key {key!r}; the keys are {', '.join(ROLE_KEYS)}")
+    known = (*ROLE_KEYS, *OPTIONAL_ROLE_KEYS)
+    for key in sorted(set(entry) - set(known), key=str):
+        r.problem(f"unknown key {key!r}{suggestion(str(key), known)}; the keys are {', '.join(known)}", key)
     for key in ROLE_KEYS:
         if key not in entry:
-            problems.append(f"{where}: missing key '{key}' (every key is required, so a file cut off "
-                            "mid-edit refuses the role instead of widening it)")
+            r.problem(f"missing key '{key}' (every key but {', '.join(OPTIONAL_ROLE_KEYS)} is required, so "
+                      "a file cut off mid-edit refuses the role instead of widening it)")
     if len(problems) > before:
         return None
-    tools = _tools(entry["tools"], where, problems)
-    allow_write = _names(entry["allow_write"], where, "allow_write", problems)
-    allow_destructive = _names(entry["allow_destructive"], where, "allow_destructive", problems)
-    targets = _targets(entry["targets"], where, problems)
-    approve = _approve(entry["approve"], where, problems)
+    tools = r.tools()
+    allow_write = r.names("allow_write", "write tool")
+    allow_destructive = r.names("allow_destructive", "destructive tool")
+    targets = r.targets()
+    approve = r.right("approve", APPROVE_RIGHTS)
+    audit = r.right("audit", AUDIT_RIGHTS, OPTIONAL_ROLE_KEYS["audit"])
     if tools is None or allow_write is None or allow_destructive is None or targets is None:
         return None
-    return None if approve is None else Role(name, tools, allow_write, allow_destructive, targets, approve)
+    if approve is None or audit is None:
+        return None
+    return Role(name, tools, allow_write, allow_destructive, targets, cast(ApproveRight, approve),
+                cast(AuditRight, audit))
 
 
-def parse_roles(data: Any, source: str) -> dict[str, Role]:
+def parse_roles(data: Any, source: str, refs: list[NameRef] | None = None) -> dict[str, Role]:
     """Custom roles from parsed YAML (``{"roles": {name: {...}}}``; an empty file defines none).
 
-    Raises ``ConfigProblems`` listing every problem found."""
+    Raises ``ConfigProblems`` listing every problem found. ``refs`` (when given) receives every tool and
+    target name the roles use (checked against what exists by ``gateway.guard.names``)."""
     if data is None:
         return {}
     if not isinstance(data, Mapping) or set(data) != {"roles"}:
-        raise ConfigProblems([f"{source}: expected one top-level key 'roles:' mapping role names to roles"])
+        raise ConfigProblems([f"{located(source, data)}: expected one top-level key 'roles:' mapping role "
+                              "names to roles"])
     entries = data["roles"]
     if entries is None:
         return {}
     if not isinstance(entries, Mapping):
-        raise ConfigProblems([f"{source}: 'roles' must map role names to roles"])
+        raise ConfigProblems([f"{located(source, data, 'roles')}: 'roles' must map role names to roles"])
     problems: list[str] = []
-    roles = {name: _parse_role(name, entry, source, problems) for name, entry in entries.items()}
+    roles = {name: _parse_role(name, entry, source, problems, entries, refs)
+             for name, entry in entries.items()}
     if problems:
         raise ConfigProblems(problems)
     return {name: role for name, role in roles.items() if role is not None}
@@ -252,19 +277,16 @@ def _read_roles_file(path: Path) -> tuple[bytes | None, list[str]]:
     return content, problems
 
 
-def load_roles(content: bytes | None, source: str) -> dict[str, Role]:
-    """Parse the bytes of a roles file (None: no file, no custom roles); ``ConfigProblems`` if broken."""
+def load_roles(content: bytes | None, source: str, refs: list[NameRef] | None = None) -> dict[str, Role]:
+    """Parse the bytes of a roles file (None: no file, no custom roles); ``ConfigProblems`` if broken.
+    ``refs``: see ``parse_roles``."""
     if content is None:
         return {}
     if content and not content.endswith(b"\n"):
         # A write cut off mid-line can still parse, with a name shortened into another one.
         raise ConfigProblems([f"{source}: does not end with a newline, so it may have been cut off "
                               "mid-write; check its end and finish it with a newline"])
-    try:
-        data = yaml.safe_load(content)
-    except yaml.YAMLError as exc:
-        raise ConfigProblems([f"{source}: not valid YAML: {exc}"]) from exc
-    return parse_roles(data, source)
+    return parse_roles(load_yaml(content, source), source, refs)
 
 
 class RoleBook:
