@@ -129,12 +129,10 @@ def approval_refusal(approve: str, viewer: str, requester: str) -> str | None:
     return "your role may not approve or deny proposals"
 
 
-def may_see_row(role: Role, row: Mapping[str, Any]) -> bool:
-    """An audit row is shown to a role covering every target, or when the role covers its target(s)."""
-    if role.all_targets:
-        return True
-    target = row.get("target")
-    return isinstance(target, str) and bool(target) and all(role.permits_target(t) for t in target.split(","))
+def _audit_right(viewer: Viewer) -> None:
+    if viewer.role.audit == "none":
+        raise Forbidden(f"role '{viewer.role.name}' may not read the audit log; give it 'audit: own' (its "
+                        "own calls) or 'audit: all' in roles.yaml")
 
 
 def error_status(exc: GatewayError) -> int:
@@ -294,8 +292,8 @@ class WebApi:
 
     def _session_body(self, viewer: Viewer) -> dict[str, Any]:
         return {"signed_in": True, "name": viewer.principal.name, "role": viewer.role.name,
-                "approve": viewer.role.approve, "all_targets": viewer.role.all_targets,
-                "csrf": viewer.session.csrf,
+                "approve": viewer.role.approve, "audit": viewer.role.audit,
+                "all_targets": viewer.role.all_targets, "csrf": viewer.session.csrf,
                 "expires_in_seconds": int(self.sessions.remaining(viewer.session)),
                 "idle_timeout_seconds": int(self.sessions.idle)}
 
@@ -413,16 +411,24 @@ class WebApi:
         return {"kind": kind, "targets": results}
 
     async def audit_tail(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        """The newest audit rows the viewer's role may read (``Role.may_read_audit_row``): its own
+        calls for ``audit: own``, the rows of its targets for ``audit: all``, nothing for ``none``."""
+        _audit_right(viewer)
         filters = {name: _query_text(request, name) for name in AUDIT_FILTERS}
         last = _query_count(request, "last", AUDIT_DEFAULT_ROWS, AUDIT_MAX_ROWS)
-        scan = last if viewer.role.all_targets else last * AUDIT_SCAN_FACTOR
+        name, own = viewer.principal.name, viewer.role.audit == "own"
+        shown = {k: v for k, v in filters.items() if v}
+        if own and filters["caller"] not in (None, name):
+            return {"rows": [], "filters": shown, "last": last}
+        scan = last if own or viewer.role.all_targets else last * AUDIT_SCAN_FACTOR
         read = functools.partial(audit.read_rows, self.gateway.settings.audit_log, last=scan,
                                  phase=filters["phase"], target=filters["target"], tool=filters["tool"],
-                                 caller=filters["caller"])
-        rows = [r for r in await anyio.to_thread.run_sync(read) if may_see_row(viewer.role, r)]
-        return {"rows": rows[-last:], "filters": {k: v for k, v in filters.items() if v}, "last": last}
+                                 caller=name if own else filters["caller"])
+        rows = [r for r in await anyio.to_thread.run_sync(read) if viewer.role.may_read_audit_row(name, r)]
+        return {"rows": rows[-last:], "filters": shown, "last": last}
 
-    async def audit_verify(self, _request: Request, _viewer: Viewer) -> dict[str, Any]:
+    async def audit_verify(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
+        _audit_right(viewer)
         report = await anyio.to_thread.run_sync(audit.verify, self.gateway.settings.audit_log)
         return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq,
                 "last_seq": report.last_seq, "problems": report.problems,
