@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
@@ -78,8 +78,21 @@ def parse_level(level: str) -> int:
     return number
 
 
-def configure_logging(format: str = "text", level: str = "INFO", stream: TextIO | None = None) -> None:
-    """Send every log record at ``level`` or above to ``stream`` (stderr) in ``format`` (text or json).
+def cli_log_level(command: str, verbose: bool, environ: Mapping[str, str]) -> str | None:
+    """The log level of one ``gateway`` command: GATEWAY_LOG_LEVEL when set, else INFO for ``serve``
+    (a server's log is its output), with ``--verbose`` or when GATEWAY_LOG_FORMAT asks for a format;
+    else None: the other commands print their results on stdout and their problems on stderr, and
+    log nothing unless asked."""
+    level = environ.get("GATEWAY_LOG_LEVEL")
+    if level:
+        return level
+    asked = verbose or command == "serve" or bool(environ.get("GATEWAY_LOG_FORMAT"))
+    return "INFO" if asked else None
+
+
+def configure_logging(format: str = "text", level: str | None = "INFO", stream: TextIO | None = None) -> None:
+    """Send every log record at ``level`` or above to ``stream`` (stderr) in ``format`` (text or json);
+    ``level=None`` logs nothing at all.
 
     Replaces the root logger's handlers, so calling it again switches format. Raises ``ConfigError``
     for an unknown format or level (before changing anything).
@@ -88,7 +101,7 @@ def configure_logging(format: str = "text", level: str = "INFO", stream: TextIO 
     if factory is None:
         raise ConfigError(f"GATEWAY_LOG_FORMAT={format!r} is not a log format; use "
                           f"{' or '.join(FORMATTERS)}")
-    number = parse_level(level)
+    number = logging.CRITICAL + 1 if level is None else parse_level(level)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(factory())
     root = logging.getLogger()

@@ -12,6 +12,7 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -123,3 +124,19 @@ def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
     yield make
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """``gateway.cli.main`` configures the root logger (quiet for most commands); put its level and
+    handlers back after each test so one command's choice never hides another test's log records."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    yield
+    for handler in list(root.handlers):
+        if handler not in saved[0]:
+            root.removeHandler(handler)
+    for handler in saved[0]:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(saved[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,137 @@ def test_check_passes_on_good_files(
     monkeypatch.setenv("VC1_PASSWORD", "p")
     assert main(["check", *flags]) == 0
     assert "targets: 1" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- names across files
+
+TWO_TARGETS = ("targets:\n  - {name: vc-1, host: h1, credential_env_prefix: VC1}\n"
+               "  - {name: vc-2, host: h2, credential_env_prefix: VC2, tags: [env:prod]}\n")
+
+
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules: str | None = None,
+          roles: str | None = None, targets: str = TWO_TARGETS) -> list[str]:
+    for prefix in ("VC1", "VC2"):
+        monkeypatch.setenv(f"{prefix}_USER", "u")
+        monkeypatch.setenv(f"{prefix}_PASSWORD", "p")
+    monkeypatch.delenv("GATEWAY_LOG_LEVEL", raising=False)
+    monkeypatch.delenv("GATEWAY_LOG_FORMAT", raising=False)
+    (tmp_path / "targets.yaml").write_text(targets)
+    if rules is not None:
+        (tmp_path / "rules.yaml").write_text(rules)
+    if roles is not None:
+        (tmp_path / "roles.yaml").write_text(roles)
+        (tmp_path / "roles.yaml").chmod(0o600)
+    return ["--home", str(tmp_path)]
+
+
+MISSPELT_GATE = "defaults: {destructive: allow}\ntargets:\n  vc2:\n    require_web_approval: true\n"
+
+
+def test_check_refuses_a_misspelt_target_that_would_lift_a_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = _home(tmp_path, monkeypatch, rules=MISSPELT_GATE)
+    assert main(["check", *flags]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'rules.yaml'}:3:3: targets.vc2: no target is named 'vc2'" in err
+    assert "did you mean 'vc-2'?" in err
+
+
+@pytest.mark.parametrize(("rules", "roles", "expected"), [
+    ("rules:\n  - name: r\n    action: deny\n    match: {tools: [delete_vmm]}\n", None,
+     ["rules.yaml:4:21: rules[0].match.tools[0]: no tool is named 'delete_vmm'",
+      "did you mean 'delete_vm'?"]),
+    ("rules:\n  - name: r\n    action: deny\n    match: {roles: [vm-operater]}\n",
+     "roles:\n  vm-operator: {tools: read, allow_write: [], allow_destructive: [], targets: \"*\", "
+     "approve: none}\n",
+     ["rules.yaml:4:21: rules[0].match.roles[0]: no role is named 'vm-operater'", "'vm-operator'"]),
+    ("protected:\n  - {name: p, vm_patterns: [db-*], targets: [\"prod-*\"]}\n", None,
+     ["rules.yaml:2:46: protected[0].targets[0]: the glob 'prod-*' matches no target"]),
+    ("rules:\n  - {name: r, action: deny, match: {target_tags: [env:prd]}}\n", None,
+     ["rules.yaml:2:51: rules[0].match.target_tags[0]: no target has the tag 'env:prd'",
+      "did you mean 'env:prod'?"]),
+    (None, "roles:\n  ops:\n    tools: read\n    allow_write: [delete_vm, power_of_vm]\n"
+           "    allow_destructive: []\n    targets: [vc-3]\n    approve: none\n",
+     ["roles.yaml:4:19: roles.ops.allow_write[0]: 'delete_vm' is a destructive tool, so allow_write grants "
+      "nothing; move it to allow_destructive",
+      "roles.yaml:4:30: roles.ops.allow_write[1]: no tool is named 'power_of_vm' in this gateway; did you "
+      "mean 'power_off_vm'?",
+      "roles.yaml:6:15: roles.ops.targets[0]: no target is named 'vc-3'"]),
+])
+def test_check_refuses_names_that_match_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    rules: str | None, roles: str | None, expected: list[str],
+) -> None:
+    flags = _home(tmp_path, monkeypatch, rules=rules, roles=roles)
+    assert main(["check", *flags]) == 1
+    err = capsys.readouterr().err
+    for fragment in expected:
+        assert fragment in err
+
+
+def test_check_reports_each_problem_once_with_its_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rules = "defaults: {destructive: allow}\nrules:\n  - {name: x, colour: 1}\n"
+    targets = TWO_TARGETS.replace("tags: [env:prod]", "colour: red")
+    flags = _home(tmp_path, monkeypatch, rules=rules, targets=targets)
+    monkeypatch.delenv("VC1_PASSWORD")
+    assert main(["check", *flags]) == 1
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    problems = [line for line in lines if ": " in line and line.split(":")[0].endswith(".yaml")]
+    assert len(problems) == len(set(problems)) == 4, lines
+    assert all(re.match(r"^\S+\.yaml:\d+:\d+: ", p) for p in problems), problems
+    assert sum("VC1_PASSWORD" in p for p in problems) == 1
+    assert all(p.count(str(tmp_path)) == 1 for p in problems)
+    assert all("target 'vc-1': target 'vc-1'" not in p for p in problems)
+    assert "<unicode string>" not in captured.err + captured.out
+
+
+def test_check_names_the_file_of_a_yaml_syntax_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = _home(tmp_path, monkeypatch, rules="defaults: {write: allow\n")
+    assert main(["check", *flags]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'rules.yaml'}:2:1: not valid YAML" in err and "<unicode string>" not in err
+
+
+@pytest.mark.parametrize("argv", [["check"], ["policy", "show"], ["roles", "list"], ["roles", "check"]])
+def test_cli_commands_log_nothing_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    flags = _home(tmp_path, monkeypatch, rules=MISSPELT_GATE.replace("vc2", "vc-2"))
+    main([*argv, *flags])
+    quiet = capsys.readouterr()
+    log_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR) ", re.M)
+    assert not log_line.search(quiet.out) and not log_line.search(quiet.err), quiet
+    monkeypatch.setenv("GATEWAY_LOG_LEVEL", "DEBUG")
+    main([*argv, *flags])
+    asked = capsys.readouterr()
+    assert not log_line.search(asked.out)
+
+
+def test_policy_show_marks_entries_that_match_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = _home(tmp_path, monkeypatch, rules=MISSPELT_GATE + "rules:\n  - {name: r, action: deny, "
+                                                               "match: {targets: [vc-9]}}\n")
+    assert main(["policy", "show", "--json", *flags]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target_entries"]["vc2"]["matches"] == []
+    assert "no target is named 'vc2'" in report["target_entries"]["vc2"]["warning"]
+    assert "no target is named 'vc-9'" in report["rules"][0]["warnings"][0]
+    assert any("vc2" in w for w in report["warnings"]) and any("vc-9" in w for w in report["warnings"])
+    assert report["targets"]["vc-2"]["require_web_approval"] is False
+
+
+def test_roles_list_shows_that_admin_may_write_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = _home(tmp_path, monkeypatch)
+    assert main(["roles", "list", *flags]) == 0
+    out = capsys.readouterr().out
+    admin = out.split("admin  (built-in)")[1].split("(built-in)")[0]
+    assert "allow_write: *" in admin and "allow_destructive: *" in admin and "audit: all" in admin

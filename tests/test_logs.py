@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.logs import configure_logging, parse_level
+from gateway.logs import cli_log_level, configure_logging, parse_level
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "gwt_abcdefghijkl_" + "S3cr3t" * 7 + "x"
@@ -112,3 +112,23 @@ def test_the_gateway_command_logs_json_lines_when_asked(tmp_path: Path) -> None:
     events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert any(e["level"] == "WARNING" and e["logger"] == "gateway.settings"
                and "GATEWAY_READ_ONLY" in e["message"] for e in events), done.stderr
+
+
+@pytest.mark.parametrize(("command", "verbose", "environ", "level"), [
+    ("check", False, {}, None),
+    ("policy", False, {}, None),
+    ("check", True, {}, "INFO"),
+    ("check", False, {"GATEWAY_LOG_LEVEL": "debug"}, "debug"),
+    ("pending", False, {"GATEWAY_LOG_FORMAT": "json"}, "INFO"),
+    ("serve", False, {}, "INFO"),
+    ("serve", False, {"GATEWAY_LOG_LEVEL": "WARNING"}, "WARNING"),
+])
+def test_cli_commands_log_only_when_asked(command: str, verbose: bool, environ: dict[str, str],
+                                          level: str | None) -> None:
+    assert cli_log_level(command, verbose, environ) == level
+
+
+def test_no_level_logs_nothing(captured: io.StringIO) -> None:
+    configure_logging("text", None, stream=captured)
+    logging.getLogger("gateway.test").critical("not shown")
+    assert captured.getvalue() == ""

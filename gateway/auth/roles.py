@@ -301,6 +301,8 @@ class RoleBook:
     def __init__(self, path: Path, on_reload: Callable[[str, list[str]], None] | None = None) -> None:
         self.path = Path(path)
         self._on_reload = on_reload
+        #: called with the names (tools, targets) of every newly loaded valid file
+        self.on_refs: Callable[[list[NameRef]], None] | None = None
         self._lock = threading.RLock()
         self._custom: dict[str, Role] = {}
         self._signature: tuple[int, ...] | None = None
@@ -332,12 +334,19 @@ class RoleBook:
 
     def check(self) -> list[str]:
         """Every problem of the file as it is now (empty if valid or absent), for ``gateway roles check``."""
+        return self.survey()[0]
+
+    def survey(self) -> tuple[list[str], dict[str, Role], list[NameRef]]:
+        """The file as it is now: its problems, its custom roles (none while broken) and the tool and
+        target names they use (for ``gateway check``)."""
         content, problems = _read_roles_file(self.path)
+        refs: list[NameRef] = []
+        roles: dict[str, Role] = {}
         try:
-            load_roles(content, str(self.path))
+            roles = load_roles(content, str(self.path), refs)
         except ConfigProblems as exc:
             problems.extend(exc.problems)
-        return problems
+        return problems, ({} if problems else roles), refs
 
     def refresh(self) -> None:
         """Reload the file if it changed since the last look."""
@@ -356,8 +365,9 @@ class RoleBook:
 
     def _apply(self, content: bytes | None, digest: str | None, problems: list[str]) -> None:
         roles: dict[str, Role] = {}
+        refs: list[NameRef] = []
         try:
-            roles = load_roles(content, str(self.path))
+            roles = load_roles(content, str(self.path), refs)
         except ConfigProblems as exc:
             problems = [*problems, *exc.problems]
         if problems:
@@ -368,6 +378,8 @@ class RoleBook:
             log.warning("%s is gone: custom roles are off, built-in roles keep working", self.path)
         elif self._on_reload is not None and digest is not None:
             self._on_reload(digest, sorted(roles))
+        if not problems and self.on_refs is not None:
+            self.on_refs(refs)
         self._custom, self._sha256 = roles, digest
 
     def _stat(self) -> tuple[int, ...] | None:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from gateway.errors import GatewayError
-from gateway.logs import configure_logging
+from gateway.logs import cli_log_level, configure_logging
 from gateway.settings import Settings, logging_options
 
 #: command modules, in the order ``gateway --help`` lists them
@@ -23,6 +23,13 @@ def add_path_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", help="rules.yaml (GATEWAY_RULES_FILE)")
     parser.add_argument("--roles", help="roles.yaml (GATEWAY_ROLES_FILE)")
     parser.add_argument("--audit-log", dest="audit_log", help="audit JSONL file (GATEWAY_AUDIT_LOG)")
+    add_verbose_flag(parser)
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
+    """``-v/--verbose``: log to stderr at INFO (commands other than serve log nothing unless asked)."""
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="log to stderr at INFO (GATEWAY_LOG_LEVEL sets any level)")
 
 
 def settings_from(args: argparse.Namespace, **extra: object) -> Settings:
@@ -33,6 +40,7 @@ def settings_from(args: argparse.Namespace, **extra: object) -> Settings:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="vSphere MCP Gateway")
+    add_verbose_flag(parser, default=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -48,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        configure_logging(*logging_options(os.environ))
+        log_format, _ = logging_options(os.environ)
+        configure_logging(log_format, cli_log_level(args.command, bool(args.verbose), os.environ))
         return int(args.handler(args) or 0)
     except GatewayError as exc:
         print(f"gateway: {exc.code}: {exc.message}", file=sys.stderr)

@@ -1,15 +1,24 @@
-"""``gateway check``: validate every configuration file and print each problem found."""
+"""``gateway check``: validate every configuration file and print each problem once.
+
+Each problem is one line on stderr, ``file:line:column: where in the file: what is wrong; the fix``,
+in the order of the files (targets.yaml, rules.yaml, roles.yaml), then the names one file uses for
+what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``).
+A short summary of each good file goes to stdout. Exit 1 on any problem.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from pathlib import Path
 from typing import Any
 
-from gateway.auth.roles import RoleBook
+from gateway.auth.roles import BUILTIN_ROLES, RoleBook
 from gateway.cli import add_path_flags, settings_from
-from gateway.config import ConfigProblems, load_targets
+from gateway.config import ConfigProblems, NameRef, Target, load_targets
 from gateway.errors import ConfigError
+from gateway.guard.names import KnownNames, unknown_names
 from gateway.guard.policy import PolicyStore
 
 
@@ -24,26 +33,46 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     problems: list[str] = []
+    summary: list[tuple[Path, str]] = []
+    refs: list[NameRef] = []
+    targets: tuple[Target, ...] | None = None
     try:
         targets = load_targets(settings.targets_file, settings.credentials)
-        print(f"targets: {len(targets)} in {settings.targets_file}")
+        summary.append((settings.targets_file, f"targets: {len(targets)} in {settings.targets_file}"))
     except ConfigProblems as exc:
         problems += exc.problems
+        with contextlib.suppress(ConfigProblems):  # names can still be checked without credentials
+            targets = load_targets(settings.targets_file)
     if settings.rules_file.exists():
         try:
-            PolicyStore(settings.rules_file).current()
-            print(f"rules: {settings.rules_file} ok")
+            policy = PolicyStore(settings.rules_file).current()
+            refs += policy.refs
+            summary.append((settings.rules_file, f"rules: {settings.rules_file} ok"))
         except ConfigError as exc:
-            problems.append(f"{settings.rules_file}: {exc.message}")
+            problems += exc.details.get("problems") or [exc.message]
     else:
-        print(f"rules: {settings.rules_file} absent; built-in strict defaults apply (destructive denied)")
+        summary.append((settings.rules_file, f"rules: {settings.rules_file} absent; built-in strict "
+                                             "defaults apply (destructive denied)"))
+    role_names: list[str] = list(BUILTIN_ROLES)
     if settings.roles_file.exists():
-        role_problems = RoleBook(settings.roles_file).check()
+        role_problems, custom, role_refs = RoleBook(settings.roles_file).survey()
         problems += role_problems
+        refs += role_refs
+        role_names += custom
         if not role_problems:
-            print(f"roles: {settings.roles_file} ok")
+            summary.append((settings.roles_file, f"roles: {settings.roles_file} ok"))
+        else:  # a rule naming a custom role is not reported while the roles file itself is broken
+            refs = [r for r in refs if r.kind != "role"]
     else:
-        print(f"roles: {settings.roles_file} absent; built-in roles reader and admin only")
+        summary.append((settings.roles_file, f"roles: {settings.roles_file} absent; built-in roles reader "
+                                             "and admin only"))
+    problems += [str(u) for u in unknown_names(refs, KnownNames.of(targets, role_names))]
+    problems = list(dict.fromkeys(problems))
+    for path, line in summary:
+        if not any(p.startswith(str(path)) for p in problems):  # a file with a problem is not "ok"
+            print(line)
     for problem in problems:
-        print(f"problem: {problem}", file=sys.stderr)
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"gateway check: {len(problems)} problem(s); fix them and run it again", file=sys.stderr)
     return 1 if problems else 0

@@ -1,4 +1,8 @@
-"""``gateway policy show``: the effective policy per target, or why rules.yaml cannot be used."""
+"""``gateway policy show``: the effective policy per target, or why rules.yaml cannot be used.
+
+Entries that name a target, tool, role or tag matching nothing carry ``warnings`` (the ``targets:``
+entries are listed under ``target_entries`` with the targets each one ``matches``), and the report
+ends with every such ``warnings`` line; ``gateway check`` treats them as errors."""
 
 from __future__ import annotations
 
@@ -8,8 +12,10 @@ from typing import Any
 
 import yaml
 
+from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, Target, load_targets
+from gateway.guard.names import KnownNames
 from gateway.guard.policy import PolicyStore
 
 
@@ -24,11 +30,13 @@ def register(sub: Any) -> None:
 
 def run_show(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    known_targets: tuple[Target, ...] | None
     try:
-        targets: tuple[Target, ...] = load_targets(settings.targets_file)
+        known_targets = load_targets(settings.targets_file)
     except ConfigProblems:
-        targets = ()  # the policy can still be shown for its defaults; `gateway check` explains targets
-    report = PolicyStore(settings.rules_file).describe(targets)
+        known_targets = None  # the policy can still be shown for its defaults; `gateway check` explains
+    known = KnownNames.of(known_targets, RoleBook(settings.roles_file).roles())
+    report = PolicyStore(settings.rules_file).describe(known_targets or (), known)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:

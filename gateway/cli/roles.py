@@ -11,6 +11,7 @@ from gateway.auth.roles import BUILTIN_ROLES, RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore
+from gateway.tools.registry import all_tools
 
 
 def register(sub: Any) -> None:
@@ -61,14 +62,16 @@ def run_check(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     book = RoleBook(settings.roles_file)
-    rows = [{**role.describe(), "source": "built-in" if name in BUILTIN_ROLES else str(settings.roles_file)}
+    catalog = {spec.name: spec.kind for spec in all_tools(destructive=True)}
+    rows = [{**role.describe(catalog),
+             "source": "built-in" if name in BUILTIN_ROLES else str(settings.roles_file)}
             for name, role in book.roles().items()]
     for row in rows:
         if args.json:
             print(json.dumps(row, sort_keys=True))
             continue
         print(f"{row['name']}  ({row['source']})")
-        for key in ("tools", "allow_write", "allow_destructive", "targets", "approve"):
+        for key in ("tools", "allow_write", "allow_destructive", "targets", "approve", "audit"):
             value = row[key]
             print(f"    {key}: {value if isinstance(value, str) else ', '.join(value) or '-'}")
     problems = book.check()

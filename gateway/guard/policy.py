@@ -66,6 +66,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from gateway.config import ConfigProblems, NameKind, NameRef, Target, load_yaml, located, position
 from gateway.errors import ConfigError
 from gateway.guard.limits import bulk_denial
+from gateway.guard.names import KnownNames, UnknownName, unknown_names
 from gateway.tools.spec import AffectedObject, Category, Risk
 
 log = logging.getLogger(__name__)
@@ -879,8 +880,10 @@ class PolicyStore:
     from the last read: a rewrite is noticed even when it keeps the size and the modification time.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_load: Callable[[Policy], None] | None = None) -> None:
         self.path = Path(path)
+        #: called with every newly parsed valid policy (the server logs names that match nothing)
+        self.on_load = on_load
         self._lock = threading.Lock()
         self._raw: bytes | None = None
         self._loaded: Policy | ConfigProblems | None = None
@@ -920,15 +923,17 @@ class PolicyStore:
         except Exception:
             return Policy(str(self.path)).target_settings(target)
 
-    def describe(self, targets: Sequence[Target]) -> dict[str, Any]:
-        """The effective policy per target, or why the file cannot be used (for ``gateway policy show``)."""
+    def describe(self, targets: Sequence[Target], known: KnownNames | None = None) -> dict[str, Any]:
+        """The effective policy per target, or why the file cannot be used (for ``gateway policy show``).
+        With ``known``, entries naming a target, tool, role or tag that matches nothing are marked."""
         try:
             policy = self.current()
         except ConfigError as exc:
             problems = exc.details.get("problems") or [exc.message]
             return {"file": str(self.path), "status": "error", "errors": problems,
                     "effect": "writes and destructive calls are denied until it is fixed; reads continue"}
-        return _describe(policy, self.path, targets)
+        unknown = unknown_names(policy.refs, known) if known is not None else []
+        return _describe(policy, self.path, targets, unknown)
 
     def _read(self) -> bytes | None:
         try:
@@ -956,6 +961,8 @@ class PolicyStore:
             log.info("policy loaded from %s: %d rules, %d protected, %d target entries, %d windows", source,
                      len(policy.rules), len(policy.protected), len(policy.targets),
                      len(policy.maintenance_windows))
+            if self.on_load is not None:
+                self.on_load(policy)
             return policy
         log.warning("policy file %s is unusable; writes are denied until it is fixed: %s", source, broken)
         return broken
@@ -968,7 +975,15 @@ def _unusable(facts: CallFacts, why: str) -> Decision:
                            "(`gateway policy show` lists the problems)", "policy:error")
 
 
-def _describe(policy: Policy, path: Path, targets: Sequence[Target]) -> dict[str, Any]:
+def _describe(policy: Policy, path: Path, targets: Sequence[Target],
+              unknown: Sequence[UnknownName] = ()) -> dict[str, Any]:
+    def warnings(prefix: str) -> list[str]:
+        return [u.message for u in unknown if u.ref.path == prefix or u.ref.path.startswith(f"{prefix}.")]
+
+    def marked(entry: dict[str, Any], prefix: str) -> dict[str, Any]:
+        found = warnings(prefix)
+        return {**entry, "warnings": found} if found else entry
+
     per_target = {}
     for target in targets:
         settings = policy.target_settings(target.name).to_dict()
@@ -983,11 +998,23 @@ def _describe(policy: Policy, path: Path, targets: Sequence[Target]) -> dict[str
         "file": str(path),
         "status": "builtin" if policy.builtin else "ok",
         "defaults": policy.default_settings().to_dict(),
-        "protected": [p.to_dict() for p in policy.protected],
-        "rules": [r.to_dict() for r in policy.rules],
-        "maintenance_windows": [w.to_dict() for w in policy.maintenance_windows],
+        "protected": [marked(p.to_dict(), f"protected[{i}]") for i, p in enumerate(policy.protected)],
+        "rules": [marked(r.to_dict(), f"rules[{i}]") for i, r in enumerate(policy.rules)],
+        "maintenance_windows": [marked(w.to_dict(), f"maintenance_windows[{i}]")
+                                for i, w in enumerate(policy.maintenance_windows)],
+        "target_entries": {},
         "targets": per_target,
     }
+    for entry in policy.targets:
+        names = [t.name for t in targets if _glob(t.name, (entry.pattern,))]
+        shown: dict[str, Any] = {"matches": names,
+                                 "settings": {k: getattr(v, "value", v) for k, v in entry.values.items()}}
+        found = warnings(f"targets.{entry.pattern}")
+        if found:
+            shown["warning"] = "; ".join(found)
+        out["target_entries"][entry.pattern] = shown
+    if unknown:
+        out["warnings"] = [str(u) for u in unknown]
     if policy.note:
         out["note"] = policy.note
     return out

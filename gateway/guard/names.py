@@ -1,0 +1,133 @@
+"""Names one configuration file uses for what another defines: do they exist?
+
+rules.yaml names targets (``targets:`` entries, ``match.targets``, ``protected[].targets``,
+``maintenance_windows[].targets``), target tags, tools and roles; roles.yaml names tools and
+targets. A name that matches nothing is almost always a typo that silently changes the meaning: a
+misspelt target under ``targets:`` lifts ``require_web_approval`` from the real one, a misspelt tool
+under ``allow_write`` grants nothing. The parsers note every such name as a ``NameRef`` (with its
+``file:line:column``); ``unknown_names`` checks them against ``KnownNames`` in one place.
+``gateway check`` reports each as an error (exit 1), the server logs each as a warning when the file
+is loaded (and keeps running), and ``gateway policy show`` marks the entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import logging
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.config import NameRef, Target, suggestion
+from gateway.errors import ConfigError
+from gateway.tools.registry import all_tools
+from gateway.tools.spec import Category
+
+if TYPE_CHECKING:
+    from gateway.auth.roles import RoleBook
+    from gateway.guard.policy import PolicyStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KnownNames:
+    """What exists: target names and their tags, every tool of this build with its category, roles.
+    ``targets`` is None when targets.yaml could not be read (target names are then not checked)."""
+
+    targets: tuple[str, ...] | None
+    tags: tuple[str, ...]
+    tools: Mapping[str, Category]
+    roles: tuple[str, ...]
+
+    @classmethod
+    def of(cls, targets: Sequence[Target] | None, roles: Iterable[str]) -> KnownNames:
+        """Build from loaded targets (None: unknown) and role names; tools are every tool this build
+        offers, destructive ones included (a server may enable them later)."""
+        tools = {spec.name: spec.kind for spec in all_tools(destructive=True)}
+        names = None if targets is None else tuple(t.name for t in targets)
+        tags = tuple(sorted({tag for t in targets or () for tag in t.tags}))
+        return cls(names, tags, tools, tuple(roles))
+
+
+@dataclass(frozen=True)
+class UnknownName:
+    """One name that matches nothing; ``str()`` is the full problem line."""
+
+    ref: NameRef
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.ref.where}: {self.ref.path}: {self.message}"
+
+
+def _matches(ref: NameRef, names: Collection[str]) -> bool:
+    if ref.fold_case:
+        value = ref.value.casefold()
+        return any(fnmatch.fnmatchcase(n.casefold(), value) if ref.glob else n.casefold() == value
+                   for n in names)
+    return any(fnmatch.fnmatchcase(n, ref.value) if ref.glob else n == ref.value for n in names)
+
+
+def _is_glob(value: str) -> bool:
+    return any(ch in value for ch in "*?[")
+
+
+def _missing(ref: NameRef, what: str, names: Collection[str], where: str) -> str:
+    if _is_glob(ref.value) and ref.glob:
+        return f"the glob '{ref.value}' matches no {what} {where}"
+    listed = f" ({', '.join(sorted(names))})" if 0 < len(names) <= 12 else ""
+    return f"no {what} is named '{ref.value}' {where}{suggestion(ref.value, names)}{listed}"
+
+
+def _check(ref: NameRef, known: KnownNames) -> str | None:
+    if ref.kind == "target":
+        if known.targets is None or _matches(ref, known.targets):
+            return None
+        return _missing(ref, "target", known.targets, "in targets.yaml") + \
+            (", so this entry applies to nothing; fix the name" if ref.path.startswith("targets.") else "")
+    if ref.kind == "target tag":
+        if known.targets is None or _matches(ref, known.tags):
+            return None
+        message = _missing(ref, "target tag", known.tags, "in targets.yaml")
+        return message.replace("no target tag is named", "no target has the tag")
+    if ref.kind == "role":
+        return None if _matches(ref, known.roles) else _missing(ref, "role", known.roles,
+                                                                "(built-in or in roles.yaml)")
+    if not _matches(ref, known.tools):
+        return _missing(ref, "tool", known.tools, "in this gateway")
+    wanted = {"write tool": Category.WRITE, "destructive tool": Category.DESTRUCTIVE}.get(ref.kind)
+    category = known.tools.get(ref.value)
+    if wanted is not None and category is not None and category != wanted:
+        key = ref.path.rsplit(".", 1)[-1].split("[")[0]
+        fix = {Category.WRITE: "allow_write", Category.DESTRUCTIVE: "allow_destructive"}.get(category)
+        move = f"move it to {fix}" if fix else "read tools come with 'tools: read' or a tools list"
+        return f"'{ref.value}' is a {category.value} tool, so {key} grants nothing; {move}"
+    return None
+
+
+def unknown_names(refs: Iterable[NameRef], known: KnownNames) -> list[UnknownName]:
+    """Every reference that matches nothing (or grants nothing), in file order, each once."""
+    found: dict[tuple[str, str], UnknownName] = {}
+    for ref in refs:
+        message = _check(ref, known)
+        if message is not None:
+            found.setdefault((ref.where, ref.path), UnknownName(ref, message))
+    return list(found.values())
+
+
+def log_unknown_names(refs: Iterable[NameRef], known: KnownNames) -> None:
+    """The server's side: one WARNING per name that matches nothing (the server keeps running)."""
+    for unknown in unknown_names(refs, known):
+        log.warning("%s (the gateway keeps running; `gateway check` lists every such name)", unknown)
+
+
+def watch(policy: PolicyStore, roles: RoleBook, targets: Sequence[Target]) -> None:
+    """Log names that match nothing whenever ``policy`` or ``roles`` loads a new valid file, and check
+    both files once now (for the server: a warning at load)."""
+    policy.on_load = lambda loaded: log_unknown_names(loaded.refs, KnownNames.of(targets, roles.roles()))
+    roles.on_refs = lambda refs: log_unknown_names(refs, KnownNames.of(targets, ()))
+    roles.refresh()
+    with contextlib.suppress(ConfigError):
+        policy.current()
