@@ -124,10 +124,10 @@ def log_unknown_names(refs: Iterable[NameRef], known: KnownNames) -> None:
 
 
 def watch(policy: PolicyStore, roles: RoleBook, targets: Sequence[Target]) -> None:
-    """Log names that match nothing whenever ``policy`` or ``roles`` loads a new valid file, and check
-    both files once now (for the server: a warning at load)."""
+    """Log names that match nothing whenever ``policy`` or ``roles`` loads a new valid file (for the
+    server: a warning at load). The rules file is read now; roles.yaml on its first lookup (its
+    loading writes a roles_reload audit row, which belongs to the running server)."""
     policy.on_load = lambda loaded: log_unknown_names(loaded.refs, KnownNames.of(targets, roles.roles()))
     roles.on_refs = lambda refs: log_unknown_names(refs, KnownNames.of(targets, ()))
-    roles.refresh()
     with contextlib.suppress(ConfigError):
         policy.current()

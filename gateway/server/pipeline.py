@@ -34,7 +34,7 @@ from gateway.errors import (
     PolicyDenied,
     Stale,
 )
-from gateway.guard import confirm
+from gateway.guard import confirm, names
 from gateway.guard.audit import AuditSink
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import CallFacts, Decision, PolicyStore
@@ -134,6 +134,9 @@ class Gateway:
                     }
                 )
 
+        policy = PolicyStore(settings.rules_file)
+        roles = RoleBook(settings.roles_file, on_reload=audit_roles_reload)
+        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
         return cls(
             settings,
             targets,
@@ -141,8 +144,8 @@ class Gateway:
             scheduler=Scheduler(targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds),
             store=SqliteStore(settings.state_db),
             audit=audit,
-            policy=PolicyStore(settings.rules_file),
-            roles=RoleBook(settings.roles_file, on_reload=audit_roles_reload),
+            policy=policy,
+            roles=roles,
         )
 
     async def start(self) -> None:
