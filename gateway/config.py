@@ -10,8 +10,8 @@ Loading never guesses: an unknown key, a duplicate name, a wrong type or a missi
 ``ConfigProblem`` naming the file, the target and the fix. ``load_targets`` collects every problem
 before raising, so ``gateway check`` can print them all at once.
 
-``NameRef`` records a name one file uses for something another file defines (a target, tool, role
-or tag); ``gateway.guard.names`` checks them all against what exists.
+``NameRef`` records a name one file uses for something another file defines (a target, tool or
+role); ``gateway.guard.names`` checks them all against what exists.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def load_yaml(text: str | bytes, source: str) -> Any:
         loader.dispose()
 
 
-NameKind = Literal["target", "tool", "write tool", "destructive tool", "role", "target tag"]
+NameKind = Literal["target", "tool", "write tool", "destructive tool", "role"]
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ roles:
     allow_destructive: []
     targets: "*"
     approve: others
+    audit: all
 """
 
 #: token name -> role, created on every run

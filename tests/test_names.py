@@ -15,7 +15,7 @@ from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.tools.spec import Category
 
-KNOWN = KnownNames(targets=("vc-1", "vc-2", "lab-01"), tags=("env:prod", "site:a"),
+KNOWN = KnownNames(targets=("vc-1", "vc-2", "lab-01"),
                    tools={"list_vms": Category.READ, "power_off_vm": Category.WRITE,
                           "delete_vm": Category.DESTRUCTIVE},
                    roles=("reader", "admin", "vm-operator"))
@@ -32,9 +32,6 @@ def ref(kind: NameKind, value: str, *, glob: bool = True, fold: bool = True) -> 
     (ref("target", "vc2"), "no target is named 'vc2' in targets.yaml; did you mean 'vc-2'?"),
     (ref("target", "lab-*"), None),
     (ref("target", "prod-*"), "the glob 'prod-*' matches no target"),
-    (ref("target tag", "env:prod"), None),
-    (ref("target tag", "env:*"), None),
-    (ref("target tag", "env:prd"), "no target has the tag 'env:prd'"),
     (ref("tool", "list_*"), None),
     (ref("tool", "delete_vmm"), "no tool is named 'delete_vmm' in this gateway; did you mean 'delete_vm'?"),
     (ref("role", "vm-operater"), "no role is named 'vm-operater'"),
@@ -55,8 +52,8 @@ def test_unknown_names(reference: NameRef, problem: str | None) -> None:
 
 
 def test_target_names_are_not_checked_while_targets_yaml_is_unreadable() -> None:
-    unknown_targets = KnownNames(None, (), KNOWN.tools, KNOWN.roles)
-    assert unknown_names([ref("target", "nowhere"), ref("target tag", "x")], unknown_targets) == []
+    unknown_targets = KnownNames(None, KNOWN.tools, KNOWN.roles)
+    assert unknown_names([ref("target", "nowhere")], unknown_targets) == []
     assert len(unknown_names([ref("tool", "nothing")], unknown_targets)) == 1
 
 

@@ -1,8 +1,8 @@
 """Names one configuration file uses for what another defines: do they exist?
 
 rules.yaml names targets (``targets:`` entries, ``match.targets``, ``protected[].targets``,
-``maintenance_windows[].targets``), target tags, tools and roles; roles.yaml names tools and
-targets. A name that matches nothing is almost always a typo that silently changes the meaning: a
+``maintenance_windows[].targets``), tools and roles; roles.yaml names tools and targets. (Target
+tags are not checked: a rule may wait for a tag no target has yet, such as a change ``freeze``.) A name that matches nothing is almost always a typo that silently changes the meaning: a
 misspelt target under ``targets:`` lifts ``require_web_approval`` from the real one, a misspelt tool
 under ``allow_write`` grants nothing. The parsers note every such name as a ``NameRef`` (with its
 ``file:line:column``); ``unknown_names`` checks them against ``KnownNames`` in one place.
@@ -33,11 +33,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KnownNames:
-    """What exists: target names and their tags, every tool of this build with its category, roles.
-    ``targets`` is None when targets.yaml could not be read (target names are then not checked)."""
+    """What exists: target names, every tool of this build with its category, roles. ``targets`` is
+    None when targets.yaml could not be read (target names are then not checked)."""
 
     targets: tuple[str, ...] | None
-    tags: tuple[str, ...]
     tools: Mapping[str, Category]
     roles: tuple[str, ...]
 
@@ -47,8 +46,7 @@ class KnownNames:
         offers, destructive ones included (a server may enable them later)."""
         tools = {spec.name: spec.kind for spec in all_tools(destructive=True)}
         names = None if targets is None else tuple(t.name for t in targets)
-        tags = tuple(sorted({tag for t in targets or () for tag in t.tags}))
-        return cls(names, tags, tools, tuple(roles))
+        return cls(names, tools, tuple(roles))
 
 
 @dataclass(frozen=True)
@@ -74,24 +72,19 @@ def _is_glob(value: str) -> bool:
     return any(ch in value for ch in "*?[")
 
 
-def _missing(ref: NameRef, what: str, names: Collection[str], where: str) -> str:
+def _missing(ref: NameRef, what: str, names: Collection[str], where: str, effect: str = "") -> str:
+    listed = f" (there are: {', '.join(sorted(names))})" if 0 < len(names) <= 12 else ""
     if _is_glob(ref.value) and ref.glob:
-        return f"the glob '{ref.value}' matches no {what} {where}"
-    listed = f" ({', '.join(sorted(names))})" if 0 < len(names) <= 12 else ""
-    return f"no {what} is named '{ref.value}' {where}{suggestion(ref.value, names)}{listed}"
+        return f"the glob '{ref.value}' matches no {what} {where}{effect}{listed}"
+    return f"no {what} is named '{ref.value}' {where}{effect}{suggestion(ref.value, names)}{listed}"
 
 
 def _check(ref: NameRef, known: KnownNames) -> str | None:
     if ref.kind == "target":
         if known.targets is None or _matches(ref, known.targets):
             return None
-        return _missing(ref, "target", known.targets, "in targets.yaml") + \
-            (", so this entry applies to nothing; fix the name" if ref.path.startswith("targets.") else "")
-    if ref.kind == "target tag":
-        if known.targets is None or _matches(ref, known.tags):
-            return None
-        message = _missing(ref, "target tag", known.tags, "in targets.yaml")
-        return message.replace("no target tag is named", "no target has the tag")
+        effect = ", so these settings apply to no target" if ref.path.startswith("targets.") else ""
+        return _missing(ref, "target", known.targets, "in targets.yaml", effect)
     if ref.kind == "role":
         return None if _matches(ref, known.roles) else _missing(ref, "role", known.roles,
                                                                 "(built-in or in roles.yaml)")

@@ -720,8 +720,7 @@ def _parse_match(r: _Reader, value: Any, path: str) -> Match:
 
 
 #: match fields naming things other files define
-_MATCH_REFS: Mapping[str, NameKind] = {"targets": "target", "tools": "tool", "roles": "role",
-                                       "target_tags": "target tag"}
+_MATCH_REFS: Mapping[str, NameKind] = {"targets": "target", "tools": "tool", "roles": "role"}
 
 _PROTECTED_KEYS = ("name", "vm_patterns", "names", "types", "targets", "min_risk_level", "reason")
 
