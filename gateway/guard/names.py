@@ -2,9 +2,10 @@
 
 rules.yaml names targets (``targets:`` entries, ``match.targets``, ``protected[].targets``,
 ``maintenance_windows[].targets``), tools and roles; roles.yaml names tools and targets. (Target
-tags are not checked: a rule may wait for a tag no target has yet, such as a change ``freeze``.) A name that matches nothing is almost always a typo that silently changes the meaning: a
-misspelt target under ``targets:`` lifts ``require_web_approval`` from the real one, a misspelt tool
-under ``allow_write`` grants nothing. The parsers note every such name as a ``NameRef`` (with its
+tags are not checked: a rule may wait for a tag no target has yet, such as a change ``freeze``.)
+A name that matches nothing is almost always a typo that silently changes the meaning: a misspelt
+target under ``targets:`` lifts ``require_web_approval`` from the real one, a misspelt tool under
+``allow_write`` grants nothing. The parsers note every such name as a ``NameRef`` (with its
 ``file:line:column``); ``unknown_names`` checks them against ``KnownNames`` in one place.
 ``gateway check`` reports each as an error (exit 1), the server logs each as a warning when the file
 is loaded (and keeps running), and ``gateway policy show`` marks the entries.
