@@ -203,3 +203,13 @@ def test_the_three_example_files_agree(
         monkeypatch.setenv(f"{prefix}_PASSWORD", "p")
     code = main(["check", "--home", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
+
+
+def test_roles_check_refuses_a_target_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    roles = ("roles:\n  ops: {tools: read, allow_write: [], allow_destructive: [], targets: [vc-3], "
+             "approve: none}\n")
+    flags = _home(tmp_path, monkeypatch, roles=roles)
+    assert main(["roles", "check", *flags]) == 1
+    assert "roles.yaml:2:72: roles.ops.targets[0]: no target is named 'vc-3'" in capsys.readouterr().out

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from typing import Any
 
 from gateway.auth.roles import BUILTIN_ROLES, RoleBook
 from gateway.cli import add_path_flags, settings_from
+from gateway.config import ConfigProblems, Target, load_targets
+from gateway.guard.names import KnownNames, unknown_names
 from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.registry import all_tools
@@ -17,7 +20,8 @@ from gateway.tools.registry import all_tools
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser("roles", help="check or list roles")
     actions = parser.add_subparsers(dest="roles_action", required=True, metavar="ACTION")
-    check = actions.add_parser("check", help="exit 1 if roles.yaml is broken or a token's role is undefined")
+    check = actions.add_parser("check", help="exit 1 if roles.yaml is broken, names a tool or target that "
+                                             "does not exist, or a token's role is undefined")
     check.set_defaults(handler=run_check)
     listing = actions.add_parser("list", help="the built-in roles and those of roles.yaml")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -44,10 +48,14 @@ def token_problems(settings: Settings, book: RoleBook) -> list[str]:
 def run_check(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     book = RoleBook(settings.roles_file)
-    problems = book.check()
+    problems, _, refs = book.survey()
     # While the file is broken every custom role counts as undefined: report the file, not each token.
     if not problems:
-        problems = token_problems(settings, book)
+        targets: tuple[Target, ...] | None = None
+        with contextlib.suppress(ConfigProblems):  # `gateway check` explains a broken targets.yaml
+            targets = load_targets(settings.targets_file)
+        problems = [str(u) for u in unknown_names(refs, KnownNames.of(targets, ()))]
+        problems += token_problems(settings, book)
     for problem in problems:
         print(problem)
     if problems:
