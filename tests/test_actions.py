@@ -354,7 +354,7 @@ def test_parse_iso_path_refuses_anything_else_naming_the_field(value: str) -> No
     (".*", "anything", True),
 ])
 def test_bulk_name_regex_must_match_the_whole_name(pattern: str, name: str, matches: bool) -> None:
-    assert bool(actions.compile_name_regex(pattern).match(name)) is matches
+    assert actions.compile_name_regex(pattern).fullmatch(name) is matches
 
 
 @pytest.mark.parametrize("pattern", ["web-(", "x" * 201, "[z-a]"])
