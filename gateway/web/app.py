@@ -15,8 +15,9 @@ The page never creates or edits anything else.
     POST /api/proposals/<id>/deny                                                    (origin + CSRF)
     GET  /api/targets               list_targets plus each target's web-approval setting
     GET  /api/inventory/<kind>      vms | hosts | clusters | datastores across the viewer's targets
-    GET  /api/audit                 a filtered tail of the audit log (rows of the viewer's targets)
-    GET  /api/audit/verify          whether the hash chain verifies
+    GET  /api/audit                 a filtered tail of the audit log, as the role's ``audit`` right allows
+                                    (own: the viewer's own calls; all: rows of its targets; none: 403)
+    GET  /api/audit/verify          whether the hash chain verifies (403 for ``audit: none``)
 
 Every response carries a Content-Security-Policy without inline script and with
 ``frame-ancestors 'none'``, ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and
