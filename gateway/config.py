@@ -89,8 +89,8 @@ class _StrictLoader(yaml.SafeLoader):
                 hash(key)
             except TypeError:
                 raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark, "a key must be a plain value, not a list "
-                    "or mapping", key_node.start_mark) from None
+                    None, None, "a key must be a plain value, not a list or mapping",
+                    key_node.start_mark) from None
             if key in out:
                 first = out.marks[key]
                 raise yaml.constructor.ConstructorError(

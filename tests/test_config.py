@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigProblems, Target, load_targets, parse_targets
+from gateway.config import ConfigProblems, Target, load_targets, load_yaml, located, parse_targets
 
 ENV = {"VC1_USER": "u", "VC1_PASSWORD": "p", "VC2_USER": "u", "VC2_PASSWORD": "p"}
 
@@ -88,3 +88,49 @@ def test_unreadable_and_unparseable_files(tmp_path: Path) -> None:
 def test_password_never_in_repr() -> None:
     target = Target(name="a", host="h", credential_env_prefix="VC1")
     assert "p4ss" not in repr(target.credentials({"VC1_USER": "u", "VC1_PASSWORD": "p4ss"}))
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ("- {name: a, host: h, credential_env_prefix: VC1, colour: red}",
+     ":2:52: target 'a': unknown key 'colour'"),
+    ("- {name: a, host: h, credential_env_prefix: VC1}\n- {name: a, host: h2, credential_env_prefix: VC1}",
+     ":3:6: target 'a': duplicate name (also at "),
+    ("- {name: a, host: h, credential_env_prefix: NOPE}",
+     ":2:24: target 'a': credentials missing; set NOPE_USER"),
+    ("- {name: a, host: h, credential_env_prefix: VC1, port: '443'}",
+     ":2:52: target 'a': 'port' must be int"),
+    ("- name: a\n  host: h\n  credential_env_prefix: VC1\n  host: h2",
+     ":5:5: the key 'host' appears twice in one mapping (first at line 3, column 5); keep only one"),
+])
+def test_problems_carry_line_and_column(tmp_path: Path, body: str, expected: str) -> None:
+    path = write(tmp_path, "targets:\n" + "\n".join("  " + line for line in body.splitlines()) + "\n")
+    with pytest.raises(ConfigProblems) as info:
+        load_targets(path, ENV)
+    assert [p for p in info.value.problems if p.startswith(f"{path}{expected}")], info.value.problems
+    assert all("target 'a': target 'a'" not in p for p in info.value.problems)
+
+
+def test_yaml_errors_name_the_file_not_a_string(tmp_path: Path) -> None:
+    path = write(tmp_path, "targets:\n  - {name: a\n")
+    with pytest.raises(ConfigProblems) as info:
+        load_targets(path, ENV)
+    assert info.value.problems[0].startswith(f"{path}:3:1: not valid YAML")
+    assert "<unicode string>" not in info.value.message
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("a: &x {b: 1}\nc: {<<: *x}\n", "f.yaml:2:5: merge keys ('<<') are not supported here"),
+    ("? [a]\n: 1\n", "f.yaml:1:3: a key must be a plain value"),
+])
+def test_the_loader_refuses_what_could_hide_a_key(text: str, problem: str) -> None:
+    with pytest.raises(ConfigProblems) as info:
+        load_yaml(text, "f.yaml")
+    assert info.value.problems[0].startswith(problem)
+
+
+def test_the_loader_keeps_positions() -> None:
+    data = load_yaml("top:\n  - {a: 1}\n  - b\n", "f.yaml")
+    assert located("f.yaml", data, "top") == "f.yaml:1:1"
+    assert located("f.yaml", data["top"], 1) == "f.yaml:3:5"
+    assert located("f.yaml", data["top"][0], "a") == "f.yaml:2:6"
+    assert located("f.yaml", {"plain": 1}, "plain") == "f.yaml"
