@@ -1,24 +1,31 @@
 PY ?= python3
+PORT ?= 8443
 VENV := .venv
 BIN := $(VENV)/bin
 VCSIM := deploy/vcsim/bin/vcsim-gw
+BOOTSTRAP := deploy/bootstrap.sh
 
-.PHONY: test run bench lint vcsim venv
+.PHONY: bootstrap test run bench lint vcsim venv
 
-$(BIN)/gateway: pyproject.toml
+# Installs the Debian packages the project needs when missing (as root; otherwise prints the sudo line
+# and stops). Every entry point starts with it: `make run`, `make test`, `make lint`, .ci/run.
+bootstrap:
+	@bash $(BOOTSTRAP)
+
+$(BIN)/gateway: pyproject.toml | bootstrap
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-venv: $(BIN)/gateway
+venv: bootstrap $(BIN)/gateway
 
-$(VCSIM): $(wildcard deploy/vcsim/*.go) deploy/vcsim/build.sh
+$(VCSIM): $(wildcard deploy/vcsim/*.go) deploy/vcsim/build.sh | bootstrap
 	bash deploy/vcsim/build.sh
 
-vcsim: $(VCSIM)
+vcsim: bootstrap $(VCSIM)
 
-test: venv
+test: bootstrap venv
 	@bash deploy/vcsim/build.sh || echo "vcsim launcher could not be built; simulator tests will skip (fail under CI=true)"
 	$(BIN)/python -m pytest
 
@@ -26,8 +33,8 @@ lint: venv
 	$(BIN)/ruff check gateway tests bench
 	$(BIN)/mypy --strict gateway
 
-run: venv vcsim
-	$(BIN)/python -m gateway.demo
+run: bootstrap venv vcsim
+	$(BIN)/python -m gateway.demo --port $(PORT)
 
 bench: venv vcsim
 	$(BIN)/python bench/run_all.py

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The one place that knows which Debian packages the project needs (the simulator's Go toolchain and
+# govmomi sources, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
+# PostgreSQL for the store tests, python3-venv for .venv). `make run`, `make test` and `.ci/run` all
+# start with it.
+#
+#   bash deploy/bootstrap.sh           install what is missing (as root), or print the one sudo line
+#   bash deploy/bootstrap.sh --check   report what is missing; exit 1 if anything is, install nothing
+#   bash deploy/bootstrap.sh --list    print the package list, one per line
+set -euo pipefail
+
+PACKAGES=(
+    golang-go golang-github-vmware-govmomi-dev
+    chromium fonts-dejavu-core
+    nginx-light systemd
+    postgresql
+    python3-venv
+)
+
+mode="${1:-install}"
+case "$mode" in
+    install|--check|--list) ;;
+    *) echo "usage: bash deploy/bootstrap.sh [--check|--list]" >&2; exit 2 ;;
+esac
+
+if [ "$mode" = "--list" ]; then
+    printf '%s\n' "${PACKAGES[@]}"
+    exit 0
+fi
+
+if ! command -v dpkg >/dev/null 2>&1; then
+    echo "bootstrap: not a Debian-family machine (no dpkg); install the equivalents of: ${PACKAGES[*]}" >&2
+    [ "$mode" = "--check" ] && exit 1
+    exit 0
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    [ "$mode" = "--check" ] && echo "bootstrap: every package is installed (${PACKAGES[*]})"
+    exit 0
+fi
+
+if [ "$mode" = "--check" ]; then
+    echo "bootstrap: missing Debian packages: ${missing[*]}"
+    exit 1
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: missing Debian packages; install them, then run the same command again: sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 1
+fi
+
+echo "bootstrap: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

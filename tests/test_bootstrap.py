@@ -1,0 +1,95 @@
+"""The fresh-machine path: ``make run`` and ``make test`` (the README's two commands) and ``.ci/run`` all
+start with deploy/bootstrap.sh, the one list of Debian packages; it installs what is missing as root and
+otherwise prints one sudo line and stops.
+
+The install/refuse logic runs against fake ``dpkg``/``apt-get``/``id`` commands (a fresh machine's
+missing packages cannot be produced on this one); the check itself runs for real on this machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BOOTSTRAP = REPO / "deploy" / "bootstrap.sh"
+
+
+def readme_quick_start() -> list[str]:
+    """The commands of the README's quick-start block (comments dropped)."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, "the quick start has no ```sh block"
+    commands = (line.split("#", 1)[0].strip() for line in block.group(1).splitlines())
+    return [command for command in commands if command]
+
+
+def packages() -> list[str]:
+    return subprocess.run(["bash", str(BOOTSTRAP), "--list"], check=True, capture_output=True,
+                          text=True).stdout.split()
+
+
+def test_the_readme_quick_start_is_two_make_commands_that_bootstrap_first() -> None:
+    commands = readme_quick_start()
+    assert commands == ["make run", "make test"]
+    for command in commands:
+        plan = subprocess.run([*command.split(), "-n"], cwd=REPO, capture_output=True, text=True, check=True)
+        first = plan.stdout.splitlines()[0]
+        assert first == "bash deploy/bootstrap.sh", f"`{command}` starts with {first!r}"
+
+
+def test_ci_runs_the_same_bootstrap_and_the_readme_test_command() -> None:
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.strip().startswith("#")]
+    assert "bash deploy/bootstrap.sh" in ci
+    assert ci.index("bash deploy/bootstrap.sh") < ci.index(readme_quick_start()[1]) and "make lint" in ci
+    assert "apt-get" not in (REPO / ".ci" / "run").read_text(), "the package list lives only in bootstrap.sh"
+
+
+def test_postgresql_and_the_simulator_toolchain_are_in_the_list() -> None:
+    assert {"postgresql", "golang-go", "golang-github-vmware-govmomi-dev", "chromium"} <= set(packages())
+
+
+def test_the_bootstrap_check_passes_on_this_machine() -> None:
+    result = subprocess.run(["bash", str(BOOTSTRAP), "--check"], capture_output=True, text=True)
+    if result.returncode != 0 and os.environ.get("CI") != "true":
+        pytest.skip(f"this machine lacks packages (CI installs them): {result.stdout.strip()}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "every package is installed" in result.stdout
+
+
+def fake_debian(tmp_path: Path, uid: int) -> dict[str, str]:
+    """A PATH whose dpkg knows no package, whose id answers ``uid`` and whose apt-get records its calls."""
+    fake = tmp_path / "fake-debian-tools"
+    fake.mkdir()
+    scripts = {
+        "dpkg": "exit 1",
+        "id": f'[ "$1" = "-u" ] && echo {uid}',
+        "apt-get": f'echo "$*" >> {tmp_path / "apt-get.calls"}',
+    }
+    for name, body in scripts.items():
+        (fake / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def test_a_user_without_root_gets_one_sudo_line_and_a_stop(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(BOOTSTRAP)], env=fake_debian(tmp_path, uid=1000),
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].endswith("sudo apt-get install -y --no-install-recommends " + " ".join(packages()))
+    assert not (tmp_path / "apt-get.calls").exists()
+
+
+def test_root_installs_what_is_missing(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(BOOTSTRAP)], env=fake_debian(tmp_path, uid=0), capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "apt-get.calls").read_text().splitlines()
+    assert calls == ["update -qq", "install -y -qq --no-install-recommends " + " ".join(packages())]
