@@ -5,22 +5,33 @@ working configuration into a demo folder (``demo/`` at the repository root by de
 self-signed certificate, creates an admin token and a reader token, and runs ``gateway serve
 --transport https --web`` on ``https://127.0.0.1:PORT``. It prints the tokens (once), the web page's
 address and client configuration to paste, then a line starting with ``Ready:``. Ctrl-C (or SIGTERM)
-stops the gateway and the simulators; nothing it started outlives it.
+stops the gateway and the simulators; nothing it started outlives it, not even a SIGKILL of the demo
+(the gateway child asks the kernel for SIGTERM when its parent dies, the simulators watch their parent).
 
-The demo folder is recreated on every run: its previous content (tokens, proposals, audit log) goes.
-A folder that exists, is not empty and was not made by the demo is refused, never deleted.
+Before anything starts, the arguments are checked, the port is bound once to see it is free, and the
+folder is locked (``flock`` on ``.demo.lock`` inside it): a second demo on the same folder refuses
+without touching the running one's tokens, audit log or certificate.
+
+The demo folder is emptied on every run: its previous content (tokens, proposals, audit log) goes.
+A folder that exists, is not empty and was not made by the demo is refused, never deleted. Its
+``home/`` is a complete GATEWAY_HOME (targets.yaml, rules.yaml, roles.yaml, audit.jsonl, state), so
+``GATEWAY_HOME=demo/home`` plus the simulator credentials is all any ``gateway`` command needs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import errno
+import fcntl
 import importlib.util
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -41,6 +52,7 @@ from gateway.store.sqlite import SqliteStore
 
 DEFAULT_PORT: Final = 8443
 MARKER: Final = ".gateway-demo"
+LOCK: Final = ".demo.lock"
 GATEWAY_MAIN: Final = "from gateway.cli import main; raise SystemExit(main())"
 PACKAGE_ROOT: Final = Path(__file__).resolve().parent.parent
 STARTUP_SECONDS: Final = 90.0
@@ -105,6 +117,22 @@ class DemoFiles:
         return self.folder / "home"
 
     @property
+    def targets(self) -> Path:
+        return self.home / "targets.yaml"
+
+    @property
+    def rules(self) -> Path:
+        return self.home / "rules.yaml"
+
+    @property
+    def roles(self) -> Path:
+        return self.home / "roles.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.home / "audit.jsonl"
+
+    @property
     def tls(self) -> Path:
         return self.folder / "tls"
 
@@ -121,13 +149,9 @@ class DemoFiles:
         return self.folder / "gateway.log"
 
     def environment(self) -> dict[str, str]:
-        """The GATEWAY_* settings every gateway command of the demo runs with."""
-        return {
-            "GATEWAY_HOME": str(self.home), "GATEWAY_TARGETS_FILE": str(self.folder / "targets.yaml"),
-            "GATEWAY_RULES_FILE": str(self.folder / "rules.yaml"),
-            "GATEWAY_ROLES_FILE": str(self.folder / "roles.yaml"),
-            "GATEWAY_AUDIT_LOG": str(self.folder / "audit.jsonl"), "GATEWAY_ENABLE_DESTRUCTIVE": "true",
-        }
+        """The GATEWAY_* settings every gateway command of the demo runs with: every file is at its
+        default place inside GATEWAY_HOME, so GATEWAY_HOME alone (plus credentials) is enough."""
+        return {"GATEWAY_HOME": str(self.home), "GATEWAY_ENABLE_DESTRUCTIVE": "true"}
 
 
 class DemoError(Exception):
@@ -137,15 +161,47 @@ class DemoError(Exception):
 # ------------------------------------------------------------------------------------------ the folder
 
 
-def prepare_folder(folder: Path) -> DemoFiles:
-    """Empty (or create) ``folder`` for a new run; refuse a non-empty folder the demo did not make."""
+def _check_ours(folder: Path) -> None:
+    """Refuse a folder that exists, holds something and was not made by the demo."""
+    if folder.is_dir() and not (folder / MARKER).is_file() and any(
+        entry.name != LOCK for entry in folder.iterdir()
+    ):
+        raise DemoError(f"{folder} exists, is not empty and was not made by the demo; "
+                        "remove it or pass --dir with another folder")
+
+
+def lock_folder(folder: Path, stack: contextlib.ExitStack) -> None:
+    """Hold an exclusive ``flock`` on ``folder/.demo.lock`` until ``stack`` closes (or the process dies).
+
+    DemoError, before anything in the folder is touched, when another demo holds it."""
     folder = folder.resolve()
-    if folder.exists() and any(folder.iterdir()):
-        if not (folder / MARKER).is_file():
-            raise DemoError(f"{folder} exists, is not empty and was not made by the demo; "
-                            "remove it or pass --dir with another folder")
-        shutil.rmtree(folder)
+    _check_ours(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    stack.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        raise DemoError(f"another demo (pid {holder}) is running with the folder {folder}; stop it first "
+                        "(Ctrl-C in its terminal) or pass --dir with another folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def prepare_folder(folder: Path) -> DemoFiles:
+    """Empty (or create) ``folder`` for a new run, keeping its lock file; refuse a non-empty folder the
+    demo did not make. Call it only while holding ``lock_folder``."""
+    folder = folder.resolve()
+    _check_ours(folder)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if entry.name == LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     (folder / MARKER).write_text("made by `python -m gateway.demo`; emptied on every run\n")
     return DemoFiles(folder)
 
@@ -161,11 +217,12 @@ def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
 def write_configuration(files: DemoFiles, sims: Mapping[str, SimulatorProcess]) -> dict[str, str]:
     """targets.yaml, rules.yaml, roles.yaml, gateway.env and stdio.sh; returns the gateway's environment
     (settings and the simulators' credentials)."""
+    files.home.mkdir(mode=0o700, exist_ok=True)
     extra = {name: {"tags": TARGET_TAGS.get(name, [])} for name in sims}
-    credentials = write_targets(files.folder / "targets.yaml", sims, extra)
-    (files.folder / "targets.yaml").chmod(0o600)
-    _write_private(files.folder / "rules.yaml", RULES)
-    _write_private(files.folder / "roles.yaml", ROLES)
+    credentials = write_targets(files.targets, sims, extra)
+    files.targets.chmod(0o600)
+    _write_private(files.rules, RULES)
+    _write_private(files.roles, ROLES)
     env = {**files.environment(), **credentials}
     lines = [f"{key}={shlex.quote(value)}" for key, value in env.items()]
     _write_private(files.env_file, "# the demo gateway's environment (simulator credentials included)\n"
@@ -189,7 +246,7 @@ def create_tokens(files: DemoFiles) -> dict[str, str]:
     """One token per ``TOKENS`` entry (plaintext returned, only hashes stored), each audited."""
     files.home.mkdir(mode=0o700, exist_ok=True)
     tokens: dict[str, str] = {}
-    with SqliteStore(files.home / "state.db") as store, AuditSink(files.folder / "audit.jsonl") as audit:
+    with SqliteStore(files.home / "state.db") as store, AuditSink(files.audit_log) as audit:
         for name, role in TOKENS.items():
             token, record = create_token(store, name, role, expires_in=None, now=time.time())
             audit.write({"phase": "token_created", "caller": "demo", "surface": "cli", "token_name": name,
@@ -227,22 +284,67 @@ def serve_argv(files: DemoFiles, port: int, web: bool) -> list[str]:
     return [*argv, "--web"] if web else argv
 
 
+PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with_parent(parent: int) -> Any:
+    """A ``preexec_fn``: the kernel sends the child SIGTERM (its orderly stop) when the demo dies, even by
+    SIGKILL; a demo already gone before the request took effect ends the child at once."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            os._exit(70)
+        if os.getppid() != parent:
+            os._exit(70)
+
+    return arm
+
+
 def start_gateway(files: DemoFiles, env: Mapping[str, str], argv: list[str]) -> subprocess.Popen[bytes]:
-    """``gateway serve`` as a child process logging to the demo folder's gateway.log."""
+    """``gateway serve`` as a child process logging to the demo folder's gateway.log, bound to the demo's
+    life."""
     child_env = {**os.environ, **env}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
     with files.log.open("ab") as log:
         return subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=child_env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent(os.getpid()))
 
 
-def wait_ready(process: subprocess.Popen[bytes], url: str, cafile: Path, timeout: float) -> None:
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    """Bind ``host:port`` once (as uvicorn will) and let go; DemoError naming the cause in one line."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise DemoError(f"port {port} is in use (Errno {exc.errno}): another program listens on "
+                                f"{host}:{port}; stop it or choose another port with --port N "
+                                "(make run PORT=N)") from None
+            raise DemoError(f"cannot listen on {host}:{port} (Errno {exc.errno}: {exc.strerror}); choose "
+                            "another port with --port N (make run PORT=N)") from None
+
+
+def startup_cause(path: Path) -> str:
+    """The one log line that says why the gateway stopped while starting (an ERROR line, else the last)."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    errors = [line for line in lines if " ERROR " in line or line.startswith("gateway: ")]
+    return (errors or lines or ["(empty log)"])[-1]
+
+
+def wait_ready(process: subprocess.Popen[bytes], url: str, cafile: Path, timeout: float, log: Path) -> None:
     """Poll ``url`` (/readyz) until it answers 200; DemoError if the process exits or time runs out."""
     context = ssl.create_default_context(cafile=str(cafile))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise DemoError(f"the gateway exited with status {process.returncode} while starting")
+            raise DemoError(f"the gateway exited with status {process.returncode} while starting: "
+                            f"{startup_cause(log)}")
         try:
             with urllib.request.urlopen(url, context=context, timeout=2) as reply:
                 if reply.status == 200:
@@ -306,7 +408,7 @@ def banner(files: DemoFiles, sims: Mapping[str, SimulatorProcess], tokens: Mappi
     else:
         out += ["Web page:      not part of this build yet (gateway.web.app is missing)"]
     out += [
-        f"Demo folder:   {files.folder}  (configuration, certificate, audit.jsonl, gateway.log)",
+        f"Demo folder:   {files.folder}  (home/ holds the configuration and audit.jsonl; tls/, gateway.log)",
         f"Certificate:   {files.tls / 'cert.pem'}  (self-signed: make your client trust it, e.g.",
         f"               NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} or SSL_CERT_FILE=...)",
         "", "MCP client over HTTPS (bearer token in a header):", https_config,
@@ -327,8 +429,10 @@ def _stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
 
 def run(folder: Path, port: int, binary: Path) -> int:
     """Start everything, print the banner, wait for Ctrl-C (or the gateway exiting); stop everything."""
-    files = prepare_folder(folder)
     with contextlib.ExitStack() as stack:
+        check_port_free(port)
+        lock_folder(folder, stack)
+        files = prepare_folder(folder)
         print(f"starting simulators ({', '.join(SIMULATORS)}) ...", flush=True)
         sims = start_simulators(stack, binary)
         env = write_configuration(files, sims)
@@ -342,9 +446,9 @@ def run(folder: Path, port: int, binary: Path) -> int:
         # runs first when the stack unwinds: a second Ctrl-C must not cut the clean-up short
         stack.callback(signal.signal, signal.SIGINT, signal.SIG_IGN)
         try:
-            wait_ready(gateway, f"{base}/readyz", files.tls / "cert.pem", STARTUP_SECONDS)
+            wait_ready(gateway, f"{base}/readyz", files.tls / "cert.pem", STARTUP_SECONDS, files.log)
         except DemoError as exc:
-            print(f"{exc}; the end of {files.log}:\n{log_tail(files.log)}", file=sys.stderr)
+            print(f"demo: {exc} (full log: {files.log})", file=sys.stderr)
             return 1
         print(banner(files, sims, tokens, base, web))
         print(f"Ready: {base}/mcp  (Ctrl-C stops the gateway and the simulators)", flush=True)
@@ -354,13 +458,27 @@ def run(folder: Path, port: int, binary: Path) -> int:
         return 1
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: it must be between 1 and 65535")
+    return port
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTPS port (default {DEFAULT_PORT})")
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT,
+                        help=f"HTTPS port (default {DEFAULT_PORT})")
     parser.add_argument("--dir", type=Path, default=REPO / "demo", help="demo folder (default: demo/)")
     parser.add_argument("--vcsim", type=Path, default=VCSIM_BIN,
                         help="the simulator launcher (default: deploy/vcsim/bin/vcsim-gw; `make vcsim`)")
     args = parser.parse_args(argv)
+    if not args.vcsim.is_file():
+        parser.error(f"--vcsim: {args.vcsim} is missing; build it with: make vcsim")
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         return run(args.dir, args.port, args.vcsim)

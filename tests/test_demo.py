@@ -192,3 +192,76 @@ def test_the_demo_empties_its_own_folder_on_a_new_run(tmp_path: Path) -> None:
     (files.folder / "audit.jsonl").write_text("old\n")
     again = demo.prepare_folder(tmp_path / "demo")
     assert not (again.folder / "audit.jsonl").exists() and (again.folder / demo.MARKER).is_file()
+
+
+def run_demo(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """``python -m gateway.demo ARGS`` to completion; still running after ``timeout`` fails the test."""
+    process = subprocess.Popen([sys.executable, "-m", "gateway.demo", *args], cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the demo was still running after {timeout}s (it should have refused):\n{out}\n{err}")
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "gateway.log"}
+
+
+def test_a_second_demo_on_the_same_folder_refuses_before_touching_anything(
+    running_demo: RunningDemo, vcsim_bin: Path,
+) -> None:
+    before = snapshot(running_demo.folder)
+    assert "tls/cert.pem" in before and "home/state.db" in before
+
+    folder = str(running_demo.folder)
+    second = run_demo(["--port", str(free_port()), "--dir", folder, "--vcsim", str(vcsim_bin)])
+
+    assert second.returncode == 1, second
+    assert "another demo" in second.stderr and str(running_demo.folder) in second.stderr, second.stderr
+    assert "starting simulators" not in second.stdout
+    after = snapshot(running_demo.folder)
+    assert after.keys() == before.keys()
+    assert all(after[k] == before[k] for k in before if k != "home/state.db")
+    tools, _ = anyio.run(call_over_https, running_demo, running_demo.token("demo-admin"))
+    assert "list_vms" in tools
+
+
+def test_every_child_dies_when_the_demo_is_killed(running_demo: RunningDemo) -> None:
+    children = descendants(running_demo.process.pid)
+    assert len(children) >= 4, "three simulators and the gateway"
+
+    running_demo.process.kill()
+    running_demo.process.wait(30)
+
+    deadline = time.monotonic() + 60
+    while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in children if alive(pid)], "children outlived a SIGKILLed demo"
+
+
+def test_a_busy_port_is_refused_in_one_line_before_anything_starts(tmp_path: Path, vcsim_bin: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = run_demo(["--port", str(port), "--dir", str(tmp_path / "demo"), "--vcsim", str(vcsim_bin)])
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} is in use (Errno 98)" in lines[0], result.stderr
+    assert "starting simulators" not in result.stdout and not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "between 1 and 65535"),
+    (["--port", "http"], "not a port number"),
+    (["--vcsim", "/nonexistent/vcsim-gw"], "/nonexistent/vcsim-gw is missing"),
+])
+def test_bad_arguments_are_refused_at_once(tmp_path: Path, args: list[str], message: str) -> None:
+    result = run_demo(["--dir", str(tmp_path / "demo"), *args], timeout=30)
+    assert result.returncode == 2, result
+    assert message in result.stderr and "starting simulators" not in result.stdout, result.stderr
+    assert not (tmp_path / "demo").exists()
