@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -38,9 +39,18 @@ def settings_from(args: argparse.Namespace, **extra: object) -> Settings:
     return Settings.from_env(os.environ, **flags)
 
 
+def version() -> str:
+    """The installed package's version (pyproject.toml's), or "unknown" outside an installation."""
+    try:
+        return importlib.metadata.version("vsphere-mcp-gateway")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed; run `make venv`)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="vSphere MCP Gateway")
     add_verbose_flag(parser, default=False)
+    parser.add_argument("--version", action="version", version=f"gateway {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

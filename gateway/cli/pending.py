@@ -21,8 +21,12 @@ def register(sub: Any) -> None:
     listing.add_argument("--json", action="store_true")
     add_path_flags(listing)
     listing.set_defaults(handler=run_list)
+    helps = {
+        "approve": "approve a proposal by id; this executes it at once",
+        "deny": "deny a proposal by id; it never runs and cannot be confirmed afterwards",
+    }
     for name, fn in (("approve", run_approve), ("deny", run_deny)):
-        p = actions.add_parser(name, help=f"{name} a proposal by id (approve also executes it)")
+        p = actions.add_parser(name, help=helps[name], description=helps[name].capitalize() + ".")
         p.add_argument("proposal_id")
         add_path_flags(p)
         p.set_defaults(handler=fn)
@@ -45,13 +49,23 @@ def run_list(args: argparse.Namespace) -> int:
     if not rows:
         print("no proposals")
     for r in rows:
-        gate = "BLOCKED until approved" if r["requires_human_approval"] else "not gated"
-        print(
-            f"{r['proposal_id']}  {r['state']:<9} target={r['target']} ({r['target_host']})  "
-            f"{r['tool']}  by {r['requested_by']}  {gate}  expires in {r['expires_in_seconds']}s"
-        )
+        print(describe(r))
         print(f"    {r['summary']}")
     return 0
+
+
+def describe(r: dict[str, Any]) -> str:
+    """One line per proposal: a pending one says whether it waits for a human and when it expires; a
+    decided one says who decided and how it ended (never a countdown)."""
+    head = (f"{r['proposal_id']}  {r['state']:<9} target={r['target']} ({r['target_host']})  "
+            f"{r['tool']}  requested by {r['requested_by']}")
+    if r["state"] == "pending":
+        gate = "BLOCKED until approved" if r["requires_human_approval"] else "not gated"
+        return f"{head}  {gate}  expires in {r['expires_in_seconds']}s"
+    tail = [f"decided by {r['approved_by']}"] if r.get("approved_by") else []
+    if r.get("outcome"):
+        tail.append(f"outcome {r['outcome']}")
+    return "  ".join([head, *tail])
 
 
 def _decide(args: argparse.Namespace, approve: bool) -> int:

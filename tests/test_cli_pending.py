@@ -1,0 +1,84 @@
+"""``gateway pending`` and ``gateway --version`` through gateway.cli.main, on a real state store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.cli import main
+from gateway.store.base import Proposal
+from gateway.store.sqlite import SqliteStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def proposal(pid: str, state: str, **extra: object) -> Proposal:
+    now = time.time()
+    fields: dict[str, object] = dict(
+        id=pid, token_hash=f"hash-{pid}", caller="agent-a", role="admin", surface="test", target="vc1",
+        target_host="127.0.0.1:1443", tool="delete_vm", args={"vm": "VM0"}, args_digest=f"d-{pid}",
+        plan_summary="delete VM VM0", affected=[], plan_params={}, created_at=now - 60,
+        expires_at=now + 300, state=state, require_web_approval=True,
+    )
+    fields.update(extra)
+    return Proposal(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("GATEWAY_TARGETS_FILE", "GATEWAY_RULES_FILE", "GATEWAY_ROLES_FILE", "GATEWAY_AUDIT_LOG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VC1_USER", "u")
+    monkeypatch.setenv("VC1_PASSWORD", "p")
+    (tmp_path / "targets.yaml").write_text(yaml.safe_dump(
+        {"targets": [{"name": "vc1", "host": "127.0.0.1", "port": 1443, "credential_env_prefix": "VC1",
+                      "insecure": True}]}))
+    (tmp_path / "rules.yaml").write_text("defaults: {read: allow, write: allow, destructive: allow}\n")
+    with SqliteStore(tmp_path / "state.db") as store:
+        store.add_proposal(proposal("p-waiting", "pending"))
+        store.add_proposal(proposal("p-done", "pending"))
+        assert store.transition("p-done", ["pending"], "executed", decided_at=time.time(), outcome="ok",
+                                approved_by="alice")
+        store.add_proposal(proposal("p-denied", "pending"))
+        assert store.transition("p-denied", ["pending"], "denied", decided_at=time.time(), approved_by="bob")
+    return tmp_path
+
+
+def test_pending_list_all_shows_decided_proposals_as_decided(
+    home: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["pending", "list", "--all", "--home", str(home)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("p-")}
+    assert "BLOCKED until approved" in lines["p-waiting"] and "expires in" in lines["p-waiting"]
+    for pid, who in (("p-done", "alice"), ("p-denied", "bob")):
+        assert "BLOCKED" not in lines[pid] and "expires in" not in lines[pid], lines[pid]
+        assert f"decided by {who}" in lines[pid], lines[pid]
+    assert "outcome ok" in lines["p-done"]
+
+
+def help_of(*argv: str) -> str:
+    return subprocess.run([sys.executable, "-m", "gateway", *argv, "--help"], capture_output=True, text=True,
+                          check=True, cwd=REPO).stdout
+
+
+def test_pending_help_says_what_each_action_does() -> None:
+    listing = help_of("pending")
+    deny_line = next(line for line in listing.splitlines() if line.strip().startswith("deny"))
+    assert "approve" not in deny_line and "never runs" in deny_line
+    assert "executes" in next(line for line in listing.splitlines() if line.strip().startswith("approve"))
+    deny = help_of("pending", "deny")
+    assert "executes" not in deny and "never runs" in deny
+
+
+def test_gateway_version_prints_the_package_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    result = subprocess.run([sys.executable, "-m", "gateway", "--version"], capture_output=True, text=True,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"gateway {version}"
