@@ -265,3 +265,40 @@ def test_bad_arguments_are_refused_at_once(tmp_path: Path, args: list[str], mess
     assert result.returncode == 2, result
     assert message in result.stderr and "starting simulators" not in result.stdout, result.stderr
     assert not (tmp_path / "demo").exists()
+
+
+def readme_json(heading: str, marker: str) -> dict[str, object]:
+    """The README's JSON block under ``heading`` that contains ``marker``."""
+    text = (REPO / "README.md").read_text()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```json\n(.*?)```", section, re.S)
+    chosen = [block for block in blocks if marker in block]
+    assert len(chosen) == 1, f"one JSON block with {marker!r} under {heading!r}"
+    parsed: dict[str, object] = json.loads(chosen[0])
+    return parsed
+
+
+def demo_credentials(folder: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in (folder / "gateway.env").read_text().splitlines() if "=" in line)
+    return {key: value.strip("'") for key, value in pairs if key.endswith(("_USER", "_PASSWORD"))}
+
+
+def test_the_readme_stdio_snippet_works_as_printed_against_the_demo_folder(running_demo: RunningDemo) -> None:
+    config = readme_json("## Connecting clients", '"stdio"')
+    (server,) = config["mcpServers"].values()  # type: ignore[attr-defined]
+    env = dict(server["env"])
+    placeholders = {k for k, v in env.items() if v == "..."}
+    assert set(env) - placeholders == {"GATEWAY_HOME"}, "only GATEWAY_HOME plus credentials"
+    env = {"GATEWAY_HOME": str(running_demo.folder / "home"), **demo_credentials(running_demo.folder)}
+    command = server["command"].replace("/path/to/.venv/bin", str(Path(sys.executable).parent))
+
+    async def go() -> dict[str, object]:
+        params = StdioServerParameters(command=command, args=server["args"], env=env)
+        async with Client(params, mode="legacy") as client:
+            result = await client.call_tool("list_vms", {"target": "all"})
+        assert not result.is_error, result.content
+        assert result.structured_content is not None
+        return result.structured_content
+
+    listing = json.dumps(anyio.run(go))
+    assert all(name in listing for name in ("vc-1", "vc-2", "esx-1", "ha-host_VM0"))

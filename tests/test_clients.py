@@ -1,0 +1,95 @@
+"""The README's "Connecting clients" snippets, run as printed (address, token and paths substituted)
+against a real demo: the HTTPS client entry, the Python SDK program and the MCP Inspector CLI commands.
+The stdio entry is run in tests/test_demo.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from test_demo import RunningDemo, free_port, read_until
+
+REPO = Path(__file__).resolve().parent.parent
+README_BASE = "https://127.0.0.1:8443"
+
+
+def section() -> str:
+    return (REPO / "README.md").read_text().split("## Connecting clients", 1)[1].split("\n## ", 1)[0]
+
+
+def block(language: str, marker: str) -> str:
+    found = [b for b in re.findall(rf"```{language}\n(.*?)```", section(), re.S) if marker in b]
+    assert len(found) == 1, f"one ```{language} block with {marker!r} in the README's Connecting clients"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def demo_run(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDemo]:
+    port, folder = free_port(), tmp_path_factory.mktemp("clients") / "demo"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
+         "--vcsim", str(vcsim_bin)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        yield RunningDemo(process, read_until(process, "Ready:", timeout=120), folder, port)
+    finally:
+        process.terminate()
+        process.wait(60)
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def substitute(text: str, demo_run: RunningDemo) -> str:
+    return (text.replace(README_BASE, f"https://127.0.0.1:{demo_run.port}")
+            .replace("gwt_...", demo_run.token("demo-admin"))
+            .replace("demo/tls/cert.pem", str(demo_run.folder / "tls" / "cert.pem")))
+
+
+def test_the_https_client_entry_connects(demo_run: RunningDemo) -> None:
+    config = json.loads(substitute(block("json", '"type": "http"'), demo_run))
+    (server,) = config["mcpServers"].values()
+    assert server["type"] == "http"
+
+    async def go() -> list[str]:
+        tls = ssl.create_default_context(cafile=str(demo_run.folder / "tls" / "cert.pem"))
+        http = httpx2.AsyncClient(headers=server["headers"], verify=tls, timeout=60)
+        async with http, Client(streamable_http_client(server["url"], http_client=http)) as client:
+            return [tool.name for tool in (await client.list_tools()).tools]
+
+    assert "list_vms" in anyio.run(go)
+
+
+def test_the_python_sdk_program_runs(demo_run: RunningDemo, tmp_path: Path) -> None:
+    program = tmp_path / "client.py"
+    program.write_text(substitute(block("python", "streamable_http_client"), demo_run))
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "'list_vms'" in result.stdout and "ha-host_VM0" in result.stdout
+
+
+def test_the_inspector_cli_commands_run(demo_run: RunningDemo, tmp_path: Path) -> None:
+    if shutil.which("npx") is None:
+        pytest.skip("Node.js (npx) is not installed; the Inspector needs it (apt-get install nodejs npm)")
+    script = substitute(block("sh", "@modelcontextprotocol/inspector"), demo_run)
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True,
+                            timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = re.findall(r"^\{.*?^\}", result.stdout, re.S | re.M)
+    assert len(outputs) == 2, result.stdout[:2000]
+    tools, call = (json.loads(o) for o in outputs)
+    assert "list_vms" in {tool["name"] for tool in tools["tools"]}
+    assert not call.get("isError") and "ha-host_VM0" in json.dumps(call)
