@@ -160,6 +160,7 @@ _TARGET_KEYS = {
     "pool_size",
     "timeout_seconds",
     "dry_run",
+    "proposal_ttl_seconds",
 }
 
 
@@ -184,6 +185,8 @@ class Target:
     pool_size: int = 2
     timeout_seconds: float = 60.0
     dry_run: bool | None = None
+    #: how long a proposal on this target waits for confirmation (None: GATEWAY_CONFIRM_TTL_SECONDS)
+    proposal_ttl_seconds: float | None = None
 
     @property
     def address(self) -> str:
@@ -276,6 +279,7 @@ def _parse_target(
         "timeout_seconds": (int, float),
         "dry_run": bool,
         "tags": list,
+        "proposal_ttl_seconds": (int, float),
     }
     for key, kind in kinds.items():
         if key in entry and entry[key] is not None:
@@ -294,6 +298,10 @@ def _parse_target(
     timeout = entry.get("timeout_seconds", 60.0)
     if timeout <= 0:
         problems.append(f"{where('timeout_seconds')}: 'timeout_seconds' must be positive")
+    ttl = entry.get("proposal_ttl_seconds")
+    if ttl is not None and not 10 <= ttl <= 7 * 86400:
+        problems.append(f"{where('proposal_ttl_seconds')}: 'proposal_ttl_seconds' must be between 10 and "
+                        "604800 (7 days); gated targets typically want 900-3600")
     target = Target(
         name=entry["name"],
         host=entry["host"],
@@ -306,6 +314,7 @@ def _parse_target(
         pool_size=pool_size,
         timeout_seconds=float(timeout),
         dry_run=entry.get("dry_run"),
+        proposal_ttl_seconds=None if ttl is None else float(ttl),
     )
     if target.name in ("all", "*"):
         problems.append(f"{where('name')}: '{target.name}' is reserved (it means every target); pick another "

@@ -61,6 +61,10 @@ class Settings:
     fanout_timeout_seconds: float = 30.0
     audit_max_bytes: int = 50 * 1024 * 1024
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: notifications.yaml (GATEWAY_NOTIFICATIONS_FILE; default $GATEWAY_HOME/notifications.yaml)
+    notifications_file: Path | None = None
+    #: variables ending in _SECRET or _URL: notification channels' HMAC secrets and webhook URLs
+    notify_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def state_db(self) -> Path:
@@ -104,10 +108,12 @@ class Settings:
             fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
             audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),
             credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
+            notifications_file=path("notifications", "GATEWAY_NOTIFICATIONS_FILE", "notifications.yaml"),
+            notify_env={k: v for k, v in environ.items() if k.endswith(("_SECRET", "_URL"))},
         )
         overrides = {
             k: v
             for k, v in flags.items()
-            if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log"}
+            if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications"}
         }
         return replace(settings, **overrides) if overrides else settings

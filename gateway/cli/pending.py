@@ -73,6 +73,7 @@ def _decide(args: argparse.Namespace, approve: bool) -> int:
 
     async def go() -> dict[str, Any]:
         try:
+            await gateway.start_notifier()  # humans hear of a decision made from a shell too
             if approve:
                 return await gateway.approve(args.proposal_id, _human())
             return gateway.deny(args.proposal_id, _human())

@@ -39,6 +39,7 @@ from gateway.guard.audit import AuditSink
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import CallFacts, Decision, PolicyStore
 from gateway.guard.sanitize import clean
+from gateway.notify import Notifier, notifier_for
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.sqlite import Proposal, SqliteStore
@@ -50,6 +51,8 @@ from gateway.vsphere.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
+#: fn(event, proposal): told of every proposal lifecycle transition; must not block (may run in a thread)
+LifecycleListener = Callable[[str, Proposal], None]
 ALL = "all"
 #: a proposal still ``executing`` this long after it was claimed belongs to a process that died
 EXECUTION_GRACE_SECONDS = 2 * 86400.0
@@ -112,6 +115,8 @@ class Gateway:
         self.breaker = RunawayBreaker()
         self.draining = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._lifecycle_listeners: list[LifecycleListener] = []
+        self.notifier: Notifier | None = None
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -148,7 +153,21 @@ class Gateway:
             roles=roles,
         )
 
+    def add_lifecycle_listener(self, fn: LifecycleListener) -> None:
+        """Call ``fn(event, proposal)`` on every transition: proposed, approved, denied, cancelled, expired,
+        stale, executing, executed, failed, outcome_unknown."""
+        self._lifecycle_listeners.append(fn)
+
+    def _lifecycle(self, event: str, proposal: Proposal, **changes: Any) -> None:
+        current = replace(proposal, **changes) if changes else proposal
+        for fn in self._lifecycle_listeners:
+            try:
+                fn(event, current)
+            except Exception:  # a listener never breaks a decision
+                log.exception("lifecycle listener failed on %s of proposal %s", event, proposal.id)
+
     async def start(self) -> None:
+        await self.start_notifier()
         self.settle_interrupted()
         self._sweeper = asyncio.create_task(self._sweep_expired_forever())
 
@@ -183,11 +202,22 @@ class Gateway:
                         "outcome": "outcome_unknown",
                     }
                 )
+                self._lifecycle("outcome_unknown", p, state="failed", outcome="outcome_unknown", error=error)
                 settled.append(p.id)
         return settled
 
+    async def start_notifier(self) -> None:
+        """Tell humans about lifecycle events (notifications.yaml); ConfigError on a bad file."""
+        if self.notifier is None and self.settings.notifications_file is not None:
+            self.notifier = notifier_for(
+                self.settings.notifications_file, self.settings.notify_env, self.audit.write, [self]
+            )
+            await self.notifier.start()
+
     async def close(self) -> None:
         self.draining = True
+        if self.notifier is not None:
+            await self.notifier.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -442,7 +472,7 @@ class Gateway:
     ) -> dict[str, Any]:
         token = confirm.new_confirmation_token()
         now = self.clock()
-        ttl = self.settings.confirm_ttl_seconds
+        ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
@@ -474,6 +504,7 @@ class Gateway:
             )
         )
         self.store.add_proposal(proposal)
+        self._lifecycle("proposed", proposal)
         how = (
             f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
             f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
@@ -613,6 +644,7 @@ class Gateway:
                 via=ctx.spec.name,
             )
         )
+        self._lifecycle("cancelled", proposal, state="cancelled")
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
@@ -654,6 +686,7 @@ class Gateway:
         ):
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
         self._audit(_human_row(proposal, human, correlation_id, f"denied by {human.name}", "human"))
+        self._lifecycle("denied", proposal, state="denied", approved_by=human.name)
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
 
     async def execute_proposal(
@@ -687,6 +720,9 @@ class Gateway:
             self._audit(
                 ctx.row("approved", target=target.name, proposal_id=proposal.id, requested_by=owner.name)
             )
+            self._lifecycle("approved", proposal, state="executing", approved_by=actor.name)
+        approver = actor.name if approved else None
+        self._lifecycle("executing", proposal, state="executing", approved_by=approver)
         try:
             plan_fn = spec.plan
             assert plan_fn is not None
@@ -714,10 +750,13 @@ class Gateway:
                     )
                 )
             self.store.transition(proposal.id, ["executing"], "failed", outcome=exc.code, error=exc.to_wire())
+            event = exc.code if exc.code in ("stale", "outcome_unknown") else "failed"
+            self._lifecycle(event, proposal, state="failed", outcome=exc.code, error=exc.to_wire())
             raise
         self.store.transition(
             proposal.id, ["executing"], "executed", outcome="ok", result={"summary": proposal.plan_summary}
         )
+        self._lifecycle("executed", proposal, state="executed", outcome="ok")
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     async def _replan(
@@ -749,6 +788,7 @@ class Gateway:
                     "surface": "server",
                 }
             )
+            self._lifecycle("expired", proposal, state="expired")
 
     async def _sweep_expired_forever(self) -> None:
         while True:

@@ -1,0 +1,527 @@
+"""Humans are told: proposal lifecycle events sent to webhooks, never delaying a call.
+
+Channels are configured in ``notifications.yaml`` (``$GATEWAY_HOME/notifications.yaml``, or
+``GATEWAY_NOTIFICATIONS_FILE``); a missing file means no channel. The file::
+
+    notifications:
+      link_base: https://gateway.example.com:8443   # how humans reach the web page (links to a card)
+      channels:
+        - name: ops-hook
+          kind: webhook              # generic JSON, signed with HMAC-SHA256
+          url: https://hooks.example.com/vsphere-gateway     # or url_env: NAME_OF_A_VARIABLE_ENDING_IN_URL
+          secret_env: OPS_HOOK_SECRET                        # a variable ending in _SECRET; required
+          events: [approval_needed, approved, denied, expired, failed]   # this is the default
+          max_attempts: 5            # default 5 (1-20)
+          backoff_seconds: 2         # first retry delay, doubled each time, at most 300 s; default 2
+          timeout_seconds: 10        # per attempt; default 10
+        - name: team-chat
+          kind: chat                 # Slack- or Teams-style incoming webhook: {"title", "text", ...}
+          url_env: TEAM_CHAT_WEBHOOK_URL
+
+Events: ``approval_needed`` (a proposal a human must approve), ``proposed`` (any proposal),
+``approved``, ``denied``, ``cancelled``, ``expired``, ``executing``, ``executed``, ``failed``,
+``stale`` and ``outcome_unknown``.
+
+A ``webhook`` delivery is a POST of ``{"event", "delivery_id", "sent_at", "link", "proposal": {...}}``
+with the headers ``X-Gateway-Event``, ``X-Gateway-Delivery`` (the same across retries: deduplicate on
+it), ``X-Gateway-Timestamp`` (unix seconds) and ``X-Gateway-Signature: sha256=<hex>``, the
+HMAC-SHA256 under the secret of ``<timestamp>.<body>``. A receiver recomputes it over the raw body,
+compares in constant time and rejects old timestamps. A ``chat`` delivery is
+``{"title", "text", "target", "summary", "link"}``; ``text`` carries everything in plain lines, with
+``<``, ``>`` and ``&`` escaped so a VM name cannot mention a channel.
+
+Delivery: the gateway calls ``Notifier.on_event`` (through ``Gateway.add_lifecycle_listener``) from
+any thread; it only builds the message and queues it. A background task on the server's event loop
+posts it; 2xx is delivered, a network error, 408, 429 or 5xx is retried with exponential backoff, any
+other answer is final. Every failed attempt is an audit row (``phase: notification_failed``; never the
+URL, which may hold a secret). Secrets (the HMAC key, URLs from ``url_env``) never reach a log, an
+audit row or an error message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
+
+import httpx2
+import yaml
+
+from gateway.errors import AuditUnavailable, ConfigError
+from gateway.store.base import Proposal
+
+log = logging.getLogger(__name__)
+
+EVENTS: Final = frozenset({
+    "approval_needed", "proposed", "approved", "denied", "cancelled", "expired", "executing", "executed",
+    "failed", "stale", "outcome_unknown",
+})
+DEFAULT_EVENTS: Final = ("approval_needed", "approved", "denied", "expired", "failed", "stale",
+                         "outcome_unknown")
+KINDS: Final = ("webhook", "chat")
+_CHANNEL_KEYS: Final = frozenset({"name", "kind", "url", "url_env", "secret_env", "events", "max_attempts",
+                                  "backoff_seconds", "timeout_seconds"})
+_TOP_KEYS: Final = frozenset({"link_base", "channels"})
+MAX_BACKOFF_SECONDS: Final = 300.0
+QUEUE_SIZE: Final = 1000
+#: deliveries in flight at once (each may be waiting out a backoff)
+CONCURRENCY: Final = 16
+USER_AGENT: Final = "vsphere-mcp-gateway-notifier"
+
+AuditWrite = Callable[[Mapping[str, Any]], Any]
+
+
+class Listens(Protocol):
+    """What the notifier attaches to: ``Gateway.add_lifecycle_listener``."""
+
+    def add_lifecycle_listener(self, fn: Callable[[str, Proposal], None]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    kind: str
+    url: str = field(repr=False)
+    secret: bytes | None = field(default=None, repr=False)
+    events: frozenset[str] = frozenset(DEFAULT_EVENTS)
+    max_attempts: int = 5
+    backoff_seconds: float = 2.0
+    timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class NotificationConfig:
+    channels: tuple[Channel, ...] = ()
+    link_base: str | None = None
+
+    def link(self, proposal_id: str) -> str:
+        """Where a human opens this proposal's card on the web page."""
+        return f"{(self.link_base or '').rstrip('/')}/ui#proposal={proposal_id}"
+
+
+# ------------------------------------------------------------------------------------ configuration
+
+
+def load(path: Path, environ: Mapping[str, str]) -> NotificationConfig:
+    """Parse ``path`` strictly; a missing file is no channel. ConfigError lists every problem with its fix."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return NotificationConfig()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the notifications file ({exc.strerror}); fix its "
+                          "permissions or set GATEWAY_NOTIFICATIONS_FILE") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+                          "fix the syntax") from None
+    problems: list[str] = []
+    config = parse(data, environ, problems, str(path))
+    if problems:
+        raise ConfigError("; ".join(problems), problems=problems)
+    return config
+
+
+def parse(data: Any, environ: Mapping[str, str], problems: list[str], where: str) -> NotificationConfig:
+    """The ``notifications:`` document as a value; each problem appended to ``problems`` as a sentence."""
+    if data is None:
+        return NotificationConfig()
+    if not isinstance(data, dict) or set(data) != {"notifications"}:
+        problems.append(f"{where}: the file must hold one top-level key, 'notifications:'")
+        return NotificationConfig()
+    section = data["notifications"] or {}
+    if not isinstance(section, dict):
+        problems.append(f"{where}: 'notifications' must be a mapping with 'channels' (and 'link_base')")
+        return NotificationConfig()
+    for key in sorted(set(section) - _TOP_KEYS, key=str):
+        problems.append(f"{where}: notifications: unknown key '{key}'; allowed keys are "
+                        f"{', '.join(sorted(_TOP_KEYS))}")
+    link_base = section.get("link_base")
+    if link_base is not None and not (isinstance(link_base, str) and _url_problem(link_base) is None):
+        problems.append(f"{where}: notifications.link_base must be the web page's https:// address, e.g. "
+                        "https://gateway.example.com:8443")
+        link_base = None
+    raw_channels = section.get("channels") or []
+    if not isinstance(raw_channels, list):
+        problems.append(f"{where}: notifications.channels must be a list of channels")
+        raw_channels = []
+    channels: list[Channel] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(raw_channels):
+        channel = _parse_channel(entry, environ, problems, f"{where}: notifications.channels[{index}]")
+        if channel is None:
+            continue
+        if channel.name in seen:
+            problems.append(f"{where}: channel name '{channel.name}' is used twice; names must be unique")
+            continue
+        seen.add(channel.name)
+        channels.append(channel)
+    return NotificationConfig(tuple(channels), link_base)
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` may not receive notifications: https anywhere, plain http only on loopback."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        return "must be an https:// URL"
+    if parts.scheme == "http":
+        try:
+            loopback = ipaddress.ip_address(parts.hostname).is_loopback
+        except ValueError:
+            loopback = parts.hostname == "localhost"
+        if not loopback:
+            return "must use https:// (plain http is allowed only to a loopback address)"
+    return None
+
+
+def _number(entry: Mapping[str, Any], key: str, default: float, low: float, high: float, where: str,
+            problems: list[str], *, integer: bool = False) -> float:
+    value = entry.get(key, default)
+    wrong_kind = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
+    if wrong_kind or not low <= value <= high:
+        kind = "a whole number" if integer else "a number"
+        problems.append(f"{where}: '{key}' must be {kind} between {low:g} and {high:g}")
+        return default
+    return float(value)
+
+
+def _parse_channel(entry: Any, environ: Mapping[str, str], problems: list[str], where: str) -> Channel | None:
+    if not isinstance(entry, dict):
+        problems.append(f"{where}: each channel must be a mapping with name, kind and url")
+        return None
+    before = len(problems)
+    for key in sorted(set(entry) - _CHANNEL_KEYS, key=str):
+        problems.append(f"{where}: unknown key '{key}'; allowed keys are {', '.join(sorted(_CHANNEL_KEYS))}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(f"{where}: 'name' is required (a short label used in audit rows)")
+        name = "?"
+    else:
+        where = f"{where} ({name})"
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        problems.append(f"{where}: 'kind' must be one of {', '.join(KINDS)}")
+    url = _channel_url(entry, environ, problems, where)
+    secret: bytes | None = None
+    secret_env = entry.get("secret_env")
+    if secret_env is not None:
+        if not isinstance(secret_env, str) or not secret_env.endswith("_SECRET"):
+            problems.append(f"{where}: 'secret_env' must name an environment variable ending in _SECRET")
+        elif not environ.get(secret_env):
+            problems.append(f"{where}: the environment variable {secret_env} is not set; set it to the "
+                            "shared HMAC secret (e.g. `openssl rand -hex 32`) in the gateway's environment")
+        else:
+            secret = environ[secret_env].encode()
+    elif kind == "webhook":
+        problems.append(f"{where}: a webhook channel needs 'secret_env' (the variable holding its HMAC "
+                        "secret); unsigned generic webhooks are refused")
+    events = entry.get("events", list(DEFAULT_EVENTS))
+    if not isinstance(events, list) or not events or not all(isinstance(e, str) for e in events):
+        problems.append(f"{where}: 'events' must be a non-empty list of: {', '.join(sorted(EVENTS))}")
+        events = list(DEFAULT_EVENTS)
+    for unknown in sorted(set(events) - EVENTS):
+        problems.append(f"{where}: unknown event '{unknown}'; events are {', '.join(sorted(EVENTS))}")
+    attempts = _number(entry, "max_attempts", 5, 1, 20, where, problems, integer=True)
+    backoff = _number(entry, "backoff_seconds", 2.0, 0.01, MAX_BACKOFF_SECONDS, where, problems)
+    timeout = _number(entry, "timeout_seconds", 10.0, 0.1, 120, where, problems)
+    if len(problems) > before or url is None:
+        return None
+    return Channel(name=name, kind=str(kind), url=url, secret=secret, events=frozenset(events),
+                   max_attempts=int(attempts), backoff_seconds=backoff, timeout_seconds=timeout)
+
+
+def _channel_url(entry: Mapping[str, Any], environ: Mapping[str, str], problems: list[str],
+                 where: str) -> str | None:
+    url, url_env = entry.get("url"), entry.get("url_env")
+    if (url is None) == (url_env is None):
+        problems.append(f"{where}: set exactly one of 'url' and 'url_env' (use url_env when the URL holds "
+                        "a secret, as Slack and Teams webhook URLs do)")
+        return None
+    if url_env is not None:
+        if not isinstance(url_env, str) or not url_env.endswith("_URL"):
+            problems.append(f"{where}: 'url_env' must name an environment variable ending in _URL")
+            return None
+        url = environ.get(url_env)
+        if not url:
+            problems.append(f"{where}: the environment variable {url_env} is not set; set it to the webhook "
+                            "URL")
+            return None
+        source = f"the URL in {url_env}"
+    else:
+        source = "'url'"
+    if not isinstance(url, str):
+        problems.append(f"{where}: 'url' must be a string")
+        return None
+    problem = _url_problem(url)
+    if problem:
+        problems.append(f"{where}: {source} {problem}")
+        return None
+    return url
+
+
+# ------------------------------------------------------------------------------------------ messages
+
+
+def signature(secret: bytes, timestamp: str, body: bytes) -> str:
+    """The ``X-Gateway-Signature`` value for ``body`` sent at ``timestamp``."""
+    digest = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def proposal_facts(p: Proposal) -> dict[str, Any]:
+    """What a notification says about a proposal: never its token, token hash or arguments."""
+    error = p.error or {}
+    return {
+        "proposal_id": p.id, "state": p.state, "target": p.target, "target_host": p.target_host,
+        "tool": p.tool, "summary": p.plan_summary, "affected": p.affected, "requested_by": p.caller,
+        "requires_human_approval": p.require_web_approval, "created_at": _iso(p.created_at),
+        "expires_at": _iso(p.expires_at), "decided_by": p.approved_by, "outcome": p.outcome,
+        "error_code": error.get("code") if isinstance(error, dict) else None,
+    }
+
+
+_TITLES: Final = {
+    "approval_needed": "Approval needed: {tool} on {target}",
+    "proposed": "Proposed: {tool} on {target}",
+    "approved": "Approved by {decided_by}: {tool} on {target}",
+    "denied": "Denied by {decided_by}: {tool} on {target}",
+    "cancelled": "Cancelled: {tool} on {target}",
+    "expired": "Expired without a decision: {tool} on {target}",
+    "executing": "Running: {tool} on {target}",
+    "executed": "Done: {tool} on {target}",
+    "failed": "Failed ({outcome}): {tool} on {target}",
+    "stale": "Stale, not run: {tool} on {target}",
+    "outcome_unknown": "Outcome unknown: {tool} on {target}",
+}
+
+
+def _chat_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def chat_message(event: str, facts: Mapping[str, Any], link: str) -> dict[str, Any]:
+    """A Slack- or Teams-style incoming webhook body: title, target, summary, link to the card."""
+    shown = {k: "-" if v is None else v for k, v in facts.items()}
+    title = _chat_escape(_TITLES[event].format_map(shown))
+    lines = [
+        f"*{title}*",
+        _chat_escape(str(facts["summary"])),
+        f"Target: {_chat_escape(str(facts['target']))} ({_chat_escape(str(facts['target_host']))})",
+        f"Requested by {_chat_escape(str(facts['requested_by']))}; proposal {facts['proposal_id']}",
+    ]
+    if event == "approval_needed":
+        lines.append(f"Waits for a human until {facts['expires_at']}")
+    lines.append(f"Open: {link}")
+    return {"title": title, "text": "\n".join(lines), "target": facts["target"],
+            "summary": facts["summary"], "link": link}
+
+
+@dataclass
+class Delivery:
+    channel: Channel
+    event: str
+    proposal_id: str
+    target: str
+    body: bytes
+    delivery_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def headers(self, now: float) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
+                   "X-Gateway-Event": self.event, "X-Gateway-Delivery": self.delivery_id}
+        if self.channel.secret is not None:
+            timestamp = str(int(now))
+            headers["X-Gateway-Timestamp"] = timestamp
+            headers["X-Gateway-Signature"] = signature(self.channel.secret, timestamp, self.body)
+        return headers
+
+
+def events_for(event: str, proposal: Proposal) -> tuple[str, ...]:
+    """The notification events one lifecycle transition raises (a gated proposal also needs a human)."""
+    if event == "proposed" and proposal.require_web_approval:
+        return ("proposed", "approval_needed")
+    return (event,)
+
+
+# ------------------------------------------------------------------------------------------ delivery
+
+
+class Notifier:
+    """Queues lifecycle events as deliveries and posts them from a background task with retries."""
+
+    def __init__(self, config: NotificationConfig, audit: AuditWrite, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.audit = audit
+        self.clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[Delivery] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._client: httpx2.AsyncClient | None = None
+        self._slots = asyncio.Semaphore(CONCURRENCY)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.config.channels)
+
+    def attach(self, gateway: Listens) -> None:
+        gateway.add_lifecycle_listener(self.on_event)
+
+    async def start(self) -> None:
+        """Begin delivering (on the running loop); events seen before are dropped with a warning."""
+        if not self.enabled or self._worker is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue(QUEUE_SIZE)
+        self._client = httpx2.AsyncClient(follow_redirects=False, trust_env=False)
+        self._worker = asyncio.create_task(self._run(), name="notifier")
+
+    async def close(self, drain_seconds: float = 5.0) -> None:
+        """Deliver what is queued for at most ``drain_seconds``, then stop (pending retries are dropped)."""
+        if self._worker is None:
+            return
+        assert self._queue is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_seconds):
+                while not self._queue.empty() or self._inflight:
+                    await asyncio.sleep(0.05)
+        for task in [self._worker, *self._inflight]:
+            task.cancel()
+        await asyncio.gather(self._worker, *self._inflight, return_exceptions=True)
+        self._worker = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- the listener: any thread, never blocks
+    def on_event(self, event: str, proposal: Proposal) -> None:
+        if not self.enabled:
+            return
+        deliveries = self._deliveries(event, proposal)
+        if not deliveries:
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            log.warning("notifications for %s of proposal %s dropped: the notifier is not running",
+                        event, proposal.id)
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for delivery in deliveries:
+            if running is loop:
+                self._enqueue(delivery)
+            else:
+                loop.call_soon_threadsafe(self._enqueue, delivery)
+
+    def _deliveries(self, event: str, proposal: Proposal) -> list[Delivery]:
+        facts = proposal_facts(proposal)
+        link = self.config.link(proposal.id)
+        out = []
+        for name in events_for(event, proposal):
+            for channel in self.config.channels:
+                if name not in channel.events:
+                    continue
+                if channel.kind == "chat":
+                    payload = chat_message(name, facts, link)
+                else:
+                    payload = {"event": name, "sent_at": _iso(self.clock()), "link": link, "proposal": facts}
+                delivery = Delivery(channel, name, proposal.id, proposal.target, b"")
+                if channel.kind == "webhook":
+                    payload["delivery_id"] = delivery.delivery_id
+                delivery.body = json.dumps(payload, sort_keys=True, default=str).encode()
+                out.append(delivery)
+        return out
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        assert self._queue is not None
+        try:
+            self._queue.put_nowait(delivery)
+        except asyncio.QueueFull:
+            self._spawn(self._record(delivery, 0, "queue full: the receivers are too slow", False))
+
+    # -- the background side
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            delivery = await self._queue.get()
+            await self._slots.acquire()
+            self._spawn(self._deliver(delivery))
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        try:
+            channel = delivery.channel
+            for attempt in range(1, channel.max_attempts + 1):
+                error, final = await self._attempt(delivery)
+                if error is None:
+                    return
+                will_retry = not final and attempt < channel.max_attempts
+                await self._record(delivery, attempt, error, will_retry)
+                if not will_retry:
+                    return
+                await asyncio.sleep(min(MAX_BACKOFF_SECONDS, channel.backoff_seconds * 2 ** (attempt - 1)))
+        finally:
+            self._slots.release()
+
+    async def _attempt(self, delivery: Delivery) -> tuple[str | None, bool]:
+        """(None, _) when delivered; otherwise (why, whether retrying is pointless)."""
+        assert self._client is not None
+        try:
+            reply = await self._client.post(delivery.channel.url, content=delivery.body,
+                                            headers=delivery.headers(self.clock()),
+                                            timeout=delivery.channel.timeout_seconds)
+        except httpx2.HTTPError as exc:  # the message may quote the URL, which may hold a secret
+            return f"{type(exc).__name__} (no answer)", False
+        if 200 <= reply.status_code < 300:
+            return None, False
+        retryable = reply.status_code in (408, 429) or reply.status_code >= 500
+        return f"HTTP {reply.status_code}", not retryable
+
+    async def _record(self, delivery: Delivery, attempt: int, error: str, will_retry: bool) -> None:
+        row = {"phase": "notification_failed", "caller": "gateway", "surface": "server",
+               "channel_name": delivery.channel.name, "channel_kind": delivery.channel.kind,
+               "event": delivery.event, "delivery_id": delivery.delivery_id,
+               "proposal_id": delivery.proposal_id, "target": delivery.target, "attempt": attempt,
+               "will_retry": will_retry, "error": error}
+        log.warning("notification %s of proposal %s to channel %s failed (attempt %d): %s%s", delivery.event,
+                    delivery.proposal_id, delivery.channel.name, attempt, error,
+                    "; retrying" if will_retry else "; giving up")
+        try:
+            await asyncio.to_thread(self.audit, row)
+        except AuditUnavailable:
+            log.error("the audit log could not record a failed notification of proposal %s",
+                      delivery.proposal_id)
+
+
+def notifier_for(notifications_file: Path, environ: Mapping[str, str], audit: AuditWrite,
+                 listeners: Sequence[Listens] = ()) -> Notifier:
+    """Load the channels (ConfigError on a bad file) and attach the notifier to each gateway given."""
+    notifier = Notifier(load(notifications_file, environ), audit)
+    for gateway in listeners:
+        notifier.attach(gateway)
+    return notifier
