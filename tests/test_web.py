@@ -427,7 +427,7 @@ async def test_every_response_of_the_page_carries_the_security_headers(served: W
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "static/app.js" in page.text
     assert script.headers["content-type"].startswith("text/javascript") and style.status_code == 200
-    assert session.json() == {"signed_in": False}
+    assert session.json() == {"signed_in": False, "sign_in_role": "lead"}  # the hint: a role that approves
     assert missing.status_code == 404 and unauthenticated.status_code == 401
     for response in (page, script, style, session, missing, unauthenticated):
         _has_all_headers(response)

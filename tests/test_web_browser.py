@@ -419,3 +419,131 @@ def test_targets_and_audit_pages(people: Callable[[], Watched], served: WebServe
     page.click("#audit-filters button[type=submit]")
     expect(page.locator("#audit-body tbody tr").first).to_be_visible()
     shot(page, "13-audit")
+
+
+# ---------------------------------------------------------------------------- layout at 360 px and 1280 px
+
+# Every element wider than the viewport, and every single-word table cell whose text the browser broke
+# over two lines ("poweredO" / "n").
+LAYOUT_PROBLEMS = """() => {
+    const width = document.documentElement.clientWidth;
+    const problems = [];
+    if (document.documentElement.scrollWidth > width) {
+        problems.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${width}`);
+    }
+    for (const cell of document.querySelectorAll("td, th, .badge, .tool, .target-name")) {
+        const text = cell.textContent.trim();
+        if (!text || /\\s/.test(text) || cell.closest("details")) continue;
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        const rects = [];
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            const range = document.createRange();
+            range.selectNodeContents(node);
+            rects.push(...[...range.getClientRects()].filter((r) => r.width > 0));
+        }
+        if (!rects.length) continue;
+        const firstBottom = Math.min(...rects.map((r) => r.bottom));
+        if (rects.some((r) => r.top >= firstBottom - 1)) problems.push(`"${text}" is broken over two lines`);
+    }
+    return problems;
+}"""
+
+
+def layout_problems(page: Page) -> list[str]:
+    return page.evaluate(LAYOUT_PROBLEMS)  # type: ignore[no-any-return]
+
+
+def within_view(page: Page, locator: Locator) -> bool:
+    box = locator.bounding_box()
+    width = page.viewport_size["width"] if page.viewport_size else 0
+    return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width and box["height"] > 0
+
+
+def narrow(watched: Watched, served: WebServer, who: str, width: int) -> Page:
+    page = sign_in(watched, served, who)
+    page.set_viewport_size({"width": width, "height": 800})
+    return page
+
+
+@pytest.mark.parametrize("width", [360, 1280])
+def test_the_page_fits_the_screen_with_buttons_in_place(
+    people: Callable[[], Watched], served: WebServer, width: int,
+) -> None:
+    proposal = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    page = narrow(people(), served, "alice", width)
+    card = pending_card(page, proposal["proposal_id"])
+    expect(card.locator("button.approve")).to_be_visible()
+    assert within_view(page, card.locator("button.approve"))
+    assert within_view(page, card.locator("button.deny"))
+    assert within_view(page, page.locator("#sign-out")), "the header pushes Sign out off the screen"
+    assert layout_problems(page) == []
+    shot(page, f"20-pending-{width}")
+    for tab, ready in (("inventory", "#inventory-body tbody tr"), ("audit", "#audit-body tbody tr"),
+                       ("targets", "#targets-body tbody tr")):
+        page.goto(f"/ui/#{tab}")
+        expect(page.locator(ready).first).to_be_visible(timeout=SLOW)
+        shot(page, f"21-{tab}-{width}")
+        assert layout_problems(page) == [], tab
+
+
+def test_the_sign_in_hint_names_a_role_that_exists(people: Callable[[], Watched], served: WebServer) -> None:
+    page = people().page()
+    page.goto("/ui/")
+    hint = page.locator("#sign-in-hint code")
+    expect(hint).to_contain_text("gateway token create")
+    role = re.search(r"--role (\S+)", hint.inner_text())
+    assert role, hint.inner_text()
+    defined = served.gateway.roles.roles()
+    assert role.group(1) in defined and defined[role.group(1)].approve != "none"
+    page.set_viewport_size({"width": 360, "height": 800})
+    assert within_view(page, page.locator("#sign-in-form button[type=submit]"))
+    assert layout_problems(page) == []
+    shot(page, "23-sign-in-360")
+
+
+def test_identical_proposals_are_told_apart(people: Callable[[], Watched], served: WebServer) -> None:
+    first = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    second = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    page = sign_in(people(), served, "alice")
+    shown = []
+    for proposal in (first, second):
+        card = pending_card(page, proposal["proposal_id"])
+        expect(card.locator(".proposal-id")).to_contain_text(proposal["proposal_id"])
+        when = card.locator("time.when")
+        exact = when.get_attribute("datetime") or ""
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", exact), exact
+        assert exact.replace("T", " ")[:19] in (when.get_attribute("title") or "")
+        shown.append(card.locator(".meta").inner_text())
+    assert shown[0] != shown[1]
+
+
+def test_a_link_to_a_proposal_opens_its_card(people: Callable[[], Watched], served: WebServer) -> None:
+    proposal = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    pid = proposal["proposal_id"]
+    page = sign_in(people(), served, "alice")
+    page.goto("/ui/#audit")
+    expect(page.locator("#view-audit")).to_be_visible()
+    page.goto(f"/ui/#proposal={pid}")
+    card = pending_card(page, pid)
+    expect(card).to_have_class(re.compile(r"\bfocused\b"))
+    expect(card).to_be_in_viewport()
+    expect(page.locator("#view-pending")).to_be_visible()
+    shot(page, "22-linked-proposal")
+
+
+def test_the_audit_outcome_column_shows_outcomes_not_rule_names(
+    people: Callable[[], Watched], served: WebServer,
+) -> None:
+    run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    rules = {r["decision"]["rule"] for r in served.audit_rows() if isinstance(r.get("decision"), dict)
+             and r["decision"].get("rule")}
+    assert rules, "the log has rows with a deciding rule"
+    page = sign_in(people(), served, "alice")
+    page.goto("/ui/#audit")
+    expect(page.locator("#audit-body tbody tr").first).to_be_visible()
+    header = page.locator("#audit-body thead th").all_inner_texts()
+    column = [h.lower() for h in header].index("outcome")
+    cells = page.locator(f"#audit-body tbody tr td:nth-child({column + 1})").all_inner_texts()
+    assert cells and not (set(cells) & rules), set(cells) & rules
+    proposed = page.locator("#audit-body tbody tr", has=page.locator(".phase-proposed")).first
+    expect(proposed.locator(f"td:nth-child({column + 1})")).to_have_text("waiting for confirmation")

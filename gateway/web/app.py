@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth.roles import Role
+from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     AuditUnavailable,
@@ -134,6 +134,15 @@ def _audit_right(viewer: Viewer) -> None:
     if viewer.role.audit == "none":
         raise Forbidden(f"role '{viewer.role.name}' may not read the audit log; give it 'audit: own' (its "
                         "own calls) or 'audit: all' in roles.yaml")
+
+
+def sign_in_role(roles: Mapping[str, Role]) -> str | None:
+    """The role the sign-in hint suggests: a custom role that may approve (the deployment's own name for
+    it), else a built-in one that may; None when no role may approve."""
+    approvers = [name for name, role in roles.items() if role.approve != "none"]
+    custom = [name for name in approvers if name not in BUILTIN_ROLES]
+    candidates = custom or approvers
+    return candidates[0] if candidates else None
 
 
 def error_status(exc: GatewayError) -> int:
@@ -291,6 +300,10 @@ class WebApi:
         except AuditUnavailable:
             log.warning("could not audit %s of %r: the audit log is not writable", phase, principal.name)
 
+    def _signed_out(self) -> dict[str, Any]:
+        """The signed-out answer, with a role that exists and may approve for the page's sign-in hint."""
+        return {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles())}
+
     def _session_body(self, viewer: Viewer) -> dict[str, Any]:
         return {"signed_in": True, "name": viewer.principal.name, "role": viewer.role.name,
                 "approve": viewer.role.approve, "audit": viewer.role.audit,
@@ -314,7 +327,7 @@ class WebApi:
             viewer = self._viewer(request)
         except Unauthorized:
             stale = self._session_id(request) is not None
-            return _json({"signed_in": False}, headers=self._clear_cookie(request) if stale else None)
+            return _json(self._signed_out(), headers=self._clear_cookie(request) if stale else None)
         except GatewayError as exc:
             return self._error(request, exc)
         return _json(self._session_body(viewer))
@@ -356,12 +369,12 @@ class WebApi:
             viewer = self._viewer(request)
             self._check_csrf(request, viewer.session)
         except Unauthorized:
-            return _json({"signed_in": False}, headers=self._clear_cookie(request))
+            return _json(self._signed_out(), headers=self._clear_cookie(request))
         except GatewayError as exc:
             return self._error(request, exc)
         self.sessions.end(viewer.session.id)
         await self._audit_event("web_sign_out", viewer.principal)
-        return _json({"signed_in": False}, headers=self._clear_cookie(request))
+        return _json(self._signed_out(), headers=self._clear_cookie(request))
 
     # ------------------------------------------------------------------ proposals
 

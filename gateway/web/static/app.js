@@ -15,7 +15,7 @@
 
   const state = {
     me: null, csrf: null, tab: null, pollTimer: null, tickTimer: null, busy: new Set(),
-    inventoryKind: "vms", inventory: null, cards: new Map(),
+    inventoryKind: "vms", inventory: null, cards: new Map(), focus: null, focusShown: false,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -28,6 +28,7 @@
       if (key === "class") node.className = value;
       else if (key === "text") node.textContent = String(value);
       else if (key.startsWith("data-") || key.startsWith("aria-")) node.setAttribute(key, String(value));
+      else if (key === "dateTime") node.setAttribute("datetime", String(value));
       else if (key === "disabled" || key === "hidden" || key === "type" || key === "title" || key === "value") {
         node[key] = value;
       } else throw new Error("el(): unsupported property " + key);
@@ -87,6 +88,15 @@
     return new Date(epochSeconds * 1000).toLocaleString();
   }
 
+  // <time>: "just now" / "3 min ago" shown, the exact moment (local and UTC) on hover and in datetime.
+  function when(epochSeconds) {
+    if (!epochSeconds) return "";
+    const moment = new Date(epochSeconds * 1000);
+    const utc = moment.toISOString();
+    return el("time", { class: "when", dateTime: utc, text: ago(epochSeconds),
+      title: moment.toLocaleString() + " (" + utc.replace("T", " ").replace(/\.\d+Z$/, " UTC") + ")" });
+  }
+
   function objectLabel(obj) {
     const bits = [obj.type || "object", obj.name || "?"];
     if (obj.moid) bits.push("(" + obj.moid + ")");
@@ -109,7 +119,13 @@
     $("loading").hidden = true;
   }
 
-  function showSignIn(message) {
+  function signInHint(role) {
+    $("sign-in-hint").hidden = !role;
+    $("sign-in-command").textContent = role ? "gateway token create alice --role " + role : "";
+  }
+
+  function showSignIn(message, hintRole) {
+    if (hintRole !== undefined) signInHint(hintRole);
     state.me = null;
     state.csrf = null;
     stopTimers();
@@ -134,6 +150,9 @@
   function route() {
     if (!state.me) return;
     const wanted = location.hash.replace("#", "");
+    const linked = /^proposal=([A-Za-z0-9_-]+)$/.exec(wanted);
+    state.focus = linked ? linked[1] : null;
+    state.focusShown = false;
     const tab = TABS.includes(wanted) ? wanted : "pending";
     state.tab = tab;
     for (const link of document.querySelectorAll("#tabs a")) {
@@ -174,8 +193,9 @@
   }
 
   async function signOut() {
-    try { await api("api/sign-out", { method: "POST" }); } catch (_) { /* signed out either way */ }
-    showSignIn("You are signed out.");
+    let answer = null;
+    try { answer = await api("api/sign-out", { method: "POST" }); } catch (_) { /* signed out either way */ }
+    showSignIn("You are signed out.", answer ? answer.sign_in_role || null : undefined);
   }
 
   // ---------------------------------------------------------------- pending
@@ -209,7 +229,8 @@
   }
 
   function pendingCard(p) {
-    const card = el("article", { class: "card proposal", "data-proposal": p.proposal_id, "data-state": p.state });
+    const focused = p.proposal_id === state.focus ? " focused" : "";
+    const card = el("article", { class: "card proposal" + focused, "data-proposal": p.proposal_id, "data-state": p.state });
     const badge = p.state === "pending"
       ? el("span", { class: "badge " + (p.gated ? "gated" : "open"), text: p.gated ? "Blocked until approved" : "Not gated" })
       : stateBadge(p);
@@ -218,7 +239,8 @@
       el("p", { class: "meta" },
         el("span", { class: "tool", text: p.tool }),
         " · requested by ", el("span", { class: "caller", text: p.requested_by }),
-        p.requested_via ? " over " + p.requested_via : "", " · ", ago(p.created_at)),
+        p.requested_via ? " over " + p.requested_via : "", " · ", when(p.created_at), " · ",
+        el("span", { class: "proposal-id", text: "#" + p.proposal_id })),
       el("p", { class: "summary", text: p.summary }),
       el("div", { class: "affected-block" }, el("span", { class: "label", text: "Affects" }), affectedList(p)),
       gateNote(p),
@@ -257,18 +279,21 @@
   }
 
   function recentCard(p) {
-    return el("article", { class: "card proposal decided", "data-proposal": p.proposal_id, "data-state": p.state },
+    const focused = p.proposal_id === state.focus ? " focused" : "";
+    return el("article", { class: "card proposal decided" + focused, "data-proposal": p.proposal_id, "data-state": p.state },
       el("header", { class: "card-head" }, targetLine(p), stateBadge(p)),
       el("p", { class: "meta" },
         el("span", { class: "tool", text: p.tool }), " · requested by ",
-        el("span", { class: "caller", text: p.requested_by }), " · ", ago(p.decided_at || p.created_at)),
+        el("span", { class: "caller", text: p.requested_by }), " · ", when(p.decided_at || p.created_at), " · ",
+        el("span", { class: "proposal-id", text: "#" + p.proposal_id })),
       el("p", { class: "summary", text: p.summary }),
       el("p", { class: "outcome", text: outcomeText(p) }));
   }
 
   // A card is rebuilt only when what it shows changed, so buttons are not replaced under the pointer.
   function signature(p) {
-    return [p.state, p.can_decide, p.decide_note, state.busy.has(p.proposal_id), p.approved_by, p.outcome].join("|");
+    return [p.state, p.can_decide, p.decide_note, state.busy.has(p.proposal_id), p.approved_by, p.outcome,
+      p.proposal_id === state.focus].join("|");
   }
 
   function syncList(container, proposals, build) {
@@ -310,6 +335,20 @@
     count.textContent = String(waiting);
     count.hidden = waiting === 0;
     tickCountdowns();
+    showLinkedProposal(proposals);
+  }
+
+  // /ui#proposal=<id> (the link in notifications): scroll that card into view once, outlined.
+  function showLinkedProposal(proposals) {
+    if (!state.focus || state.focusShown || state.tab !== "pending") return;
+    const card = document.querySelector('.card[data-proposal="' + CSS.escape(state.focus) + '"]');
+    if (card) {
+      state.focusShown = true;
+      card.scrollIntoView({ block: "center" });
+    } else if (!proposals.some((p) => p.proposal_id === state.focus)) {
+      state.focusShown = true;
+      toast("Proposal " + state.focus + " is not among the proposals you may see (it may be older than the list).", "error");
+    }
   }
 
   function tickCountdowns() {
@@ -523,9 +562,21 @@
     }
   }
 
+  // What happened, in words; the deciding rule and reason are on hover, never in place of the outcome.
+  const PHASE_OUTCOMES = {
+    proposed: "waiting for confirmation", approved: "approved", denied: "denied", expired: "expired",
+    cancelled: "cancelled", dry_run: "dry run: nothing changed", executed: "ok", call: "ok",
+    web_sign_in: "signed in", web_sign_out: "signed out", token_created: "created",
+    notification_failed: "not delivered",
+  };
+
   function auditOutcome(row) {
-    if (row.error_code) return el("span", { class: "bad", text: row.error_code });
-    return row.outcome || (row.decision && row.decision.rule) || null;
+    const decision = row.decision || {};
+    const why = [decision.rule ? "rule: " + decision.rule : "", decision.reason || ""].filter(Boolean).join(" — ");
+    if (row.error_code) return el("span", { class: "bad", text: row.error_code, title: why || undefined });
+    const text = row.outcome || PHASE_OUTCOMES[row.phase] || null;
+    if (text === null) return null;
+    return why ? el("span", { text, title: why }) : text;
   }
 
   async function loadAudit() {
@@ -572,7 +623,7 @@
     try {
       const session = await api("api/session");
       if (session.signed_in) signedIn(session);
-      else showSignIn("");
+      else showSignIn("", session.sign_in_role || null);
     } catch (error) {
       showSignIn("The gateway could not be reached: " + error.message);
     }
