@@ -65,6 +65,8 @@ SIMULATORS: Final[dict[str, dict[str, Any]]] = {
     "esx-1": {"model": "esx", "vms": 3},
 }
 TARGET_TAGS: Final = {"vc-1": ["env:lab"], "vc-2": ["env:staging"], "esx-1": ["env:lab"]}
+#: extra targets.yaml keys: proposals on the gated vc-2 wait 15 minutes for a human
+TARGET_EXTRA: Final[dict[str, dict[str, Any]]] = {"vc-2": {"proposal_ttl_seconds": 900}}
 
 RULES: Final = """\
 # Demo policy (the full syntax is in rules.example.yaml).
@@ -218,7 +220,7 @@ def write_configuration(files: DemoFiles, sims: Mapping[str, SimulatorProcess]) 
     """targets.yaml, rules.yaml, roles.yaml, gateway.env and stdio.sh; returns the gateway's environment
     (settings and the simulators' credentials)."""
     files.home.mkdir(mode=0o700, exist_ok=True)
-    extra = {name: {"tags": TARGET_TAGS.get(name, [])} for name in sims}
+    extra = {name: {"tags": TARGET_TAGS.get(name, []), **TARGET_EXTRA.get(name, {})} for name in sims}
     credentials = write_targets(files.targets, sims, extra)
     files.targets.chmod(0o600)
     _write_private(files.rules, RULES)
