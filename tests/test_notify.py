@@ -296,3 +296,22 @@ def test_the_example_file_parses() -> None:
     example = Path(__file__).resolve().parent.parent / "notifications.example.yaml"
     config = notify.load(example, {"OPS_HOOK_SECRET": "x", "TEAM_CHAT_WEBHOOK_URL": "https://chat.example.com/h"})
     assert [c.kind for c in config.channels] == ["webhook", "chat"]
+
+
+def test_a_broken_notifications_file_stops_the_gateway_with_the_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gateway.cli import main
+
+    for var in ("GATEWAY_TARGETS_FILE", "GATEWAY_RULES_FILE", "GATEWAY_ROLES_FILE", "GATEWAY_AUDIT_LOG",
+                "GATEWAY_NOTIFICATIONS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VC1_USER", "u")
+    monkeypatch.setenv("VC1_PASSWORD", "p")
+    (tmp_path / "targets.yaml").write_text(yaml.safe_dump({"targets": [
+        {"name": "vc1", "host": "127.0.0.1", "credential_env_prefix": "VC1", "insecure": True}]}))
+    broken = "notifications:\n  channels:\n    - name: x\n      kind: [\n"
+    (tmp_path / "notifications.yaml").write_text(broken)
+    assert main(["pending", "list", "--home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'notifications.yaml'}:5:1: not valid YAML" in err, err

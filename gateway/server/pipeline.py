@@ -116,7 +116,12 @@ class Gateway:
         self.draining = False
         self._sweeper: asyncio.Task[None] | None = None
         self._lifecycle_listeners: list[LifecycleListener] = []
+        # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
+        if settings.notifications_file is not None:
+            self.notifier = notifier_for(
+                settings.notifications_file, settings.notify_env, audit.write, [self]
+            )
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -207,11 +212,8 @@ class Gateway:
         return settled
 
     async def start_notifier(self) -> None:
-        """Tell humans about lifecycle events (notifications.yaml); ConfigError on a bad file."""
-        if self.notifier is None and self.settings.notifications_file is not None:
-            self.notifier = notifier_for(
-                self.settings.notifications_file, self.settings.notify_env, self.audit.write, [self]
-            )
+        """Begin telling humans about lifecycle events (channels loaded when the gateway was built)."""
+        if self.notifier is not None:
             await self.notifier.start()
 
     async def close(self) -> None:
