@@ -56,6 +56,8 @@ LOCK: Final = ".demo.lock"
 GATEWAY_MAIN: Final = "from gateway.cli import main; raise SystemExit(main())"
 PACKAGE_ROOT: Final = Path(__file__).resolve().parent.parent
 STARTUP_SECONDS: Final = 90.0
+#: the MCP Inspector release the README's commands were verified with
+INSPECTOR: Final = "@modelcontextprotocol/inspector@2.12.0"
 STOP_SECONDS: Final = 30.0
 
 #: name -> start_simulator options: two vCenters and a standalone ESXi host, a few VMs each
@@ -415,6 +417,10 @@ def banner(files: DemoFiles, sims: Mapping[str, SimulatorProcess], tokens: Mappi
         f"               NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} or SSL_CERT_FILE=...)",
         "", "MCP client over HTTPS (bearer token in a header):", https_config,
         "", "Desktop client over stdio (runs on this machine, as you):", stdio_config,
+        "", "MCP Inspector CLI (Node.js 20+):",
+        f"  NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} \\",
+        f"  npx -y {INSPECTOR} --cli {base}/mcp --transport http \\",
+        f"    --header 'Authorization: Bearer {tokens['demo-admin']}' --method tools/list",
         "", "More tokens, e.g. for the custom role lab-operator:",
         f"  (set -a; . {files.env_file}; {gateway_command()} token create alice --role lab-operator)",
         "",

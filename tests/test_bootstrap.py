@@ -42,6 +42,12 @@ def test_the_readme_quick_start_is_two_make_commands_that_bootstrap_first() -> N
         assert first == "bash deploy/bootstrap.sh", f"`{command}` starts with {first!r}"
 
 
+def test_make_run_takes_the_port() -> None:
+    plan = subprocess.run(["make", "-n", "run", "PORT=9443"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    assert plan[-1].endswith("-m gateway.demo --port 9443"), plan
+
+
 def test_ci_runs_the_same_bootstrap_and_the_readme_test_command() -> None:
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.strip().startswith("#")]

@@ -21,6 +21,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from test_demo import RunningDemo, free_port, read_until
 
+from gateway import demo
+
 REPO = Path(__file__).resolve().parent.parent
 README_BASE = "https://127.0.0.1:8443"
 
@@ -84,7 +86,9 @@ def test_the_python_sdk_program_runs(demo_run: RunningDemo, tmp_path: Path) -> N
 def test_the_inspector_cli_commands_run(demo_run: RunningDemo, tmp_path: Path) -> None:
     if shutil.which("npx") is None:
         pytest.skip("Node.js (npx) is not installed; the Inspector needs it (apt-get install nodejs npm)")
+    assert f"npx -y {demo.INSPECTOR} --cli" in demo_run.output, "the demo prints the verified release"
     script = substitute(block("sh", "@modelcontextprotocol/inspector"), demo_run)
+    assert script.count(demo.INSPECTOR) == 2
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True,
                             timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
