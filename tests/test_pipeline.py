@@ -417,7 +417,7 @@ async def test_the_pending_command_is_a_human_approval_path(
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "true")
     home = ["--home", str(env.tmp)]
-    assert main(["pending", "list", *home]) == 0
+    assert await anyio.to_thread.run_sync(main, ["pending", "list", *home]) == 0
     listing = capsys.readouterr().out
     assert proposal["proposal_id"] in listing and "BLOCKED until approved" in listing and "vc1" in listing
     assert proposal["token"] not in listing

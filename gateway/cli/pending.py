@@ -39,9 +39,17 @@ def _human() -> Principal:
 
 def run_list(args: argparse.Namespace) -> int:
     gateway = Gateway.build(settings_from(args))
-    gateway.expire_due()
     states = None if args.all else ["pending"]
-    rows = [proposal_view(p, gateway.clock()) for p in gateway.store.list_proposals(states)]
+
+    async def go() -> list[dict[str, Any]]:
+        try:
+            await gateway.start_notifier()  # proposals this listing expires are told like any other
+            gateway.expire_due()
+            return [proposal_view(p, gateway.clock()) for p in gateway.store.list_proposals(states)]
+        finally:
+            await gateway.close()
+
+    rows = asyncio.run(go())
     if args.json:
         for row in rows:
             print(json.dumps(row, sort_keys=True))
