@@ -174,8 +174,10 @@ def _check_ours(folder: Path) -> None:
                         "remove it or pass --dir with another folder")
 
 
-def lock_folder(folder: Path, stack: contextlib.ExitStack) -> None:
-    """Hold an exclusive ``flock`` on ``folder/.demo.lock`` until ``stack`` closes (or the process dies).
+def lock_folder(folder: Path, stack: contextlib.ExitStack) -> int:
+    """Hold an exclusive ``flock`` on ``folder/.demo.lock`` until ``stack`` closes (or the process dies);
+    returns the lock's descriptor, which the gateway child inherits so that the folder stays locked
+    until the last process writing into it is gone.
 
     DemoError, before anything in the folder is touched, when another demo holds it."""
     folder = folder.resolve()
@@ -191,6 +193,7 @@ def lock_folder(folder: Path, stack: contextlib.ExitStack) -> None:
                         "(Ctrl-C in its terminal) or pass --dir with another folder") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def prepare_folder(folder: Path) -> DemoFiles:
@@ -305,15 +308,17 @@ def _die_with_parent(parent: int) -> Any:
     return arm
 
 
-def start_gateway(files: DemoFiles, env: Mapping[str, str], argv: list[str]) -> subprocess.Popen[bytes]:
+def start_gateway(files: DemoFiles, env: Mapping[str, str], argv: list[str],
+                  lock_fd: int | None = None) -> subprocess.Popen[bytes]:
     """``gateway serve`` as a child process logging to the demo folder's gateway.log, bound to the demo's
-    life."""
+    life, holding the folder's lock (``lock_fd``) too."""
     child_env = {**os.environ, **env}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
     with files.log.open("ab") as log:
         return subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=child_env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent(os.getpid()))
+                                preexec_fn=_die_with_parent(os.getpid()),
+                                pass_fds=() if lock_fd is None else (lock_fd,))
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
@@ -439,7 +444,7 @@ def run(folder: Path, port: int, binary: Path) -> int:
     """Start everything, print the banner, wait for Ctrl-C (or the gateway exiting); stop everything."""
     with contextlib.ExitStack() as stack:
         check_port_free(port)
-        lock_folder(folder, stack)
+        lock_fd = lock_folder(folder, stack)
         files = prepare_folder(folder)
         print(f"starting simulators ({', '.join(SIMULATORS)}) ...", flush=True)
         sims = start_simulators(stack, binary)
@@ -449,7 +454,7 @@ def run(folder: Path, port: int, binary: Path) -> int:
         web = web_available()
         base = f"https://127.0.0.1:{port}"
         print(f"starting the gateway on {base} (log: {files.log}) ...", flush=True)
-        gateway = start_gateway(files, env, serve_argv(files, port, web))
+        gateway = start_gateway(files, env, serve_argv(files, port, web), lock_fd)
         stack.callback(stop_process, gateway)
         # runs first when the stack unwinds: a second Ctrl-C must not cut the clean-up short
         stack.callback(signal.signal, signal.SIGINT, signal.SIG_IGN)

@@ -3,6 +3,7 @@ HTTPS with the token it printed, then Ctrl-C (SIGINT) and no process it started 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -230,6 +231,16 @@ def test_a_second_demo_on_the_same_folder_refuses_before_touching_anything(
     assert all(after[k] == before[k] for k in before if k != "home/state.db")
     tools, _ = anyio.run(call_over_https, running_demo, running_demo.token("demo-admin"))
     assert "list_vms" in tools
+
+
+def test_the_gateway_child_holds_the_folder_lock_too(running_demo: RunningDemo) -> None:
+    lock = str(running_demo.folder / demo.LOCK)
+    holders = set()
+    for pid in descendants(running_demo.process.pid):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == lock for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                holders.add(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-2].decode())
+    assert holders == {"--web"}, "only the gateway (its last argument is --web) inherits the lock"
 
 
 def test_every_child_dies_when_the_demo_is_killed(running_demo: RunningDemo) -> None:
