@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from simulator import MakeSimulator
+from simulator import MakeSimulator, write_targets
 from test_pipeline import HUMAN, PERMISSIVE, Env, propose_delete
 
 from gateway import notify
@@ -315,3 +315,19 @@ def test_a_broken_notifications_file_stops_the_gateway_with_the_line(
     assert main(["pending", "list", "--home", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert f"{tmp_path / 'notifications.yaml'}:5:1: not valid YAML" in err, err
+
+
+async def test_a_denial_from_the_shell_is_told_too(
+    gated: tuple[Env, Any], receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gateway.cli import main
+
+    env, gw = gated
+    proposal = await propose_delete(gw)
+    for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim},
+                                    {"vc1": {"proposal_ttl_seconds": 1800}}).items():
+        monkeypatch.setenv(key, value)
+    argv = ["pending", "deny", proposal["proposal_id"], "--home", str(env.tmp)]
+    assert await anyio.to_thread.run_sync(main, argv) == 0
+    (denied,) = await wait_for(lambda: receiver.of("denied"), "denial from the CLI")
+    assert denied["valid"] and denied["body"]["proposal"]["decided_by"].startswith("cli:")
