@@ -17,11 +17,11 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from simulator import MakeSimulator, write_targets
-from test_pipeline import HUMAN, PERMISSIVE, Env, propose_delete
+from simulator import MakeSimulator, find_vm, pyvmomi_connect, read_properties, wait_until, write_targets
+from test_pipeline import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
 
 from gateway import notify
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayError
 from gateway.store.base import Proposal
 
 SECRET = "s3cr3t-for-the-test-receiver"
@@ -331,3 +331,44 @@ async def test_a_denial_from_the_shell_is_told_too(
     assert await anyio.to_thread.run_sync(main, argv) == 0
     (denied,) = await wait_for(lambda: receiver.of("denied"), "denial from the CLI")
     assert denied["valid"] and denied["body"]["proposal"]["decided_by"].startswith("cli:")
+
+
+async def test_the_pipeline_reports_every_transition_to_its_listeners(
+    tmp_path: Path, make_simulator: MakeSimulator,
+) -> None:
+    """The listener points the notifier relies on: proposed, approved, executing, executed, stale, denied,
+    cancelled, expired, each with the proposal as it is after the transition."""
+    env = Env(tmp_path, make_simulator(vms=2))
+    gw = env.build()
+    seen: list[tuple[str, str, str]] = []
+    gw.add_lifecycle_listener(lambda event, p: seen.append((event, p.id, p.state)))
+    try:
+        done = await propose_delete(gw, vm=VM0)
+        await gw.approve(done["proposal_id"], HUMAN)
+        stale = await propose_delete(gw, vm=VM1)
+        si = pyvmomi_connect(env.sim)
+        task = find_vm(si, VM1).Rename_Task(newName="renamed-meanwhile")
+        wait_until(lambda: read_properties(si, task, "info.state")["info.state"] in ("success", "error"))
+        with pytest.raises(GatewayError):
+            await gw.call(ADMIN, "confirm_action", {"token": stale["token"]})
+        denied = await propose_delete(gw, vm="renamed-meanwhile")
+        gw.deny(denied["proposal_id"], HUMAN)
+        cancelled = await propose_delete(gw, vm="renamed-meanwhile")
+        await gw.call(ADMIN, "cancel_action", {"token": cancelled["token"]})
+        expired = await propose_delete(gw, vm="renamed-meanwhile")
+        env.clock.now += 10_000
+        gw.expire_due()
+    finally:
+        await gw.close()
+        env.gateways.clear()
+
+    def of(pid: str) -> list[tuple[str, str]]:
+        return [(event, state) for event, p, state in seen if p == pid]
+
+    assert of(done["proposal_id"]) == [("proposed", "pending"), ("approved", "executing"),
+                                       ("executing", "executing"), ("executed", "executed")]
+    assert of(stale["proposal_id"]) == [("proposed", "pending"), ("executing", "executing"),
+                                        ("stale", "failed")]
+    assert of(denied["proposal_id"]) == [("proposed", "pending"), ("denied", "denied")]
+    assert of(cancelled["proposal_id"]) == [("proposed", "pending"), ("cancelled", "cancelled")]
+    assert of(expired["proposal_id"]) == [("proposed", "pending"), ("expired", "expired")]

@@ -465,7 +465,7 @@ def narrow(watched: Watched, served: WebServer, who: str, width: int) -> Page:
     return page
 
 
-@pytest.mark.parametrize("width", [360, 1280])
+@pytest.mark.parametrize("width", [360, 420, 1280])
 def test_the_page_fits_the_screen_with_buttons_in_place(
     people: Callable[[], Watched], served: WebServer, width: int,
 ) -> None:
