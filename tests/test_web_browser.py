@@ -445,6 +445,20 @@ LAYOUT_PROBLEMS = """() => {
         const firstBottom = Math.min(...rects.map((r) => r.bottom));
         if (rects.some((r) => r.top >= firstBottom - 1)) problems.push(`"${text}" is broken over two lines`);
     }
+    for (const code of document.querySelectorAll("code")) {
+        const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            for (const word of node.textContent.matchAll(/\\S+/g)) {
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+                if (!rects.length) continue;
+                const firstBottom = Math.min(...rects.map((r) => r.bottom));
+                if (rects.some((r) => r.top >= firstBottom - 1)) problems.push(`"${word[0]}" is broken over two lines`);
+            }
+        }
+    }
     return problems;
 }"""
 

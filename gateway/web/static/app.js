@@ -121,7 +121,9 @@
 
   function signInHint(role) {
     $("sign-in-hint").hidden = !role;
-    $("sign-in-command").textContent = role ? "gateway token create alice --role " + role : "";
+    // each word unbreakable (a line may end only between words, never inside "--role")
+    const words = role ? ["gateway", "token", "create", "alice", "--role", role] : [];
+    clear($("sign-in-command")).append(...words.flatMap((word, i) => [i ? " " : "", el("span", { class: "word", text: word })]));
   }
 
   function showSignIn(message, hintRole) {
