@@ -431,32 +431,35 @@ LAYOUT_PROBLEMS = """() => {
     if (document.documentElement.scrollWidth > width) {
         problems.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${width}`);
     }
+    // a run of text is broken when one of its boxes starts below the bottom of the first line
+    const broken = (rects) => {
+        const shown = rects.filter((r) => r.width > 0);
+        if (!shown.length) return false;
+        const firstBottom = Math.min(...shown.map((r) => r.bottom));
+        return shown.some((r) => r.top >= firstBottom - 1);
+    };
+    const textNodes = (root) => {
+        const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+        const nodes = [];
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) nodes.push(node);
+        return nodes;
+    };
     for (const cell of document.querySelectorAll("td, th, .badge, .tool, .target-name")) {
         const text = cell.textContent.trim();
         if (!text || /\\s/.test(text) || cell.closest("details")) continue;
-        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-        const rects = [];
-        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const rects = textNodes(cell).flatMap((node) => {
             const range = document.createRange();
             range.selectNodeContents(node);
-            rects.push(...[...range.getClientRects()].filter((r) => r.width > 0));
-        }
-        if (!rects.length) continue;
-        const firstBottom = Math.min(...rects.map((r) => r.bottom));
-        if (rects.some((r) => r.top >= firstBottom - 1)) problems.push(`"${text}" is broken over two lines`);
+            return [...range.getClientRects()];
+        });
+        if (broken(rects)) problems.push(`"${text}" is broken over two lines`);
     }
-    for (const code of document.querySelectorAll("code")) {
-        const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
-        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-            for (const word of node.textContent.matchAll(/\\S+/g)) {
-                const range = document.createRange();
-                range.setStart(node, word.index);
-                range.setEnd(node, word.index + word[0].length);
-                const rects = [...range.getClientRects()].filter((r) => r.width > 0);
-                if (!rects.length) continue;
-                const firstBottom = Math.min(...rects.map((r) => r.bottom));
-                if (rects.some((r) => r.top >= firstBottom - 1)) problems.push(`"${word[0]}" is broken over two lines`);
-            }
+    for (const node of [...document.querySelectorAll("code")].flatMap(textNodes)) {
+        for (const word of node.textContent.matchAll(/\\S+/g)) {
+            const range = document.createRange();
+            range.setStart(node, word.index);
+            range.setEnd(node, word.index + word[0].length);
+            if (broken([...range.getClientRects()])) problems.push(`"${word[0]}" is broken over two lines`);
         }
     }
     return problems;
@@ -543,6 +546,13 @@ def test_a_link_to_a_proposal_opens_its_card(people: Callable[[], Watched], serv
     expect(card).to_be_in_viewport()
     expect(page.locator("#view-pending")).to_be_visible()
     shot(page, "22-linked-proposal")
+
+    later = people().page()  # the link followed from a chat message, before signing in
+    later.goto(f"/ui/#proposal={pid}")
+    later.fill("#token", served.tokens["alice"])
+    later.click("#sign-in-form button[type=submit]")
+    expect(pending_card(later, pid)).to_have_class(re.compile(r"\bfocused\b"))
+    expect(pending_card(later, pid)).to_be_in_viewport()
 
 
 def test_the_audit_outcome_column_shows_outcomes_not_rule_names(
