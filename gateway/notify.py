@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -57,8 +58,8 @@ from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 import httpx2
-import yaml
 
+from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
 from gateway.store.base import Proposal
 
@@ -68,6 +69,7 @@ EVENTS: Final = frozenset({
     "approval_needed", "proposed", "approved", "denied", "cancelled", "expired", "executing", "executed",
     "failed", "stale", "outcome_unknown",
 })
+_EVENT_LIST: Final = ", ".join(sorted(EVENTS))
 DEFAULT_EVENTS: Final = ("approval_needed", "approved", "denied", "expired", "failed", "stale",
                          "outcome_unknown")
 KINDS: Final = ("webhook", "chat")
@@ -115,7 +117,8 @@ class NotificationConfig:
 
 
 def load(path: Path, environ: Mapping[str, str]) -> NotificationConfig:
-    """Parse ``path`` strictly; a missing file is no channel. ConfigError lists every problem with its fix."""
+    """Parse ``path`` with the strict loader (duplicate keys refused); a missing file is no channel.
+    ConfigError lists every problem as ``file:line:column: ...`` with its fix."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -123,55 +126,62 @@ def load(path: Path, environ: Mapping[str, str]) -> NotificationConfig:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the notifications file ({exc.strerror}); fix its "
                           "permissions or set GATEWAY_NOTIFICATIONS_FILE") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}); "
-                          "fix the syntax") from None
+    data = load_yaml(text, str(path))
     problems: list[str] = []
     config = parse(data, environ, problems, str(path))
     if problems:
-        raise ConfigError("; ".join(problems), problems=problems)
+        raise ConfigProblems(problems)
     return config
 
 
-def parse(data: Any, environ: Mapping[str, str], problems: list[str], where: str) -> NotificationConfig:
-    """The ``notifications:`` document as a value; each problem appended to ``problems`` as a sentence."""
+def parse(data: Any, environ: Mapping[str, str], problems: list[str], source: str) -> NotificationConfig:
+    """The ``notifications:`` document as a value; each problem appended to ``problems`` as a sentence
+    starting with its ``file:line:column`` (when ``data`` came from ``load_yaml``)."""
     if data is None:
         return NotificationConfig()
     if not isinstance(data, dict) or set(data) != {"notifications"}:
-        problems.append(f"{where}: the file must hold one top-level key, 'notifications:'")
+        problems.append(f"{located(source, data)}: the file must hold one top-level key, 'notifications:'")
         return NotificationConfig()
     section = data["notifications"] or {}
     if not isinstance(section, dict):
-        problems.append(f"{where}: 'notifications' must be a mapping with 'channels' (and 'link_base')")
+        problems.append(f"{located(source, data, 'notifications')}: 'notifications' must be a mapping with "
+                        "'channels' (and 'link_base')")
         return NotificationConfig()
     for key in sorted(set(section) - _TOP_KEYS, key=str):
-        problems.append(f"{where}: notifications: unknown key '{key}'; allowed keys are "
-                        f"{', '.join(sorted(_TOP_KEYS))}")
+        problems.append(f"{located(source, section, key)}: notifications: unknown key '{key}'; allowed keys "
+                        f"are {', '.join(sorted(_TOP_KEYS))}")
     link_base = section.get("link_base")
     if link_base is not None and not (isinstance(link_base, str) and _url_problem(link_base) is None):
-        problems.append(f"{where}: notifications.link_base must be the web page's https:// address, e.g. "
-                        "https://gateway.example.com:8443")
+        problems.append(f"{located(source, section, 'link_base')}: notifications.link_base must be the web "
+                        "page's https:// address, e.g. https://gateway.example.com:8443")
         link_base = None
     raw_channels = section.get("channels") or []
     if not isinstance(raw_channels, list):
-        problems.append(f"{where}: notifications.channels must be a list of channels")
+        problems.append(f"{located(source, section, 'channels')}: notifications.channels must be a list of "
+                        "channels")
         raw_channels = []
     channels: list[Channel] = []
     seen: set[str] = set()
     for index, entry in enumerate(raw_channels):
-        channel = _parse_channel(entry, environ, problems, f"{where}: notifications.channels[{index}]")
+        where = functools.partial(_where, source, raw_channels, index, entry)
+        channel = _parse_channel(entry, environ, problems, where)
         if channel is None:
             continue
         if channel.name in seen:
-            problems.append(f"{where}: channel name '{channel.name}' is used twice; names must be unique")
+            problems.append(f"{where('name')}: channel name '{channel.name}' is used twice; names must be "
+                            "unique")
             continue
         seen.add(channel.name)
         channels.append(channel)
     return NotificationConfig(tuple(channels), link_base)
+
+
+def _where(source: str, channels: Any, index: int, entry: Any, key: str | None = None) -> str:
+    """``file:line:column: notifications.channels[i] (name)`` of ``key`` in a channel (or of the channel)."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    label = f"notifications.channels[{index}]" + (f" ({name})" if isinstance(name, str) and name else "")
+    at = located(source, entry, key) if key is not None and isinstance(entry, dict) and key in entry else None
+    return f"{at or located(source, channels, index)}: {label}"
 
 
 def _url_problem(url: str) -> str | None:
@@ -189,53 +199,59 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-def _number(entry: Mapping[str, Any], key: str, default: float, low: float, high: float, where: str,
+Where = Callable[..., str]
+
+
+def _number(entry: Mapping[str, Any], key: str, default: float, low: float, high: float, where: Where,
             problems: list[str], *, integer: bool = False) -> float:
     value = entry.get(key, default)
     wrong_kind = isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
     if wrong_kind or not low <= value <= high:
         kind = "a whole number" if integer else "a number"
-        problems.append(f"{where}: '{key}' must be {kind} between {low:g} and {high:g}")
+        problems.append(f"{where(key)}: '{key}' must be {kind} between {low:g} and {high:g}")
         return default
     return float(value)
 
 
-def _parse_channel(entry: Any, environ: Mapping[str, str], problems: list[str], where: str) -> Channel | None:
+def _parse_channel(
+    entry: Any, environ: Mapping[str, str], problems: list[str], where: Where,
+) -> Channel | None:
     if not isinstance(entry, dict):
-        problems.append(f"{where}: each channel must be a mapping with name, kind and url")
+        problems.append(f"{where()}: each channel must be a mapping with name, kind and url")
         return None
     before = len(problems)
     for key in sorted(set(entry) - _CHANNEL_KEYS, key=str):
-        problems.append(f"{where}: unknown key '{key}'; allowed keys are {', '.join(sorted(_CHANNEL_KEYS))}")
+        allowed = ", ".join(sorted(_CHANNEL_KEYS))
+        problems.append(f"{where(key)}: unknown key '{key}'; allowed keys are {allowed}")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
-        problems.append(f"{where}: 'name' is required (a short label used in audit rows)")
+        problems.append(f"{where('name')}: 'name' is required (a short label used in audit rows)")
         name = "?"
-    else:
-        where = f"{where} ({name})"
     kind = entry.get("kind")
     if kind not in KINDS:
-        problems.append(f"{where}: 'kind' must be one of {', '.join(KINDS)}")
+        problems.append(f"{where('kind')}: 'kind' must be one of {', '.join(KINDS)}")
     url = _channel_url(entry, environ, problems, where)
     secret: bytes | None = None
     secret_env = entry.get("secret_env")
     if secret_env is not None:
         if not isinstance(secret_env, str) or not secret_env.endswith("_SECRET"):
-            problems.append(f"{where}: 'secret_env' must name an environment variable ending in _SECRET")
+            problems.append(f"{where('secret_env')}: 'secret_env' must name an environment variable ending "
+                            "in _SECRET")
         elif not environ.get(secret_env):
-            problems.append(f"{where}: the environment variable {secret_env} is not set; set it to the "
-                            "shared HMAC secret (e.g. `openssl rand -hex 32`) in the gateway's environment")
+            problems.append(f"{where('secret_env')}: the environment variable {secret_env} is not set; set "
+                            "it to the shared HMAC secret (e.g. `openssl rand -hex 32`) in the gateway's "
+                            "environment")
         else:
             secret = environ[secret_env].encode()
     elif kind == "webhook":
-        problems.append(f"{where}: a webhook channel needs 'secret_env' (the variable holding its HMAC "
+        problems.append(f"{where()}: a webhook channel needs 'secret_env' (the variable holding its HMAC "
                         "secret); unsigned generic webhooks are refused")
     events = entry.get("events", list(DEFAULT_EVENTS))
     if not isinstance(events, list) or not events or not all(isinstance(e, str) for e in events):
-        problems.append(f"{where}: 'events' must be a non-empty list of: {', '.join(sorted(EVENTS))}")
+        problems.append(f"{where('events')}: 'events' must be a non-empty list of: {_EVENT_LIST}")
         events = list(DEFAULT_EVENTS)
     for unknown in sorted(set(events) - EVENTS):
-        problems.append(f"{where}: unknown event '{unknown}'; events are {', '.join(sorted(EVENTS))}")
+        problems.append(f"{where('events')}: unknown event '{unknown}'; events are {_EVENT_LIST}")
     attempts = _number(entry, "max_attempts", 5, 1, 20, where, problems, integer=True)
     backoff = _number(entry, "backoff_seconds", 2.0, 0.01, MAX_BACKOFF_SECONDS, where, problems)
     timeout = _number(entry, "timeout_seconds", 10.0, 0.1, 120, where, problems)
@@ -246,30 +262,31 @@ def _parse_channel(entry: Any, environ: Mapping[str, str], problems: list[str], 
 
 
 def _channel_url(entry: Mapping[str, Any], environ: Mapping[str, str], problems: list[str],
-                 where: str) -> str | None:
+                 where: Where) -> str | None:
     url, url_env = entry.get("url"), entry.get("url_env")
     if (url is None) == (url_env is None):
-        problems.append(f"{where}: set exactly one of 'url' and 'url_env' (use url_env when the URL holds "
-                        "a secret, as Slack and Teams webhook URLs do)")
+        problems.append(f"{where('url' if url is not None else None)}: set exactly one of 'url' and "
+                        "'url_env' (use url_env when the URL holds a secret, as Slack and Teams webhook URLs "
+                        "do)")
         return None
     if url_env is not None:
         if not isinstance(url_env, str) or not url_env.endswith("_URL"):
-            problems.append(f"{where}: 'url_env' must name an environment variable ending in _URL")
+            problems.append(f"{where('url_env')}: 'url_env' must name an environment variable ending in _URL")
             return None
         url = environ.get(url_env)
         if not url:
-            problems.append(f"{where}: the environment variable {url_env} is not set; set it to the webhook "
-                            "URL")
+            problems.append(f"{where('url_env')}: the environment variable {url_env} is not set; set it to "
+                            "the webhook URL")
             return None
-        source = f"the URL in {url_env}"
+        source, key = f"the URL in {url_env}", "url_env"
     else:
-        source = "'url'"
+        source, key = "'url'", "url"
     if not isinstance(url, str):
-        problems.append(f"{where}: 'url' must be a string")
+        problems.append(f"{where(key)}: 'url' must be a string")
         return None
     problem = _url_problem(url)
     if problem:
-        problems.append(f"{where}: {source} {problem}")
+        problems.append(f"{where(key)}: {source} {problem}")
         return None
     return url
 

@@ -372,3 +372,16 @@ async def test_the_pipeline_reports_every_transition_to_its_listeners(
     assert of(denied["proposal_id"]) == [("proposed", "pending"), ("denied", "denied")]
     assert of(cancelled["proposal_id"]) == [("proposed", "pending"), ("cancelled", "cancelled")]
     assert of(expired["proposal_id"]) == [("proposed", "pending"), ("expired", "expired")]
+
+
+def test_file_problems_carry_line_and_column_and_repeated_keys_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "n.yaml"
+    path.write_text("notifications:\n  channels:\n    - name: ops\n      kind: webhook\n"
+                    "      url: https://hooks.example.com/gw\n      secret_env: HOOK_SECRET\n"
+                    "      colour: red\n")
+    with pytest.raises(ConfigError) as problem:
+        notify.load(path, ENV)
+    assert f"{path}:7:7: notifications.channels[0] (ops): unknown key 'colour'" in problem.value.message
+    path.write_text("notifications:\n  channels:\n    - name: ops\n      kind: webhook\n      kind: chat\n")
+    with pytest.raises(ConfigError, match=r"n\.yaml:5:7: the key 'kind' appears twice"):
+        notify.load(path, ENV)
