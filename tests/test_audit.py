@@ -256,12 +256,17 @@ def test_garbage_after_the_last_row_breaks_the_chain_instead_of_being_cut(path: 
 
 
 def test_rows_larger_than_the_read_chunk_chain_and_read_back(path: Path) -> None:
+    # The sink bounds its rows now, but a log written by an older version may hold huge ones.
     big = "x" * 200_000
-    with AuditSink(path, durable=False) as first:
-        first.write({"phase": "call", "args": {"note": big}})
-    with AuditSink(path, durable=False) as second:
-        second.write({"phase": "call", "args": {"note": big}})
-        second.write({"phase": "call"})
+    first = {"ts": "2026-03-28T12:00:00.000Z", "seq": 1, "phase": "call", "args": {"note": big},
+             "prev": GENESIS}
+    first["hash"] = row_hash(first)
+    second = {"ts": "2026-03-28T12:01:00.000Z", "seq": 2, "phase": "call", "args": {"note": big},
+              "prev": first["hash"]}
+    second["hash"] = row_hash(second)
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in (first, second)))
+    with AuditSink(path, durable=False) as sink:
+        assert sink.write({"phase": "call"})["seq"] == 3
     assert verify(path).ok
     assert read_rows(path, last=2)[0]["args"]["note"] == big
 
@@ -559,7 +564,7 @@ def test_rotation_continues_the_chain_across_files(path: Path) -> None:
 
 
 def test_rotation_keeps_n_files_and_verify_starts_at_the_marker(path: Path) -> None:
-    with AuditSink(path, durable=False, max_bytes=1500, keep=3) as rotating:
+    with AuditSink(path, durable=False, max_bytes=1500, keep=3, retain_seconds=0) as rotating:
         write_calls(rotating, 40)
     names = [f"{path.name}.3", f"{path.name}.2", f"{path.name}.1", path.name]
     assert [f.name for f in log_files(path)] == names
@@ -659,3 +664,146 @@ def test_stats_since(history: list[dict[str, Any]], path: Path) -> None:
     summary = stats(path, since=T0 + timedelta(minutes=4))
     assert summary["rows"] == 2 and summary["by_caller"] == {"bot": 1, "admin": 1}
     assert re.fullmatch(r"2026-03-28T12:04:00\.000Z", summary["since"])
+
+
+# -- bounded in time: a held lock never stalls a writer forever --------------------------------------
+
+_LOCK_HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o640)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_lock_held_by_another_process_fails_the_write_within_its_deadline(path: Path) -> None:
+    lock_file = path.with_name(path.name + ".lock")
+    holder = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, str(lock_file)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    outcome: list[BaseException | dict[str, Any]] = []
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        sink = AuditSink(path, durable=False, lock_timeout=0.5)
+
+        def write() -> None:
+            try:
+                outcome.append(sink.write({"phase": "call", "tool": "power_on_vm"}))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        writer.join(timeout=30)  # far past the 0.5 s deadline: only a write that never returns fails here
+        assert not writer.is_alive(), "write() still blocked on the held lock after 30 s"
+        assert len(outcome) == 1 and isinstance(outcome[0], AuditUnavailable)
+        assert outcome[0].code == "audit_unavailable"
+        assert str(lock_file) in outcome[0].message and "lock" in outcome[0].message
+        assert not path.exists() or path.read_bytes() == b""
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        assert holder.stdout is not None
+        holder.stdout.close()
+    # once the other process lets go, the same sink writes again
+    assert sink.write({"phase": "call"})["seq"] == 1
+    sink.close()
+
+
+def test_the_default_lock_deadline_is_bounded(path: Path) -> None:
+    sink = AuditSink(path, durable=False)
+    assert 0 < sink.lock_timeout <= 10
+    sink.close()
+
+
+# -- bounded in size: no caller can write a huge row --------------------------------------------------
+
+def test_a_500_kb_target_name_is_stored_in_a_few_hundred_bytes(sink: AuditSink, path: Path) -> None:
+    huge = "vm-" + "x" * 500_000
+    row = sink.write({"phase": "call", "tool": "power_on_vm", "target": huge,
+                      "args": {"vm": huge, "target": huge}})
+    line = path.read_bytes()
+    assert len(line) < 2_000, len(line)
+    digest = hashlib.sha256(huge.encode()).hexdigest()
+    assert row["target"]["size"] == len(huge.encode()) and row["target"]["sha256"] == digest
+    assert row["target"]["cut"].startswith("vm-xxx")
+    assert row["args"]["vm"]["sha256"] == digest
+    assert verify(path).ok
+
+
+def test_containers_are_bounded_in_items_and_depth(sink: AuditSink) -> None:
+    nested: Any = "leaf"
+    for _ in range(100):
+        nested = {"n": nested}
+    row = sink.write({"phase": "call", "args": {"vms": [f"vm-{i}" for i in range(5_000)],
+                                                "map": {f"k{i}": i for i in range(5_000)}, "deep": nested}})
+    vms = row["args"]["vms"]
+    assert len(vms) <= 101 and vms[-1] == {"more_items": 5_000 - (len(vms) - 1)}
+    assert len(row["args"]["map"]) <= 101 and "more_items" in row["args"]["map"]
+    depth, node = 0, row["args"]["deep"]
+    while isinstance(node, dict) and "n" in node:
+        node, depth = node["n"], depth + 1
+    assert depth < 20
+    assert len(canonical_json(row)) < 20_000
+
+
+def test_short_values_are_stored_unchanged(sink: AuditSink) -> None:
+    args = {"vm": "web-1", "cpus": 4, "tags": ["a", "b"], "spec": {"memory_mb": 2048}}
+    assert sink.write({"phase": "call", "args": args})["args"] == args
+
+
+# -- honest retention ---------------------------------------------------------------------------------
+
+def test_a_flood_of_reader_rows_cannot_rotate_a_young_admin_row_away(path: Path) -> None:
+    with AuditSink(path, durable=False, max_bytes=2_000, keep=2) as sink:
+        sink.write({"phase": "call", "caller": "admin", "tool": "power_off_vm", "target": "vc1"})
+        for i in range(30):
+            sink.write({"phase": "call", "caller": "reader", "tool": "list_vms",
+                        "args": {"target": "x" * 500_000, "i": i}})
+        counters = sink.stats()
+    assert [r["tool"] for r in read_rows(path, caller="admin")] == ["power_off_vm"]
+    assert counters["files_dropped"] == 0 and counters["files_kept_over_budget"] > 0
+    assert counters["rotations"] == len(log_files(path)) - 1 and counters["rows_written"] == 31
+    report = verify(path)
+    assert report.ok and report.first_seq == 1
+
+
+def test_retention_drops_old_files_loudly_and_counts_them(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ticking_clock(step=timedelta(hours=1))
+    with AuditSink(path, durable=False, max_bytes=1500, keep=3, retain_seconds=3600 * 4,
+                   clock=clock) as sink:
+        write_calls(sink, 40)
+        counters = sink.stats()
+    drops = [r for r in caplog.records if "AUDIT RETENTION: dropping" in r.getMessage()]
+    assert counters["files_dropped"] == len(drops) > 0
+    markers = [r for r in read_rows(path) if r["phase"] == ROTATED_PHASE and r.get("dropped")]
+    recorded = [d for m in markers for d in m["dropped"]]
+    assert recorded and all(d["rows"] > 0 and d["first_seq"] <= d["last_seq"] for d in recorded)
+    report = verify(path)
+    assert report.ok and report.starts_after_rotation
+    # every row ever written is either still on disk or counted as dropped
+    assert report.last_seq is not None and counters["rows_dropped"] == report.last_seq - report.rows
+    assert len(log_files(path)) <= 4
+
+
+def test_retention_by_age_drops_files_older_than_max_age_even_within_the_budget(path: Path) -> None:
+    clock = ticking_clock(step=timedelta(days=1))
+    with AuditSink(path, durable=False, max_bytes=1500, keep=100, retain_seconds=0,
+                   max_age_seconds=5 * 86400, clock=clock) as sink:
+        write_calls(sink, 40)
+        assert sink.stats()["files_dropped"] > 0
+    oldest = read_rows(path)[0]
+    assert oldest["phase"] == ROTATED_PHASE and verify(path).ok
+
+
+def test_stats_count_rows_rotations_and_bytes(path: Path) -> None:
+    with AuditSink(path, durable=False, max_bytes=1500, keep=50) as sink:
+        assert sink.stats()["rows_written"] == 0
+        write_calls(sink, 20)
+        counters = sink.stats()
+    assert counters["rows_written"] == 20
+    assert counters["rotations"] == len(log_files(path)) - 1 > 0
+    assert counters["bytes"] == sum(f.stat().st_size for f in log_files(path))

@@ -37,13 +37,18 @@ import os
 import re
 import stat
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.errors import AuditUnavailable
 
@@ -59,6 +64,16 @@ MASK = "***"
 STAMPED = ("ts", "seq", "prev", "hash")
 #: ``writable()`` wants at least this much free space on the log's filesystem
 MIN_FREE_BYTES = 1024 * 1024
+#: rotated files holding rows younger than this are never dropped by retention (7 days)
+DEFAULT_RETAIN_SECONDS = 7 * 24 * 3600.0
+#: a signed checkpoint of the chain's head is written after this many rows ...
+DEFAULT_CHECKPOINT_ROWS = 1000
+#: ... or on the first write this long after the previous one (and on rotation and close)
+DEFAULT_CHECKPOINT_SECONDS = 300.0
+_STAT_NAMES = ("rows_written", "rotations", "files_dropped", "rows_dropped", "files_kept_over_budget",
+               "checkpoints", "lock_timeouts")
+#: how long ``AuditSink.write`` waits for the log's lock (held by another writer) before giving up
+DEFAULT_LOCK_TIMEOUT = 5.0
 
 # ---------------------------------------------------------------------------------------------------
 # Redaction
@@ -159,39 +174,117 @@ def redact(value: Any) -> Any:
     ``redact_text``. Keys become strings, tuples and sets lists, enums their values, datetimes ISO
     text, non-finite floats text and anything else its (redacted) ``str()``.
     """
-    return _redact(value, 0)
+    return _Walk(None).value(value, 0)
 
 
-def _redact(value: Any, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        return "<nested too deep>"
-    if value is None or isinstance(value, bool | int):
-        return value
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _redact_item(str(k), v, depth) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_redact(v, depth + 1) for v in value]
-    return _redact_scalar(value, depth)
+def bounded(value: Any) -> Any:
+    """``redact(value)`` bounded in size, as audit rows store values.
+
+    A string longer than ``MAX_STRING_CHARS`` (after redaction) becomes ``{"cut": <its first
+    CUT_KEEP_CHARS characters>, "size": <UTF-8 bytes>, "sha256": <hex digest of the redacted text>}``;
+    a list or mapping keeps its first ``MAX_ITEMS`` items and ends with ``{"more_items": n}`` (a list)
+    or a ``"more_items"`` key (a mapping); nesting deeper than ``MAX_BOUNDED_DEPTH`` becomes
+    ``"<nested too deep>"``; and once ``MAX_ROW_CHARS`` characters of text have been kept in one value,
+    every further string is cut to its size and digest alone. So no caller can make a row large.
+    """
+    return _Walk(_Budget(MAX_ROW_CHARS)).value(value, 0)
 
 
-def _redact_item(key: str, value: Any, depth: int) -> Any:
-    if is_secret_key(key) and value is not None and not isinstance(value, bool):
-        return MASK
-    return _redact(value, depth + 1)
+#: audit rows keep strings up to this many characters whole
+MAX_STRING_CHARS = 1024
+#: of a longer string, this many leading characters are kept (with its size and digest)
+CUT_KEEP_CHARS = 96
+#: items kept of one list or mapping in an audit row
+MAX_ITEMS = 100
+#: nesting kept in an audit row (the row itself is level 0)
+MAX_BOUNDED_DEPTH = 12
+#: characters of text kept across one row, all strings together
+MAX_ROW_CHARS = 16 * 1024
+MORE_ITEMS = "more_items"
+_TOO_DEEP = "<nested too deep>"
 
 
-def _redact_scalar(value: Any, depth: int) -> Any:
-    if isinstance(value, Enum):
-        return _redact(value.value, depth + 1)
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, bytes | bytearray):
-        return f"<{len(value)} bytes>"
-    return redact_text(str(value))
+class _Budget:
+    """Characters of text one bounded value may still keep."""
+
+    def __init__(self, chars: int) -> None:
+        self.chars = chars
+
+    def text(self, text: str) -> Any:
+        if len(text) <= min(MAX_STRING_CHARS, self.chars):
+            self.chars -= len(text)
+            return text
+        keep = max(0, min(CUT_KEEP_CHARS, self.chars))
+        self.chars -= keep
+        data = text.encode("utf-8", "surrogatepass")
+        return {"cut": text[:keep], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _bounded_key(key: str) -> str:
+    """A mapping key kept short: a long one keeps its start and a digest (distinct keys stay distinct)."""
+    if len(key) <= CUT_KEEP_CHARS:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{key[:CUT_KEEP_CHARS]}...sha256:{digest}"
+
+
+class _Walk:
+    """One walk over a value: redaction always; with a budget, bounds on size as well."""
+
+    def __init__(self, budget: _Budget | None) -> None:
+        self.budget = budget
+        self.max_depth = _MAX_DEPTH if budget is None else MAX_BOUNDED_DEPTH
+
+    def value(self, value: Any, depth: int) -> Any:
+        if value is None or isinstance(value, bool | int):
+            return value
+        if isinstance(value, str):
+            return self.text(redact_text(value))
+        if isinstance(value, float):
+            return value if math.isfinite(value) else str(value)
+        if depth >= self.max_depth and isinstance(value, Mapping | list | tuple | set | frozenset):
+            return _TOO_DEEP
+        if isinstance(value, Mapping):
+            return self.mapping(value, depth)
+        if isinstance(value, list | tuple | set | frozenset):
+            return self.sequence(value, depth)
+        return self.scalar(value, depth)
+
+    def text(self, text: str) -> Any:
+        return text if self.budget is None else self.budget.text(text)
+
+    def mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for index, (key, item) in enumerate(value.items()):
+            if self.budget is not None and index >= MAX_ITEMS:
+                out[MORE_ITEMS] = len(value) - MAX_ITEMS
+                break
+            name = str(key) if self.budget is None else _bounded_key(str(key))
+            if is_secret_key(name) and item is not None and not isinstance(item, bool):
+                out[name] = MASK
+            else:
+                out[name] = self.value(item, depth + 1)
+        return out
+
+    def sequence(self, value: Any, depth: int) -> list[Any]:
+        if self.budget is None:
+            return [self.value(v, depth + 1) for v in value]
+        out: list[Any] = []
+        for index, item in enumerate(value):
+            if index >= MAX_ITEMS:
+                out.append({MORE_ITEMS: len(value) - MAX_ITEMS})
+                break
+            out.append(self.value(item, depth + 1))
+        return out
+
+    def scalar(self, value: Any, depth: int) -> Any:
+        if isinstance(value, Enum):
+            return self.value(value.value, depth + 1)
+        if isinstance(value, datetime | date):
+            return value.isoformat()
+        if isinstance(value, bytes | bytearray):
+            return f"<{len(value)} bytes>"
+        return self.text(redact_text(str(value)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -224,11 +317,11 @@ def result_fingerprint(result: Any) -> tuple[str, int]:
 
 def prepare_event(event: Mapping[str, Any]) -> dict[str, Any]:
     """The caller's event as it will be logged, before stamping: stamp fields dropped, ``result``
-    replaced by its digest and size, everything else redacted."""
+    replaced by its digest and size, everything else redacted and bounded (see ``bounded``)."""
     body = {k: v for k, v in event.items() if k not in STAMPED and k != "result"}
     if "result" in event:
         body["result_digest"], body["result_size"] = result_fingerprint(event["result"])
-    prepared: dict[str, Any] = redact(body)
+    prepared: dict[str, Any] = bounded(body)
     return prepared
 
 
@@ -392,6 +485,92 @@ def _last_row_of_file(path: Path) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Checkpoints: the chain's head signed with Ed25519
+# ---------------------------------------------------------------------------------------------------
+
+#: the signing key's file name in the state directory (GATEWAY_HOME)
+SIGNING_KEY_NAME = "audit-signing.key"
+
+
+def checkpoint_path(path: Path) -> Path:
+    """The checkpoint file beside a log: ``<name>.checkpoints`` (JSON lines, one signed head each)."""
+    return Path(path).with_name(Path(path).name + ".checkpoints")
+
+
+def load_or_create_signing_key(key_file: Path) -> Ed25519PrivateKey:
+    """The Ed25519 key in ``key_file`` (PEM, PKCS#8), generated (mode 0600) when the file is missing.
+
+    Creation is exclusive (two processes starting at once end up with one key) and flushed to disk.
+    A key file readable by group or others is refused: anyone who can read it can forge checkpoints.
+    """
+    key_file = Path(key_file)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return _read_signing_key(key_file)
+    try:
+        os.write(fd, pem)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    log.warning("created the audit signing key %s; its public key (pin it off this host): %s",
+                key_file, public_key_text(key.public_key()))
+    return key
+
+
+def _read_signing_key(key_file: Path) -> Ed25519PrivateKey:
+    mode = key_file.stat().st_mode
+    if mode & 0o077:
+        raise AuditUnavailable(f"the audit signing key {key_file} is readable by others (mode "
+                               f"{stat.S_IMODE(mode):o}); fix: chmod 600 {key_file}")
+    key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise AuditUnavailable(f"the audit signing key {key_file} is not an Ed25519 key; fix: move it "
+                               "away and let the gateway create a new one")
+    return key
+
+
+def public_key_text(key: Ed25519PublicKey) -> str:
+    """A public key as ``ed25519:<hex of its 32 raw bytes>``: what checkpoints carry and operators pin."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return f"ed25519:{raw.hex()}"
+
+
+def parse_public_key(text: str) -> Ed25519PublicKey:
+    """The key ``public_key_text`` printed; ``ValueError`` naming the expected form otherwise."""
+    body = text.strip().removeprefix("ed25519:")
+    try:
+        raw = bytes.fromhex(body)
+        if len(raw) != 32:
+            raise ValueError
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a public key; expected ed25519:<64 hex digits> as printed by "
+                         "`gateway audit key`") from None
+
+
+def sign_checkpoint(key: Ed25519PrivateKey, head: Mapping[str, Any]) -> dict[str, Any]:
+    """``head`` plus the signer's public key and an Ed25519 signature over their canonical JSON."""
+    entry = {**head, "public_key": public_key_text(key.public_key())}
+    entry["sig"] = key.sign(canonical_json(entry)).hex()
+    return entry
+
+
+def checkpoint_signature_ok(entry: Mapping[str, Any], key: Ed25519PublicKey) -> bool:
+    """Whether ``entry`` (a checkpoint line) was signed by ``key`` exactly as it stands."""
+    try:
+        signature = bytes.fromhex(str(entry["sig"]))
+        key.verify(signature, canonical_json({k: v for k, v in entry.items() if k != "sig"}))
+    except (KeyError, ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------
 # The sink
 # ---------------------------------------------------------------------------------------------------
 
@@ -425,9 +604,25 @@ class AuditSink:
     """
 
     def __init__(self, path: Path, *, max_bytes: int = 50 * 1024 * 1024, durable: bool = True,
-                 keep: int = 10, clock: Callable[[], datetime] = _utcnow) -> None:
-        if max_bytes < 1 or keep < 1:
-            raise ValueError("max_bytes and keep must be positive")
+                 keep: int = 10, clock: Callable[[], datetime] = _utcnow,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, max_total_bytes: int | None = None,
+                 retain_seconds: float = DEFAULT_RETAIN_SECONDS, max_age_seconds: float | None = None,
+                 key_file: Path | None = None, checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS,
+                 checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS) -> None:
+        if max_bytes < 1 or keep < 1 or not lock_timeout > 0 or checkpoint_rows < 1:
+            raise ValueError("max_bytes, keep, lock_timeout and checkpoint_rows must be positive")
+        if retain_seconds < 0 or (max_age_seconds is not None and max_age_seconds <= retain_seconds):
+            raise ValueError("retain_seconds must be >= 0 and max_age_seconds above it")
+        self.lock_timeout = float(lock_timeout)
+        self.max_total_bytes = max_total_bytes if max_total_bytes is not None else max_bytes * (keep + 1)
+        self.retain_seconds = float(retain_seconds)
+        self.max_age_seconds = max_age_seconds
+        self.key_file = Path(key_file) if key_file is not None else None
+        self.checkpoint_file = checkpoint_path(Path(path))
+        self.checkpoint_rows = checkpoint_rows
+        self.checkpoint_seconds = float(checkpoint_seconds)
+        self._signer: Ed25519PrivateKey | None = None
+        self._checkpointed: tuple[int, float] = (0, time.monotonic())  # (seq, when) of the last one
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.durable = durable
@@ -440,6 +635,9 @@ class AuditSink:
         self._pid = 0
         self._tail: _Tail | None = None
         self._closed = False
+        self._stats: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
+        self._rotated_bytes = 0
 
     def __enter__(self) -> AuditSink:
         return self
@@ -447,26 +645,60 @@ class AuditSink:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def write(self, event: Mapping[str, Any]) -> dict[str, Any]:
-        """Redact, stamp and append one row; return the row as written.
+    def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Redact, bound, stamp and append one row; return the row as written.
 
         Raises ``AuditUnavailable`` (naming the path, the OS error and the fix) when the row could not
-        be appended; nothing of it is left in the file then.
+        be appended; nothing of it is left in the file then. Waiting is bounded: the sink's own lock
+        and the ``<name>.lock`` file lock are tried until ``timeout`` seconds (default
+        ``lock_timeout``) have passed, and a row is not appended once they have. The disk flush itself
+        cannot be interrupted: callers on an event loop run this in a worker thread under their own
+        deadline (``asyncio.wait_for``).
         """
+        limit = self.lock_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         body = prepare_event(event)
-        with self._lock:
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise AuditUnavailable(
+                f"cannot append to the audit log {self.path}: other writes of this process held it for "
+                f"{limit:g} s (a slow disk?); the row was not written. fix: check the disk holding it")
+        try:
             if self._closed:
                 raise AuditUnavailable(f"the audit log {self.path} was closed; the gateway is shutting down")
             try:
                 lock_fd = self._ensure_lock_fd()
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                self._flock(lock_fd, deadline, limit)
                 try:
-                    return self._append_locked(body)
+                    row = self._append_locked(body, deadline, limit)
                 finally:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
             except OSError as exc:
                 self._drop_fd()
                 raise _unavailable(self.path, exc) from exc
+            self._count("rows_written")
+            return row
+        finally:
+            self._lock.release()
+
+    def _flock(self, lock_fd: int, deadline: float, limit: float) -> None:
+        """Take the file lock exclusively, trying without blocking until ``deadline``."""
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._count("lock_timeouts")
+                lock = _lock_path(self.path)
+                raise AuditUnavailable(
+                    f"cannot append to the audit log {self.path}: its lock file {lock} has been held by "
+                    f"another process for more than {limit:g} s; the row was not written. fix: find the "
+                    f"process holding it (`fuser {lock}`) and let it finish or stop it")
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
 
     def writable(self) -> bool:
         """Whether an append could succeed now (for readiness probes): the file opens for appending
@@ -486,8 +718,47 @@ class AuditSink:
             return False
         return regular and fs.f_bavail * fs.f_frsize >= MIN_FREE_BYTES
 
+    def stats(self) -> dict[str, int]:
+        """Counters since this sink was made (for metrics): ``rows_written``, ``rotations``,
+        ``files_dropped`` and ``rows_dropped`` (by retention), ``files_kept_over_budget`` (retention
+        kept them: too young to drop), ``checkpoints``, ``lock_timeouts``, and ``bytes``, the size of
+        the log and its rotated files as this process last saw them. Reads no file."""
+        with self._stats_lock:
+            counters = {name: self._stats[name] for name in _STAT_NAMES}
+        counters["bytes"] = self._rotated_bytes + (self._tail.key[2] if self._tail is not None else 0)
+        return counters
+
+    def checkpoint(self, *, timeout: float | None = None) -> dict[str, Any] | None:
+        """Sign the chain's head now (no-op without a ``key_file``); return the checkpoint written."""
+        if self.key_file is None:
+            return None
+        limit = self.lock_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        if not self._lock.acquire(timeout=limit):
+            raise AuditUnavailable(f"cannot checkpoint the audit log {self.path}: its writers are busy")
+        try:
+            lock_fd = self._ensure_lock_fd()
+            self._flock(lock_fd, deadline, limit)
+            try:
+                fd, size = self._open_log()
+                tail, size, _ = self._current_tail(fd, size)
+                return self._write_checkpoint(tail) if tail.seq else None
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise _unavailable(self.checkpoint_file, exc) from exc
+        finally:
+            self._lock.release()
+
     def close(self) -> None:
-        """Release the file descriptors; idempotent."""
+        """Sign a last checkpoint when rows were written since the previous one, then release the file
+        descriptors; idempotent."""
+        if not self._closed and self.key_file is not None and self._tail is not None \
+                and self._tail.seq > self._checkpointed[0]:
+            try:
+                self.checkpoint()
+            except (AuditUnavailable, OSError) as exc:
+                log.warning("could not write a closing checkpoint of the audit log %s: %s", self.path, exc)
         with self._lock:
             self._closed = True
             self._drop_fd()
@@ -549,22 +820,63 @@ class AuditSink:
         finally:
             os.close(dir_fd)
 
-    def _append_locked(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _append_locked(self, body: dict[str, Any], deadline: float, limit: float) -> dict[str, Any]:
         fd, size = self._open_log()
         tail, size, pending = self._current_tail(fd, size)
         for extra in pending:
             tail, size = self._emit(fd, size, tail, extra)
+        if time.monotonic() > deadline:
+            raise AuditUnavailable(
+                f"cannot append to the audit log {self.path}: the append took longer than {limit:g} s "
+                "(a slow or stalled disk?); the row was not written. fix: check the disk holding it")
         row, line = self._stamp(body, tail)
         if size > 0 and size + len(line) > self.max_bytes:
-            fd, size = self._rotate()
-            tail, size = self._emit(fd, size, tail, self._rotation_marker())
+            fd, size, dropped = self._rotate(tail)
+            tail, size = self._emit(fd, size, tail, self._rotation_marker(dropped))
             row, line = self._stamp(body, tail)
         self._append_line(fd, size, line)
         self._tail = _Tail(row["seq"], row["hash"], (*self._ident, size + len(line)))
+        if self.key_file is not None and self._checkpoint_due(row["seq"]):
+            self._write_checkpoint(self._tail)
         return row
 
-    def _rotation_marker(self) -> dict[str, Any]:
-        return {"phase": ROTATED_PHASE, "max_bytes": self.max_bytes}
+    def _rotation_marker(self, dropped: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        marker: dict[str, Any] = {"phase": ROTATED_PHASE, "max_bytes": self.max_bytes}
+        if dropped:
+            marker["dropped"] = list(dropped)
+        return marker
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+
+    def _checkpoint_due(self, seq: int) -> bool:
+        last_seq, when = self._checkpointed
+        return (seq - last_seq >= self.checkpoint_rows
+                or (seq > last_seq and time.monotonic() - when >= self.checkpoint_seconds))
+
+    def _write_checkpoint(self, tail: _Tail) -> dict[str, Any]:
+        """Append a signed (seq, hash) of the chain's head to the checkpoint file (under the file lock)."""
+        assert self.key_file is not None
+        if self._signer is None:
+            self._signer = load_or_create_signing_key(self.key_file)
+        entry = sign_checkpoint(self._signer, {"seq": tail.seq, "hash": tail.hash,
+                                               "ts": format_ts(self._clock()), "log": self.path.name})
+        line = (json.dumps(entry, separators=(",", ":"), sort_keys=True) + "\n").encode("ascii")
+        fd = os.open(self.checkpoint_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.durable:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._checkpointed = (tail.seq, time.monotonic())
+        self._count("checkpoints")
+        return entry
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        with self._stats_lock:
+            self._stats[name] += amount
 
     def _current_tail(self, fd: int, size: int) -> tuple[_Tail, int, list[dict[str, Any]]]:
         """The chain's last (seq, hash), the file's size, and any bookkeeping rows to write first (the
@@ -642,18 +954,96 @@ class AuditSink:
                 log.warning("could not remove a partial line from the audit log %s: %s", self.path, exc)
             raise
 
-    def _rotate(self) -> tuple[int, int]:
-        """Shift ``.k`` to ``.k+1`` (dropping those beyond ``keep``) and the log to ``.1``; open a new log."""
-        for old in log_files(self.path)[:-1]:
-            if int(old.name.rsplit(".", 1)[1]) >= self.keep:
-                old.unlink()
-        for index in range(self.keep - 1, 0, -1):
-            source = _rotated(self.path, index)
-            if source.exists():
-                source.rename(_rotated(self.path, index + 1))
+    def _rotate(self, tail: _Tail) -> tuple[int, int, list[dict[str, Any]]]:
+        """Sign the head (the end of the file being rotated), apply retention, shift ``.k`` to ``.k+1``
+        and the log to ``.1``, open a new log. Returns its descriptor, size and what retention dropped."""
+        if self.key_file is not None and tail.seq > self._checkpointed[0]:
+            self._write_checkpoint(tail)
+        dropped = self._apply_retention()
+        rotated = log_files(self.path)[:-1]
+        for old in rotated:  # oldest (highest index) first, so no rename lands on an existing file
+            index = int(old.name.rsplit(".", 1)[1])
+            old.rename(_rotated(self.path, index + 1))
         self.path.rename(_rotated(self.path, 1))
         self._drop_fd()
-        return self._open_log()
+        self._count("rotations")
+        self._rotated_bytes = sum(_size_of(f) for f in log_files(self.path))  # the log itself is gone now
+        fd, size = self._open_log()
+        return fd, size, dropped
+
+    def _apply_retention(self) -> list[dict[str, Any]]:
+        """Drop the oldest rotated files beyond the budget (``keep`` files after this rotation, and
+        ``max_total_bytes`` in all) or older than ``max_age_seconds``, but never one holding rows
+        younger than ``retain_seconds``: that one is kept over budget, loudly. Every drop is logged
+        (file, seq range, rows) before the file goes."""
+        rotated = log_files(self.path)[:-1]  # oldest first
+        current = _size_of(self.path)
+        sizes = [_size_of(f) for f in rotated]
+        now = self._clock()
+        dropped: list[dict[str, Any]] = []
+        over_budget_kept = 0
+        for position, file in enumerate(rotated):
+            remaining = rotated[position:]
+            total = current + sum(sizes[position:])
+            summary = _file_summary(file)
+            age = (now - summary["last_ts"]).total_seconds() if summary["last_ts"] else None
+            too_many = len(remaining) >= self.keep  # after rotation the current log becomes one more
+            too_big = total > self.max_total_bytes
+            too_old = self.max_age_seconds is not None and age is not None and age > self.max_age_seconds
+            if not (too_many or too_big or too_old):
+                break
+            if age is not None and age < self.retain_seconds and not too_old:
+                over_budget_kept += 1
+                continue
+            record = {"file": file.name, "first_seq": summary["first_seq"], "last_seq": summary["last_seq"],
+                      "rows": summary["rows"], "bytes": sizes[position],
+                      "last_ts": format_ts(summary["last_ts"]) if summary["last_ts"] else None}
+            log.warning("AUDIT RETENTION: dropping %s (rows seq %s..%s, %s rows, last %s): beyond the "
+                        "retention budget (keep=%d files, %d bytes, max age %s s); ship the log elsewhere "
+                        "before rotation if these rows must be kept", file, record["first_seq"],
+                        record["last_seq"], record["rows"], record["last_ts"], self.keep,
+                        self.max_total_bytes, self.max_age_seconds)
+            file.unlink()
+            dropped.append(record)
+            self._count("files_dropped")
+            self._count("rows_dropped", int(summary["rows"]))
+        if over_budget_kept:
+            self._count("files_kept_over_budget", over_budget_kept)
+            log.warning("AUDIT RETENTION: keeping %d rotated audit file(s) of %s beyond the budget (keep=%d, "
+                        "%d bytes): they hold rows younger than retain_seconds=%g; free disk space or ship "
+                        "and remove them by hand", over_budget_kept, self.path, self.keep,
+                        self.max_total_bytes, self.retain_seconds)
+        return dropped
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _file_summary(path: Path) -> dict[str, Any]:
+    """First and last seq, row count and the last row's time of one log file (rows that parse)."""
+    first: int | None = None
+    last: dict[str, Any] | None = None
+    rows = 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return {"first_seq": None, "last_seq": None, "rows": 0, "last_ts": None}
+    try:
+        for raw in _forward_lines(fd, os.fstat(fd).st_size):
+            row = _parse_row(raw)
+            if row is None:
+                continue
+            rows += 1
+            first = row["seq"] if first is None else first
+            last = row
+    finally:
+        os.close(fd)
+    return {"first_seq": first, "last_seq": last["seq"] if last else None, "rows": rows,
+            "last_ts": parse_ts(last.get("ts")) if last else None}
 
 
 def _close_quietly(fd: int) -> None:
