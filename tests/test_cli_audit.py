@@ -12,7 +12,7 @@ import pytest
 import gateway.cli
 from gateway.cli import main
 from gateway.cli.audit import parse_when
-from gateway.guard.audit import AuditSink, read_rows
+from gateway.guard.audit import SIGNING_KEY_NAME, AuditSink, read_rows
 
 NOW = datetime.now(UTC)
 
@@ -203,3 +203,55 @@ def test_an_unreadable_log_is_an_error_not_a_traceback(capsys: pytest.CaptureFix
     (tmp_path / "audit.jsonl").mkdir()
     code, _, err = run(capsys, "audit", "verify", "--audit-log", str(tmp_path / "audit.jsonl"))
     assert code == 1 and "cannot read the audit log" in err
+
+
+# -- checkpoints --------------------------------------------------------------------------------------
+
+def signed_log(home: Path, log: Path, rows: int = 8) -> None:
+    with AuditSink(log, durable=False, key_file=home / SIGNING_KEY_NAME, checkpoint_rows=4) as sink:
+        for i in range(rows):
+            sink.write({"phase": "call", "tool": "list_vms", "args": {"i": i}})
+
+
+def test_verify_checkpoint_passes_an_intact_log(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                log: Path) -> None:
+    signed_log(tmp_path, log)
+    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--home", str(tmp_path),
+                       "--audit-log", str(log))
+    assert code == 0, out
+    assert "OK: the audit chain is intact: 8 rows" in out
+    assert "checkpoints: OK: 2 signed heads match (newest seq 8)" in out
+
+
+def test_verify_checkpoint_detects_a_cut_tail(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                              log: Path) -> None:
+    signed_log(tmp_path, log)
+    log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:-2]))
+    assert run(capsys, "audit", "verify", "--audit-log", str(log))[0] == 0  # the chain alone passes
+    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--home", str(tmp_path),
+                       "--audit-log", str(log))
+    assert code == 1
+    assert "checkpoints: FAILED" in out and "cut_tail: seq 8 was signed but the log ends at seq 6" in out
+
+
+def test_audit_key_prints_the_public_key_and_verify_pins_it(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path, log: Path) -> None:
+    signed_log(tmp_path, log)
+    code, out, _ = run(capsys, "audit", "key", "--home", str(tmp_path))
+    key = out.strip()
+    assert code == 0 and key.startswith("ed25519:") and len(key) == 8 + 64
+    pinned = run(capsys, "audit", "verify", "--checkpoint", "--public-key", key, "--audit-log", str(log))
+    assert pinned[0] == 0
+    other = "ed25519:" + "ab" * 32
+    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--public-key", other,
+                       "--audit-log", str(log))
+    assert code == 1 and "key_mismatch" in out
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "verify", "--checkpoint", "--public-key", "nonsense", "--audit-log", str(log)])
+    assert exited.value.code == 2 and "expected ed25519:<64 hex digits>" in capsys.readouterr().err
+
+
+def test_audit_key_without_a_key_says_how_one_is_made(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    code, out, err = run(capsys, "audit", "key", "--home", str(tmp_path))
+    assert code == 1 and out == "" and "no audit signing key" in err

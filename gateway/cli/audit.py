@@ -8,10 +8,23 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from gateway.cli import add_path_flags, settings_from
-from gateway.guard.audit import VerifyReport, read_rows, stats, verify
+from gateway.errors import AuditUnavailable
+from gateway.guard.audit import (
+    SIGNING_KEY_NAME,
+    VerifyReport,
+    load_or_create_signing_key,
+    parse_public_key,
+    public_key_text,
+    read_rows,
+    stats,
+    verify,
+)
 
 _RELATIVE = re.compile(r"(?P<amount>\d+)(?P<unit>[smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -59,7 +72,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify_cmd = commands.add_parser(
         "verify", help="check the hash chain across rotated files (exit 0 intact, 1 otherwise)")
     add_path_flags(verify_cmd)
+    verify_cmd.add_argument(
+        "--checkpoint", action="store_true",
+        help="also check the signed checkpoints beside the log (detects a cut tail or a rewritten history)")
+    verify_cmd.add_argument(
+        "--public-key", dest="public_key", type=_public_key, metavar="ed25519:HEX",
+        help="the key checkpoints must be signed with (as `gateway audit key` printed it); default: the key "
+             f"in the state directory ({SIGNING_KEY_NAME}) when readable, else the first checkpoint's")
     verify_cmd.set_defaults(handler=run_verify)
+
+    key_cmd = commands.add_parser(
+        "key", help="print the public key audit checkpoints are signed with (pin it off this host)")
+    add_path_flags(key_cmd)
+    key_cmd.set_defaults(handler=show_key)
 
 
 # -- log ----------------------------------------------------------------------------------------------
@@ -180,18 +205,73 @@ def describe(report: VerifyReport) -> list[str]:
     return lines
 
 
-def run_verify(args: argparse.Namespace) -> int:
-    path = settings_from(args).audit_log
+def _public_key(text: str) -> Ed25519PublicKey:
     try:
-        report = verify(path)
+        return parse_public_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _state_key(home: Path) -> Ed25519PublicKey | None:
+    """The public half of the signing key in the state directory, when there is one to read."""
+    key_file = home / SIGNING_KEY_NAME
+    if not key_file.is_file():
+        return None
+    try:
+        return load_or_create_signing_key(key_file).public_key()
+    except (OSError, ValueError, AuditUnavailable) as exc:
+        print(f"gateway: cannot read the audit signing key {key_file} ({exc}); checking checkpoints "
+              "against the key they carry", file=sys.stderr)
+        return None
+
+
+def describe_checkpoints(report: VerifyReport) -> list[str]:
+    checkpoint = report.checkpoint
+    if checkpoint is None:
+        return []
+    if checkpoint.ok:
+        skipped = f", {checkpoint.skipped} for rows rotated away" if checkpoint.skipped else ""
+        return [f"checkpoints: OK: {checkpoint.checked} signed heads match (newest seq {checkpoint.last_seq}"
+                f"{skipped}); signed by {checkpoint.public_key}",
+                f"note: rows after seq {checkpoint.last_seq} are protected by the chain alone"
+                if checkpoint.last_seq is not None and report.last_seq is not None
+                and report.last_seq > checkpoint.last_seq else ""]
+    more = f" (and {len(checkpoint.faults) - 1} more)" if len(checkpoint.faults) > 1 else ""
+    return [f"checkpoints: FAILED: the log does not match its signed checkpoints ({checkpoint.file})",
+            f"first failure{more}: {checkpoint.first_fault}"]
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    path = settings.audit_log
+    pinned: Ed25519PublicKey | None = args.public_key
+    if args.checkpoint and pinned is None:
+        pinned = _state_key(settings.home)
+    try:
+        report = verify(path, checkpoints=args.checkpoint, public_key=pinned)
     except OSError as exc:
         return _unreadable(path, exc)
     if not report.files:
         print(f"no audit log at {path} (check GATEWAY_AUDIT_LOG / --audit-log)", file=sys.stderr)
         return 1
-    lines = describe(report)
+    lines = [line for line in (*describe(report), *describe_checkpoints(report)) if line]
     print("\n".join(lines))
     return 0 if report.ok else 1
+
+
+def show_key(args: argparse.Namespace) -> int:
+    key_file = settings_from(args).home / SIGNING_KEY_NAME
+    if not key_file.is_file():
+        print(f"gateway: no audit signing key at {key_file}; the gateway creates it on its first "
+              "checkpoint (GATEWAY_HOME selects the state directory)", file=sys.stderr)
+        return 1
+    try:
+        key = load_or_create_signing_key(key_file)
+    except (OSError, ValueError, AuditUnavailable) as exc:
+        print(f"gateway: cannot read the audit signing key {key_file}: {exc}", file=sys.stderr)
+        return 1
+    print(public_key_text(key.public_key()))
+    return 0
 
 
 def _unreadable(path: object, exc: OSError) -> int:

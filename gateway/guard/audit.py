@@ -436,10 +436,12 @@ def _shared_lock(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _snapshot(path: Path) -> Iterator[list[tuple[Path, int, int]]]:
+def _snapshot(path: Path, also: list[bytes | None] | None = None) -> Iterator[list[tuple[Path, int, int]]]:
     """The log's files, oldest first, as (path, open descriptor, size). Listed and opened under the
     shared lock, so no rotation falls in between and every size ends on a whole line; reading up to
-    those sizes afterwards (unlocked) gives a consistent view that later appends do not disturb."""
+    those sizes afterwards (unlocked) gives a consistent view that later appends do not disturb.
+    With ``also``, the checkpoint file's content (None when missing) is appended to it, read under
+    the same lock so it matches the rows seen."""
     opened: list[tuple[Path, int, int]] = []
     try:
         with _shared_lock(path):
@@ -447,6 +449,11 @@ def _snapshot(path: Path) -> Iterator[list[tuple[Path, int, int]]]:
                 with contextlib.suppress(FileNotFoundError):
                     fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
                     opened.append((file, fd, os.fstat(fd).st_size))
+            if also is not None:
+                try:
+                    also.append(checkpoint_path(path).read_bytes())
+                except FileNotFoundError:
+                    also.append(None)
         yield opened
     finally:
         for _, fd, _ in opened:
@@ -1082,10 +1089,13 @@ class VerifyReport:
     problems: int
     #: the oldest kept file starts at a rotation marker: earlier rows were rotated away
     starts_after_rotation: bool
+    #: the check against signed checkpoints, when asked for
+    checkpoint: CheckpointReport | None = None
 
     @property
     def ok(self) -> bool:
-        return self.first_broken_line is None and self.torn_last_line is None
+        return (self.first_broken_line is None and self.torn_last_line is None
+                and (self.checkpoint is None or self.checkpoint.ok))
 
 
 class _ChainCheck:
@@ -1149,16 +1159,62 @@ def _numbered_lines(fd: int, size: int) -> Iterator[tuple[int, bytes, bool]]:
         yield number, previous, True
 
 
-def verify(path: Path) -> VerifyReport:
+@dataclass(frozen=True)
+class CheckpointFault:
+    """One checkpoint that does not hold: its line in the checkpoint file, a stable reason, details."""
+
+    line: int
+    reason: str  # missing | not_json | bad_signature | key_mismatch | cut_tail | rewritten
+    detail: str
+
+    def __str__(self) -> str:
+        return f"checkpoint line {self.line}: {self.reason}: {self.detail}" if self.line else \
+            f"{self.reason}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """The log checked against its signed checkpoints."""
+
+    file: Path
+    #: checkpoints whose row is in the log and matched
+    checked: int
+    #: checkpoints of rows rotated away by retention (nothing left to compare)
+    skipped: int
+    #: the newest checkpoint's seq (rows after it are protected by the chain alone)
+    last_seq: int | None
+    public_key: str | None
+    faults: tuple[CheckpointFault, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.faults
+
+    @property
+    def first_fault(self) -> CheckpointFault | None:
+        return self.faults[0] if self.faults else None
+
+
+def verify(path: Path, *, checkpoints: bool = False,
+           public_key: Ed25519PublicKey | None = None) -> VerifyReport:
     """Walk the log and its rotated predecessors in order and check every line's hash, seq and prev.
 
     A final line of the newest file that lacks its newline or does not parse is reported as
     ``torn_last_line`` (an interrupted write), not as a break; anywhere else it is ``not_json``.
     Safe to run while writers append: it checks the log as it stood when it started.
+
+    With ``checkpoints``, the signed heads in ``<name>.checkpoints`` are checked as well (see
+    ``CheckpointReport``): each must carry a valid signature (by ``public_key`` when given, else by
+    the key of the first checkpoint), and the row at its seq must still be in the log with the signed
+    hash. A log cut below a signed seq (``cut_tail``) or rewritten and re-hashed (``rewritten``) fails.
     """
     check = _ChainCheck()
     torn: LineFault | None = None
-    with _snapshot(Path(path)) as files:
+    raw_checkpoints: list[bytes | None] = []
+    with _snapshot(Path(path), raw_checkpoints if checkpoints else None) as files:
+        entries = _parse_checkpoints(raw_checkpoints[0]) if checkpoints else None
+        wanted = {entry["seq"] for _, entry in entries or () if isinstance(entry.get("seq"), int)}
+        hashes: dict[int, str] = {}
         for index, (file, fd, size) in enumerate(files):
             newest = index == len(files) - 1
             for number, raw, last in _numbered_lines(fd, size):
@@ -1170,12 +1226,74 @@ def verify(path: Path) -> VerifyReport:
                     check.fault(file, number, "not_json", "the line is not a stamped JSON row")
                 if row is not None:
                     check.row(file, number, row)
+                    if row["seq"] in wanted:
+                        hashes[row["seq"]] = row["hash"]
+    last_seq = None if check.expected_seq is None else check.expected_seq - 1
+    checkpoint = None
+    if entries is not None:
+        checkpoint = _check_checkpoints(checkpoint_path(Path(path)), entries, hashes, check.first_seq,
+                                        last_seq, public_key)
     return VerifyReport(
         files=tuple(file for file, _, _ in files), rows=check.rows, first_seq=check.first_seq,
-        last_seq=None if check.expected_seq is None else check.expected_seq - 1,
+        last_seq=last_seq,
         first_broken_line=check.faults[0] if check.faults else None, torn_last_line=torn,
         problems=len(check.faults), starts_after_rotation=check.starts_after_rotation,
+        checkpoint=checkpoint,
     )
+
+
+def _parse_checkpoints(data: bytes | None) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, entry) of each line of the checkpoint file (none when it is missing).
+    A line that is not a JSON object becomes an empty entry (reported as ``not_json``)."""
+    entries: list[tuple[int, dict[str, Any]]] = []
+    for number, raw in enumerate((data or b"").splitlines(), start=1):
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):
+            entry = None
+        entries.append((number, entry if isinstance(entry, dict) else {}))
+    return entries
+
+
+def _check_checkpoints(file: Path, entries: list[tuple[int, dict[str, Any]]],
+                       hashes: Mapping[int, str], first_seq: int | None, last_seq: int | None,
+                       pinned: Ed25519PublicKey | None) -> CheckpointReport:
+    faults: list[CheckpointFault] = []
+    checked = skipped = 0
+    newest: int | None = None
+    key_text = public_key_text(pinned) if pinned is not None else None
+    if not entries:
+        faults.append(CheckpointFault(0, "missing", f"no checkpoints in {file}: the log cannot be checked "
+                                      "against a signed head (was the file removed, or no signing key set?)"))
+    for number, entry in entries:
+        seq, signed_hash, signer = entry.get("seq"), entry.get("hash"), entry.get("public_key")
+        if not (type(seq) is int and isinstance(signed_hash, str) and isinstance(signer, str)):
+            faults.append(CheckpointFault(number, "not_json", "the line is not a checkpoint"))
+            continue
+        key_text = key_text or signer
+        if signer != key_text:
+            faults.append(CheckpointFault(number, "key_mismatch", f"signed by {signer}, expected {key_text}"))
+            continue
+        try:
+            key = parse_public_key(signer)
+        except ValueError:
+            key = None
+        if key is None or not checkpoint_signature_ok(entry, key):
+            faults.append(CheckpointFault(number, "bad_signature", f"the checkpoint of seq {seq} does not "
+                                          "carry a valid signature: it was edited or forged"))
+            continue
+        newest = seq if newest is None else max(newest, seq)
+        if last_seq is None or seq > last_seq:
+            faults.append(CheckpointFault(number, "cut_tail", f"seq {seq} was signed but the log ends at "
+                                          f"seq {last_seq}: rows were removed from its end"))
+        elif first_seq is not None and seq < first_seq:
+            skipped += 1
+        elif hashes.get(seq) != signed_hash:
+            faults.append(CheckpointFault(number, "rewritten", f"the row at seq {seq} is not the one signed: "
+                                          "the history up to it was rewritten"))
+        else:
+            checked += 1
+    return CheckpointReport(file, checked, skipped, newest, key_text, tuple(faults))
 
 
 # ---------------------------------------------------------------------------------------------------
