@@ -911,3 +911,79 @@ def test_the_signing_key_is_made_once_and_reused(key_file: Path) -> None:
     key_file.chmod(0o644)
     with pytest.raises(AuditUnavailable, match="chmod 600"):
         load_or_create_signing_key(key_file)
+
+
+# -- redaction by shape: secrets without a key name -----------------------------------------------------
+
+_AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+_SSH_RSA = "AAAAB3NzaC1yc2EAAAADAQABAAABAQC7vbqajDhA8x9Kq3dL0F1wXW0lG5c2mYp"
+_JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (f"creds AKIAIOSFODNN7EXAMPLE {_AWS_SECRET} end", "creds AKIA*** *** end"),
+    (f"aws secret {_AWS_SECRET}", "aws secret ***"),
+    ("session ASIAY34FZKBOKMUTVV7A here", "session ASIA*** here"),
+    (f"key ssh-rsa {_SSH_RSA} ops@host", "key ssh-rsa *** ops@host"),
+    ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl me",
+     "ssh-ed25519 *** me"),
+    ("confirm with gwc_Q2xvbmUgdGhlIFZNIG5vdyBwbGVhc2U now", "confirm with gwc_*** now"),
+    ("clone from https://admin:pa55@vc1.example/sdk", "clone from https://admin:***@vc1.example/sdk"),
+    ("the root pw is hunter2, call me", "the root pw is ***, call me"),
+    ("password is Tr0ub4dor&3 ok", "password is *** ok"),
+    ("pw: hunter2", "pw: ***"),
+    (f"Authorization header {_JWT} seen", "Authorization header *** seen"),
+    ("token ghp_abcdefghijklmnopqrstuvwxyz0123456789 pushed", "token *** pushed"),
+    ("github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz0123 x", "*** x"),
+    ("slack xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx ok", "slack *** ok"),
+    # not secrets: ids, hashes, names and prose stay readable
+    ("vm=web-1 moid=vm-42 uuid=4203f1c2-9d0e-4b7f-8a1b-2c3d4e5f6a7b", None),
+    ("sha1 da39a3ee5e6b4b0d3255bfef95601890afd80709 and " + "ab" * 32, None),
+    ("the VM DC0_C0_RP0_VM0 is poweredOn on host DC0_C0_H0", None),
+    ("the password field is required", "the password field is required"),
+])
+def test_secrets_are_masked_by_their_shape(text: str, expected: str | None) -> None:
+    assert redact_text(text) == (text if expected is None else expected)
+
+
+def test_shaped_secrets_in_values_are_masked_in_rows(sink: AuditSink, path: Path) -> None:
+    sink.write({"phase": "call", "tool": "clone_vm",
+                "args": {"vm": "web", "notes": f"use AKIAIOSFODNN7EXAMPLE / {_AWS_SECRET}",
+                         "extra": [f"ssh-rsa {_SSH_RSA}", "root pw is hunter2"]}})
+    text = path.read_text()
+    for secret in ("AKIAIOSFODNN7EXAMPLE", _AWS_SECRET, _SSH_RSA, "hunter2"):
+        assert secret not in text
+
+
+_CIDS = ["0123456789abcdef0123456789abcdef", "4bf92f3577b34da6a3ce929d0e0e4736",
+         "req-2026-11-30T21:00:00Z-ABCDEFabcdef0123456789xyzXYZ01234"]
+
+
+@pytest.mark.parametrize("cid", _CIDS)
+def test_correlation_ids_are_never_masked(cid: str) -> None:
+    access = f"127.0.0.1 POST /mcp 200 3.1ms cid={cid} caller=ops"
+    assert redact_text(access) == access
+    for header in (f"X-Request-ID: {cid}", f"x-correlation-id={cid}", f'"correlation_id": "{cid}"'):
+        assert redact_text(header) == header
+    assert redact({"correlation_id": cid, "headers": {"X-Request-ID": cid}}) == {
+        "correlation_id": cid, "headers": {"X-Request-ID": cid}}
+
+
+def test_the_access_log_line_keeps_its_correlation_id() -> None:
+    import io
+    import logging
+
+    from gateway.logs import RedactingTextFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(RedactingTextFormatter())
+    access = logging.getLogger("gateway.access.test")
+    access.addHandler(handler)
+    access.propagate = False
+    try:
+        access.warning("%s %s %s %d %.1fms cid=%s caller=%s", "127.0.0.1", "POST", "/mcp", 200, 3.1,
+                       _CIDS[0], "ops")
+    finally:
+        access.removeHandler(handler)
+    assert f"cid={_CIDS[0]} caller=ops" in stream.getvalue()

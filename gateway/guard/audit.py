@@ -125,10 +125,32 @@ def _mask_gateway_token(match: re.Match[str]) -> str:
     return f"gwt_{parts[1]}_{MASK}" if len(parts) == 3 and parts[1] else f"gwt_{MASK}"
 
 
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
 def _looks_opaque(value: str) -> bool:
-    """A long base64/hex run with letters and digits: a key, signature or secret, not prose."""
+    """A long base64/hex run with letters and digits: a key, signature or secret, not prose (nor a UUID)."""
     return (_OPAQUE_SECRET.fullmatch(value) is not None and any(c.isdigit() for c in value)
-            and any(c.isalpha() for c in value))
+            and any(c.isalpha() for c in value) and _UUID.fullmatch(value) is None)
+
+
+#: keys whose values are correlation (trace, request) ids: never masked, in text or in mappings
+_CORRELATION_KEYS = frozenset({
+    "cid", "correlation_id", "correlationid", "x_correlation_id", "request_id", "requestid",
+    "x_request_id", "trace_id", "traceid", "traceparent", "span_id",
+})
+
+
+@functools.lru_cache(maxsize=4096)
+def is_correlation_key(key: str) -> bool:
+    """True for keys (``correlation_id``, ``X-Request-ID``, ``cid``, ...) naming a correlation id."""
+    return _KEY_SEPARATORS.sub("_", key.lower()) in _CORRELATION_KEYS
+
+
+_CORRELATION_VALUE = re.compile(
+    r"(?i)(?<![A-Za-z0-9_.\-])(?:cid|x-request-id|x-correlation-id|correlation[_-]?id|request[_-]?id"
+    r"|trace[_-]?id|traceparent|span[_-]?id)\\?[\"']?\s*[:=]\s*\\?[\"']?(?P<value>[A-Za-z0-9._:\-]{1,256})")
+_CORRELATION_NEEDLES = ("cid", "request", "correlation", "trace", "span")
 
 
 def _mask_key_value(match: re.Match[str]) -> str:
@@ -136,32 +158,92 @@ def _mask_key_value(match: re.Match[str]) -> str:
     quote = _QUOTE.match(value)
     opening = quote.group(0) if quote else ""
     bare = value.removeprefix(opening).removesuffix(opening[-1:]).removesuffix("\\")
-    if not (is_secret_key(key) or ("=" in sep and _looks_opaque(bare))):
+    opaque = "=" in sep and not is_correlation_key(key) and _looks_opaque(bare)
+    if not (is_secret_key(key) or opaque):
         return match.group(0)
     return f"{key}{sep}{scheme or ''}{opening}{MASK}{opening}"
+
+
+# Well-known secret formats, masked wherever they appear (no key name needed).
+_AWS_ACCESS_KEY = re.compile(
+    r"(?<![A-Za-z0-9])(AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}(?![A-Za-z0-9])")
+_AWS_SECRET_KEY = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_SSH_KEY = re.compile(
+    r"(?<![A-Za-z0-9\-])(ssh-rsa|ssh-dss|ssh-ed25519|ecdsa-sha2-nistp\d{3}|sk-ssh-ed25519@openssh\.com)"
+    r"(\s+)[A-Za-z0-9+/]{16,}={0,3}")
+_CONFIRMATION_TOKEN = re.compile(r"(?<![A-Za-z0-9_])gwc_[A-Za-z0-9_\-]+")
+_JWT = re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{6,}\.eyJ[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]*")
+_GITHUB_TOKEN = re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")
+_SLACK_TOKEN = re.compile(r"(?<![A-Za-z0-9\-])xox[abposre]-[A-Za-z0-9\-]{10,}")
+_SLACK_WEBHOOK = re.compile(r"(?i)(https://hooks\.slack\.com/)[A-Za-z0-9/_\-]+")
+# "password is X", "root pw is X", "pw: X", "secret = X" (but not "password is required")
+_PASSWORD_PHRASE = re.compile(
+    r"(?i)(?<![A-Za-z0-9_])(password|passwd|passphrase|pw|pwd|secret)(\s+(?:is|was)\s+|\s*[:=]\s*)"
+    r"(?!\*\*\*)(?!(?:required|wrong|incorrect|invalid|missing|empty|not|too|expired|changed|set|unset"
+    r"|the|a|an|needed|correct|ok)\b)([^\s\"',;]+)")
+
+
+def _mask_aws_secret(match: re.Match[str]) -> str:
+    # 40 characters of base64 with upper case, lower case and a digit or / +: an AWS secret access key
+    # (a SHA-1 in hex has no upper case; names and paths carry other characters).
+    text = match.group(0)
+    mixed = (any(c.isupper() for c in text) and any(c.islower() for c in text)
+             and any(c.isdigit() or c in "/+" for c in text))
+    return MASK if mixed else text
 
 
 #: pattern, replacement, and the substrings (of the lower-cased text) without which it cannot match
 _TEXT_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str], tuple[str, ...]], ...] = (
     (_GATEWAY_TOKEN, _mask_gateway_token, ("gwt_",)),
+    (_CONFIRMATION_TOKEN, f"gwc_{MASK}", ("gwc_",)),
+    (_SLACK_WEBHOOK, rf"\1{MASK}", ("hooks.slack.com",)),
     (_URL_USERINFO, rf"\1:{MASK}@", ("://",)),
     (_KEY_VALUE, _mask_key_value, (":", "=")),
     (_BEARER, rf"\1{MASK}", ("bearer",)),
     (_PEM_PRIVATE_KEY, rf"-----BEGIN \g<kind>PRIVATE KEY-----{MASK}-----END \g<kind>PRIVATE KEY-----",
      ("private key",)),
+    (_SSH_KEY, rf"\1\2{MASK}", ("ssh-", "ecdsa-")),
+    (_JWT, MASK, ("eyj",)),
+    (_GITHUB_TOKEN, MASK, ("gh", "github_pat_")),
+    (_SLACK_TOKEN, MASK, ("xox",)),
+    (_PASSWORD_PHRASE, rf"\1\2{MASK}", ("pass", "pw", "secret")),
 )
-_ANY_NEEDLE = re.compile("|".join(re.escape(n) for _, _, needles in _TEXT_RULES for n in needles), re.I)
+#: rules for shapes without a keyword to look for first; they run on any text this long
+_SHAPE_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (_AWS_ACCESS_KEY, rf"\1{MASK}"),
+    (_AWS_SECRET_KEY, _mask_aws_secret),
+)
+_SHORTEST_SHAPE = 20
 
 
 def redact_text(text: str) -> str:
     """Mask credential-shaped pieces of free text: ``password=...``, ``Bearer ...``, gateway tokens
-    ``gwt_<id>_<secret>`` (the id stays), URL passwords, PEM private keys, long opaque values after
-    ``key=``. Linear in the length of ``text``."""
-    if _ANY_NEEDLE.search(text) is None:  # the common case: names, moids, states
+    ``gwt_<id>_<secret>`` (the id stays) and ``gwc_`` confirmation tokens, URL passwords, PEM private
+    keys, SSH keys, AWS access key ids and secret keys, JWTs, GitHub and Slack tokens, "password is X"
+    phrasing, long opaque values after ``key=``. Correlation ids (``cid=``, ``X-Request-ID:``,
+    ``correlation_id``) are never masked. Linear in the length of ``text``."""
+    if len(text) < 4:
         return text
+    # substring tests on the lower-cased text are far cheaper than regex alternations on long text
+    if not any(needle in text.lower() for needle in _CORRELATION_NEEDLES):
+        return _redact_piece(text)
+    pieces: list[str] = []
+    position = 0
+    for match in _CORRELATION_VALUE.finditer(text):
+        start, end = match.span("value")
+        pieces += [_redact_piece(text[position:start]), text[start:end]]
+        position = end
+    pieces.append(_redact_piece(text[position:]))
+    return "".join(pieces)
+
+
+def _redact_piece(text: str) -> str:
     lowered = text.lower()
     for pattern, replacement, needles in _TEXT_RULES:
         if any(needle in lowered for needle in needles):
+            text = pattern.sub(replacement, text)
+    if len(text) >= _SHORTEST_SHAPE:
+        for pattern, replacement in _SHAPE_RULES:
             text = pattern.sub(replacement, text)
     return text
 
@@ -262,6 +344,8 @@ class _Walk:
             name = str(key) if self.budget is None else _bounded_key(str(key))
             if is_secret_key(name) and item is not None and not isinstance(item, bool):
                 out[name] = MASK
+            elif isinstance(item, str) and is_correlation_key(name):
+                out[name] = self.text(item)  # a correlation id is never masked (still bounded)
             else:
                 out[name] = self.value(item, depth + 1)
         return out
