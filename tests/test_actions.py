@@ -25,12 +25,13 @@ from gateway import errors
 from gateway.config import Credentials, Target
 from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
 from gateway.tools.spec import Plan, ToolSpec
-from gateway.tools.write import POWER_OFF
+from gateway.tools.write import CLONE, POWER_OFF, POWER_ON
 from gateway.vsphere import actions, inventory
 from gateway.vsphere.pool import SessionPool, VSphereSession
 from gateway.vsphere.tasks import wait_for_task
 
 MakeSimulator = Callable[..., Simulator]
+CLUSTER_VM = "DC0_C0_RP0_VM0"
 Progress = list[tuple[float, str]]
 
 
@@ -106,12 +107,13 @@ class Rig:
         return str(self.props(self.vm(name), "runtime.powerState")["runtime.powerState"])
 
 
-def start_rig(make_simulator: MakeSimulator, **options: Any) -> Iterator[Rig]:
+def start_rig(make_simulator: MakeSimulator, *, timeout_seconds: float = 30, **options: Any) -> Iterator[Rig]:
     """By default a cluster of two hosts (VMs DC0_C0_RP0_VM0..1), a standalone host DC0_H0 (VMs
-    DC0_H0_VM0..1) and datastores LocalDS_0..1, with a pool and a pyVmomi session; all closed afterwards."""
+    DC0_H0_VM0..1) and datastores LocalDS_0..1, with a pool and a pyVmomi session; all closed afterwards.
+    ``timeout_seconds`` is the target's socket timeout."""
     sim = make_simulator(**{"standalone_hosts": 1, "datastores": 2, **options})
     target = Target(name="sim", host=sim.host, port=sim.port, credential_env_prefix="SIM", insecure=True,
-                    timeout_seconds=30)
+                    timeout_seconds=timeout_seconds)
     pool = SessionPool(target, Credentials(sim.user, sim.password))
     si = pyvmomi_connect(sim)
     try:
@@ -321,6 +323,80 @@ def test_guest_shutdown_waits_for_the_vm_to_be_off(rig: Rig) -> None:
     assert rig.power("DC0_H0_VM0") == "poweredOff"
     refused = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
     assert refused is not None and "refused" in refused  # already off: vSphere refuses, the caller goes hard
+
+
+# --------------------------------------------------------------------------------------------------
+# Write outcomes: a lost answer is an unknown outcome, never "unreachable" (worth a retry)
+
+
+@pytest.fixture
+def quick_rig(make_simulator: MakeSimulator) -> Iterator[Rig]:
+    """A rig whose target times out a SOAP call after 2 s (to lose an answer on purpose)."""
+    yield from start_rig(make_simulator, timeout_seconds=2)
+
+
+def _powered_off(rig: Rig, name: str) -> None:
+    rig.vm(name).PowerOffVM_Task()
+    wait_until(lambda: rig.power(name) == "poweredOff", what=f"{name} powered off")
+
+
+def test_a_write_whose_answer_is_lost_has_an_unknown_outcome(quick_rig: Rig) -> None:
+    rig = quick_rig
+    _powered_off(rig, "DC0_H0_VM0")
+    plan = rig.plan(POWER_ON, vm="DC0_H0_VM0")
+    # The request reaches the target and is carried out; its answer comes after the socket timeout.
+    rig.sim.control("/delay", {"method_delay": {"PowerOnVM_Task": 4000}})
+
+    with pytest.raises(errors.OutcomeUnknown) as caught:
+        rig.execute(POWER_ON, plan)
+
+    assert caught.value.details["cause"] == "timeout"
+    assert "Do not retry" in caught.value.message
+    rig.sim.control("/reset", {})
+    wait_until(lambda: rig.power("DC0_H0_VM0") == "poweredOn", timeout=20, what="the power-on to take effect")
+
+
+def test_a_write_whose_task_is_lost_while_waiting_has_an_unknown_outcome(quick_rig: Rig) -> None:
+    rig = quick_rig
+    _powered_off(rig, "DC0_H0_VM0")
+    plan = rig.plan(POWER_ON, vm="DC0_H0_VM0")
+    # The task is submitted; the connection is lost while following it (the waiter's first call).
+    rig.sim.control("/delay", {"method_delay": {"CreatePropertyCollector": 4000}})
+
+    with pytest.raises(errors.OutcomeUnknown) as caught:
+        rig.execute(POWER_ON, plan)
+
+    assert caught.value.details["task"].startswith("task-")
+    assert caught.value.details["cause"] == "timeout"
+    rig.sim.control("/reset", {})
+    assert rig.power("DC0_H0_VM0") == "poweredOn"
+
+
+@pytest.mark.parametrize(("name", "stored"), [
+    ("web/1", "web%2f1"),
+    ("back\\slash", "back%5cslash"),
+    ("cost%20", "cost%2520"),
+    ("a%2fb", "a%2fb"),  # already escaped as vSphere escapes it: kept
+    ("plain-name", "plain-name"),
+])
+def test_clone_names_are_escaped_as_vsphere_escapes_them(rig: Rig, name: str, stored: str) -> None:
+    plan = rig.plan(CLONE, vm=CLUSTER_VM, name=name)
+    assert plan.affected[1].name == stored
+
+    result = rig.execute(CLONE, plan)
+
+    assert result["clone"]["name"] == stored
+    assert stored in rig.vm_names()
+    with pytest.raises(errors.InvalidArgument, match="already exists"):
+        rig.plan(CLONE, vm=CLUSTER_VM, name=name)  # the same name again is taken, however it is spelt
+
+
+@pytest.mark.parametrize(("name", "stored"), [
+    ("web/1", "web%2f1"), ("a\\b", "a%5cb"), ("50%", "50%25"), ("%25", "%25"), ("%2F%5C", "%2F%5C"),
+    ("%zz", "%25zz"), ("%2", "%252"), ("plain", "plain"),
+])
+def test_vsphere_name_escaping(name: str, stored: str) -> None:
+    assert actions.vsphere_name(name) == stored
 
 
 # --------------------------------------------------------------------------------------------------

@@ -182,3 +182,23 @@ def test_faults_sent_by_the_simulator_translate(make_simulator: Callable[..., Si
         assert pool.run(now) is not None  # no rule left: the pool still works
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize(("exc", "may_have_arrived"), [
+    (ConnectionRefusedError(111, "Connection refused"), False),
+    (socket.gaierror(-2, "Name or service not known"), False),
+    (ssl.SSLCertVerificationError(1, "certificate verify failed"), False),
+    (OSError(113, "No route to host"), False),
+    (OSError(101, "Network is unreachable"), False),
+    (ConnectionResetError(104, "Connection reset by peer"), True),
+    (http.client.RemoteDisconnected("Remote end closed connection without response"), True),
+    (BrokenPipeError(32, "Broken pipe"), True),
+    (TimeoutError("The read operation timed out"), True),
+    (http.client.HTTPException("504 Gateway Timeout"), True),
+    (ExpatError("not well-formed"), True),
+    (ssl.SSLError(1, "bad record mac"), True),
+    (fault(vim.fault.InvalidPowerState, msg="off"), True),
+])
+def test_request_may_have_arrived_unless_the_connection_was_never_set_up(
+        exc: BaseException, may_have_arrived: bool) -> None:
+    assert faults.request_may_have_arrived(exc) is may_have_arrived

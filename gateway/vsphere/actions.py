@@ -137,6 +137,18 @@ def _names_text(names: Sequence[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+_VSPHERE_ESCAPES = re.compile(r"%(?:2[fF]|5[cC]|25)|[/\\%]")
+_ESCAPED = {"/": "%2f", "\\": "%5c", "%": "%25"}
+
+
+def vsphere_name(name: str) -> str:
+    """``name`` as vSphere stores an entity name: ``/`` as ``%2f``, ``\\`` as ``%5c`` and ``%`` as ``%25``,
+    except a ``%`` that already starts one of those escapes. Sending the escaped form makes the target
+    store exactly what it would have stored anyway, and lets the gateway check and report the name
+    the object will really carry (the simulator does not escape, and breaks on a ``/``)."""
+    return _VSPHERE_ESCAPES.sub(lambda m: _ESCAPED.get(m.group(0), m.group(0)), name)
+
+
 def _check_name(field: str, name: str) -> str:
     name = name.strip()
     if not name or len(name) > MAX_NAME_CHARS:
@@ -173,8 +185,10 @@ class Execution:
         """Start one mutation (a task or a synchronous call).
 
         Before anything has changed, a session expiry propagates untranslated so the pool logs in again
-        and re-runs the execute; afterwards every fault is translated here. A destructive call whose
-        answer is lost (timeout, connection dropped) has an unknown outcome.
+        and re-runs the execute; afterwards every fault is translated here. A call whose answer is lost
+        (a timeout, a dropped connection: the request may have reached the target) has an unknown
+        outcome, never ``unreachable``; only a connection that was never set up stays ``unreachable``
+        (for a destructive call even that is reported as unknown).
         """
         first = not self.mutated
         self.mutated = True
@@ -189,7 +203,8 @@ class Execution:
             if not faults.is_foreign(exc):
                 raise
             error = faults.translate(exc, self.target)
-            if destructive and error.code in ("timeout", "unreachable"):
+            lost = error.code in ("timeout", "unreachable")
+            if lost and (destructive or faults.request_may_have_arrived(exc)):
                 raise errors.OutcomeUnknown(
                     f"target '{self.target}': the answer to {what} was lost ({error.code}); it may have "
                     "taken effect. Do not retry: read the affected objects again (or get_tasks) to see what "
@@ -233,6 +248,15 @@ def _executor(body: Callable[[Execution], dict[str, Any]]) -> ExecuteFn:
             if not call.mutated:
                 raise
             raise faults.translate(exc, call.target) from exc
+        except (errors.Unreachable, errors.Timeout) as exc:
+            # A read after the change (the clone's facts, a power state) lost the connection: the change
+            # itself was made or is under way, so "worth a retry" would be a lie.
+            if not call.mutated or "task" in exc.details:
+                raise
+            raise errors.OutcomeUnknown(
+                f"target '{call.target}': the connection was lost after the change was sent ({exc.code}); "
+                "it may have taken effect. Do not retry: read the affected objects again (or get_tasks) "
+                "to see what happened", target=call.target, cause=exc.code) from exc
     return execute
 
 
@@ -861,7 +885,10 @@ def plan_clone(session: Any, args: Args) -> Plan:
     """Plan a clone into the source's folder and pool (or the given ones) under a name no VM has."""
     require_vcenter(session, "cloning")
     vm = _resolve_vm(session, args, "cloning")
-    name = _check_name("name", str(args["name"]))
+    name = vsphere_name(_check_name("name", str(args["name"])))
+    if len(name) > MAX_NAME_CHARS:
+        raise errors.InvalidArgument("name", f"must be at most {MAX_NAME_CHARS} characters once '/', '\\' "
+                                     "and '%' are escaped as vSphere stores them (%2f, %5c, %25)")
     _unused_vm_name(session, name)
     params: dict[str, Any] = {**_vm_params(vm, args), "name": name,
                               "power_on": bool(args.get("power_on", False))}

@@ -8,6 +8,7 @@ characters and bounded in length before it is put in a message. Translation neve
 
 from __future__ import annotations
 
+import errno
 import http.client
 import re
 import socket
@@ -230,6 +231,26 @@ def translate(exc: BaseException, target: str) -> errors.GatewayError:
 def is_foreign(exc: BaseException) -> bool:
     """True for the exceptions ``translate`` has a row for: vSphere faults and transport errors."""
     return _rule_for(exc) is not None
+
+
+#: connection-setup failures: the request was never sent, so nothing can have happened on the target
+_NEVER_SENT: tuple[type[BaseException], ...] = (
+    ConnectionRefusedError, socket.gaierror, ssl.SSLCertVerificationError)
+_NEVER_SENT_ERRNOS = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL})
+
+
+def request_may_have_arrived(exc: BaseException) -> bool:
+    """Whether a request that failed with ``exc`` may still have reached the target (and taken effect).
+
+    Only failures to set up the connection (refused, name not resolved, certificate refused, no route)
+    prove it did not; any other transport error (a reset, a dropped connection, a read timeout, a
+    garbled answer) may have cut off the answer to a request the target received and carried out.
+    A vSphere fault is an answer, so the request arrived.
+    """
+    if isinstance(exc, _NEVER_SENT):
+        return False
+    return not (isinstance(exc, OSError) and not isinstance(exc, TimeoutError)
+                and exc.errno in _NEVER_SENT_ERRNOS)
 
 
 def task_error(fault: BaseException | None, target: str, task_moid: str) -> errors.TaskFailed:

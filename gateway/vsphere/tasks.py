@@ -10,10 +10,12 @@ Outcomes of ``wait_for_task``:
 
 - ``success``: the task's ``info.result`` is returned.
 - ``error``: ``errors.TaskFailed`` carrying the target's message (``faults.task_error``).
-- the deadline passes, or the wait itself fails (connection lost, session gone):
-  for a destructive task ``errors.OutcomeUnknown`` (the task may still complete: it is never
-  reported as failed and never retried); for a write task ``errors.Timeout`` or the translated
-  error. Both carry the task moid in ``details["task"]``.
+- the wait loses its connection (a timeout or a dropped connection while following the task):
+  ``errors.OutcomeUnknown`` for every task, destructive or not (it was submitted and may still
+  complete: it is never reported as failed or unreachable, so never retried).
+- the deadline passes, or the wait fails otherwise (session gone): for a destructive task
+  ``errors.OutcomeUnknown``; for a write task ``errors.Timeout`` or the translated error. All carry
+  the task moid in ``details["task"]``.
 
 ``deadline`` is always a ``time.monotonic()`` value. The filter and the collector are destroyed on
 every path.
@@ -43,6 +45,8 @@ MAX_POLL_SECONDS = 20
 """Longest single ``WaitForUpdatesEx`` long poll; kept well under the SOAP socket timeout."""
 
 Props = dict[str, Any]
+#: error codes of a wait that lost its connection: the submitted task may still complete
+_CONNECTION_LOST = frozenset({"timeout", "unreachable"})
 
 
 def wait_for_task(
@@ -67,7 +71,7 @@ def wait_for_task(
         props = watch(session, task, vim.Task, TASK_PATHS, _finished, deadline=deadline,
                       on_change=reporter.relay)
     except errors.GatewayError as exc:
-        if not destructive:
+        if not destructive and exc.code not in _CONNECTION_LOST:
             exc.details.setdefault("task", moid)
             raise
         raise _lost(target, moid, what, exc) from exc
