@@ -1,10 +1,14 @@
-"""Audit appends per second: durable (flushed to disk per row) against not, in one process and in two.
+"""Audit appends per second: durable (flushed to disk per row) against not, in one process and in two;
+and changes per second with the intent row (the audit-before-action rule) against one row per change.
 
     python bench/audit_append.py [--rows 2000] [--dir DIR]
 
 Runs side by side in one invocation and prints each rate and the ratios. The two-process runs start
-both appenders together on one file and verify the chain afterwards. ``--dir`` decides the
-filesystem measured (the default is the system temp directory; a tmpfs there makes flushing free).
+both appenders together on one file and verify the chain afterwards. The intent pattern writes two
+durable rows per change (``executing`` before the vSphere call, then the outcome) where today's
+pattern writes one (the outcome); both are measured in the same run, alternating, and the ratio of
+their change rates is printed. ``--dir`` decides the filesystem measured (the default is the system
+temp directory; a tmpfs there makes flushing free).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +35,19 @@ EVENT = {
 }
 
 
+#: the intent row of a change, written durably before its vSphere call
+EXECUTING = {
+    "phase": "executing", "tool": "power_off_vm", "target": "prod-vc1", "caller": "ops-agent",
+    "role": "operator", "surface": "https", "correlation_id": "9f1c2a7e", "proposal_id": "p-7f3a",
+    "risk": "high",
+    "args": {"target": "prod-vc1", "vm": "web-1"},
+    "decision": {"allowed": True, "reason": "operators may power off", "rule": "ops-power"},
+}
+#: the outcome row of the same change (today's single row per change)
+OUTCOME = {**EXECUTING, "phase": "executed", "outcome": "ok", "duration_ms": 812.4,
+           "result": {"vm": "web-1", "power_state": "poweredOff"}}
+
+
 def append_rows(path: Path, rows: int, durable: bool) -> tuple[float, float]:
     """Append ``rows`` rows; return (start, end) wall-clock times."""
     with AuditSink(path, durable=durable) as sink:
@@ -37,6 +55,30 @@ def append_rows(path: Path, rows: int, durable: bool) -> tuple[float, float]:
         for _ in range(rows):
             sink.write(EVENT)
         return start, time.time()
+
+
+def append_changes(path: Path, changes: int, intent: bool) -> float:
+    """Durable audit rows for ``changes`` changes (outcome only, or intent + outcome); changes/s."""
+    with AuditSink(path, durable=True) as sink:
+        start = time.perf_counter()
+        for _ in range(changes):
+            if intent:
+                sink.write(EXECUTING)
+            sink.write(OUTCOME)
+        elapsed = time.perf_counter() - start
+    assert verify(path).ok
+    return changes / elapsed
+
+
+def intent_ratio(directory: Path, changes: int, rounds: int = 3) -> tuple[float, float]:
+    """(single-row changes/s, intent-row changes/s): medians of ``rounds`` alternating runs."""
+    single: list[float] = []
+    intent: list[float] = []
+    per_round = max(1, changes // rounds)
+    for index in range(rounds):
+        single.append(append_changes(directory / f"single-{index}.jsonl", per_round, intent=False))
+        intent.append(append_changes(directory / f"intent-{index}.jsonl", per_round, intent=True))
+    return statistics.median(single), statistics.median(intent)
 
 
 def child(path: str, rows: str, durable: str) -> None:
@@ -104,6 +146,10 @@ def main() -> None:
         print(f"  1 process,  durable (fdatasync per row): {durable:10.0f} rows/s")
         print(f"  1 process,  not durable:                 {fast:10.0f} rows/s")
         print(f"  ratio not durable / durable:             {fast / durable:10.1f}x")
+        single, intent = intent_ratio(directory, args.rows)
+        print(f"  changes/s, today's one durable row per change:       {single:10.0f}")
+        print(f"  changes/s, intent row + outcome row (two durable):   {intent:10.0f}")
+        print(f"  ratio intent / today:                                {intent / single:10.2f}x")
         for flag, label in ((True, "durable"), (False, "not durable")):
             rate, intact = two_processes(directory, args.rows, flag)
             verdict = "chain verifies" if intact else "CHAIN BROKEN"

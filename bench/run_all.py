@@ -14,9 +14,12 @@ https`` as a child process, the peer's server) and measures, in this order:
 3. Isolation and fairness: a dozen clients, four on each of three targets (healthy; slowed with the
    simulator's method delay; hung: a socket that accepts and never answers). The healthy target's p50
    with such neighbours against alone, calls per client on the slow target, the hung target's outcome.
-4. Audit appends per second, durable and not (bench/audit_append.py).
+4. Audit appends per second, durable and not, and audited changes per second with the intent row
+   against one row per change (bench/audit_append.py).
 5. The server's resident memory after 2,000 and after ``--calls`` calls across 10 targets.
 6. A bearer token check: first sight (argon2id) against cached (bench/token_check.py).
+7. Event-loop responsiveness: /healthz p99 while a stuck audit lock, a pathological regex and eight
+   full listings run, against idle (bench/event_loop.py; its own simulator and server).
 
 The table goes to stdout and, unless ``--quick``, into bench/RESULTS.md with the date and core count.
 """
@@ -50,6 +53,7 @@ sys.path[:0] = [str(REPO), str(BENCH)]
 
 import anyio  # noqa: E402
 import audit_append  # noqa: E402
+import event_loop  # noqa: E402
 import httpx2  # noqa: E402
 import list_vms as floor_bench  # noqa: E402
 import token_check  # noqa: E402
@@ -456,6 +460,10 @@ def audit_rows(table: Table, rows: int) -> None:
         fast = audit_append.one_process(Path(tmp), rows, durable=False)
     table.add("audit append, durable (fdatasync per row), rows/s", f"{durable:,.0f}", "1.00x")
     table.add("audit append, not durable, rows/s", f"{fast:,.0f}", f"{fast / durable:.1f}x")
+    with tempfile.TemporaryDirectory(prefix="audit-bench-") as tmp:
+        single, intent = audit_append.intent_ratio(Path(tmp), rows)
+    table.add("audited changes/s, one durable row per change (today)", f"{single:,.0f}", "1.00x")
+    table.add("audited changes/s, intent row + outcome row", f"{intent:,.0f}", f"{intent / single:.2f}x")
 
 
 async def memory(lab: Lab, total: int, checkpoints: tuple[int, ...]) -> tuple[dict[int, float], float]:
@@ -522,6 +530,22 @@ def results_markdown(table: Table, args: argparse.Namespace, seconds: float) -> 
         "  the gateway answers calls without progress as one JSON body, so large listings pass).", ""])
 
 
+def event_loop_rows(table: Table, vms: int, quick: bool) -> None:
+    """/healthz p99 under pressure against idle (bench/event_loop.py, its own simulator and server)."""
+    argv = ["--vms", str(vms)] + (["--idle-seconds", "2", "--lock-seconds", "8", "--regex-seconds", "6"]
+                                  if quick else [])
+    phases = event_loop.measure(argv)
+    idle = next((event_loop.pct(p.samples, 0.99) for p in phases if p.name == "idle" and p.samples), 0.0)
+    for phase in phases:
+        label = f"/healthz p99 over HTTPS, {event_loop.PHASE_LABELS.get(phase.name, phase.name)}"
+        if not phase.samples:
+            table.add(label, f"not measured: {phase.note}")
+            continue
+        p99 = event_loop.pct(phase.samples, 0.99)
+        timeouts = f" ({phase.timeouts} probes timed out)" if phase.timeouts else ""
+        table.add(label + timeouts, ms(p99), f"{p99 / idle:.1f}x" if idle else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vms", type=int, help="VMs on the big target (default 3000)")
@@ -543,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         audit_rows(table, 500 if args.quick else 2000)
         memory_rows(lab, table, calls)
         token_rows(table)
+    event_loop_rows(table, vms, args.quick)
     print("\n" + table.markdown())
     if not args.quick:
         (BENCH / "RESULTS.md").write_text(results_markdown(table, args, time.perf_counter() - started))
