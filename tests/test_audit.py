@@ -987,3 +987,16 @@ def test_the_access_log_line_keeps_its_correlation_id() -> None:
     finally:
         access.removeHandler(handler)
     assert f"cid={_CIDS[0]} caller=ops" in stream.getvalue()
+
+
+def test_the_gateways_sink_signs_with_the_key_in_its_state_directory(tmp_path: Path) -> None:
+    from gateway.settings import Settings
+
+    settings = Settings.from_env({}, home=str(tmp_path / "home"))
+    with AuditSink.for_settings(settings, durable=False) as sink:
+        write_calls(sink, 3)
+    key = settings.home / "audit-signing.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    report = verify(settings.audit_log, checkpoints=True,
+                    public_key=load_or_create_signing_key(key).public_key())
+    assert report.ok and report.checkpoint is not None and report.checkpoint.last_seq == 3

@@ -71,7 +71,7 @@ def _opened(args: argparse.Namespace) -> Iterator[tuple[Settings, SqliteStore]]:
 
 
 def _audit(settings: Settings, phase: str, rec: TokenRecord, **extra: Any) -> None:
-    with AuditSink(settings.audit_log, max_bytes=settings.audit_max_bytes) as sink:
+    with AuditSink.for_settings(settings) as sink:
         sink.write({"phase": phase, "caller": cli_caller(), "surface": "cli", "token_name": rec.name,
                     "token_id": rec.token_id, "role": rec.role, **extra})
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -608,7 +608,7 @@ def load_or_create_signing_key(key_file: Path) -> Ed25519PrivateKey:
         os.fsync(fd)
     finally:
         os.close(fd)
-    log.warning("created the audit signing key %s; its public key (pin it off this host): %s",
+    log.info("created the audit signing key %s; its public key (pin it off this host): %s",
                 key_file, public_key_text(key.public_key()))
     return key
 
@@ -680,6 +680,17 @@ _FIXES: dict[int, str] = {
 _DEFAULT_FIX = "check the file, its directory and its filesystem, then retry"
 
 
+class _SinkSettings(Protocol):
+    """What ``AuditSink.for_settings`` reads of ``gateway.settings.Settings``."""
+
+    @property
+    def audit_log(self) -> Path: ...
+    @property
+    def audit_max_bytes(self) -> int: ...
+    @property
+    def home(self) -> Path: ...
+
+
 def _unavailable(path: Path, exc: OSError) -> AuditUnavailable:
     name = errno.errorcode.get(exc.errno or 0, "error")
     fix = _FIXES.get(exc.errno or 0, _DEFAULT_FIX)
@@ -729,6 +740,13 @@ class AuditSink:
         self._stats: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
         self._rotated_bytes = 0
+
+    @classmethod
+    def for_settings(cls, settings: _SinkSettings, **options: Any) -> AuditSink:
+        """The sink a gateway process uses: ``settings.audit_log`` rotated at ``audit_max_bytes``,
+        checkpoints signed with the key in the state directory (``<home>/audit-signing.key``)."""
+        return cls(settings.audit_log, max_bytes=settings.audit_max_bytes,
+                   key_file=settings.home / SIGNING_KEY_NAME, **options)
 
     def __enter__(self) -> AuditSink:
         return self

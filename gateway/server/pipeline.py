@@ -130,7 +130,7 @@ class Gateway:
         targets = load_targets(settings.targets_file, settings.credentials)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        audit = AuditSink(settings.audit_log, max_bytes=settings.audit_max_bytes)
+        audit = AuditSink.for_settings(settings)
 
         def audit_roles_reload(sha256: str, names: list[str]) -> None:
             with contextlib.suppress(AuditUnavailable):
