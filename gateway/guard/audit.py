@@ -1146,26 +1146,23 @@ def _size_of(path: Path) -> int:
 
 
 def _file_summary(path: Path) -> dict[str, Any]:
-    """First and last seq, row count and the last row's time of one log file (rows that parse)."""
-    first: int | None = None
-    last: dict[str, Any] | None = None
-    rows = 0
+    """First and last seq, row count and the last row's time of one log file, read from its two ends
+    (seqs are consecutive within a file, so the count needs no full scan)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return {"first_seq": None, "last_seq": None, "rows": 0, "last_ts": None}
     try:
-        for raw in _forward_lines(fd, os.fstat(fd).st_size):
-            row = _parse_row(raw)
-            if row is None:
-                continue
-            rows += 1
-            first = row["seq"] if first is None else first
-            last = row
+        size = os.fstat(fd).st_size
+        first = next((row for raw in _forward_lines(fd, size) if (row := _parse_row(raw)) is not None), None)
+        last = _last_row_in(fd, size)
     finally:
         os.close(fd)
-    return {"first_seq": first, "last_seq": last["seq"] if last else None, "rows": rows,
-            "last_ts": parse_ts(last.get("ts")) if last else None}
+    if first is None or last is None:
+        return {"first_seq": None, "last_seq": None, "rows": 0, "last_ts": None}
+    rows = max(0, last["seq"] - first["seq"] + 1)
+    return {"first_seq": first["seq"], "last_seq": last["seq"], "rows": rows,
+            "last_ts": parse_ts(last.get("ts"))}
 
 
 def _close_quietly(fd: int) -> None:
