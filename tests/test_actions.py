@@ -372,6 +372,25 @@ def test_a_write_whose_task_is_lost_while_waiting_has_an_unknown_outcome(quick_r
     assert rig.power("DC0_H0_VM0") == "poweredOn"
 
 
+def _refused_connection_fake(**_kwargs: Any) -> Any:
+    """Stands in for a SOAP method whose connection is refused at that very call (the simulator cannot
+    refuse one call while answering the reads around it)."""
+    raise ConnectionRefusedError(111, "Connection refused")
+
+
+def test_a_write_that_was_never_sent_stays_unreachable(rig: Rig) -> None:
+    plan = Plan("", (), {"vm": rig.moid("DC0_H0_VM0"), "vm_name": "DC0_H0_VM0"})
+
+    def body(call: actions.Execution) -> dict[str, Any]:
+        call.invoke(_refused_connection_fake, destructive=False, what="power on")
+        return {}
+
+    execute = actions._executor(body)
+    with pytest.raises(errors.Unreachable) as caught:
+        rig.run(lambda s: execute(s, plan, rig.record))
+    assert not isinstance(caught.value, errors.OutcomeUnknown)
+
+
 @pytest.mark.parametrize(("name", "stored"), [
     ("web/1", "web%2f1"),
     ("back\\slash", "back%5cslash"),
@@ -389,7 +408,6 @@ def test_clone_names_are_escaped_as_vsphere_escapes_them(rig: Rig, name: str, st
     assert stored in rig.vm_names()
     with pytest.raises(errors.InvalidArgument, match="already exists"):
         rig.plan(CLONE, vm=CLUSTER_VM, name=name)  # the same name again is taken, however it is spelt
-
 
 @pytest.mark.parametrize(("name", "stored"), [
     ("web/1", "web%2f1"), ("a\\b", "a%5cb"), ("50%", "50%25"), ("%25", "%25"), ("%2F%5C", "%2F%5C"),

@@ -203,8 +203,10 @@ class Execution:
             if not faults.is_foreign(exc):
                 raise
             error = faults.translate(exc, self.target)
-            lost = error.code in ("timeout", "unreachable")
-            if lost and (destructive or faults.request_may_have_arrived(exc)):
+            arrived = faults.request_may_have_arrived(exc)
+            if first and not arrived:
+                self.mutated = False  # never sent: nothing changed
+            if error.code in ("timeout", "unreachable") and (destructive or arrived):
                 raise errors.OutcomeUnknown(
                     f"target '{self.target}': the answer to {what} was lost ({error.code}); it may have "
                     "taken effect. Do not retry: read the affected objects again (or get_tasks) to see what "
