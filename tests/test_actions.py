@@ -409,6 +409,7 @@ def test_clone_names_are_escaped_as_vsphere_escapes_them(rig: Rig, name: str, st
     with pytest.raises(errors.InvalidArgument, match="already exists"):
         rig.plan(CLONE, vm=CLUSTER_VM, name=name)  # the same name again is taken, however it is spelt
 
+
 @pytest.mark.parametrize(("name", "stored"), [
     ("web/1", "web%2f1"), ("a\\b", "a%5cb"), ("50%", "50%25"), ("%25", "%25"), ("%2F%5C", "%2F%5C"),
     ("%zz", "%25zz"), ("%2", "%252"), ("plain", "plain"),
