@@ -1000,3 +1000,44 @@ def test_the_gateways_sink_signs_with_the_key_in_its_state_directory(tmp_path: P
     report = verify(settings.audit_log, checkpoints=True,
                     public_key=load_or_create_signing_key(key).public_key())
     assert report.ok and report.checkpoint is not None and report.checkpoint.last_seq == 3
+
+
+def test_the_running_servers_access_log_shows_correlation_ids(sim_vc1: Any, tmp_path: Path) -> None:
+    """End to end: `gateway serve --transport https` logs the request id a client sent, unmasked."""
+    import ssl
+
+    import httpx2
+    from simulator import wait_until, write_targets
+    from test_server_http import run_serve  # type: ignore[import-not-found]
+
+    from gateway.server.tls import create_certificate
+    from gateway.store.sqlite import SqliteStore
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim_vc1})
+    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml")})
+    from gateway.auth.tokens import create_token
+
+    with SqliteStore(home / "state.db") as store:
+        create_token(store, "ops", "admin", expires_in=None, now=time.time())
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    command = run_serve(tmp_path, env, "--transport", "https", "--cert", str(cert.cert), "--key",
+                        str(cert.key), "--public-name", "localhost", "--host", "127.0.0.1", "--port", "0")
+    cid = "4bf92f3577b34da6a3ce929d0e0e4736"
+    try:
+        found = wait_until(lambda: command.process.poll() is not None or
+                           re.search(r"running on https://127\.0\.0\.1:(\d+)", command.output()), timeout=60,
+                           what="gateway serve to listen")
+        assert isinstance(found, re.Match), command.output()
+        before = command.output().count("GET /mcp 401")
+        with httpx2.Client(verify=ssl.create_default_context(cafile=str(cert.cert)), timeout=30) as http:
+            answer = http.get(f"https://localhost:{found.group(1)}/mcp", headers={"X-Request-ID": cid})
+        assert answer.status_code == 401 and answer.headers["x-correlation-id"] == cid
+        wait_until(lambda: command.output().count("GET /mcp 401") >= 1 + before, timeout=30,
+                   what="the access log line of our request")
+    finally:
+        command.stop()
+    access = [x for x in command.output().splitlines() if "gateway.access" in x]
+    assert any("GET /mcp 401" in x and f"cid={cid}" in x for x in access), access
+    assert not [x for x in access if "cid=***" in x]
