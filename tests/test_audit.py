@@ -1041,3 +1041,15 @@ def test_the_running_servers_access_log_shows_correlation_ids(sim_vc1: Any, tmp_
     access = [x for x in command.output().splitlines() if "gateway.access" in x]
     assert any("GET /mcp 401" in x and f"cid={cid}" in x for x in access), access
     assert not [x for x in access if "cid=***" in x]
+
+
+def test_a_failing_checkpoint_never_fails_the_row_it_follows(path: Path, key_file: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    load_or_create_signing_key(key_file)
+    key_file.chmod(0o644)  # refused for signing: anyone could read it
+    with AuditSink(path, durable=False, key_file=key_file, checkpoint_rows=2) as sink:
+        rows = write_calls(sink, 4)
+        counters = sink.stats()
+    assert [r["seq"] for r in read_rows(path)] == [r["seq"] for r in rows] == [1, 2, 3, 4]
+    assert counters["checkpoint_failures"] >= 2 and counters["checkpoints"] == 0
+    assert any("chmod 600" in r.getMessage() for r in caplog.records)

@@ -84,7 +84,7 @@ DEFAULT_CHECKPOINT_ROWS = 1000
 #: ... or on the first write this long after the previous one (and on rotation and close)
 DEFAULT_CHECKPOINT_SECONDS = 300.0
 _STAT_NAMES = ("rows_written", "rotations", "files_dropped", "rows_dropped", "files_kept_over_budget",
-               "checkpoints", "lock_timeouts")
+               "checkpoints", "checkpoint_failures", "lock_timeouts")
 #: how long ``AuditSink.write`` waits for the log's lock (held by another writer) before giving up
 DEFAULT_LOCK_TIMEOUT = 5.0
 
@@ -859,7 +859,8 @@ class AuditSink:
     def stats(self) -> dict[str, int]:
         """Counters since this sink was made (for metrics): ``rows_written``, ``rotations``,
         ``files_dropped`` and ``rows_dropped`` (by retention), ``files_kept_over_budget`` (retention
-        kept them: too young to drop), ``checkpoints``, ``lock_timeouts``, and ``bytes``, the size of
+        kept them: too young to drop), ``checkpoints`` and ``checkpoint_failures``, ``lock_timeouts``,
+        and ``bytes``, the size of
         the log and its rotated files as this process last saw them. Reads no file."""
         with self._stats_lock:
             counters = {name: self._stats[name] for name in _STAT_NAMES}
@@ -975,7 +976,7 @@ class AuditSink:
         self._append_line(fd, size, line)
         self._tail = _Tail(row["seq"], row["hash"], (*self._ident, size + len(line)))
         if self.key_file is not None and self._checkpoint_due(row["seq"]):
-            self._write_checkpoint(self._tail)
+            self._try_checkpoint(self._tail)
         return row
 
     def _rotation_marker(self, dropped: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -990,6 +991,17 @@ class AuditSink:
         last_seq, when = self._checkpointed
         return (seq - last_seq >= self.checkpoint_rows
                 or (seq > last_seq and time.monotonic() - when >= self.checkpoint_seconds))
+
+    def _try_checkpoint(self, tail: _Tail) -> None:
+        """A checkpoint after a row already in the log: its failure is logged and counted, never
+        raised (the row was written; failing the write would make the caller think it was not)."""
+        try:
+            self._write_checkpoint(tail)
+        except (OSError, ValueError, AuditUnavailable) as exc:
+            self._checkpointed = (tail.seq, time.monotonic())  # next attempt after the usual interval
+            self._count("checkpoint_failures")
+            log.warning("could not write a signed checkpoint of the audit log %s (seq %d): %s",
+                        self.path, tail.seq, exc)
 
     def _write_checkpoint(self, tail: _Tail) -> dict[str, Any]:
         """Append a signed (seq, hash) of the chain's head to the checkpoint file (under the file lock)."""
@@ -1096,7 +1108,7 @@ class AuditSink:
         """Sign the head (the end of the file being rotated), apply retention, shift ``.k`` to ``.k+1``
         and the log to ``.1``, open a new log. Returns its descriptor, size and what retention dropped."""
         if self.key_file is not None and tail.seq > self._checkpointed[0]:
-            self._write_checkpoint(tail)
+            self._try_checkpoint(tail)
         dropped = self._apply_retention()
         rotated = log_files(self.path)[:-1]
         for old in rotated:  # oldest (highest index) first, so no rename lands on an existing file
