@@ -860,8 +860,8 @@ class AuditSink:
         """Counters since this sink was made (for metrics): ``rows_written``, ``rotations``,
         ``files_dropped`` and ``rows_dropped`` (by retention), ``files_kept_over_budget`` (retention
         kept them: too young to drop), ``checkpoints`` and ``checkpoint_failures``, ``lock_timeouts``,
-        and ``bytes``, the size of
-        the log and its rotated files as this process last saw them. Reads no file."""
+        and ``bytes``, the size of the log and its rotated files as this process last saw them.
+        Reads no file."""
         with self._stats_lock:
             counters = {name: self._stats[name] for name in _STAT_NAMES}
         counters["bytes"] = self._rotated_bytes + (self._tail.key[2] if self._tail is not None else 0)
