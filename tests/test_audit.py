@@ -911,6 +911,10 @@ def test_the_signing_key_is_made_once_and_reused(key_file: Path) -> None:
     key_file.chmod(0o644)
     with pytest.raises(AuditUnavailable, match="chmod 600"):
         load_or_create_signing_key(key_file)
+    key_file.write_text("not a key")
+    key_file.chmod(0o600)
+    with pytest.raises(AuditUnavailable, match="cannot be read as a private key"):
+        load_or_create_signing_key(key_file)
 
 
 # -- redaction by shape: secrets without a key name -----------------------------------------------------

@@ -647,7 +647,12 @@ def _read_signing_key(key_file: Path) -> Ed25519PrivateKey:
     if mode & 0o077:
         raise AuditUnavailable(f"the audit signing key {key_file} is readable by others (mode "
                                f"{stat.S_IMODE(mode):o}); fix: chmod 600 {key_file}")
-    key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    try:
+        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise AuditUnavailable(f"the audit signing key {key_file} cannot be read as a private key ({exc}); "
+                               "fix: restore it from a backup, or move it away and let the gateway create "
+                               "a new one (then pin the new public key)") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise AuditUnavailable(f"the audit signing key {key_file} is not an Ed25519 key; fix: move it "
                                "away and let the gateway create a new one")
