@@ -1057,3 +1057,13 @@ def test_a_failing_checkpoint_never_fails_the_row_it_follows(path: Path, key_fil
     assert [r["seq"] for r in read_rows(path)] == [r["seq"] for r in rows] == [1, 2, 3, 4]
     assert counters["checkpoint_failures"] >= 2 and counters["checkpoints"] == 0
     assert any("chmod 600" in r.getMessage() for r in caplog.records)
+
+
+def test_two_writers_signing_one_log_keep_consistent_checkpoints(path: Path, key_file: Path) -> None:
+    with AuditSink(path, durable=False, key_file=key_file, checkpoint_rows=3) as one, \
+            AuditSink(path, durable=False, key_file=key_file, checkpoint_rows=3, max_bytes=2_000) as two:
+        for i in range(30):
+            (one if i % 3 else two).write({"phase": "call", "args": {"i": i}})
+    report = verify(path, checkpoints=True)
+    assert report.ok, report.checkpoint
+    assert report.checkpoint is not None and report.checkpoint.checked + report.checkpoint.skipped >= 10
