@@ -1067,3 +1067,16 @@ def test_two_writers_signing_one_log_keep_consistent_checkpoints(path: Path, key
     report = verify(path, checkpoints=True)
     assert report.ok, report.checkpoint
     assert report.checkpoint is not None and report.checkpoint.checked + report.checkpoint.skipped >= 10
+
+
+def test_checkpoints_also_come_by_time(path: Path, key_file: Path) -> None:
+    # checkpoint_seconds=0: every write is at least that long after the previous checkpoint
+    with AuditSink(path, durable=False, key_file=key_file, checkpoint_rows=1000,
+                   checkpoint_seconds=0) as sink:
+        write_calls(sink, 3)
+        assert sink.stats()["checkpoints"] == 3
+    with AuditSink(path, durable=False, key_file=key_file, checkpoint_rows=1000) as sink:
+        write_calls(sink, 3)
+        assert sink.stats()["checkpoints"] == 0  # neither 1000 rows nor 5 minutes yet
+    assert sink.stats()["checkpoints"] == 1  # the closing one
+    assert verify(path, checkpoints=True).ok
