@@ -70,7 +70,7 @@ def append_changes(path: Path, changes: int, intent: bool) -> float:
     return changes / elapsed
 
 
-def intent_ratio(directory: Path, changes: int, rounds: int = 3) -> tuple[float, float]:
+def intent_ratio(directory: Path, changes: int, rounds: int = 9) -> tuple[float, float]:
     """(single-row changes/s, intent-row changes/s): medians of ``rounds`` alternating runs."""
     single: list[float] = []
     intent: list[float] = []
