@@ -1080,3 +1080,16 @@ def test_checkpoints_also_come_by_time(path: Path, key_file: Path) -> None:
         assert sink.stats()["checkpoints"] == 0  # neither 1000 rows nor 5 minutes yet
     assert sink.stats()["checkpoints"] == 1  # the closing one
     assert verify(path, checkpoints=True).ok
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("gwt_abc123_Zm9vYmFyYmF6cXV4MTIz", "gwt_abc123_***"),
+    ("gwc_Q2xvbmUgdGhlIFZNIG5vdyBwbGVhc2U", "gwc_***"),
+    ("AKIAIOSFODNN7EXAMPLE", "AKIA***"),
+    ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "***"),
+])
+def test_a_token_passed_off_as_a_correlation_id_is_still_masked(value: str, expected: str) -> None:
+    # Correlation ids are never masked, but a well-known token format is a token wherever it appears.
+    assert redact_text(f"GET /mcp 401 cid={value} caller=-") == f"GET /mcp 401 cid={expected} caller=-"
+    assert redact_text(f"X-Request-ID: {value}") == f"X-Request-ID: {expected}"
+    assert redact({"correlation_id": value}) == {"correlation_id": expected}

@@ -243,10 +243,29 @@ def redact_text(text: str) -> str:
     position = 0
     for match in _CORRELATION_VALUE.finditer(text):
         start, end = match.span("value")
-        pieces += [_redact_piece(text[position:start]), text[start:end]]
+        pieces += [_redact_piece(text[position:start]), redact_correlation_id(text[start:end])]
         position = end
     pieces.append(_redact_piece(text[position:]))
     return "".join(pieces)
+
+
+#: token formats unmistakable by their prefix: masked even where a correlation id is expected
+_PREFIXED_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    (_GATEWAY_TOKEN, _mask_gateway_token),
+    (_CONFIRMATION_TOKEN, f"gwc_{MASK}"),
+    (_AWS_ACCESS_KEY, rf"\1{MASK}"),
+    (_JWT, MASK),
+    (_GITHUB_TOKEN, MASK),
+    (_SLACK_TOKEN, MASK),
+)
+
+
+def redact_correlation_id(value: str) -> str:
+    """A correlation id as logged: never masked as an opaque value (ids look random), but a token
+    of a well-known format (``gwt_``, ``gwc_``, ``AKIA``, a JWT, GitHub, Slack) sent as one is."""
+    for pattern, replacement in _PREFIXED_RULES:
+        value = pattern.sub(replacement, value)
+    return value
 
 
 #: up to this length one regex search for any needle is fastest; beyond it, substring tests are
@@ -374,7 +393,7 @@ class _Walk:
             if is_secret_key(name) and item is not None and not isinstance(item, bool):
                 out[name] = MASK
             elif isinstance(item, str) and is_correlation_key(name):
-                out[name] = self.text(item)  # a correlation id is never masked (still bounded)
+                out[name] = self.text(redact_correlation_id(item))  # not masked as opaque; bounded
             else:
                 out[name] = self.value(item, depth + 1)
         return out
