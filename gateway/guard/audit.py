@@ -33,7 +33,8 @@ Contracts:
   tampering; the next append removes it and records an ``audit_repaired`` row with its digest.
 - Secrets never reach the file: ``redact`` masks values under credential-like keys and
   credential-shaped text (well-known secret formats wherever they appear); correlation ids are never
-  masked; a ``result`` is stored only as ``result_digest`` + ``result_size``.
+  masked (unless one is a token of such a format); a ``result`` is stored only as ``result_digest`` +
+  ``result_size``.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def redact_text(text: str) -> str:
     ``gwt_<id>_<secret>`` (the id stays) and ``gwc_`` confirmation tokens, URL passwords, PEM private
     keys, SSH keys, AWS access key ids and secret keys, JWTs, GitHub and Slack tokens, "password is X"
     phrasing, long opaque values after ``key=``. Correlation ids (``cid=``, ``X-Request-ID:``,
-    ``correlation_id``) are never masked. Linear in the length of ``text``."""
+    ``correlation_id``) are never masked (see ``redact_correlation_id``). Linear in the length of
+    ``text``."""
     if len(text) < 4:
         return text
     if not _mentions(text, _CORRELATION_NEEDLE, _CORRELATION_NEEDLES):
