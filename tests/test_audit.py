@@ -1093,3 +1093,46 @@ def test_a_token_passed_off_as_a_correlation_id_is_still_masked(value: str, expe
     assert redact_text(f"GET /mcp 401 cid={value} caller=-") == f"GET /mcp 401 cid={expected} caller=-"
     assert redact_text(f"X-Request-ID: {value}") == f"X-Request-ID: {expected}"
     assert redact({"correlation_id": value}) == {"correlation_id": expected}
+
+
+# -- metrics: the sink's counters as Prometheus families ----------------------------------------------
+
+def test_the_sinks_counters_are_prometheus_families(path: Path) -> None:
+    from gateway.guard.audit_metrics import audit_families
+    from gateway.server.metrics import Metrics
+
+    metrics = Metrics()
+    with AuditSink(path, durable=False, max_bytes=1500, keep=2, retain_seconds=0) as sink:
+        metrics.add_collector("audit", lambda: audit_families(sink))
+        write_calls(sink, 30)
+        counters = sink.stats()
+        text = metrics.render()
+    assert f"gateway_audit_rows_written_total {float(counters['rows_written'])}" in text
+    assert f"gateway_audit_rotations_total {float(counters['rotations'])}" in text
+    assert f"gateway_audit_files_dropped_total {float(counters['files_dropped'])}" in text
+    assert counters["files_dropped"] > 0
+    assert f"gateway_audit_bytes {float(counters['bytes'])}" in text
+    assert "gateway_audit_lock_timeouts_total 0.0" in text
+
+
+def test_a_sink_without_counters_adds_no_family() -> None:
+    from gateway.guard.audit_metrics import audit_families
+
+    assert audit_families(None) == [] and audit_families(object()) == []
+
+
+@pytest.mark.anyio
+async def test_the_servers_metrics_show_the_audit_counters(sim_vc1: Any, tmp_path: Path) -> None:
+    from httpserver import serve  # type: ignore[import-not-found]
+    from test_server_http import real_gateway  # type: ignore[import-not-found]
+
+    running = serve(tmp_path, real_gateway(sim_vc1, tmp_path))
+    try:
+        running.gateway.audit.write({"phase": "call", "tool": "list_vms"})
+        async with running.http(running.tokens["alice"]) as http:
+            answer = await http.get("/metrics")
+        assert answer.status_code == 200
+        assert "gateway_audit_rows_written_total" in answer.text
+        assert "gateway_audit_files_dropped_total 0.0" in answer.text
+    finally:
+        running.stop()

@@ -46,6 +46,7 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.errors import ConfigError
+from gateway.guard.audit_metrics import audit_families
 from gateway.server import edge
 from gateway.server.edge import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
@@ -233,6 +234,7 @@ def build_app(
     refusals = RefusalAudit(audit if audit is not None else getattr(gateway, "audit", None),
                             interval=config.refusal_audit_seconds, surface=config.surface)
     gateway.metrics.add_collector("targets", lambda: _target_metrics(gateway))
+    gateway.metrics.add_collector("audit", lambda: audit_families(getattr(gateway, "audit", None)))
     server = build_mcp_server(gateway, edge.current_principal, version=version, in_flight=in_flight)
     manager = BoundedSessionManager(
         app=server, json_response=False, stateless=False, security_settings=config.transport_security(),
