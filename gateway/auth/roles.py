@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position, suggestion
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 

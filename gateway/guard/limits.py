@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gateway.errors import PolicyDenied, RateLimited
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 RATE_WINDOW_SECONDS = 60.0
 #: how many checks may pass between two sweeps of idle keys

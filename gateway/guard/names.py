@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from gateway.config import NameRef, Target, suggestion
 from gateway.errors import ConfigError
 from gateway.tools.registry import all_tools
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 if TYPE_CHECKING:
     from gateway.auth.roles import RoleBook

@@ -67,7 +67,7 @@ from gateway.config import ConfigProblems, NameKind, NameRef, Target, load_yaml,
 from gateway.errors import ConfigError
 from gateway.guard.limits import bulk_denial
 from gateway.guard.names import KnownNames, UnknownName, unknown_names
-from gateway.tools.spec import AffectedObject, Category, Risk
+from gateway.vocabulary import AffectedObject, Category, Risk
 
 log = logging.getLogger(__name__)
 
@@ -913,6 +913,17 @@ class PolicyStore:
         except Exception:
             log.exception("policy evaluation failed for %s on target %s", facts.tool, facts.target)
             return _unusable(facts, "the policy engine failed on this call (see the gateway log)")
+
+    def snapshot(self) -> tuple[Policy | None, str | None]:
+        """The policy in force and None, or None and why the file cannot be used (for
+        ``guard.decision.authorize``, which denies writes and lets reads through meanwhile). Never raises."""
+        try:
+            return self.current(), None
+        except ConfigError as exc:
+            return None, f"policy file {self.path} is unusable: {exc.message}"
+        except Exception:
+            log.exception("reading the policy file %s failed", self.path)
+            return None, f"policy file {self.path} could not be read (see the gateway log)"
 
     def target_limits(self, target: str) -> TargetPolicy:
         """The effective settings (limits, flags) for ``target``. Never raises: while the file is

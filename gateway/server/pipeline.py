@@ -1,25 +1,44 @@
-"""The guarded call pipeline: the one path every tool call takes.
+"""The guarded call pipeline: the one path every tool call, confirmation and approval takes.
 
-    role check -> argument validation -> runaway breaker -> rate limit
-      -> scheduler slot on the target -> session -> resolve (plan, read-only)
-      -> policy decision -> execute / dry run / proposal -> audit row
+How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``)::
+
+    Gateway.call(principal, tool, args)
+      -> facts about the caller as the store says *now* (token state, current role)
+      -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
+      -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
+      -> runaway breaker, rate limit per target x category (reads too)
+      -> resolve on the target (a Plan: objects + facts, nothing changes)
+      -> authorize again with the objects: token -> role -> policy -> state preconditions
+      -> read: answer (per-target outcomes in the row)
+         write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
+         destructive: persist a proposal; confirm_action / a human's approval re-run authorize on the
+         state at that moment (the proposer's current token and role, current rules, re-resolved
+         objects), then claim it (``executing``, naming this process) and run it
+      -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
+         unready) and is appended as soon as the audit is writable again
+
+Every proposal move goes through ``Gateway.move`` (the lifecycle table of guard/lifecycle.py, the
+store's compare-and-set, an audit row, then the listeners registered with
+``add_lifecycle_listener``). Audit appends and state-store calls run in worker threads with
+deadlines, so a stuck audit lock or a slow disk never stops the event loop.
 
 ``Gateway`` is also the composition root of one process: it owns the scheduler, the state store,
-the audit sink, the policy and role books and the token authenticator, and starts and stops them
-in the server's lifespan. Every surface (stdio, HTTPS, the web page, the CLI's ``pending``
-commands) goes through the same methods, so a decision never depends on how a call arrived.
+the audit sink, the policy and role books and the token authenticator, and starts and stops them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from gateway.auth.roles import Role, RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
@@ -30,16 +49,31 @@ from gateway.errors import (
     ConfirmationInvalid,
     Forbidden,
     GatewayError,
+    InvalidArgument,
     NotFound,
     PolicyDenied,
+    RateLimited,
     Stale,
+    StateUnavailable,
 )
-from gateway.guard import confirm, names
+from gateway.guard import confirm
 from gateway.guard.audit import AuditSink
+from gateway.guard.decision import (
+    PROPOSAL_TOOLS,
+    Entry,
+    Facts,
+    Party,
+    TokenState,
+    Verdict,
+    authorize,
+    token_state,
+    tool_permitted,
+)
+from gateway.guard.lifecycle import OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
-from gateway.guard.policy import CallFacts, Decision, PolicyStore
+from gateway.guard.policy import Decision, PolicyStore
 from gateway.guard.sanitize import clean
-from gateway.notify import Notifier, notifier_for
+from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.sqlite import Proposal, SqliteStore
@@ -50,14 +84,21 @@ from gateway.vsphere.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
-#: fn(event, proposal): told of every proposal lifecycle transition; must not block (may run in a thread)
 LifecycleListener = Callable[[str, Proposal], None]
 ALL = "all"
-#: a proposal still ``executing`` this long after it was claimed belongs to a process that died
+#: a claim recorded before claims named their process: settled only this long after it was made
 EXECUTION_GRACE_SECONDS = 2 * 86400.0
-#: tools the pipeline answers itself; a role gets them with its first write or destructive tool
-_PROPOSAL_TOOLS = frozenset({"list_pending_actions", "confirm_action", "cancel_action"})
+#: how long one audit append or state-store call may take before the call is refused
+AUDIT_DEADLINE_SECONDS: Final = 5.0
+STORE_DEADLINE_SECONDS: Final = 10.0
+#: outcome rows kept in memory while the audit cannot take them (then changes are refused)
+MAX_WAITING_OUTCOMES: Final = 1000
+#: an argument value longer than this is cut in audit rows (with its size and digest)
+AUDIT_VALUE_CHARS: Final = 256
+_DENIAL_CODES = frozenset({"policy_denied", "forbidden", "rate_limited", "not_found", "approval_required",
+                           "confirmation_invalid", "confirmation_expired"})
 
 
 @dataclass
@@ -65,18 +106,26 @@ class CallContext:
     """Who is calling what, carried through one call for audit rows and decisions."""
 
     principal: Principal
-    role: Role
+    party: Party
     spec: ToolSpec
     correlation_id: str | None
+    client: str | None = None
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def role(self) -> Role:
+        assert self.party.role is not None  # the gate refused callers without a role
+        return self.party.role
 
     def row(self, phase: str, **fields: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
             "phase": phase,
             "tool": self.spec.name,
+            "risk": self.spec.risk.value,
             "caller": self.principal.name,
-            "role": self.principal.role,
+            "role": self.party.role.name if self.party.role else self.principal.role,
             "surface": self.principal.surface,
+            "client": self.client,
             "correlation_id": self.correlation_id,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
         }
@@ -110,18 +159,14 @@ class Gateway:
         self.roles = roles
         self.clock = clock
         self.authenticator = TokenVerifier(store)
-        self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
+        self.metrics = Metrics()
         self.rate_limiter = RateLimiter()
         self.breaker = RunawayBreaker()
+        self.instance = Instance(settings.home)
         self.draining = False
+        self._listeners: list[LifecycleListener] = []
+        self._waiting: collections.deque[dict[str, Any]] = collections.deque()
         self._sweeper: asyncio.Task[None] | None = None
-        self._lifecycle_listeners: list[LifecycleListener] = []
-        # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
-        self.notifier: Notifier | None = None
-        if settings.notifications_file is not None:
-            self.notifier = notifier_for(
-                settings.notifications_file, settings.notify_env, audit.write, [self]
-            )
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -144,9 +189,6 @@ class Gateway:
                     }
                 )
 
-        policy = PolicyStore(settings.rules_file)
-        roles = RoleBook(settings.roles_file, on_reload=audit_roles_reload)
-        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
         return cls(
             settings,
             targets,
@@ -154,85 +196,68 @@ class Gateway:
             scheduler=Scheduler(targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds),
             store=SqliteStore(settings.state_db),
             audit=audit,
-            policy=policy,
-            roles=roles,
+            policy=PolicyStore(settings.rules_file),
+            roles=RoleBook(settings.roles_file, on_reload=audit_roles_reload),
         )
 
-    def add_lifecycle_listener(self, fn: LifecycleListener) -> None:
-        """Call ``fn(event, proposal)`` on every transition: proposed, approved, denied, cancelled, expired,
-        stale, executing, executed, failed, outcome_unknown."""
-        self._lifecycle_listeners.append(fn)
-
-    def _lifecycle(self, event: str, proposal: Proposal, **changes: Any) -> None:
-        current = replace(proposal, **changes) if changes else proposal
-        for fn in self._lifecycle_listeners:
-            try:
-                fn(event, current)
-            except Exception:  # a listener never breaks a decision
-                log.exception("lifecycle listener failed on %s of proposal %s", event, proposal.id)
-
     async def start(self) -> None:
-        await self.start_notifier()
-        self.settle_interrupted()
-        self._sweeper = asyncio.create_task(self._sweep_expired_forever())
+        await asyncio.to_thread(self.settle_interrupted)
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+
+    def add_lifecycle_listener(self, fn: LifecycleListener) -> None:
+        """Call ``fn(event, proposal)`` after every proposal move (event = the new state), once it is
+        audited. Called in the thread that made the move; it must not block (hand work to a queue)."""
+        self._listeners.append(fn)
 
     def settle_interrupted(self, older_than: float = EXECUTION_GRACE_SECONDS) -> list[str]:
-        """Mark proposals left ``executing`` by a process that died as failed with an unknown outcome.
+        """Settle every proposal left ``executing`` by a process that is gone, as ``outcome_unknown``.
 
-        Only proposals claimed longer ago than any task may run are touched, so a CLI approval that
-        is executing right now in another process is left alone. They are never retried: whether
+        A claim names the process that made it (``Instance``): a dead one is settled at once, a live
+        one (a CLI approval running now) is left alone. A claim recorded without a process (older
+        gateways) is settled only ``older_than`` seconds after it was made. Never retried: whether
         vSphere finished the change is unknown, and the audit row says how to find out.
         """
         settled = []
         cutoff = self.clock() - older_than
-        for p in self.store.list_proposals(["executing"]):
-            if (p.decided_at or p.created_at) > cutoff:
+        for p in self.store.list_proposals(["executing"], limit=1000):
+            if p.executor is not None:
+                if self.instance.alive(p.executor):
+                    continue
+            elif (p.decided_at or p.created_at) > cutoff:
                 continue
             error = {
                 "code": "outcome_unknown",
-                "message": "the gateway stopped while this change was running; "
+                "message": "the gateway process running this change stopped before it finished; "
                 "check the objects and get_tasks on the target before doing anything again",
             }
-            if self.store.transition(p.id, ["executing"], "failed", outcome="outcome_unknown", error=error):
-                self._audit(
-                    {
-                        "phase": "failed",
-                        "tool": p.tool,
-                        "target": p.target,
-                        "caller": p.caller,
-                        "role": p.role,
-                        "surface": "server",
-                        "proposal_id": p.id,
-                        "error_code": "outcome_unknown",
-                        "outcome": "outcome_unknown",
-                    }
-                )
-                self._lifecycle("outcome_unknown", p, state="failed", outcome="outcome_unknown", error=error)
+            actor = Principal(name="gateway", role="-", surface="server")
+            moved = self.move_sync(
+                p, ["executing"], "outcome_unknown", actor=actor, outcome="outcome_unknown", error=error,
+                reason=f"claimed by process {p.executor or 'unknown'}, which is gone",
+            )
+            if moved is not None:
                 settled.append(p.id)
         return settled
 
-    async def start_notifier(self) -> None:
-        """Begin telling humans about lifecycle events (channels loaded when the gateway was built)."""
-        if self.notifier is not None:
-            await self.notifier.start()
-
     async def close(self) -> None:
         self.draining = True
-        if self.notifier is not None:
-            await self.notifier.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        await asyncio.to_thread(self.flush_waiting)
         await asyncio.to_thread(self.scheduler.close)
         self.store.close()
         self.audit.close()
+        self.instance.close()
 
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
         reasons = []
         if self.draining:
             reasons.append("shutting down")
+        if self._waiting:
+            reasons.append(f"{len(self._waiting)} audit row(s) of finished changes wait for the audit log")
         if not self.audit.writable():
             reasons.append("audit log not writable")
         if not self.store.ping():
@@ -243,14 +268,13 @@ class Gateway:
     def role_of(self, principal: Principal) -> Role | None:
         return self.roles.get(principal.role)
 
+    @property
+    def change_tools(self) -> tuple[tuple[str, Category], ...]:
+        return tuple((s.name, s.kind) for s in self.registry
+                     if s.kind is not Category.READ and s.name not in PROPOSAL_TOOLS)
+
     def permits(self, role: Role, spec: ToolSpec) -> bool:
-        if spec.name in _PROPOSAL_TOOLS:
-            return any(
-                role.permits_tool(s.name, s.kind)
-                for s in self.registry
-                if s.kind is not Category.READ and s.name not in _PROPOSAL_TOOLS
-            )
-        return role.permits_tool(spec.name, spec.kind)
+        return tool_permitted(role, spec.name, spec.kind, self.change_tools)
 
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
         role = self.role_of(principal)
@@ -261,6 +285,67 @@ class Gateway:
     def visible_targets(self, role: Role) -> list[Target]:
         return [t for t in self.targets.values() if role.permits_target(t.name)]
 
+    # ----------------------------------------------------------------- facts
+    def party(self, principal: Principal) -> Party:
+        """The caller as the store says it is now: a token's current state and role (a principal
+        without a token, from stdio or the CLI, is the role its surface gave it)."""
+        if principal.token_id is None:
+            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role))
+        record = self.store.token_by_id(principal.token_id)
+        role = self.roles.get(record.role) if record is not None else None
+        return Party(principal.name, token_state(record, self.clock()), role)
+
+    def owner(self, p: Proposal) -> Party:
+        """The proposer as they are now (their token's current state and role)."""
+        record = self.store.token_by_name(p.caller)
+        if record is None:
+            return Party(p.caller, TokenState.USABLE, self.roles.get(p.role))
+        role = self.roles.get(record.role)
+        return Party(p.caller, token_state(record, self.clock()), role)
+
+    def facts(
+        self,
+        entry: Entry,
+        actor: Party,
+        spec: ToolSpec,
+        args: Mapping[str, Any],
+        *,
+        target: str | None = None,
+        plan: Plan | None = None,
+        owner: Party | None = None,
+        proposal: Proposal | None = None,
+        resolved: bool = True,
+    ) -> Facts:
+        """Everything ``authorize`` looks at, gathered now (rules re-read, target looked up)."""
+        known = self.targets.get(target) if target is not None else None
+        rules, rules_error = self.policy.snapshot() if resolved else (None, None)
+        reaches = tuple((name, s.kind) for name in spec.reaches(args) if (s := self.registry.get(name)))
+        missing = [name for name in spec.reaches(args) if self.registry.get(name) is None]
+        reaches += tuple((name, Category.DESTRUCTIVE) for name in missing)  # unknown reach: strictest
+        return Facts(
+            entry=entry,
+            actor=actor,
+            tool=spec.name,
+            category=spec.kind,
+            risk=spec.risk,
+            now=datetime.fromtimestamp(self.clock(), UTC),
+            target=target,
+            target_known=known is not None,
+            target_tags=known.tags if known is not None else (),
+            reaches=reaches,
+            affected=plan.affected if plan is not None else (),
+            object_count=plan.count if plan is not None else 0,
+            override=bool(args.get("override", False)),
+            owner=owner,
+            rules=rules,
+            rules_error=rules_error,
+            proposal_problem=confirm.proposal_problem(proposal, self.clock()) if proposal else None,
+            unmet=plan.unmet if plan is not None else (),
+            proposal_id=proposal.id if proposal else None,
+            resolved=resolved,
+            change_tools=self.change_tools,
+        )
+
     # ----------------------------------------------------------------- calls
     async def call(
         self,
@@ -270,38 +355,61 @@ class Gateway:
         *,
         progress: ProgressSink | None = None,
         correlation_id: str | None = None,
+        client: str | None = None,
     ) -> dict[str, Any]:
-        """Run one tool call for ``principal``; raises GatewayError subclasses for expected failures."""
+        """Run one tool call for ``principal``; raises GatewayError subclasses for expected failures.
+
+        ``client`` is the MCP client's declared ``name/version`` (from initialize), for audit rows."""
         spec = self.registry.get(name)
-        role = self.role_of(principal)
-        if spec is None or role is None or not self.permits(role, spec):
-            if spec is not None:
-                rule = f"role:{principal.role}"
-                ctx = CallContext(principal, role or _NO_ROLE, spec, correlation_id)
-                self._audit(
-                    ctx.row(
-                        "denied",
-                        args=dict(args or {}),
-                        target=_target_label(args),
-                        decision={"allowed": False, "reason": "tool not permitted for role", "rule": rule},
-                        error_code="not_found",
-                    )
-                )
-                self.metrics.observe_call(name, _target_label(args) or "-", "denied", 0.0)
-            raise NotFound(f"unknown tool '{name}'; call tools/list to see the tools available to you")
-        ctx = CallContext(principal, role, spec, correlation_id)
-        handler = self._handler_for(spec)
+        actor = await self.off_loop(self.party, principal)
+        if spec is None:
+            ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
+            await self._refused(ctx, args, NotFound(
+                f"unknown tool '{_cut(name)}'; call tools/list to see the tools available to you"))
+        assert spec is not None
+        ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", _target_label(args)
         try:
-            valid = spec.validate(args)
-            result = await handler(ctx, valid, progress)
+            gate = self.facts(Entry.LOCAL if spec.target_mode == "none" else _entry(spec), actor, spec,
+                              args or {}, resolved=False)
+            await self._check(ctx, gate, args)
+            try:
+                valid = spec.validate(args)
+            except InvalidArgument as exc:
+                await self._refused(ctx, args, exc)
+            result = await self._handler_for(spec)(ctx, valid, progress)
             outcome = "ok"
             return result
         except GatewayError as exc:
-            outcome = "denied" if exc.code in ("policy_denied", "forbidden", "rate_limited") else "error"
+            outcome = "denied" if exc.code in _DENIAL_CODES else "error"
             raise
         finally:
-            self.metrics.observe_call(name, target or "-", outcome, time.monotonic() - ctx.started)
+            label = target if target in self.targets or target == ALL else "unknown"
+            self.metrics.observe_call(spec.name if spec else "unknown", label or "-", outcome,
+                                      time.monotonic() - ctx.started)
+
+    async def _check(self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any) -> Verdict:
+        """``authorize`` and, on a refusal, its audited error (the one place a verdict is enforced)."""
+        verdict = authorize(facts)
+        if not verdict.allowed:
+            row.setdefault("target", facts.target)
+            try:
+                verdict.raise_if_refused()
+            except GatewayError as exc:
+                await self._refused(ctx, args, exc, **row)
+        return verdict
+
+    async def _refused(
+        self, ctx: CallContext, args: Mapping[str, Any] | None, exc: GatewayError, **fields: Any
+    ) -> None:
+        """Audit a refused call (bounded arguments, the decision if any), then raise ``exc``."""
+        fields.setdefault("target", _target_label(args))
+        phase = "denied" if exc.code in _DENIAL_CODES else "invalid" if exc.code == "invalid_argument" else "failed"
+        await self.record(ctx.row(
+            phase, args=_bounded(_redact_args(ctx.spec, args or {})), error_code=exc.code,
+            decision=exc.details.get("decision"), error=_cut(exc.message, 512), **fields,
+        ))
+        raise exc
 
     def _handler_for(
         self, spec: ToolSpec
@@ -317,64 +425,53 @@ class Gateway:
         return self._read if spec.kind is Category.READ else self._write
 
     # -- reads
-    def _expand_targets(self, ctx: CallContext, ref: str | list[str]) -> list[str]:
+    async def _read_targets(self, ctx: CallContext, args: dict[str, Any]) -> list[str]:
+        """The targets a read goes to, each authorized (role, policy) and rate limited; refusals audited."""
+        ref = args["target"]
         if ref == ALL:
             names = [t.name for t in self.visible_targets(ctx.role)]
             if not names:
-                raise Forbidden("your role covers no configured target")
-            return names
-        names = [ref] if isinstance(ref, str) else list(ref)
-        for n in names:
-            self._check_target(ctx, n)
+                await self._refused(ctx, args, _forbidden("your role covers no configured target"))
+        else:
+            names = [ref] if isinstance(ref, str) else list(ref)
+        for name in names:
+            await self._check(ctx, self.facts(Entry.READ, ctx.party, ctx.spec, args, target=name), args,
+                              target=name)
+            await self._rate_limit(ctx, args, name, Category.READ)
         return names
-
-    def _check_target(self, ctx: CallContext, name: str) -> Target:
-        """The named target if the caller's role covers it; a target outside the role is refused exactly
-        like an unknown one, and audited as denied."""
-        target = self.targets.get(name)
-        if target is not None and ctx.role.permits_target(name):
-            return target
-        if target is not None:
-            reason = "target not permitted for role"
-            self._audit(
-                ctx.row(
-                    "denied",
-                    target=name,
-                    error_code="not_found",
-                    decision={"allowed": False, "reason": reason, "rule": f"role:{ctx.role.name}"},
-                )
-            )
-        known = ", ".join(t.name for t in self.visible_targets(ctx.role)) or "none"
-        raise NotFound(f"unknown target '{name}'; targets you may use: {known}")
 
     async def _read(self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
         assert ctx.spec.read is not None
-        ref = args["target"]
-        fn = ctx.spec.read
-        audit_args = _redact_args(ctx.spec, args)
-        self._require_audit()
+        fn, ref = ctx.spec.read, args["target"]
+        names = await self._read_targets(ctx, args)
+        row = {"target": _target_label(args), "args": _bounded(_redact_args(ctx.spec, args))}
         try:
-            names = self._expand_targets(ctx, ref)
-            single = isinstance(ref, str) and ref != ALL
-            if single:
+            if isinstance(ref, str) and ref != ALL:
                 target = self.targets[names[0]]
                 result = await self.scheduler.run(
                     target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
                 )
+                outcomes = None
             else:
                 result = await self.scheduler.fan_out(
                     names, lambda s: fn(s, args), deadline=self.settings.fanout_timeout_seconds
                 )
-            result = clean(result)
+                outcomes = {n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
+                            for n, r in result.items()}
+            result = await asyncio.to_thread(clean, result)
         except GatewayError as exc:
-            self._audit(
-                ctx.row(
-                    "call", target=_target_label(args), args=audit_args, outcome="error", error_code=exc.code
-                )
-            )
+            await self.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
-        self._audit(ctx.row("call", target=_target_label(args), args=audit_args, outcome="ok", result=result))
+        outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
+        await self.record(ctx.row("call", outcome=outcome, outcomes=outcomes, result=result, **row))
         return result  # type: ignore[no-any-return]
+
+    async def _rate_limit(self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category) -> None:
+        per_minute = self.policy.target_limits(target).rate_limit(kind)
+        try:
+            self.rate_limiter.check(target, kind, per_minute, time.monotonic())
+        except RateLimited as exc:
+            await self._refused(ctx, args, exc, target=target)
 
     async def _list_targets(
         self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
@@ -389,7 +486,7 @@ class Gateway:
                 for key in ("host", "address", "port"):
                     row.pop(key, None)
         out = {"targets": clean(rows), "count": len(rows)}
-        self._audit(ctx.row("call", outcome="ok", result=out))
+        await self.record(ctx.row("call", outcome="ok", result=out))
         return out
 
     # -- writes and destructive proposals
@@ -399,71 +496,65 @@ class Gateway:
         spec = ctx.spec
         plan_fn = spec.plan
         assert plan_fn is not None and spec.execute is not None
-        audit_args = _redact_args(spec, args)
         ref = args["target"]
         if not isinstance(ref, str) or ref == ALL:
             reason = "a change needs exactly one explicit target; 'all' and lists are refused for writes"
-            self._audit(
-                ctx.row(
-                    "denied",
-                    target=_target_label(args),
-                    args=audit_args,
-                    decision={"allowed": False, "reason": reason, "rule": "target:single"},
-                    error_code="policy_denied",
-                )
-            )
-            raise PolicyDenied(reason)
-        self._require_audit()
-        target = self._check_target(ctx, ref)
-        now = self.clock()
+            decision = {"allowed": False, "reason": reason, "rule": "target:single"}
+            await self._refused(ctx, args, PolicyDenied(reason, decision=decision))
+        gate = self.facts(Entry.WRITE, ctx.party, spec, args, target=ref, resolved=False)
+        await self._check(ctx, gate, args)
+        target = self.targets[ref]
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
             self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
-            per_minute = self.policy.target_limits(target.name).rate_limit(spec.kind)
-            self.rate_limiter.check(target.name, spec.kind, per_minute, time.monotonic())
-            plan = await self.scheduler.run(
-                target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds
-            )
-            decision = self._decide(ctx, target, plan, args, now)
         except GatewayError as exc:
-            phase = "denied" if exc.code in ("policy_denied", "rate_limited") else "failed"
-            self._audit(
-                ctx.row(
-                    phase,
-                    target=target.name,
-                    args=audit_args,
-                    error_code=exc.code,
-                    decision=exc.details.get("decision"),
-                )
-            )
-            raise
+            await self._refused(ctx, args, exc, target=target.name)
+        await self._rate_limit(ctx, args, target.name, spec.kind)
+        try:
+            plan = await self.scheduler.run(target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds)
+        except GatewayError as exc:
+            await self._refused(ctx, args, exc, target=target.name)
+        verdict = await self._authorize_plan(ctx, Entry.WRITE, ctx.party, args, target, plan)
+        decision = self._decision(verdict, target)
         if spec.kind is Category.DESTRUCTIVE or decision.require_approval:
-            return self._propose(ctx, target, args, plan, decision, digest)
-        return await self._execute(ctx, target, plan, decision, audit_args, progress)
+            return await self._propose(ctx, target, args, plan, decision, digest)
+        return await self._execute(ctx, target, plan, decision, args, progress)
 
-    def _decide(
-        self, ctx: CallContext, target: Target, plan: Plan, args: Mapping[str, Any], now: float
-    ) -> Decision:
-        facts = CallFacts(
-            tool=ctx.spec.name,
-            category=ctx.spec.kind,
-            risk=ctx.spec.risk,
-            target=target.name,
-            target_tags=target.tags,
-            affected=plan.affected,
-            caller=ctx.principal.name,
-            role=ctx.principal.role,
-            override=bool(args.get("override", False)),
-            object_count=plan.count,
-        )
-        decision = self.policy.decide(facts, datetime.fromtimestamp(now, UTC))
+    async def _authorize_plan(
+        self,
+        ctx: CallContext,
+        entry: Entry,
+        actor: Party,
+        args: Mapping[str, Any],
+        target: Target,
+        plan: Plan,
+        owner: Party | None = None,
+        proposal: Proposal | None = None,
+    ) -> Verdict:
+        """The full decision on a resolved call, then on each object of a bulk call as the tool it runs."""
+        facts = self.facts(entry, actor, ctx.spec, args, target=target.name, plan=plan, owner=owner,
+                           proposal=proposal)
+        verdict = await self._check(ctx, facts, args, proposal_id=proposal.id if proposal else None)
+        for name in ctx.spec.reaches(args):
+            reached = self.registry.get(name)
+            if reached is None:
+                continue
+            for obj in plan.affected:
+                one = replace(facts, entry=Entry.BULK_OBJECT, tool=name, category=reached.kind, risk=reached.risk,
+                              affected=(obj,), object_count=1, reaches=(), proposal_problem=None, unmet=())
+                if entry in (Entry.CONFIRM, Entry.APPROVE) and owner is not None:
+                    one = replace(one, actor=owner, owner=None)
+                await self._check(ctx, one, args, proposal_id=proposal.id if proposal else None)
+        return verdict
+
+    def _decision(self, verdict: Verdict, target: Target) -> Decision:
+        decision = verdict.decision or Decision(True, verdict.reason, verdict.rule)
+        decision = replace(decision, require_approval=verdict.require_approval)
         if self.settings.dry_run or target.dry_run:
             decision = replace(decision, dry_run=True)
-        if not decision.allowed:
-            raise PolicyDenied(decision.reason, decision=decision.to_dict())
         return decision
 
-    def _propose(
+    async def _propose(
         self,
         ctx: CallContext,
         target: Target,
@@ -474,20 +565,22 @@ class Gateway:
     ) -> dict[str, Any]:
         token = confirm.new_confirmation_token()
         now = self.clock()
-        ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
+        ttl = self.settings.confirm_ttl_seconds
+        summary = clean(plan.summary)
+        affected = clean([a.to_dict() for a in plan.affected])
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
             caller=ctx.principal.name,
-            role=ctx.principal.role,
+            role=ctx.role.name,
             surface=ctx.principal.surface,
             target=target.name,
             target_host=target.address,
             tool=ctx.spec.name,
             args=args,
             args_digest=digest,
-            plan_summary=plan.summary,
-            affected=[a.to_dict() for a in plan.affected],
+            plan_summary=summary,
+            affected=affected,
             plan_params=dict(plan.params),
             created_at=now,
             expires_at=now + ttl,
@@ -495,18 +588,17 @@ class Gateway:
             require_web_approval=decision.require_approval,
             correlation_id=ctx.correlation_id,
         )
-        self._audit(
+        await self.record(
             ctx.row(
                 "proposed",
                 target=target.name,
-                args=_redact_args(ctx.spec, args),
+                args=_bounded(_redact_args(ctx.spec, args)),
                 decision=decision.to_dict(),
                 proposal_id=proposal.id,
-                affected=proposal.affected,
+                affected=affected,
             )
         )
-        self.store.add_proposal(proposal)
-        self._lifecycle("proposed", proposal)
+        await self.off_loop(self.store.add_proposal, proposal)
         how = (
             f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
             f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
@@ -519,8 +611,8 @@ class Gateway:
             "target": target.name,
             "target_host": target.address,
             "tool": ctx.spec.name,
-            "summary": plan.summary,
-            "affected": proposal.affected,
+            "summary": summary,
+            "affected": affected,
             "token": token,
             "expires_in_seconds": int(ttl),
             "requires_human_approval": decision.require_approval,
@@ -536,26 +628,16 @@ class Gateway:
         target: Target,
         plan: Plan,
         decision: Decision,
-        audit_args: Mapping[str, Any],
+        args: Mapping[str, Any],
         progress: ProgressSink | None,
-        proposal_id: str | None = None,
+        proposal: Proposal | None = None,
     ) -> dict[str, Any]:
+        """Audit the intent durably, then (only then) run the change, then audit its outcome."""
         spec = ctx.spec
         execute = spec.execute
         assert execute is not None
-
-        def record(phase: str, **fields: Any) -> None:
-            self._audit(
-                ctx.row(
-                    phase,
-                    target=target.name,
-                    args=audit_args,
-                    decision=decision.to_dict(),
-                    proposal_id=proposal_id,
-                    **fields,
-                )
-            )
-
+        base = {"target": target.name, "args": _bounded(_redact_args(spec, args)), "decision": decision.to_dict(),
+                "proposal_id": proposal.id if proposal else None}
         if decision.dry_run:
             would = {
                 "dry_run": True,
@@ -563,20 +645,34 @@ class Gateway:
                 "would": plan.summary,
                 "affected": [a.to_dict() for a in plan.affected],
             }
-            record("dry_run", outcome="ok", result=would)
+            await self.record(ctx.row("dry_run", outcome="ok", result=would, **base))
+            if proposal is not None:
+                await self.move(proposal, ["executing"], "executed", actor=ctx.principal, outcome="ok",
+                                result={"dry_run": True})
             return would
         params = dict(plan.params)
         params["auto_snapshot"] = decision.auto_snapshot and spec.snapshot_before
         plan = replace(plan, params=params)
         relay = self._progress_relay(progress)
-        self._require_audit()
+        if proposal is None:  # a claimed proposal's intent row was written by its claim
+            await self.record(ctx.row("executing", **base))
         try:
             result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
         except GatewayError as exc:
-            record("failed", outcome=exc.code, error_code=exc.code, error=exc.message)
+            state = "outcome_unknown" if exc.code == "outcome_unknown" else "failed"
+            if proposal is not None:
+                await self.move(proposal, ["executing"], state, actor=ctx.principal, outcome=exc.code,
+                                error=exc.to_wire(), reason=_cut(exc.message, 512))
+            else:
+                await self.record_outcome(ctx.row(state if state != "failed" else "failed", outcome=exc.code,
+                                                  error_code=exc.code, error=_cut(exc.message, 512), **base))
             raise
-        result = clean(result)
-        record("executed", outcome="ok", result=result)
+        result = await asyncio.to_thread(clean, result)
+        if proposal is not None:
+            await self.move(proposal, ["executing"], "executed", actor=ctx.principal, outcome="ok",
+                            result={"summary": proposal.plan_summary}, result_row=result)
+        else:
+            await self.record_outcome(ctx.row("executed", outcome="ok", result=result, **base))
         return result  # type: ignore[no-any-return]
 
     def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
@@ -593,103 +689,94 @@ class Gateway:
     async def _list_pending(
         self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
     ) -> dict[str, Any]:
-        self.expire_due()
+        await self.off_loop(self.expire_due)
+        proposals = await self.off_loop(self.store.list_proposals, ["pending"])
         rows = [
             proposal_view(p, self.clock())
-            for p in self.store.list_proposals(["pending"])
+            for p in proposals
             if ctx.role.permits_target(p.target)
             and (p.caller == ctx.principal.name or ctx.role.approve != "none")
         ]
+        await self.record(ctx.row("call", outcome="ok", count=len(rows),
+                                  proposal_ids=[r["proposal_id"] for r in rows]))
         return {"pending": rows, "count": len(rows)}
+
+    async def _by_token(self, ctx: CallContext, args: dict[str, Any]) -> Proposal:
+        proposal = await self.off_loop(self.store.proposal_by_token_hash, confirm.token_hash(args["token"]))
+        if proposal is None:
+            await self._refused(ctx, {}, ConfirmationInvalid(
+                "this confirmation token is unknown, already used, cancelled or denied; make a fresh proposal"))
+        assert proposal is not None
+        return proposal
 
     async def _confirm(
         self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
     ) -> dict[str, Any]:
-        self._require_audit()
-        proposal = self.store.proposal_by_token_hash(confirm.token_hash(args["token"]))
-        try:
-            confirm.check_confirmable(proposal, caller=ctx.principal.name, now=self.clock(), via="agent")
-        except GatewayError as exc:
-            self._audit(
-                ctx.row(
-                    "denied",
-                    proposal_id=proposal.id if proposal else None,
-                    target=proposal.target if proposal else None,
-                    tool=proposal.tool if proposal else None,  # rows name the change, not the verb
-                    via=ctx.spec.name,
-                    error_code=exc.code,
-                )
-            )
-            raise
-        assert proposal is not None
-        return await self.execute_proposal(
-            proposal, ctx.principal, progress=progress, correlation_id=ctx.correlation_id
-        )
+        proposal = await self._by_token(ctx, args)
+        return await self.execute_proposal(proposal, ctx.principal, progress=progress,
+                                           correlation_id=ctx.correlation_id, client=ctx.client)
 
     async def _cancel(
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
     ) -> dict[str, Any]:
-        self._require_audit()
-        proposal = self.store.proposal_by_token_hash(confirm.token_hash(args["token"]))
-        if proposal is None or proposal.caller != ctx.principal.name:
-            raise ConfirmationInvalid(
-                "that token matches no proposal of yours; list_pending_actions shows them"
-            )
-        if not self.store.transition(proposal.id, ["pending"], "cancelled", decided_at=self.clock()):
+        proposal = await self._by_token(ctx, args)
+        spec = self.registry.get(proposal.tool) or ctx.spec
+        facts = self.facts(Entry.CANCEL, ctx.party, spec, proposal.args, target=proposal.target,
+                           owner=await self.off_loop(self.owner, proposal), proposal=proposal)
+        facts = replace(facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem)
+        await self._check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
+        moved = await self.move(proposal, OPEN_STATES, "cancelled", actor=ctx.principal,
+                                correlation_id=ctx.correlation_id, decided_at=self.clock(),
+                                reason="cancelled by its caller")
+        if moved is None:
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
-        self._audit(
-            ctx.row(
-                "cancelled",
-                target=proposal.target,
-                proposal_id=proposal.id,
-                tool=proposal.tool,
-                via=ctx.spec.name,
-            )
-        )
-        self._lifecycle("cancelled", proposal, state="cancelled")
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
-        """A human's approval (web page or CLI): checks the approve right, then executes the proposal."""
-        proposal = self._human_decision(proposal_id, human, "approve", correlation_id)
-        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
-
-    def _human_decision(
-        self, proposal_id: str, human: Principal, verb: str, correlation_id: str | None
-    ) -> Proposal:
-        """The proposal a human may approve or deny; a refusal is audited before it is raised."""
-        role = self.role_of(human)
-        proposal = self.store.get_proposal(proposal_id)
-        if role is None or proposal is None or not role.permits_target(proposal.target):
+        """A human's approval (web page or CLI): the whole decision again, then the proposal runs."""
+        proposal = await self.off_loop(self.store.get_proposal, proposal_id)
+        if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        try:
-            confirm.check_confirmable(
-                proposal, caller=human.name, now=self.clock(), via="human", approver_role_approve=role.approve
-            )
-        except GatewayError as exc:
-            reason = f"{verb} refused: {exc.message}"
-            self._audit(
-                _human_row(
-                    proposal, human, correlation_id, reason, f"approve:{role.approve}", error_code=exc.code
-                )
-            )
-            raise
-        return proposal
+        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
 
     def deny(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
-        proposal = self._human_decision(proposal_id, human, "deny", correlation_id)
-        self._require_audit()
-        if not self.store.transition(
-            proposal.id, ["pending"], "denied", approved_by=human.name, decided_at=self.clock()
-        ):
+        """A human's denial. Synchronous: the web page and the CLI call it from a worker thread."""
+        proposal = self.store.get_proposal(proposal_id)
+        if proposal is None:
+            raise NotFound(f"no proposal {proposal_id} that you may see")
+        spec = self.registry.get(proposal.tool) or _unknown_tool(proposal.tool)
+        actor = self.party(human)
+        facts = self.facts(Entry.DENY, actor, spec, proposal.args, target=proposal.target,
+                           owner=self.owner(proposal), proposal=proposal)
+        verdict = authorize(facts)
+        if not verdict.allowed:
+            ctx = CallContext(human, actor, spec, correlation_id)
+            row = ctx.row("denied", target=proposal.target, proposal_id=proposal.id, requested_by=proposal.caller,
+                          decision=verdict.to_dict(), error_code=verdict.code, via="deny")
+            self._write_row(row)
+            verdict.raise_if_refused()
+        moved = self.move_sync(proposal, OPEN_STATES, "denied", actor=human, correlation_id=correlation_id,
+                               approved_by=human.name, decided_at=self.clock(), reason=f"denied by {human.name}")
+        if moved is None:
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
-        self._audit(_human_row(proposal, human, correlation_id, f"denied by {human.name}", "human"))
-        self._lifecycle("denied", proposal, state="denied", approved_by=human.name)
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
+
+    def revoke_token(self, name: str, *, by: Principal) -> list[str]:
+        """Revoke token ``name`` (from its next request on) and cancel every open proposal it made, each
+        audited. The one path for ``gateway token revoke`` and the server. Returns the cancelled ids."""
+        self.store.update_token(name, revoked=True)
+        cancelled = []
+        for p in self.store.list_proposals(list(OPEN_STATES), limit=10_000):
+            if p.caller != name:
+                continue
+            if self.move_sync(p, OPEN_STATES, "cancelled", actor=by, decided_at=self.clock(),
+                              reason="token revoked") is not None:
+                cancelled.append(p.id)
+        return cancelled
 
     async def execute_proposal(
         self,
@@ -699,116 +786,207 @@ class Gateway:
         progress: ProgressSink | None = None,
         correlation_id: str | None = None,
         approved: bool = False,
+        client: str | None = None,
     ) -> dict[str, Any]:
-        """Claim the proposal exactly once, re-resolve and re-check it, then execute it."""
+        """Re-authorize against the state now, claim the proposal exactly once, then execute it."""
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
-        owner = Principal(name=proposal.caller, role=proposal.role, surface=proposal.surface)
-        owner_role = self.roles.get(proposal.role)
-        if spec is None or target is None or owner_role is None:
-            raise ConfirmationInvalid(
-                f"proposal {proposal.id} names a tool, target or role this server no longer has"
-            )
-        if not self.store.transition(
-            proposal.id,
-            ["pending"],
-            "executing",
-            decided_at=self.clock(),
-            approved_by=actor.name if approved else None,
-        ):
-            raise ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
-        ctx = CallContext(actor, owner_role, spec, correlation_id or proposal.correlation_id)
+        party = await self.off_loop(self.party, actor)
+        ctx = CallContext(actor, party, spec or _unknown_tool(proposal.tool),
+                          correlation_id or proposal.correlation_id, client)
+        if spec is None or target is None or spec.plan is None:
+            await self._refused(ctx, {}, ConfirmationInvalid(
+                f"proposal {proposal.id} names a tool or target this server no longer has"),
+                proposal_id=proposal.id, target=proposal.target)
+        assert spec is not None and target is not None and spec.plan is not None
+        entry = Entry.APPROVE if approved else Entry.CONFIRM
+        owner = await self.off_loop(self.owner, proposal)
+        gate = self.facts(entry, party, spec, proposal.args, target=target.name, owner=owner, proposal=proposal,
+                          resolved=False)
+        await self._check(ctx, gate, {}, proposal_id=proposal.id)
+        plan = await self._replan(ctx, target, spec.plan, proposal)
+        verdict = await self._authorize_plan(ctx, entry, party, proposal.args, target, plan, owner, proposal)
+        decision = self._decision(verdict, target)
         if approved:
-            self._audit(
-                ctx.row("approved", target=target.name, proposal_id=proposal.id, requested_by=owner.name)
-            )
-            self._lifecycle("approved", proposal, state="executing", approved_by=actor.name)
-        approver = actor.name if approved else None
-        self._lifecycle("executing", proposal, state="executing", approved_by=approver)
-        try:
-            plan_fn = spec.plan
-            assert plan_fn is not None
-            plan = await self._replan(target, plan_fn, proposal)
-            owner_ctx = CallContext(owner, owner_role, spec, ctx.correlation_id)
-            decision = self._decide(owner_ctx, target, plan, proposal.args, self.clock())
-            result = await self._execute(
-                ctx,
-                target,
-                plan,
-                decision,
-                _redact_args(spec, proposal.args),
-                progress,
-                proposal_id=proposal.id,
-            )
-        except GatewayError as exc:
-            if exc.code in ("stale", "policy_denied", "invalid_state", "not_found"):
-                self._audit(
-                    ctx.row(
-                        "failed",
-                        target=target.name,
-                        proposal_id=proposal.id,
-                        error_code=exc.code,
-                        error=exc.message,
-                    )
-                )
-            self.store.transition(proposal.id, ["executing"], "failed", outcome=exc.code, error=exc.to_wire())
-            event = exc.code if exc.code in ("stale", "outcome_unknown") else "failed"
-            self._lifecycle(event, proposal, state="failed", outcome=exc.code, error=exc.to_wire())
-            raise
-        self.store.transition(
-            proposal.id, ["executing"], "executed", outcome="ok", result={"summary": proposal.plan_summary}
-        )
-        self._lifecycle("executed", proposal, state="executed", outcome="ok")
+            proposal = await self.move(proposal, ["pending"], "approved", actor=actor, correlation_id=ctx.correlation_id,
+                                       approved_by=actor.name, decided_at=self.clock()) or _raced(proposal)
+        claimed = await self.claim(ctx, proposal, decision)
+        result = await self._execute(ctx, target, plan, decision, proposal.args, progress, proposal=claimed)
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
+    async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
+        """Move the proposal to ``executing`` under this process's name; its audit row is the intent,
+        written durably before anything reaches vSphere. If it cannot be written, the change is refused
+        and the proposal fails with nothing sent."""
+        instance = await asyncio.to_thread(self.instance.acquire)
+        try:
+            claimed = await self.move(
+                proposal, ["pending", "approved"], "executing", actor=ctx.principal,
+                correlation_id=ctx.correlation_id, decided_at=self.clock(), executor=instance, intent=True,
+                args=_bounded(_redact_args(ctx.spec, proposal.args)), decision=decision.to_dict(),
+            )
+        except AuditUnavailable as exc:
+            refused = replace(proposal, state="executing")
+            await self.move(refused, ["executing"], "failed", actor=ctx.principal, outcome="refused",
+                            error=exc.to_wire(), reason="the audit could not record the intent; nothing was sent")
+            raise
+        if claimed is None:
+            _raced(proposal)
+        assert claimed is not None
+        return claimed
+
     async def _replan(
-        self, target: Target, plan_fn: Callable[[Any, Mapping[str, Any]], Plan], proposal: Proposal
+        self, ctx: CallContext, target: Target, plan_fn: Callable[[Any, Mapping[str, Any]], Plan], proposal: Proposal
     ) -> Plan:
         """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
         try:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
-        except (NotFound, Ambiguous) as exc:
-            raise Stale(
+            _check_not_stale(proposal, plan)
+        except (NotFound, Ambiguous, Stale) as exc:
+            error = Stale(
                 f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
-                "proposal and check it again"
-            ) from exc
-        _check_not_stale(proposal, plan)
+                "proposal and check it again", proposal_id=proposal.id
+            )
+            await self.move(proposal, OPEN_STATES, "stale", actor=ctx.principal, outcome="stale",
+                            error=error.to_wire(), decided_at=self.clock(), reason=_cut(exc.message, 512))
+            raise error from exc
         return plan
 
     def expire_due(self) -> None:
-        for proposal in confirm.expire_due(self.store, self.clock()):
-            self._audit(
-                {
-                    "phase": "expired",
-                    "tool": proposal.tool,
-                    "target": proposal.target,
-                    "caller": proposal.caller,
-                    "role": proposal.role,
-                    "proposal_id": proposal.id,
-                    "surface": "server",
-                }
-            )
-            self._lifecycle("expired", proposal, state="expired")
+        """Move every due open proposal to ``expired`` (each once, whichever process gets there first)."""
+        now = self.clock()
+        actor = Principal(name="gateway", role="-", surface="server")
+        for p in self.store.list_proposals(list(OPEN_STATES), limit=1000, due_before=now):
+            self.move_sync(p, OPEN_STATES, "expired", actor=actor, decided_at=now, outcome="expired",
+                           reason="its time ran out")
 
-    async def _sweep_expired_forever(self) -> None:
+    async def _sweep_forever(self) -> None:
         while True:
             try:
                 await asyncio.to_thread(self.expire_due)
+                if self._waiting:
+                    await asyncio.to_thread(self.flush_waiting)
             except Exception:  # the sweeper must survive a transient store or audit error
-                log.exception("expiring proposals failed; retrying")
-            await asyncio.sleep(2.0)
+                log.exception("expiring proposals or flushing audit rows failed; retrying")
+            await asyncio.sleep(1.0)
 
-    # ----------------------------------------------------------------- audit
-    def _require_audit(self) -> None:
-        if not self.audit.writable():
+    # ----------------------------------------------------------------- moves
+    async def move(self, proposal: Proposal, from_states: Sequence[str], to_state: str, **kw: Any) -> Proposal | None:
+        """``move_sync`` in a worker thread with a deadline (the event loop never waits on the store)."""
+        return await self.off_loop(self.move_sync, proposal, from_states, to_state, **kw)
+
+    def move_sync(
+        self,
+        proposal: Proposal,
+        from_states: Sequence[str],
+        to_state: str,
+        *,
+        actor: Principal,
+        correlation_id: str | None = None,
+        reason: str | None = None,
+        intent: bool = False,
+        result_row: Any = None,
+        **fields: Any,
+    ) -> Proposal | None:
+        """THE one way a proposal changes state: the lifecycle edge by compare-and-set, its audit row,
+        then the lifecycle listeners. None if another caller moved it first.
+
+        ``intent=True`` (the ``executing`` claim) makes the row mandatory: if it cannot be written,
+        ``AuditUnavailable`` is raised and the caller must not go on. Any other row that cannot be
+        written now waits in memory (the server reports unready) and is appended once it can be.
+        """
+        row_extra = {k: fields.pop(k) for k in ("args", "decision") if k in fields}
+        if not self.store.transition(proposal.id, from_states, to_state, **fields):
+            return None
+        moved = replace(proposal, state=to_state, **fields)
+        spec = self.registry.get(proposal.tool)
+        row = {
+            "phase": to_state,
+            "tool": proposal.tool,
+            "risk": spec.risk.value if spec else None,
+            "target": proposal.target,
+            "caller": actor.name,
+            "role": actor.role,
+            "surface": actor.surface,
+            "requested_by": proposal.caller,
+            "proposal_id": proposal.id,
+            "correlation_id": correlation_id or proposal.correlation_id,
+            "reason": reason,
+            "executor": fields.get("executor"),
+            "outcome": fields.get("outcome"),
+            "error_code": (fields.get("error") or {}).get("code"),
+            "result": result_row,
+            **row_extra,
+        }
+        row = {k: v for k, v in row.items() if v is not None}
+        if intent:
+            self._write_row(row)
+        else:
+            self._write_or_wait(row)
+        for listener in list(self._listeners):
+            try:
+                listener(to_state, moved)
+            except Exception:
+                log.exception("a lifecycle listener failed on %s of proposal %s", to_state, proposal.id)
+        return moved
+
+    # ----------------------------------------------------------------- audit and store, off the loop
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking call (state store, audit) in a worker thread with a deadline."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), STORE_DEADLINE_SECONDS)
+        except TimeoutError:
+            raise StateUnavailable(f"the state store or audit did not answer within {STORE_DEADLINE_SECONDS:g}s; "
+                                   "nothing was changed by this call; retry, and see the gateway log") from None
+
+    async def record(self, row: Mapping[str, Any]) -> None:
+        """Append one audit row (the only async audit path): in a worker thread, within a deadline.
+        Raises ``AuditUnavailable`` when it cannot be written: the call is refused."""
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._write_row, row), AUDIT_DEADLINE_SECONDS)
+        except TimeoutError:
             raise AuditUnavailable(
-                f"audit log {self.settings.audit_log} cannot be written; nothing was sent "
-                "to vSphere. Free disk space or fix permissions, then retry"
-            )
+                f"audit log {self.settings.audit_log} did not take the row within {AUDIT_DEADLINE_SECONDS:g}s "
+                "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
+            ) from None
 
-    def _audit(self, row: Mapping[str, Any]) -> None:
+    async def record_outcome(self, row: Mapping[str, Any]) -> None:
+        """Append the row of something that already happened; if the audit cannot take it now, it waits."""
+        await self.off_loop(self._write_or_wait, row)
+
+    def _write_or_wait(self, row: Mapping[str, Any]) -> None:
+        self.flush_waiting()
+        if self._waiting:
+            self._wait(row)
+            return
+        try:
+            self._write_row(row)
+        except AuditUnavailable:
+            log.error("audit row of a finished change kept in memory until the audit log is writable: %s",
+                      row.get("phase"))
+            self._wait(row)
+
+    def _wait(self, row: Mapping[str, Any]) -> None:
+        if len(self._waiting) >= MAX_WAITING_OUTCOMES:
+            log.critical("audit outcome queue full: dropping the oldest waiting row %s", self._waiting[0])
+            self._waiting.popleft()
+        self._waiting.append({**row, "delayed": True})
+
+    def flush_waiting(self) -> int:
+        """Append the rows that waited for the audit log, oldest first; stop at the first failure."""
+        written = 0
+        while self._waiting:
+            try:
+                self._write_row(self._waiting[0])
+            except AuditUnavailable:
+                break
+            self._waiting.popleft()
+            written += 1
+        return written
+
+    def _write_row(self, row: Mapping[str, Any]) -> None:
         try:
             self.audit.write(row)
         except AuditUnavailable:
@@ -820,36 +998,55 @@ class Gateway:
             ) from exc
 
 
-class _NoRole:
-    name = "-"
+def _entry(spec: ToolSpec) -> Entry:
+    return Entry.READ if spec.kind is Category.READ else Entry.WRITE
 
 
-_NO_ROLE: Any = _NoRole()
+def _forbidden(message: str) -> GatewayError:
+    return Forbidden(message)
 
 
-def _human_row(
-    proposal: Proposal, human: Principal, correlation_id: str | None, reason: str, rule: str, **extra: Any
-) -> dict[str, Any]:
-    """The audit row of a human's refusal of, or refused attempt at, a proposal decision."""
-    return {
-        "phase": "denied",
-        "tool": proposal.tool,
-        "target": proposal.target,
-        "caller": human.name,
-        "role": human.role,
-        "surface": human.surface,
-        "proposal_id": proposal.id,
-        "correlation_id": correlation_id,
-        "decision": {"allowed": False, "reason": reason, "rule": rule},
-        **extra,
-    }
+def _raced(proposal: Proposal) -> Proposal:
+    raise ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
+
+
+def _unknown_tool(name: str) -> ToolSpec:
+    """A stand-in spec naming an unknown tool in its audit row (strictest category, never executed)."""
+    return ToolSpec(name=_cut(name, 128), description="unknown tool", target_mode="none")
+
+
+def _cut(text: str, limit: int = 128) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    """``value`` for an audit row: long strings cut with their size and sha256, deep or long lists cut."""
+    if isinstance(value, str):
+        if len(value) <= AUDIT_VALUE_CHARS:
+            return value
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+        return {"cut": value[:64], "chars": len(value), "sha256": digest}
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        return repr(value)
+    if depth > 4:
+        return {"cut": True, "sha256": hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()}
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        out = {_cut(str(k), 64): _bounded(v, depth + 1) for k, v in items[:50]}
+        if len(items) > 50:
+            out["..."] = f"{len(items) - 50} more keys"
+        return out
+    if isinstance(value, list | tuple):
+        kept = [_bounded(v, depth + 1) for v in value[:20]]
+        return kept + ([f"... {len(value) - 20} more items"] if len(value) > 20 else [])
+    return value
 
 
 def _target_label(args: Mapping[str, Any] | None) -> str | None:
     ref = (args or {}).get("target")
     if isinstance(ref, list):
-        return ",".join(str(r) for r in ref)
-    return ref if isinstance(ref, str) else None
+        return _cut(",".join(str(r) for r in ref[:20]), AUDIT_VALUE_CHARS)
+    return _cut(ref, AUDIT_VALUE_CHARS) if isinstance(ref, str) else None
 
 
 def _redact_args(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -858,7 +1055,7 @@ def _redact_args(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
     before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
-    after = sorted((a.type, a.moid, a.name) for a in plan.affected)
+    after = sorted((a["type"], a["moid"], a["name"]) for a in clean([a.to_dict() for a in plan.affected]))
     if before != after:
         raise Stale(
             f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
@@ -867,8 +1064,8 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans: never the token or its hash."""
-    return {
+    """A proposal as shown to callers and humans (sanitized text; never the token or its hash)."""
+    view = {
         "proposal_id": p.id,
         "state": p.state,
         "target": p.target,
@@ -884,3 +1081,4 @@ def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
         "outcome": p.outcome,
         "error": p.error,
     }
+    return clean(view)  # type: ignore[no-any-return]

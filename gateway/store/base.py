@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-#: every state a proposal can be in; the flow moves forward only (see gateway.guard.confirm)
-PROPOSAL_STATES: Final = frozenset(
-    {"pending", "approved", "executing", "executed", "failed", "cancelled", "expired", "denied"}
-)
-#: states from which nothing moves on
-FINAL_STATES: Final = frozenset({"executed", "failed", "cancelled", "expired", "denied"})
+from gateway.guard.lifecycle import FINAL_STATES, STATES, check_edge
+
+#: every state a proposal can be in; the moves between them are ``gateway.guard.lifecycle.EDGES``
+PROPOSAL_STATES: Final = STATES
+__all__ = ["FINAL_STATES", "PROPOSAL_STATES", "Proposal", "StateStore", "TokenRecord", "check_edge", "new_id"]
 
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 ID_LENGTH: Final = 12
@@ -81,6 +80,8 @@ class Proposal:
     result: Any = None
     error: dict[str, Any] | None = None
     correlation_id: str | None = None
+    #: who holds the ``executing`` claim: ``<instance id>`` of the gateway process running the change
+    executor: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in PROPOSAL_STATES:
@@ -89,7 +90,7 @@ class Proposal:
 
 #: proposal fields ``StateStore.transition`` may set besides the state
 TRANSITION_FIELDS: Final = frozenset(
-    {"approved_by", "decided_at", "outcome", "result", "error", "expires_at"}
+    {"approved_by", "decided_at", "outcome", "result", "error", "expires_at", "executor"}
 )
 
 
@@ -144,7 +145,9 @@ class StateStore(Protocol):
         """Atomic compare-and-set of a proposal's state (plus ``fields``, see ``TRANSITION_FIELDS``).
 
         True iff the proposal was in one of ``from_states`` and this caller moved it: of two racing
-        callers, in any processes, exactly one wins."""
+        callers, in any processes, exactly one wins. Every implementation first calls
+        ``check_edge(from_states, to_state)`` (raising ``IllegalTransition``, a ValueError): only the
+        lifecycle table's edges can ever be taken, whatever calls the store."""
         ...
 
     def close(self) -> None: ...

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.store.base import PROPOSAL_STATES, TRANSITION_FIELDS, Proposal, StateStore, TokenRecord
+from gateway.store.base import PROPOSAL_STATES, TRANSITION_FIELDS, Proposal, StateStore, TokenRecord, check_edge
 
 __all__ = ["Proposal", "SqliteStore", "TokenRecord", "secure_directory"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta (key, value) VALUES ('token_generation', 0);
@@ -68,14 +68,15 @@ CREATE TABLE IF NOT EXISTS proposals (
     outcome              TEXT,
     result               TEXT,
     error                TEXT,
-    correlation_id       TEXT
+    correlation_id       TEXT,
+    executor             TEXT
 );
 CREATE INDEX IF NOT EXISTS proposals_state ON proposals (state, expires_at);
 """
 _PROPOSAL_COLUMNS: Final = (
     "id", "token_hash", "caller", "role", "surface", "target", "target_host", "tool", "args", "args_digest",
     "plan_summary", "affected", "plan_params", "created_at", "expires_at", "state", "require_web_approval",
-    "approved_by", "decided_at", "outcome", "result", "error", "correlation_id",
+    "approved_by", "decided_at", "outcome", "result", "error", "correlation_id", "executor",
 )
 _JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error"})
 _TOKEN_COLUMNS: Final = "token_id, name, role, hash, created_at, expires_at, last_used, revoked"
@@ -233,6 +234,8 @@ class SqliteStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            if 0 < version < 2:  # schema 2: the executing claim names the process holding it
+                db.execute("ALTER TABLE proposals ADD COLUMN executor TEXT")
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def ping(self) -> bool:
@@ -353,9 +356,7 @@ class SqliteStore:
         return self._proposals(f"{where}ORDER BY {order}, id LIMIT ?", [*params, int(limit)])
 
     def transition(self, proposal_id: str, from_states: Sequence[str], to_state: str, **fields: Any) -> bool:
-        if not from_states:
-            raise ValueError("transition() needs at least one state to move from")
-        _check_states([*from_states, to_state])
+        from_states = check_edge(from_states, to_state)
         unknown = set(fields) - TRANSITION_FIELDS
         if unknown:
             raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")

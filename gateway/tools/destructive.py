@@ -97,7 +97,7 @@ BULK_VM_ACTION = ToolSpec(
             Param("folder", "string", "Only VMs in this folder or below (moid, path or name)."),
             FORCE_POWER_OFF,
             TIMEOUT),
-    plan=actions.plan_bulk, execute=actions.execute_bulk,
+    plan=actions.plan_bulk, execute=actions.execute_bulk, reach=actions.bulk_reach,
     privileges=("VirtualMachine.Inventory.Delete", "VirtualMachine.Interact.PowerOff",
                 "VirtualMachine.State.RemoveSnapshot", "VirtualMachine.State.RevertToSnapshot",
                 "VirtualMachine.State.CreateSnapshot"),

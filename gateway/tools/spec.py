@@ -14,67 +14,21 @@ Handlers by kind:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import InvalidArgument
+from gateway.vocabulary import AffectedObject, Category, Plan, Precondition, ProgressFn, Risk
+
+__all__ = [
+    "TARGET", "TARGETS", "AffectedObject", "Category", "Param", "Plan", "Precondition", "ProgressFn", "Risk",
+    "ToolSpec", "by_name", "looks_like_moid",
+]
 
 
-class Category(StrEnum):
-    READ = "read"
-    WRITE = "write"
-    DESTRUCTIVE = "destructive"
-
-
-class Risk(StrEnum):
-    LOW = "low"
-    MEDIUM = "medium"
-    HIGH = "high"
-    CRITICAL = "critical"
-
-    @property
-    def rank(self) -> int:
-        return list(Risk).index(self)
-
-
-@dataclass(frozen=True)
-class AffectedObject:
-    """One vSphere object a write touches, with the facts policy matches on."""
-
-    type: str
-    name: str
-    moid: str
-    folder: str | None = None
-    resource_pool: str | None = None
-    connection_state: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A resolved write: what it will do, to which objects, with JSON-able ``params`` to execute it.
-
-    ``params`` must hold everything ``execute`` needs (moids, not names), so a proposal persisted
-    in the state store can be executed later by another process.
-    """
-
-    summary: str
-    affected: tuple[AffectedObject, ...]
-    params: Mapping[str, Any] = field(default_factory=dict)
-    #: set for bulk actions: how many objects the call would change (limits use it)
-    object_count: int | None = None
-
-    @property
-    def count(self) -> int:
-        return self.object_count if self.object_count is not None else len(self.affected)
-
-
-ProgressFn = Callable[[float, str], None]
 ParamType = Literal["string", "integer", "number", "boolean", "array", "target", "targets"]
 
 
@@ -140,6 +94,9 @@ class ToolSpec:
     sensitive_params: tuple[str, ...] = ()
     #: execute this kind of change against a safety snapshot first (revert-type destructive actions)
     snapshot_before: bool = False
+    #: the other tools a call with these arguments runs on the caller's behalf (bulk_vm_action with
+    #: action=delete_vm runs delete_vm): the caller's role must hold every one of them as well
+    reach: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         # Fail closed: an unclassified tool gets the strictest treatment rather than the laxest.
@@ -188,6 +145,9 @@ class ToolSpec:
             out[p.name] = _check_value(p, args[p.name])
         return out
 
+    def reaches(self, args: Mapping[str, Any]) -> tuple[str, ...]:
+        return self.reach(args) if self.reach is not None else ()
+
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -204,13 +164,37 @@ def _is_instance(value: Any, kinds: tuple[type, ...]) -> bool:
     return isinstance(value, kinds)
 
 
+#: input bounds: a target name, any other string, an array's length (larger input is invalid_argument)
+MAX_TARGET_CHARS = 256
+MAX_STRING_CHARS = 4096
+MAX_ARRAY_ITEMS = 1000
+
+
+def _bounded_string(p: Param, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise InvalidArgument(p.name, f"is {len(value)} characters long; at most {limit} are accepted")
+    return value
+
+
+def _finite(p: Param, value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(p.name, "must be a finite number (NaN and Infinity are not accepted)")
+    return value
+
+
 def _check_value(p: Param, value: Any) -> Any:
     if p.type == "targets":
         if isinstance(value, str) and value:
-            return value
-        if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+            return _bounded_string(p, value, MAX_TARGET_CHARS)
+        if (isinstance(value, list) and value and len(value) <= MAX_ARRAY_ITEMS
+                and all(isinstance(v, str) and v for v in value)):
+            for v in value:
+                _bounded_string(p, v, MAX_TARGET_CHARS)
             return list(dict.fromkeys(value))
         raise InvalidArgument(p.name, 'expected a target name, a non-empty list of names, or "all"')
+    if isinstance(value, str):
+        _bounded_string(p, value, MAX_TARGET_CHARS if p.type == "target" else MAX_STRING_CHARS)
+    _finite(p, value)
     kinds = _PY_TYPES[p.type]
     if isinstance(value, bool) and p.type in ("integer", "number"):
         raise InvalidArgument(p.name, f"expected {p.type}, got boolean")
@@ -225,9 +209,15 @@ def _check_value(p: Param, value: Any) -> Any:
     if p.maximum is not None and value > p.maximum:
         raise InvalidArgument(p.name, f"must be <= {p.maximum:g}")
     if p.type == "array":
+        if len(value) > MAX_ARRAY_ITEMS:
+            raise InvalidArgument(p.name, f"has {len(value)} items; at most {MAX_ARRAY_ITEMS} are accepted")
         item_kinds = _PY_TYPES.get(p.items, (object,))
         if not all(_is_instance(v, item_kinds) for v in value):
             raise InvalidArgument(p.name, f"every item must be {p.items}")
+        for v in value:
+            if isinstance(v, str):
+                _bounded_string(p, v, MAX_STRING_CHARS)
+            _finite(p, v)
     return value
 
 

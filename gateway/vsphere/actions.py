@@ -39,7 +39,7 @@ import pyVmomi
 
 from gateway import errors
 from gateway.guard.patterns import UserRegex, compile_user_regex
-from gateway.tools.spec import AffectedObject, Plan, ProgressFn
+from gateway.vocabulary import AffectedObject, Plan, Precondition, ProgressFn
 from gateway.vsphere import faults, inventory
 from gateway.vsphere.inventory import VmRef
 from gateway.vsphere.tasks import wait_for_task, watch
@@ -1080,14 +1080,17 @@ def execute_revert_snapshot(call: Execution) -> dict[str, Any]:
 # Destructive: delete, unregister, remove a disk
 
 
-def _refuse_powered_on(session: Any, vms: Sequence[VmRef]) -> None:
+def _powered_on(session: Any, vms: Sequence[VmRef]) -> tuple[Precondition, ...]:
+    """The precondition a delete without ``force_power_off`` needs: every VM powered off. Recorded in the
+    plan, answered by the pipeline only after the call was authorized (a denied caller never hears it)."""
     on = [vm for vm in vms if vm.power_state == "poweredOn"]
-    if on:
-        verb, pronoun = ("are", "them") if len(on) > 1 else ("is", "it")
-        raise errors.InvalidState(
-            f"{_names_text([_label(v) for v in on])} on target '{_target(session)}' {verb} powered on; power "
-            f"{pronoun} off first (power_off_vm) or pass force_power_off=true to power {pronoun} off as part "
-            "of the delete", target=_target(session), vms=[v.name for v in on])
+    if not on:
+        return ()
+    verb, pronoun = ("are", "them") if len(on) > 1 else ("is", "it")
+    return (Precondition(
+        f"{_names_text([_label(v) for v in on])} on target '{_target(session)}' {verb} powered on; power "
+        f"{pronoun} off first (power_off_vm) or pass force_power_off=true to power {pronoun} off as part "
+        "of the delete", {"target": _target(session), "vms": [v.name for v in on]}),)
 
 
 def plan_delete_vm(session: Any, args: Args) -> Plan:
@@ -1095,12 +1098,11 @@ def plan_delete_vm(session: Any, args: Args) -> Plan:
     unless ``force_power_off``."""
     vm = _resolve_vm(session, args, "deleting")
     force = bool(args.get("force_power_off", False))
-    if not force:
-        _refuse_powered_on(session, [vm])
     params = {**_vm_params(vm, args), "force_power_off": force}
     first = "Power off and " if force and vm.power_state == "poweredOn" else ""
     summary = f"{first}PERMANENTLY DELETE {_label(vm)} and its files"
-    return Plan(_on(session, summary), (vm_affected(vm),), params)
+    return Plan(_on(session, summary), (vm_affected(vm),), params,
+                unmet=() if force else _powered_on(session, [vm]))
 
 
 def _destroy(
@@ -1198,6 +1200,17 @@ def execute_remove_disk(call: Execution) -> dict[str, Any]:
 
 
 BULK_ACTIONS = ("delete_vm", "delete_all_snapshots", "revert_to_current_snapshot")
+#: the single-VM tool each bulk action runs on every VM: the caller's role must hold it too
+BULK_REACH: Mapping[str, str] = {"delete_vm": "delete_vm", "delete_all_snapshots": "delete_snapshot",
+              "revert_to_current_snapshot": "revert_snapshot"}
+
+
+def bulk_reach(args: Args) -> tuple[str, ...]:
+    """The tools a bulk call runs; an action not (yet) valid reaches every one of them (fail closed)."""
+    action = BULK_REACH.get(str(args.get("action")))
+    return (action,) if action is not None else tuple(sorted(set(BULK_REACH.values())))
+
+
 _BULK_VM_PATHS = ("name", "parent", "resourcePool", "runtime.connectionState", "runtime.powerState",
                   "snapshot.currentSnapshot", "config.template")
 
@@ -1276,8 +1289,7 @@ def plan_bulk(session: Any, args: Args) -> Plan:
                                      "(the pattern must match the whole name)")
     _refuse_broken(session, [m.ref for m in matches], action.replace("_", " "))
     force = bool(args.get("force_power_off", False))
-    if action == "delete_vm" and not force:
-        _refuse_powered_on(session, [m.ref for m in matches])
+    unmet = _powered_on(session, [m.ref for m in matches]) if action == "delete_vm" and not force else ()
     chosen = [m for m in matches if action == "delete_vm" or m.current_snapshot is not None]
     skipped = [m.ref.name for m in matches if m not in chosen]
     if not chosen:
@@ -1292,7 +1304,7 @@ def plan_bulk(session: Any, args: Args) -> Plan:
     if skipped:
         summary += f" (skipping {len(skipped)} without snapshots: {_names_text(skipped)})"
     return Plan(_on(session, summary), tuple(vm_affected(m.ref) for m in chosen), params,
-                object_count=len(matches))
+                object_count=len(matches), unmet=unmet)
 
 
 def _bulk_one(call: Execution, action: str, vm: Mapping[str, Any], progress: ProgressFn) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 import pyVmomi
 
 from gateway import errors
-from gateway.tools.spec import ProgressFn
+from gateway.vocabulary import ProgressFn
 from gateway.vsphere import faults
 
 log = logging.getLogger(__name__)

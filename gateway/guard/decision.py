@@ -1,0 +1,314 @@
+"""The one authorization decision: ``authorize(facts) -> Verdict``, pure, for every entry point.
+
+Every way a call can reach vSphere asks this function, with the facts as they are at that moment:
+an MCP read, a write, a destructive proposal, ``confirm_action``, ``cancel_action``, a human's
+approve or deny (web page or ``gateway pending``), and each object of a bulk call. No entry point
+keeps a check of its own; the pipeline only gathers facts and turns a refusal into its error.
+
+The order is fixed, so a caller learns nothing it may not know:
+
+1. token    the acting token is usable (not revoked, not expired, known); for confirm and approve the
+            proposer's token too (a revoked proposer's change never runs, whoever clicks).
+2. role     the acting role holds the tool, every tool the call reaches (``bulk_vm_action`` with
+            ``action=delete_vm`` reaches ``delete_vm``) and the target; a confirm or cancel comes
+            from the proposer itself; an approve or deny from a role with the approve right; and at
+            execution the proposer's *current* role still holds tool, reach and target.
+3. policy   ``rules.yaml`` as it is now (``guard.policy.evaluate``): deny rules, protected objects,
+            bulk limits, windows, approval requirement. A broken rules file lets reads through and
+            denies everything else. An agent's confirm of a call that now needs a human is refused.
+4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
+            not meet (a powered-on VM to delete): only a caller the guard let through hears of them.
+
+Facts are plain values (``Party``, ``Facts``); the answer is a ``Verdict`` with a stable error code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from gateway.auth.roles import Role
+from gateway.errors import (
+    ApprovalRequired,
+    ConfirmationExpired,
+    ConfirmationInvalid,
+    Forbidden,
+    GatewayError,
+    InvalidState,
+    NotFound,
+    PolicyDenied,
+    Stale,
+)
+from gateway.guard.policy import CallFacts, Decision, Policy, evaluate
+from gateway.vocabulary import AffectedObject, Category, Precondition, Risk
+
+
+class TokenState(StrEnum):
+    USABLE = "usable"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+    UNKNOWN = "unknown"
+
+
+class Entry(StrEnum):
+    """How a call arrived at the guard."""
+
+    READ = "read"
+    WRITE = "write"  # a write or destructive tool call (it may become a proposal)
+    BULK_OBJECT = "bulk_object"  # one object of a bulk call, judged as the tool it reaches
+    CONFIRM = "confirm"  # the proposer's confirm_action
+    CANCEL = "cancel"  # the proposer's cancel_action
+    APPROVE = "approve"  # a human's approval (it executes the proposal)
+    DENY = "deny"  # a human's denial
+    LOCAL = "local"  # a tool the gateway answers itself (list_targets, list_pending_actions)
+
+
+@dataclass(frozen=True)
+class Party:
+    """A token holder as the store says it is now: name, token state and current role (None: gone)."""
+
+    name: str
+    token: TokenState
+    role: Role | None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the decision may look at. ``owner`` is the proposer for proposal entry points."""
+
+    entry: Entry
+    actor: Party
+    tool: str
+    category: Category
+    risk: Risk
+    now: datetime
+    target: str | None = None
+    target_known: bool = True
+    target_tags: tuple[str, ...] = ()
+    #: tools this call runs on the caller's behalf, with their categories
+    reaches: tuple[tuple[str, Category], ...] = ()
+    affected: tuple[AffectedObject, ...] = ()
+    object_count: int = 0
+    override: bool = False
+    owner: Party | None = None
+    #: the rules in force, or why the rules file cannot be used (exactly one is set)
+    rules: Policy | None = None
+    rules_error: str | None = None
+    #: why the proposal itself cannot move now, as (error code, message), from guard.confirm
+    proposal_problem: tuple[str, str] | None = None
+    unmet: tuple[Precondition, ...] = ()
+    #: the proposal's id, named in the errors of proposal entry points
+    proposal_id: str | None = None
+    #: False for the gate before anything is read from vSphere: token, role and the proposal's own
+    #: state are decided; policy and vSphere state wait for the resolved call (authorize runs again)
+    resolved: bool = True
+    #: every write and destructive tool served (the proposal tools come with the first one a role holds)
+    change_tools: tuple[tuple[str, Category], ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer. ``code`` is the wire error code of a refusal; ``decision`` the policy's, if consulted."""
+
+    allowed: bool
+    reason: str
+    rule: str
+    code: str | None = None
+    decision: Decision | None = None
+    require_approval: bool = False
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"allowed": self.allowed, "reason": self.reason, "rule": self.rule}
+        if self.decision is not None:
+            out.update({k: v for k, v in self.decision.to_dict().items() if k not in out})
+            out["allowed"], out["reason"], out["rule"] = self.allowed, self.reason, self.rule
+        out["require_approval"] = self.require_approval
+        return out
+
+    def raise_if_refused(self) -> None:
+        """Raise the refusal as its typed error (carrying this verdict for the audit row)."""
+        if self.allowed:
+            return
+        kind = _ERRORS.get(self.code or "", Forbidden)
+        raise kind(self.reason, decision=self.to_dict(), **self.details)
+
+
+_ERRORS: Final[Mapping[str, type[GatewayError]]] = {
+    "not_found": NotFound,
+    "forbidden": Forbidden,
+    "policy_denied": PolicyDenied,
+    "approval_required": ApprovalRequired,
+    "confirmation_invalid": ConfirmationInvalid,
+    "confirmation_expired": ConfirmationExpired,
+    "invalid_state": InvalidState,
+    "stale": Stale,
+}
+#: entry points that run a change (the policy is consulted) and those that act on a proposal
+_POLICY_ENTRIES: Final = frozenset({Entry.READ, Entry.WRITE, Entry.BULK_OBJECT, Entry.CONFIRM, Entry.APPROVE})
+_PROPOSAL_ENTRIES: Final = frozenset({Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY})
+_EXECUTING_ENTRIES: Final = frozenset({Entry.CONFIRM, Entry.APPROVE})
+
+UNKNOWN_TOOL: Final = "unknown tool '{tool}'; call tools/list to see the tools available to you"
+
+
+def _refuse(code: str, reason: str, rule: str, decision: Decision | None = None, **details: Any) -> Verdict:
+    return Verdict(False, reason, rule, code, decision, details=details)
+
+
+#: tools the gateway answers itself on proposals; granted with the first write or destructive tool
+PROPOSAL_TOOLS: Final = frozenset({"list_pending_actions", "confirm_action", "cancel_action"})
+
+
+def tool_permitted(role: Role, tool: str, category: Category,
+                   change_tools: tuple[tuple[str, Category], ...]) -> bool:
+    """Whether ``role`` holds ``tool`` (for tools/list and the gate alike)."""
+    if tool in PROPOSAL_TOOLS:
+        return any(role.permits_tool(name, kind) for name, kind in change_tools if name not in PROPOSAL_TOOLS)
+    return role.permits_tool(tool, category)
+
+
+def authorize(facts: Facts) -> Verdict:
+    """Decide one entry point from ``facts``: token -> role -> policy -> state. Pure."""
+    step: Callable[[Facts], Verdict | None]
+    for step in (_token, _role, _owner):
+        refused = step(facts)
+        if refused is not None:
+            return refused
+    if not facts.resolved:
+        gate = Verdict(True, "token and role allow this call; policy decides once it is resolved", "gate")
+        return _state(replace(facts, unmet=()), gate) or gate
+    verdict = _policy(facts)
+    if not verdict.allowed:
+        return verdict
+    return _state(facts, verdict) or verdict
+
+
+def _token(f: Facts) -> Verdict | None:
+    if f.actor.token is not TokenState.USABLE:
+        return _refuse("forbidden", f"your token is {f.actor.token.value}; ask for a new one",
+                       f"token:{f.actor.token.value}")
+    return None
+
+
+def _holds(role: Role, f: Facts) -> str | None:
+    """Why ``role`` may not make this call (tool, reach, target), or None."""
+    if not tool_permitted(role, f.tool, f.category, f.change_tools):
+        return "tool"
+    for name, category in f.reaches:
+        if not role.permits_tool(name, category):
+            return name
+    if f.target is not None and (not f.target_known or not role.permits_target(f.target)):
+        return "target"
+    return None
+
+
+def _role(f: Facts) -> Verdict | None:
+    role = f.actor.role
+    rule = f"role:{role.name if role else '-'}"
+    if role is None:
+        if f.entry in (Entry.APPROVE, Entry.DENY):
+            return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
+        return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
+    if f.entry in (Entry.CONFIRM, Entry.CANCEL):
+        if f.owner is None or f.owner.name != f.actor.name:
+            return _refuse("confirmation_invalid",
+                           "this confirmation token is not valid for you; make a fresh proposal", "caller:bound")
+        return None
+    if f.entry in (Entry.APPROVE, Entry.DENY):
+        if role.approve not in ("any", "others"):
+            return _refuse("forbidden", "your role may not approve actions; ask someone whose role has "
+                           "'approve: any' or 'approve: others'", f"approve:{role.approve}")
+        if role.approve == "others" and f.owner is not None and f.owner.name == f.actor.name:
+            return _refuse("forbidden", "your role may approve only proposals made by others; ask another "
+                           "approver", "approve:others")
+        if f.target is not None and not role.permits_target(f.target):
+            return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
+        return None
+    if f.entry is Entry.LOCAL:
+        if not tool_permitted(role, f.tool, f.category, f.change_tools):
+            return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
+        return None
+    missing = _holds(role, f)
+    if missing == "tool":
+        return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
+    if missing == "target":
+        return _refuse("not_found", f"unknown target '{f.target}'", rule)
+    if missing is not None:
+        return _refuse("forbidden", f"{f.tool} here runs {missing}, which your role '{role.name}' does not "
+                       f"hold; ask for a role with {missing}, or call a tool your role has", rule)
+    return None
+
+
+def _owner(f: Facts) -> Verdict | None:
+    """At execution, the proposer as they are now: usable token, and a role that still holds the call."""
+    if f.entry not in _EXECUTING_ENTRIES or f.owner is None:
+        return None
+    owner = f.owner
+    if owner.token is not TokenState.USABLE:
+        return _refuse("forbidden", f"the token of {owner.name}, who proposed this, is {owner.token.value}; "
+                       "the proposal cannot run", f"token:{owner.token.value}", proposal_id=f.proposal_id)
+    if owner.role is None or _holds(owner.role, f) is not None:
+        name = owner.role.name if owner.role else "a role that no longer exists"
+        return _refuse("forbidden", f"{owner.name}'s role is now {name}, which does not allow {f.tool} on "
+                       f"target '{f.target}'; the proposal cannot run", f"role:{name}",
+                       proposal_id=f.proposal_id)
+    return None
+
+
+def _policy(f: Facts) -> Verdict:
+    if f.entry not in _POLICY_ENTRIES:
+        return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
+    who = f.owner if f.entry in _EXECUTING_ENTRIES and f.owner is not None else f.actor
+    if f.rules is None:
+        why = f.rules_error or "the rules file cannot be used"
+        if f.category is Category.READ:
+            return Verdict(True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error")
+        return _refuse("policy_denied", f"{why}; every write and destructive call is denied until it is "
+                       "fixed (`gateway policy show` lists the problems)", "policy:error")
+    call = CallFacts(tool=f.tool, category=f.category, risk=f.risk, target=f.target or "",
+                     target_tags=f.target_tags, affected=f.affected, caller=who.name,
+                     role=who.role.name if who.role else "-", override=f.override, object_count=f.object_count)
+    try:
+        decision = evaluate(call, f.rules, f.now)
+    except Exception:  # a bug in the engine denies, it never lets through
+        if f.category is Category.READ:
+            return Verdict(True, "the policy engine failed on this read; reads continue", "policy:error")
+        return _refuse("policy_denied", "the policy engine failed on this call (see the gateway log)",
+                       "policy:error")
+    if not decision.allowed:
+        return _refuse("policy_denied", decision.reason, decision.rule or "policy", decision)
+    if f.entry is Entry.CONFIRM and decision.require_approval:
+        return _refuse("approval_required",
+                       f"target '{f.target}' requires a human to approve this action: it waits in the approval "
+                       f"page (/ui) or for `gateway pending approve {f.proposal_id}`; it executes once approved, "
+                       "so do not confirm it again", decision.rule or "policy", decision,
+                       proposal_id=f.proposal_id)
+    return Verdict(True, decision.reason, decision.rule or "policy", None, decision,
+                   require_approval=decision.require_approval)
+
+
+def _state(f: Facts, verdict: Verdict) -> Verdict | None:
+    if f.proposal_problem is not None:
+        code, message = f.proposal_problem
+        return replace(verdict, allowed=False, code=code, reason=message, rule="proposal:state",
+                       details={"proposal_id": f.proposal_id} if f.proposal_id else {})
+    if f.unmet:
+        first = f.unmet[0]
+        return replace(verdict, allowed=False, code="invalid_state", reason=first.message, rule="state",
+                       details=dict(first.details))
+    return None
+
+
+def token_state(record: Any, now: float) -> TokenState:
+    """The state of a stored token record (``store.base.TokenRecord`` or None) at ``now``."""
+    if record is None:
+        return TokenState.UNKNOWN
+    if record.revoked:
+        return TokenState.REVOKED
+    if record.expired(now):
+        return TokenState.EXPIRED
+    return TokenState.USABLE

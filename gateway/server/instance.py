@@ -1,0 +1,64 @@
+"""Which gateway process holds an ``executing`` claim, and whether that process is still alive.
+
+Each process that claims a proposal for execution first takes an *instance lock*: a file
+``<home>/instances/<id>.lock`` held with ``flock`` for the rest of its life. The kernel drops the lock
+the moment the process dies, however it dies (``kill -9`` included), so another process can tell a
+dead claim from a live one at once, with no lease to wait out and no clock to trust: ``alive(id)``
+tries to take the same lock without waiting. A claim whose process is alive (a CLI approval running
+now) is never touched; a dead one is settled as ``outcome_unknown`` when a gateway starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+from pathlib import Path
+from typing import Final
+
+_DIR: Final = "instances"
+
+
+class Instance:
+    """This process's identity for claims, and the lock that proves it is alive (taken on first use)."""
+
+    def __init__(self, home: Path) -> None:
+        self.directory = Path(home) / _DIR
+        self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._fd: int | None = None
+
+    def acquire(self) -> str:
+        """Hold the lock (idempotent); return the id to record on a claim."""
+        if self._fd is None:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.directory / f"{self.id}.lock", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = fd
+        return self.id
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.directory / f"{self.id}.lock")
+            os.close(self._fd)
+            self._fd = None
+
+    def alive(self, instance_id: str) -> bool:
+        """Whether the process that recorded ``instance_id`` still holds its lock."""
+        if instance_id == self.id:
+            return True
+        path = self.directory / f"{os.path.basename(instance_id)}.lock"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()  # its owner is gone: tidy up
+        return False

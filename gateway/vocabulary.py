@@ -1,0 +1,84 @@
+"""The call vocabulary every layer shares: categories, risk levels, plans, affected objects, preconditions.
+
+This is the bottom of the package: it imports nothing from ``gateway``. ``vsphere/`` (which builds
+plans), ``guard/`` (which judges them), ``auth/`` (whose roles grant categories) and ``tools/`` (which
+declares them per tool) all import it, so none of them needs another's module for these words, and
+nothing under ``gateway/vsphere`` imports the tool surface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Category(StrEnum):
+    """What a tool does: reads change nothing, writes change things, destructive calls cannot be undone."""
+
+    READ = "read"
+    WRITE = "write"
+    DESTRUCTIVE = "destructive"
+
+
+class Risk(StrEnum):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(Risk).index(self)
+
+
+@dataclass(frozen=True)
+class AffectedObject:
+    """One vSphere object a write touches, with the facts policy matches on."""
+
+    type: str
+    name: str
+    moid: str
+    folder: str | None = None
+    resource_pool: str | None = None
+    connection_state: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """A state of vSphere a change needs and does not have now (e.g. a powered-on VM to delete).
+
+    Plan functions record these instead of raising, so the pipeline answers them only after the
+    call was authorized: a denied caller never hears about power state. ``details`` are JSON-able.
+    """
+
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved write: what it will do, to which objects, with JSON-able ``params`` to execute it.
+
+    ``params`` must hold everything ``execute`` needs (moids, not names), so a proposal persisted
+    in the state store can be executed later by another process. ``unmet`` lists the preconditions
+    that do not hold (answered only after the call was authorized).
+    """
+
+    summary: str
+    affected: tuple[AffectedObject, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    #: set for bulk actions: how many objects the call would change (limits use it)
+    object_count: int | None = None
+    unmet: tuple[Precondition, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return self.object_count if self.object_count is not None else len(self.affected)
+
+
+ProgressFn = Callable[[float, str], None]

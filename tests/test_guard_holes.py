@@ -1,0 +1,175 @@
+"""Each way around the guard that issue 9 found, closed: real simulator, real store, real rules file.
+
+Every test here was first run against the old pipeline and seen to fail (see the branch's report).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_pipeline import PERMISSIVE, VM0, VM1, Env, env  # noqa: F401  (env is a fixture)
+
+from gateway.auth.tokens import Principal, create_token
+from gateway.errors import (
+    ApprovalRequired,
+    ConfirmationInvalid,
+    Forbidden,
+    GatewayError,
+    NotFound,
+    PolicyDenied,
+    RateLimited,
+)
+from gateway.server.pipeline import Gateway
+
+pytestmark = pytest.mark.anyio
+
+HUMAN = Principal(name="alice", role="admin", surface="web")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def write_roles(home: Path, roles: dict[str, Any]) -> None:
+    (home / "roles.yaml").write_text(yaml.safe_dump({"roles": roles}))
+    os.chmod(home / "roles.yaml", 0o600)
+
+
+def role(*, write: tuple[str, ...] = (), destructive: tuple[str, ...] = (), targets: Any = "*") -> dict[str, Any]:
+    return {"tools": "read", "allow_write": list(write), "allow_destructive": list(destructive),
+            "targets": targets, "approve": "none"}
+
+
+def token_principal(gw: Gateway, name: str, role_name: str) -> Principal:
+    """A principal backed by a real token record, as the HTTPS server would hand the pipeline."""
+    _, rec = create_token(gw.store, name, role_name, expires_in=None, now=gw.clock())
+    return Principal(name=rec.name, role=rec.role, token_id=rec.token_id, surface="https")
+
+
+# ---------------------------------------------------------------- composite reach
+
+
+async def test_bulk_delete_needs_delete_vm_in_the_role(env: Env) -> None:
+    write_roles(env.tmp, {"bulker": role(destructive=("bulk_vm_action",))})
+    gw = env.build()
+    bulker = token_principal(gw, "bulk-agent", "bulker")
+    with pytest.raises(Forbidden, match="delete_vm"):
+        await gw.call(bulker, "bulk_vm_action",
+                      {"target": "vc1", "action": "delete_vm", "name_regex": "DC0_C0_RP0_VM.*",
+                       "force_power_off": True})
+    assert gw.store.list_proposals(["pending"]) == []
+    (row,) = env.rows(phase="denied", tool="bulk_vm_action")
+    assert "delete_vm" in row["decision"]["reason"]
+
+
+# ---------------------------------------------------------------- re-authorization at execution
+
+
+async def test_confirm_after_demotion_is_refused(env: Env) -> None:
+    write_roles(env.tmp, {"deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+                          "writer": role(write=("power_off_vm",))})
+    gw = env.build()
+    agent = token_principal(gw, "agent-d", "deleter")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    gw.store.update_token("agent-d", role="writer")  # what `gateway token set-role` does
+    demoted = Principal(name=agent.name, role="writer", token_id=agent.token_id, surface="https")
+    with pytest.raises(GatewayError) as caught:
+        await gw.call(demoted, "confirm_action", {"token": proposal["token"]})
+    assert caught.value.code in ("forbidden", "not_found", "policy_denied")
+    assert env.vm_exists(VM0)
+
+
+async def test_approval_after_demotion_is_refused(env: Env) -> None:
+    write_roles(env.tmp, {"deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+                          "writer": role(write=("power_off_vm",))})
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-d", "deleter")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert proposal["requires_human_approval"] is True
+    gw.store.update_token("agent-d", role="writer")
+    with pytest.raises(GatewayError):
+        await gw.approve(proposal["proposal_id"], HUMAN)
+    assert env.vm_exists(VM0)
+
+
+async def test_confirm_after_target_gained_web_approval_is_refused(env: Env) -> None:
+    gw = env.build()
+    agent = token_principal(gw, "agent-w", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert proposal["requires_human_approval"] is False
+    env.write_rules({**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    with pytest.raises(ApprovalRequired):
+        await gw.call(agent, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0)
+
+
+async def test_approval_after_revoke_is_refused_and_revoke_cancels(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    gw.store.update_token("agent-r", revoked=True)  # a revoke that bypassed the server's own path
+    with pytest.raises((ConfirmationInvalid, Forbidden, NotFound)):
+        await gw.approve(proposal["proposal_id"], HUMAN)
+    assert env.vm_exists(VM0)
+
+
+async def test_revoking_a_token_cancels_its_pending_proposals_audited(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    cancelled = gw.revoke_token("agent-r", by=Principal(name="cli:root", role="admin", surface="cli"))
+    assert cancelled == [proposal["proposal_id"]]
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "cancelled"
+    (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
+    assert row["reason"] == "token revoked"
+
+
+# ---------------------------------------------------------------- reads under policy
+
+
+async def test_read_deny_rule_is_enforced(env: Env) -> None:
+    rules = {**PERMISSIVE, "rules": [{"name": "no-reads-for-watcher", "action": "deny",
+                                      "match": {"tools": ["read"], "callers": ["watcher"]}}]}
+    gw = env.build(rules=rules)
+    watcher = Principal(name="watcher", role="reader", surface="test")
+    with pytest.raises(PolicyDenied, match="no-reads-for-watcher"):
+        await gw.call(watcher, "list_vms", {"target": "vc1"})
+    (row,) = env.rows(phase="denied", tool="list_vms")
+    assert row["decision"]["rule"] == "rule:no-reads-for-watcher"
+    other = Principal(name="someone", role="reader", surface="test")
+    assert (await gw.call(other, "list_vms", {"target": "vc1"}))["count"] >= 2
+
+
+async def test_read_rate_limit_is_enforced(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"max_calls_per_minute": {"read": 2}}}})
+    reader = Principal(name="watcher", role="reader", surface="test")
+    for _ in range(2):
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+    with pytest.raises(RateLimited):
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+
+
+# ---------------------------------------------------------------- order: policy before state
+
+
+async def test_protected_powered_on_vm_delete_gets_the_policy_denial(env: Env) -> None:
+    rules = {**PERMISSIVE, "protected": [{"name": "keep-vm0", "vm_patterns": [VM0]}]}
+    gw = env.build(rules=rules)
+    assert env.power_state(VM0) == "poweredOn"
+    with pytest.raises(PolicyDenied, match="keep-vm0") as caught:
+        await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM0})
+    assert "power" not in caught.value.message.lower()
+
+
+async def test_broken_rules_file_answers_with_the_policy_error(env: Env) -> None:
+    gw = env.build()
+    (env.tmp / "rules.yaml").write_text("defaults: [this is not\n")
+    with pytest.raises(PolicyDenied, match="policy file") as caught:
+        await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM1})
+    assert "power" not in caught.value.message.lower()
