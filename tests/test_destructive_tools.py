@@ -156,10 +156,10 @@ def test_a_failed_safety_snapshot_means_nothing_is_reverted(rig: Rig) -> None:
 # delete_vm and unregister_vm
 
 
-def test_delete_vm_refuses_a_powered_on_vm_then_deletes_it_with_force(rig: Rig) -> None:
-    with pytest.raises(errors.InvalidState) as caught:
-        rig.plan(DELETE_VM, vm=VM)
-    assert "force_power_off" in caught.value.message
+def test_delete_vm_records_a_powered_on_vm_as_unmet_then_deletes_it_with_force(rig: Rig) -> None:
+    # recorded, not raised: the pipeline answers it only after the call was authorized
+    (unmet,) = rig.plan(DELETE_VM, vm=VM).unmet
+    assert "force_power_off" in unmet.message and unmet.details["vms"] == [VM]
 
     plan = rig.plan(DELETE_VM, vm=VM, force_power_off=True)
     assert "PERMANENTLY DELETE" in plan.summary and "target 'sim'" in plan.summary
@@ -283,7 +283,6 @@ def test_bulk_delete_removes_only_the_matching_vms(rig: Rig) -> None:
     ({"action": "delete_vm", "name_regex": "nothing-.*"}, errors.InvalidArgument, "name_regex"),
     ({"action": "delete_vm", "name_regex": "DC0_H0_VM("}, errors.InvalidArgument, "name_regex"),
     ({"action": "delete_vm", "name_regex": ".*", "folder": "nope"}, errors.InvalidArgument, "folder"),
-    ({"action": "delete_vm", "name_regex": "DC0_H0_VM\\d"}, errors.InvalidState, None),  # powered on
     ({"action": "revert_to_current_snapshot", "name_regex": "DC0_H0_VM\\d"}, errors.InvalidState, None),
 ])
 def test_bulk_refuses_in_plan(rig: Rig, args: dict[str, Any], error: type[errors.GatewayError],
@@ -291,6 +290,11 @@ def test_bulk_refuses_in_plan(rig: Rig, args: dict[str, Any], error: type[errors
     with pytest.raises(error) as caught:
         rig.plan(BULK_VM_ACTION, **args)
     assert caught.value.details.get("field") == field
+
+
+def test_bulk_delete_records_powered_on_matches_as_unmet(rig: Rig) -> None:
+    (unmet,) = rig.plan(BULK_VM_ACTION, action="delete_vm", name_regex="DC0_H0_VM\\d").unmet
+    assert sorted(unmet.details["vms"]) == sorted([VM, OTHER]) and "force_power_off" in unmet.message
 
 
 def test_bulk_delete_refuses_when_any_match_is_orphaned(rig: Rig) -> None:

@@ -759,7 +759,7 @@ class Gateway:
                           decision=verdict.to_dict(), error_code=verdict.code, via="deny")
             self._write_row(row)
             verdict.raise_if_refused()
-        moved = self.move_sync(proposal, OPEN_STATES, "denied", actor=human, correlation_id=correlation_id,
+        moved = self.move_sync(proposal, ["pending"], "denied", actor=human, correlation_id=correlation_id,
                                approved_by=human.name, decided_at=self.clock(), reason=f"denied by {human.name}")
         if moved is None:
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")

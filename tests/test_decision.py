@@ -1,0 +1,180 @@
+"""``authorize``: the one decision, table-tested with plain values (no I/O, no simulator)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gateway.auth.roles import BUILTIN_ROLES, Role
+from gateway.guard.decision import Entry, Facts, Party, TokenState, authorize, token_state, tool_permitted
+from gateway.guard.policy import parse_policy_text
+from gateway.vocabulary import AffectedObject, Category, Precondition, Risk
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+ADMIN = BUILTIN_ROLES["admin"]
+READER = BUILTIN_ROLES["reader"]
+DELETER = Role("deleter", "read", frozenset({"power_off_vm"}), frozenset({"delete_vm"}), "*", "none")
+BULKER = Role("bulker", "read", frozenset(), frozenset({"bulk_vm_action"}), "*", "none")
+LAB = Role("lab", "read", frozenset({"power_off_vm"}), frozenset({"delete_vm"}), ("lab-*",), "none")
+OTHERS = Role("approver", "read", frozenset(), frozenset(), "*", "others")
+CHANGES = (("power_off_vm", Category.WRITE), ("delete_vm", Category.DESTRUCTIVE),
+           ("bulk_vm_action", Category.DESTRUCTIVE))
+VM = AffectedObject("vm", "web-01", "vm-1")
+PROTECTED = AffectedObject("vm", "vcsa-01", "vm-9")
+
+PERMISSIVE = parse_policy_text(
+    "defaults: {read: allow, write: allow, destructive: allow}\n"
+    "protected: [{name: appliances, vm_patterns: ['vcsa-*']}]\n"
+    "rules:\n"
+    "  - {name: no-reads-for-watcher, action: deny, match: {tools: [read], callers: [watcher]}}\n"
+    "  - {name: no-bulk-deletes-of-db, action: deny, match: {tools: [delete_vm], vm_patterns: ['db-*']}}\n",
+    "rules.yaml")
+GATED = parse_policy_text("defaults: {destructive: allow, require_web_approval: true}\n", "rules.yaml")
+STRICT = parse_policy_text("defaults: {destructive: deny}\n", "rules.yaml")
+
+
+def party(name: str = "agent", role: Role | None = ADMIN, token: TokenState = TokenState.USABLE) -> Party:
+    return Party(name, token, role)
+
+
+def facts(entry: Entry = Entry.WRITE, **kw: Any) -> Facts:
+    values: dict[str, Any] = {
+        "entry": entry, "actor": party(), "tool": "delete_vm", "category": Category.DESTRUCTIVE,
+        "risk": Risk.CRITICAL, "now": NOW, "target": "vc1", "affected": (VM,), "object_count": 1,
+        "rules": PERMISSIVE, "change_tools": CHANGES,
+    }
+    if entry in (Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY):
+        values["owner"] = party()
+        values["proposal_id"] = "p1"
+    values.update(kw)
+    return Facts(**values)
+
+
+READ = {"tool": "list_vms", "category": Category.READ, "risk": Risk.LOW, "affected": (), "object_count": 0}
+BROKEN = {"rules": None, "rules_error": "policy file rules.yaml is unusable: line 3"}
+POWERED_ON = (Precondition("VM 'web-01' is powered on; power it off first", {"vms": ["web-01"]}),)
+
+# (case, facts, expected code (None: allowed), rule the verdict names)
+CASES: list[tuple[str, Facts, str | None, str | None]] = [
+    # 1. token
+    ("usable token writes", facts(), None, None),
+    ("revoked token", facts(actor=party(token=TokenState.REVOKED)), "forbidden", "token:revoked"),
+    ("expired token reads", facts(Entry.READ, actor=party(token=TokenState.EXPIRED), **READ), "forbidden",
+     "token:expired"),
+    ("revoked token before a broken role", facts(actor=party(role=None, token=TokenState.REVOKED)),
+     "forbidden", "token:revoked"),
+    ("revoked human approves", facts(Entry.APPROVE, actor=party("alice", token=TokenState.REVOKED)),
+     "forbidden", "token:revoked"),
+    # 2. role
+    ("no role", facts(actor=party(role=None)), "not_found", None),
+    ("reader writes", facts(actor=party(role=READER)), "not_found", "role:reader"),
+    ("reader reads", facts(Entry.READ, actor=party(role=READER), **READ), None, None),
+    ("target outside role", facts(actor=party(role=LAB)), "not_found", "role:lab"),
+    ("target inside role", facts(actor=party(role=LAB), target="lab-1"), None, None),
+    ("unknown target", facts(target="nope", target_known=False), "not_found", None),
+    ("bulk delete without delete_vm",
+     facts(actor=party(role=BULKER), tool="bulk_vm_action", reaches=(("delete_vm", Category.DESTRUCTIVE),)),
+     "forbidden", "role:bulker"),
+    ("bulk delete with delete_vm", facts(actor=party(role=ADMIN), tool="bulk_vm_action",
+                                         reaches=(("delete_vm", Category.DESTRUCTIVE),)), None, None),
+    ("confirm by another caller", facts(Entry.CONFIRM, actor=party("other")), "confirmation_invalid",
+     "caller:bound"),
+    ("cancel by another caller", facts(Entry.CANCEL, actor=party("other")), "confirmation_invalid",
+     "caller:bound"),
+    ("approve without the right", facts(Entry.APPROVE, actor=party("bob", role=READER)), "forbidden",
+     "approve:none"),
+    ("approve own with others", facts(Entry.APPROVE, actor=party("agent", role=OTHERS)), "forbidden",
+     "approve:others"),
+    ("approve another's with others", facts(Entry.APPROVE, actor=party("bob", role=OTHERS)), None, None),
+    ("deny without the right", facts(Entry.DENY, actor=party("bob", role=READER)), "forbidden", None),
+    # 2b. the proposer, now
+    ("confirm after revoke", facts(Entry.CONFIRM, actor=party(token=TokenState.REVOKED),
+                                   owner=party(token=TokenState.REVOKED)), "forbidden", "token:revoked"),
+    ("approve after proposer revoked", facts(Entry.APPROVE, actor=party("alice"),
+                                             owner=party(token=TokenState.REVOKED)), "forbidden", "token:revoked"),
+    ("approve after proposer demoted", facts(Entry.APPROVE, actor=party("alice"),
+                                             owner=party(role=READER)), "forbidden", "role:reader"),
+    ("approve after proposer's role vanished", facts(Entry.APPROVE, actor=party("alice"), owner=party(role=None)),
+     "forbidden", None),
+    ("deny after proposer revoked", facts(Entry.DENY, actor=party("alice"), owner=party(token=TokenState.REVOKED)),
+     None, None),
+    # 3. policy
+    ("strict destructive", facts(rules=STRICT), "policy_denied", None),
+    ("protected VM", facts(affected=(PROTECTED,)), "policy_denied", "protected:appliances"),
+    ("read deny rule", facts(Entry.READ, actor=party("watcher", role=READER), **READ), "policy_denied",
+     "rule:no-reads-for-watcher"),
+    ("read under broken rules", facts(Entry.READ, **READ, **BROKEN), None, "policy:error"),
+    ("write under broken rules", facts(**BROKEN), "policy_denied", "policy:error"),
+    ("agent confirms a gated call", facts(Entry.CONFIRM, rules=GATED), "approval_required", None),
+    ("human approves a gated call", facts(Entry.APPROVE, actor=party("alice"), rules=GATED), None, None),
+    ("confirm after rules turned strict", facts(Entry.CONFIRM, rules=STRICT), "policy_denied", None),
+    ("cancel is never refused by policy", facts(Entry.CANCEL, rules=STRICT), None, None),
+    ("bulk object as delete_vm", facts(Entry.BULK_OBJECT, affected=(AffectedObject("vm", "db-1", "vm-3"),)),
+     "policy_denied", "rule:no-bulk-deletes-of-db"),
+    # 4. state, only after everything above
+    ("powered on, allowed", facts(unmet=POWERED_ON), "invalid_state", "state"),
+    ("powered on, protected", facts(affected=(PROTECTED,), unmet=POWERED_ON), "policy_denied", None),
+    ("powered on, broken rules", facts(unmet=POWERED_ON, **BROKEN), "policy_denied", "policy:error"),
+    ("powered on, role refused", facts(actor=party(role=READER), unmet=POWERED_ON), "not_found", None),
+    ("used proposal", facts(Entry.CONFIRM, proposal_problem=("confirmation_invalid", "already used")),
+     "confirmation_invalid", "proposal:state"),
+    ("expired proposal, revoked confirmer",
+     facts(Entry.CONFIRM, actor=party(token=TokenState.REVOKED),
+           proposal_problem=("confirmation_expired", "expired")), "forbidden", None),
+    # the gate before resolving: token and role only, then the proposal's own state
+    ("gate lets a strict-policy call on to resolution", facts(rules=STRICT, resolved=False), None, "gate"),
+    ("gate refuses the role", facts(actor=party(role=READER), resolved=False), "not_found", None),
+    ("gate answers a used proposal", facts(Entry.CONFIRM, resolved=False,
+                                           proposal_problem=("confirmation_invalid", "already used")),
+     "confirmation_invalid", None),
+]
+
+
+@pytest.mark.parametrize(("f", "code", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_authorize(f: Facts, code: str | None, rule: str | None) -> None:
+    verdict = authorize(f)
+    assert verdict.code == code, verdict.reason
+    assert verdict.allowed is (code is None)
+    if rule is not None:
+        assert verdict.rule == rule
+
+
+def test_a_denied_caller_never_hears_about_power_state() -> None:
+    for f in (facts(affected=(PROTECTED,), unmet=POWERED_ON), facts(unmet=POWERED_ON, **BROKEN),
+              facts(actor=party(role=READER), unmet=POWERED_ON)):
+        assert "power" not in authorize(f).reason.lower()
+
+
+def test_a_refusal_raises_its_typed_error_with_the_verdict() -> None:
+    from gateway.errors import Forbidden
+
+    verdict = authorize(facts(actor=party(role=BULKER), tool="bulk_vm_action",
+                              reaches=(("delete_vm", Category.DESTRUCTIVE),)))
+    with pytest.raises(Forbidden) as caught:
+        verdict.raise_if_refused()
+    assert caught.value.details["decision"]["rule"] == "role:bulker"
+    assert "delete_vm" in caught.value.message
+
+
+def test_the_gated_call_needs_a_human() -> None:
+    verdict = authorize(facts(rules=GATED))
+    assert verdict.allowed and verdict.require_approval
+
+
+def test_proposal_tools_come_with_the_first_change_tool() -> None:
+    assert tool_permitted(DELETER, "confirm_action", Category.WRITE, CHANGES)
+    assert not tool_permitted(READER, "confirm_action", Category.WRITE, CHANGES)
+    assert tool_permitted(READER, "list_vms", Category.READ, CHANGES)
+
+
+def test_token_state_of_records() -> None:
+    from gateway.store.base import TokenRecord
+
+    rec = TokenRecord("id", "n", "admin", "h", created_at=0.0, expires_at=100.0)
+    assert token_state(None, 0.0) is TokenState.UNKNOWN
+    assert token_state(rec, 50.0) is TokenState.USABLE
+    assert token_state(rec, 100.0) is TokenState.EXPIRED
+    assert token_state(replace(rec, revoked=True), 50.0) is TokenState.REVOKED
