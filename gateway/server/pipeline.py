@@ -34,7 +34,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -93,7 +95,7 @@ EXECUTION_GRACE_SECONDS = 2 * 86400.0
 #: how long one audit append or state-store call may take before the call is refused
 AUDIT_DEADLINE_SECONDS: Final = 5.0
 STORE_DEADLINE_SECONDS: Final = 10.0
-#: outcome rows kept in memory while the audit cannot take them (then changes are refused)
+#: outcome rows kept in memory while the audit cannot take them; past this, new changes are refused
 MAX_WAITING_OUTCOMES: Final = 1000
 #: an argument value longer than this is cut in audit rows (with its size and digest)
 AUDIT_VALUE_CHARS: Final = 256
@@ -166,6 +168,7 @@ class Gateway:
         self.draining = False
         self._listeners: list[LifecycleListener] = []
         self._waiting: collections.deque[dict[str, Any]] = collections.deque()
+        self._flushing = threading.Lock()
         self._sweeper: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
@@ -655,7 +658,7 @@ class Gateway:
         plan = replace(plan, params=params)
         relay = self._progress_relay(progress)
         if proposal is None:  # a claimed proposal's intent row was written by its claim
-            await self.record(ctx.row("executing", **base))
+            await self.intent(ctx.row("executing", **base))
         try:
             result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
         except GatewayError as exc:
@@ -815,22 +818,20 @@ class Gateway:
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
-        """Move the proposal to ``executing`` under this process's name; its audit row is the intent,
-        written durably before anything reaches vSphere. If it cannot be written, the change is refused
-        and the proposal fails with nothing sent."""
+        """Claim the proposal for this process (``executing``). Its audit row is the intent, written
+        durably BEFORE the claim and anything reaching vSphere: if it cannot be written, the change is
+        refused and the proposal stays as it was."""
         instance = await asyncio.to_thread(self.instance.acquire)
-        try:
-            claimed = await self.move(
-                proposal, ["pending", "approved"], "executing", actor=ctx.principal,
-                correlation_id=ctx.correlation_id, decided_at=self.clock(), executor=instance, intent=True,
-                args=_bounded(_redact_args(ctx.spec, proposal.args)), decision=decision.to_dict(),
-            )
-        except AuditUnavailable as exc:
-            refused = replace(proposal, state="executing")
-            await self.move(refused, ["executing"], "failed", actor=ctx.principal, outcome="refused",
-                            error=exc.to_wire(), reason="the audit could not record the intent; nothing was sent")
-            raise
+        row = self._transition_row(
+            proposal, "executing", actor=ctx.principal, correlation_id=ctx.correlation_id, executor=instance,
+            args=_bounded(_redact_args(ctx.spec, proposal.args)), decision=decision.to_dict(),
+        )
+        await self.intent(row)
+        claimed = await self.move(proposal, ["pending", "approved"], "executing", actor=ctx.principal,
+                                  audited=True, decided_at=self.clock(), executor=instance)
         if claimed is None:
+            await self.record_outcome({**row, "phase": "claim_lost",
+                                       "reason": "another caller moved the proposal first; nothing was sent"})
             _raced(proposal)
         assert claimed is not None
         return claimed
@@ -873,34 +874,46 @@ class Gateway:
             await asyncio.sleep(1.0)
 
     # ----------------------------------------------------------------- moves
-    async def move(self, proposal: Proposal, from_states: Sequence[str], to_state: str, **kw: Any) -> Proposal | None:
-        """``move_sync`` in a worker thread with a deadline (the event loop never waits on the store)."""
-        return await self.off_loop(self.move_sync, proposal, from_states, to_state, **kw)
+    async def move(
+        self, proposal: Proposal, from_states: Sequence[str], to_state: str, *, actor: Principal,
+        correlation_id: str | None = None, reason: str | None = None, result_row: Any = None,
+        audited: bool = False, **fields: Any,
+    ) -> Proposal | None:
+        """``move_sync`` for the event loop: the compare-and-set in a worker thread with a deadline; the
+        row through ``record_outcome`` (never blocks the caller: a row the audit cannot take waits)."""
+        moved = await self.off_loop(self.store.transition, proposal.id, from_states, to_state, **fields)
+        if not moved:
+            return None
+        after = replace(proposal, state=to_state, **fields)
+        if not audited:
+            await self.record_outcome(self._transition_row(
+                proposal, to_state, actor=actor, correlation_id=correlation_id, reason=reason,
+                shown=result_row, **fields))
+        self._notify(to_state, after)
+        return after
 
     def move_sync(
-        self,
-        proposal: Proposal,
-        from_states: Sequence[str],
-        to_state: str,
-        *,
-        actor: Principal,
-        correlation_id: str | None = None,
-        reason: str | None = None,
-        intent: bool = False,
-        result_row: Any = None,
-        **fields: Any,
+        self, proposal: Proposal, from_states: Sequence[str], to_state: str, *, actor: Principal,
+        correlation_id: str | None = None, reason: str | None = None, **fields: Any,
     ) -> Proposal | None:
-        """THE one way a proposal changes state: the lifecycle edge by compare-and-set, its audit row,
-        then the lifecycle listeners. None if another caller moved it first.
-
-        ``intent=True`` (the ``executing`` claim) makes the row mandatory: if it cannot be written,
-        ``AuditUnavailable`` is raised and the caller must not go on. Any other row that cannot be
-        written now waits in memory (the server reports unready) and is appended once it can be.
-        """
-        row_extra = {k: fields.pop(k) for k in ("args", "decision") if k in fields}
+        """THE way a proposal changes state: the lifecycle edge by the store's compare-and-set (the store
+        refuses any move outside guard/lifecycle.py), its audit row, then the lifecycle listeners. None
+        if another caller moved it first. A row the audit cannot take now waits in memory (the server
+        reports unready) and is appended once it can be. (``move`` is the same for the event loop; the
+        ``executing`` claim writes its row first, as the intent: see ``claim``.)"""
         if not self.store.transition(proposal.id, from_states, to_state, **fields):
             return None
-        moved = replace(proposal, state=to_state, **fields)
+        after = replace(proposal, state=to_state, **fields)
+        self._write_or_wait(self._transition_row(proposal, to_state, actor=actor, correlation_id=correlation_id,
+                                                 reason=reason, **fields))
+        self._notify(to_state, after)
+        return after
+
+    def _transition_row(
+        self, proposal: Proposal, to_state: str, *, actor: Principal, correlation_id: str | None = None,
+        reason: str | None = None, shown: Any = None, args: Any = None, decision: Any = None, **fields: Any,
+    ) -> dict[str, Any]:
+        """The audit row of one move (``shown``: the result the caller was given, if any)."""
         spec = self.registry.get(proposal.tool)
         row = {
             "phase": to_state,
@@ -917,20 +930,18 @@ class Gateway:
             "executor": fields.get("executor"),
             "outcome": fields.get("outcome"),
             "error_code": (fields.get("error") or {}).get("code"),
-            "result": result_row,
-            **row_extra,
+            "args": args,
+            "decision": decision,
+            "result": shown,
         }
-        row = {k: v for k, v in row.items() if v is not None}
-        if intent:
-            self._write_row(row)
-        else:
-            self._write_or_wait(row)
+        return {k: v for k, v in row.items() if v is not None}
+
+    def _notify(self, event: str, proposal: Proposal) -> None:
         for listener in list(self._listeners):
             try:
-                listener(to_state, moved)
+                listener(event, proposal)
             except Exception:
-                log.exception("a lifecycle listener failed on %s of proposal %s", to_state, proposal.id)
-        return moved
+                log.exception("a lifecycle listener failed on %s of proposal %s", event, proposal.id)
 
     # ----------------------------------------------------------------- audit and store, off the loop
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -942,8 +953,8 @@ class Gateway:
                                    "nothing was changed by this call; retry, and see the gateway log") from None
 
     async def record(self, row: Mapping[str, Any]) -> None:
-        """Append one audit row (the only async audit path): in a worker thread, within a deadline.
-        Raises ``AuditUnavailable`` when it cannot be written: the call is refused."""
+        """Append one audit row (every async audit write comes here): in a worker thread, within a
+        deadline. Raises ``AuditUnavailable`` when it cannot be written: the call is refused."""
         try:
             await asyncio.wait_for(asyncio.to_thread(self._write_row, row), AUDIT_DEADLINE_SECONDS)
         except TimeoutError:
@@ -952,11 +963,35 @@ class Gateway:
                 "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
             ) from None
 
+    async def intent(self, row: Mapping[str, Any]) -> None:
+        """The durable row a change writes before its vSphere call. If it cannot be written the change is
+        refused (``AuditUnavailable``), and a ``refused`` row waits to say so once the audit is back.
+        While ``MAX_WAITING_OUTCOMES`` rows already wait, every new change is refused."""
+        if len(self._waiting) >= MAX_WAITING_OUTCOMES:
+            raise AuditUnavailable(f"{len(self._waiting)} audit rows of finished changes wait for the audit log "
+                                   f"{self.settings.audit_log}; no new change runs until it takes them")
+        try:
+            await self.record(row)
+        except AuditUnavailable as exc:
+            self._wait({**row, "phase": "refused", "error_code": exc.code,
+                        "reason": "the intent row could not be written; nothing was sent to vSphere"})
+            raise
+
     async def record_outcome(self, row: Mapping[str, Any]) -> None:
-        """Append the row of something that already happened; if the audit cannot take it now, it waits."""
-        await self.off_loop(self._write_or_wait, row)
+        """Append the row of something that already happened. Never raises and never holds the caller
+        past the deadline: a row the audit cannot take now waits (see ``flush_waiting``)."""
+        if self._waiting:
+            self._wait(row)
+            return
+        try:
+            await self.record(row)
+        except AuditUnavailable:
+            log.error("audit row of a finished change (%s) waits until the audit log is writable",
+                      row.get("phase"))
+            self._wait(row)
 
     def _write_or_wait(self, row: Mapping[str, Any]) -> None:
+        """``record_outcome`` for synchronous callers (worker threads, the CLI)."""
         self.flush_waiting()
         if self._waiting:
             self._wait(row)
@@ -964,26 +999,23 @@ class Gateway:
         try:
             self._write_row(row)
         except AuditUnavailable:
-            log.error("audit row of a finished change kept in memory until the audit log is writable: %s",
-                      row.get("phase"))
+            log.error("audit row (%s) waits until the audit log is writable", row.get("phase"))
             self._wait(row)
 
     def _wait(self, row: Mapping[str, Any]) -> None:
-        if len(self._waiting) >= MAX_WAITING_OUTCOMES:
-            log.critical("audit outcome queue full: dropping the oldest waiting row %s", self._waiting[0])
-            self._waiting.popleft()
-        self._waiting.append({**row, "delayed": True})
+        self._waiting.append({**row, "delayed": True, "row_id": uuid.uuid4().hex})
 
     def flush_waiting(self) -> int:
         """Append the rows that waited for the audit log, oldest first; stop at the first failure."""
         written = 0
-        while self._waiting:
-            try:
-                self._write_row(self._waiting[0])
-            except AuditUnavailable:
-                break
-            self._waiting.popleft()
-            written += 1
+        with self._flushing:
+            while self._waiting:
+                try:
+                    self._write_row(self._waiting[0])
+                except AuditUnavailable:
+                    break
+                self._waiting.popleft()
+                written += 1
         return written
 
     def _write_row(self, row: Mapping[str, Any]) -> None:
