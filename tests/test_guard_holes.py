@@ -173,3 +173,38 @@ async def test_broken_rules_file_answers_with_the_policy_error(env: Env) -> None
     with pytest.raises(PolicyDenied, match="policy file") as caught:
         await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM1})
     assert "power" not in caught.value.message.lower()
+
+
+async def test_gateway_token_revoke_cancels_the_tokens_proposals(
+    env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import anyio
+    from test_pipeline import write_targets
+
+    from gateway.cli import main
+
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim}).items():
+        monkeypatch.setenv(key, value)
+    assert await anyio.to_thread.run_sync(main, ["token", "revoke", "agent-r", "--home", str(env.tmp)]) == 0
+    assert proposal["proposal_id"] in capsys.readouterr().out
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "cancelled"
+    (row,) = env.rows(phase="token_revoked")
+    assert row["cancelled_proposals"] == [proposal["proposal_id"]] and row["caller"].startswith("cli:")
+
+
+async def test_the_server_cancels_proposals_of_tokens_revoked_elsewhere(env: Env) -> None:
+    gw = env.build()
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert gw.cancel_orphaned() == []
+    gw.store.update_token("agent-r", revoked=True)  # another process, without the gateway's path
+    assert gw.cancel_orphaned() == [proposal["proposal_id"]]
+    with pytest.raises(Forbidden, match="revoked"):  # the token first, before anything about the proposal
+        await gw.call(agent, "confirm_action", {"token": proposal["token"]})
+    (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
+    assert row["reason"] == "token revoked" and row["caller"] == "gateway"
+    assert env.vm_exists(VM0)

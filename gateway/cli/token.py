@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.auth.roles import RoleBook
-from gateway.auth.tokens import create_token, parse_expiry
+from gateway.auth.tokens import Principal, create_token, parse_expiry
 from gateway.cli import add_path_flags, settings_from
-from gateway.errors import AuditUnavailable, InvalidArgument, NotFound
+from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
 from gateway.guard.audit import AuditSink
 from gateway.settings import Settings
 from gateway.store.base import TokenRecord
@@ -147,16 +147,37 @@ def run_revoke(args: argparse.Namespace) -> int:
         if _existing(store, args.name).revoked:
             print(f"token {args.name!r} was already revoked")
             return 0
-        rec = store.update_token(args.name, revoked=True)
-        print(f"revoked token {rec.name!r}; servers refuse it from their next request")
         try:
-            _audit(settings, "token_revoked", rec)
+            cancelled = _revoke(settings, store, args.name)
         except AuditUnavailable as exc:
             # A revocation only narrows access, so it stands even when it cannot be recorded.
             print(f"gateway: {exc.code}: the revocation stands but was not audited: {exc.message}",
                   file=sys.stderr)
             return 1
+    print(f"revoked token {args.name!r}; servers refuse it from their next request")
+    if cancelled:
+        print(f"cancelled its open proposals: {', '.join(cancelled)}")
     return 0
+
+
+def _revoke(settings: Settings, store: SqliteStore, name: str) -> list[str]:
+    """Revoke through the gateway's one path (which also cancels the token's open proposals); when the
+    gateway cannot be built here (no targets file), revoke and audit directly: servers cancel the
+    proposals themselves, and no proposal of a revoked token can run anyway."""
+    from gateway.server.pipeline import Gateway
+
+    try:
+        gateway = Gateway.build(settings)
+    except ConfigError:
+        rec = store.update_token(name, revoked=True)
+        _audit(settings, "token_revoked", rec)
+        return []
+    try:
+        return gateway.revoke_token(name, by=Principal(name=cli_caller(), role="admin", surface="cli"))
+    finally:
+        gateway.store.close()
+        gateway.audit.close()
+        gateway.instance.close()
 
 
 def run_set_role(args: argparse.Namespace) -> int:

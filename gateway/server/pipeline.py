@@ -169,6 +169,7 @@ class Gateway:
         self._listeners: list[LifecycleListener] = []
         self._waiting: collections.deque[dict[str, Any]] = collections.deque()
         self._flushing = threading.Lock()
+        self._token_generation = -1
         self._sweeper: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
@@ -769,16 +770,40 @@ class Gateway:
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
 
     def revoke_token(self, name: str, *, by: Principal) -> list[str]:
-        """Revoke token ``name`` (from its next request on) and cancel every open proposal it made, each
-        audited. The one path for ``gateway token revoke`` and the server. Returns the cancelled ids."""
-        self.store.update_token(name, revoked=True)
+        """Revoke token ``name`` (refused from its next request on), cancel every open proposal it made
+        (each move audited), then audit the revocation. The one path for ``gateway token revoke``.
+
+        Returns the cancelled proposal ids. The revocation stands even if its row cannot be written
+        (``AuditUnavailable`` is raised after it): revoking only narrows access."""
+        rec = self.store.update_token(name, revoked=True)
+        cancelled = self.cancel_proposals_of(name, by=by, reason="token revoked")
+        self._write_row({"phase": "token_revoked", "caller": by.name, "surface": by.surface, "token_name": rec.name,
+                         "token_id": rec.token_id, "role": rec.role, "cancelled_proposals": cancelled})
+        return cancelled
+
+    def cancel_proposals_of(self, caller: str, *, by: Principal, reason: str) -> list[str]:
         cancelled = []
         for p in self.store.list_proposals(list(OPEN_STATES), limit=10_000):
-            if p.caller != name:
-                continue
-            if self.move_sync(p, OPEN_STATES, "cancelled", actor=by, decided_at=self.clock(),
-                              reason="token revoked") is not None:
+            if p.caller == caller and self.move_sync(p, OPEN_STATES, "cancelled", actor=by,
+                                                     decided_at=self.clock(), reason=reason) is not None:
                 cancelled.append(p.id)
+        return cancelled
+
+    def cancel_orphaned(self) -> list[str]:
+        """Cancel open proposals whose proposer's token is now revoked or expired (a revocation made by
+        a process that could not do it, or an expiry): they could never run anyway."""
+        generation = self.store.token_generation()
+        if generation == self._token_generation:
+            return []
+        self._token_generation = generation
+        actor = Principal(name="gateway", role="-", surface="server")
+        cancelled = []
+        for p in self.store.list_proposals(list(OPEN_STATES), limit=10_000):
+            state = self.owner(p).token
+            if state in (TokenState.REVOKED, TokenState.EXPIRED):
+                if self.move_sync(p, OPEN_STATES, "cancelled", actor=actor, decided_at=self.clock(),
+                                  reason=f"token {state.value}") is not None:
+                    cancelled.append(p.id)
         return cancelled
 
     async def execute_proposal(
@@ -867,6 +892,7 @@ class Gateway:
         while True:
             try:
                 await asyncio.to_thread(self.expire_due)
+                await asyncio.to_thread(self.cancel_orphaned)
                 if self._waiting:
                     await asyncio.to_thread(self.flush_waiting)
             except Exception:  # the sweeper must survive a transient store or audit error

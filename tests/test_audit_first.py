@@ -1,0 +1,149 @@
+"""Audit before action (issue 10): no change reaches vSphere without a durable ``executing`` row, and the
+outcome of a change that ran is never lost when the audit log breaks during it.
+
+The log is made immutable with ``chattr +i`` (root on a filesystem that supports it; the test fails,
+not skips, under CI=true when it cannot), the change is slowed with the simulator's slow-task hook.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from test_pipeline import ADMIN, PERMISSIVE, VM0, Env, env  # noqa: F401  (env is a fixture)
+
+from gateway.errors import AuditUnavailable, InvalidArgument
+
+pytestmark = pytest.mark.anyio
+OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _chattr(flag: str, path: Path) -> None:
+    done = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = f"chattr {flag} is not available here: {done.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def immutable() -> Iterator[Any]:
+    frozen: list[Path] = []
+
+    def freeze(path: Path) -> None:
+        _chattr("+i", path)
+        frozen.append(path)
+
+    def thaw() -> None:
+        while frozen:
+            _chattr("-i", frozen.pop())
+
+    freeze.thaw = thaw  # type: ignore[attr-defined]
+    yield freeze
+    thaw()
+
+
+async def wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.05)
+    assert condition(), what
+
+
+async def test_a_log_broken_during_a_slow_change_keeps_intent_and_outcome(env: Env, immutable: Any) -> None:
+    gw = env.build()
+    env.sim.control("/slow-task", {"method": "PowerOffVM_Task", "seconds": 3, "count": 1})
+    log = env.tmp / "audit.jsonl"
+    async with anyio.create_task_group() as tg:
+        result: dict[str, Any] = {}
+
+        async def run() -> None:
+            result.update(await gw.call(ADMIN, "power_off_vm", OFF))
+
+        tg.start_soon(run)
+        await wait_for(lambda: bool(log.exists() and env.rows(phase="executing")), "intent row written")
+        immutable(log)
+    assert result["target"] == "vc1", "the change ran, and the caller is told so"
+    assert env.power_state(VM0) == "poweredOff"
+    (intent,) = env.rows(phase="executing")
+    assert intent["tool"] == "power_off_vm" and intent["caller"] == ADMIN.name and intent["risk"] == "high"
+    assert env.rows(phase="executed") == []
+    assert any("wait for the audit log" in r for r in gw.readiness())
+    immutable.thaw()
+    assert gw.flush_waiting() == 1
+    (outcome,) = env.rows(phase="executed")
+    assert outcome["delayed"] is True and outcome["outcome"] == "ok"
+    assert gw.readiness() == []
+
+
+async def test_nothing_reaches_vsphere_when_the_intent_cannot_be_written(env: Env, immutable: Any) -> None:
+    gw = env.build()
+    await gw.call(ADMIN, "list_targets", {})  # the log exists
+    proposal = await gw.call(ADMIN, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    immutable(env.tmp / "audit.jsonl")
+    with pytest.raises(AuditUnavailable):
+        await gw.call(ADMIN, "power_off_vm", OFF)
+    with pytest.raises(AuditUnavailable):
+        await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+    assert env.power_state(VM0) == "poweredOn"
+    assert env.vm_exists(VM0)
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "pending", "a refused claim leaves the proposal as it was"
+    immutable.thaw()
+    assert gw.flush_waiting() == 2
+    refused = env.rows(phase="refused")
+    assert [r["tool"] for r in refused] == ["power_off_vm", "delete_vm"]
+
+
+# ---------------------------------------------------------------- complete rows
+
+
+async def test_invalid_arguments_are_refused_and_audited_in_a_few_hundred_bytes(env: Env) -> None:
+    gw = env.build()
+    huge = "x" * 500_000
+    with pytest.raises(InvalidArgument, match="at most"):
+        await gw.call(ADMIN, "list_vms", {"target": huge})
+    with pytest.raises(InvalidArgument, match="finite"):
+        await gw.call(ADMIN, "get_events", {"target": "vc1", "minutes": math.nan})
+    with pytest.raises(InvalidArgument, match="unknown parameter"):
+        await gw.call(ADMIN, "confirm_action", {"token": "gwc_x", "extra": 1})
+    rows = env.rows(phase="invalid")
+    assert [r["tool"] for r in rows] == ["list_vms", "get_events", "confirm_action"]
+    assert all(r["error_code"] == "invalid_argument" for r in rows)
+    assert len((env.tmp / "audit.jsonl").read_text().splitlines()[0]) < 1500
+    assert rows[0]["args"]["target"]["chars"] == 500_000
+
+
+async def test_pending_lists_and_foreign_cancels_are_audited(env: Env) -> None:
+    from test_pipeline import OTHER
+
+    gw = env.build()
+    proposal = await gw.call(ADMIN, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    listed = await gw.call(ADMIN, "list_pending_actions", {})
+    assert listed["count"] == 1
+    with pytest.raises(Exception) as caught:
+        await gw.call(OTHER, "cancel_action", {"token": proposal["token"]})
+    assert getattr(caught.value, "code", None) == "confirmation_invalid"
+    (listing,) = env.rows(tool="list_pending_actions")
+    assert listing["proposal_ids"] == [proposal["proposal_id"]]
+    (foreign,) = env.rows(phase="denied", tool="cancel_action")
+    assert foreign["caller"] == OTHER.name and foreign["proposal_id"] == proposal["proposal_id"]
+
+
+async def test_a_fan_out_records_each_targets_outcome(env: Env) -> None:
+    gw = env.build()
+    await gw.call(ADMIN, "list_vms", {"target": "all"})
+    (row,) = env.rows(tool="list_vms")
+    assert row["outcomes"] == {"vc1": "ok"} and row["outcome"] == "ok"
