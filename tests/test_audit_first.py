@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from test_pipeline import ADMIN, PERMISSIVE, VM0, Env, env  # noqa: F401  (env is a fixture)
+from simulator import MakeSimulator
+from test_pipeline import ADMIN, VM0, Env
 
 from gateway.errors import AuditUnavailable, InvalidArgument
 
@@ -27,6 +28,14 @@ OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
+    e = Env(tmp_path, make_simulator(vms=2))
+    yield e
+    for gw in e.gateways:
+        await gw.close()
 
 
 def _chattr(flag: str, path: Path) -> None:

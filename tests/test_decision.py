@@ -20,8 +20,11 @@ DELETER = Role("deleter", "read", frozenset({"power_off_vm"}), frozenset({"delet
 BULKER = Role("bulker", "read", frozenset(), frozenset({"bulk_vm_action"}), "*", "none")
 LAB = Role("lab", "read", frozenset({"power_off_vm"}), frozenset({"delete_vm"}), ("lab-*",), "none")
 OTHERS = Role("approver", "read", frozenset(), frozenset(), "*", "others")
-CHANGES = (("power_off_vm", Category.WRITE), ("delete_vm", Category.DESTRUCTIVE),
-           ("bulk_vm_action", Category.DESTRUCTIVE))
+CHANGES = (
+    ("power_off_vm", Category.WRITE),
+    ("delete_vm", Category.DESTRUCTIVE),
+    ("bulk_vm_action", Category.DESTRUCTIVE),
+)
 VM = AffectedObject("vm", "web-01", "vm-1")
 PROTECTED = AffectedObject("vm", "vcsa-01", "vm-9")
 
@@ -31,7 +34,8 @@ PERMISSIVE = parse_policy_text(
     "rules:\n"
     "  - {name: no-reads-for-watcher, action: deny, match: {tools: [read], callers: [watcher]}}\n"
     "  - {name: no-bulk-deletes-of-db, action: deny, match: {tools: [delete_vm], vm_patterns: ['db-*']}}\n",
-    "rules.yaml")
+    "rules.yaml",
+)
 GATED = parse_policy_text("defaults: {destructive: allow, require_web_approval: true}\n", "rules.yaml")
 STRICT = parse_policy_text("defaults: {destructive: deny}\n", "rules.yaml")
 
@@ -42,9 +46,17 @@ def party(name: str = "agent", role: Role | None = ADMIN, token: TokenState = To
 
 def facts(entry: Entry = Entry.WRITE, **kw: Any) -> Facts:
     values: dict[str, Any] = {
-        "entry": entry, "actor": party(), "tool": "delete_vm", "category": Category.DESTRUCTIVE,
-        "risk": Risk.CRITICAL, "now": NOW, "target": "vc1", "affected": (VM,), "object_count": 1,
-        "rules": PERMISSIVE, "change_tools": CHANGES,
+        "entry": entry,
+        "actor": party(),
+        "tool": "delete_vm",
+        "category": Category.DESTRUCTIVE,
+        "risk": Risk.CRITICAL,
+        "now": NOW,
+        "target": "vc1",
+        "affected": (VM,),
+        "object_count": 1,
+        "rules": PERMISSIVE,
+        "change_tools": CHANGES,
     }
     if entry in (Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY):
         values["owner"] = party()
@@ -62,12 +74,24 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
     # 1. token
     ("usable token writes", facts(), None, None),
     ("revoked token", facts(actor=party(token=TokenState.REVOKED)), "forbidden", "token:revoked"),
-    ("expired token reads", facts(Entry.READ, actor=party(token=TokenState.EXPIRED), **READ), "forbidden",
-     "token:expired"),
-    ("revoked token before a broken role", facts(actor=party(role=None, token=TokenState.REVOKED)),
-     "forbidden", "token:revoked"),
-    ("revoked human approves", facts(Entry.APPROVE, actor=party("alice", token=TokenState.REVOKED)),
-     "forbidden", "token:revoked"),
+    (
+        "expired token reads",
+        facts(Entry.READ, actor=party(token=TokenState.EXPIRED), **READ),
+        "forbidden",
+        "token:expired",
+    ),
+    (
+        "revoked token before a broken role",
+        facts(actor=party(role=None, token=TokenState.REVOKED)),
+        "forbidden",
+        "token:revoked",
+    ),
+    (
+        "revoked human approves",
+        facts(Entry.APPROVE, actor=party("alice", token=TokenState.REVOKED)),
+        "forbidden",
+        "token:revoked",
+    ),
     # 2. role
     ("no role", facts(actor=party(role=None)), "not_found", None),
     ("reader writes", facts(actor=party(role=READER)), "not_found", "role:reader"),
@@ -75,61 +99,128 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
     ("target outside role", facts(actor=party(role=LAB)), "not_found", "role:lab"),
     ("target inside role", facts(actor=party(role=LAB), target="lab-1"), None, None),
     ("unknown target", facts(target="nope", target_known=False), "not_found", None),
-    ("bulk delete without delete_vm",
-     facts(actor=party(role=BULKER), tool="bulk_vm_action", reaches=(("delete_vm", Category.DESTRUCTIVE),)),
-     "forbidden", "role:bulker"),
-    ("bulk delete with delete_vm", facts(actor=party(role=ADMIN), tool="bulk_vm_action",
-                                         reaches=(("delete_vm", Category.DESTRUCTIVE),)), None, None),
-    ("confirm by another caller", facts(Entry.CONFIRM, actor=party("other")), "confirmation_invalid",
-     "caller:bound"),
-    ("cancel by another caller", facts(Entry.CANCEL, actor=party("other")), "confirmation_invalid",
-     "caller:bound"),
-    ("approve without the right", facts(Entry.APPROVE, actor=party("bob", role=READER)), "forbidden",
-     "approve:none"),
-    ("approve own with others", facts(Entry.APPROVE, actor=party("agent", role=OTHERS)), "forbidden",
-     "approve:others"),
+    (
+        "bulk delete without delete_vm",
+        facts(
+            actor=party(role=BULKER), tool="bulk_vm_action", reaches=(("delete_vm", Category.DESTRUCTIVE),)
+        ),
+        "forbidden",
+        "role:bulker",
+    ),
+    (
+        "bulk delete with delete_vm",
+        facts(actor=party(role=ADMIN), tool="bulk_vm_action", reaches=(("delete_vm", Category.DESTRUCTIVE),)),
+        None,
+        None,
+    ),
+    (
+        "confirm by another caller",
+        facts(Entry.CONFIRM, actor=party("other")),
+        "confirmation_invalid",
+        "caller:bound",
+    ),
+    (
+        "cancel by another caller",
+        facts(Entry.CANCEL, actor=party("other")),
+        "confirmation_invalid",
+        "caller:bound",
+    ),
+    (
+        "approve without the right",
+        facts(Entry.APPROVE, actor=party("bob", role=READER)),
+        "forbidden",
+        "approve:none",
+    ),
+    (
+        "approve own with others",
+        facts(Entry.APPROVE, actor=party("agent", role=OTHERS)),
+        "forbidden",
+        "approve:others",
+    ),
     ("approve another's with others", facts(Entry.APPROVE, actor=party("bob", role=OTHERS)), None, None),
     ("deny without the right", facts(Entry.DENY, actor=party("bob", role=READER)), "forbidden", None),
     # 2b. the proposer, now
-    ("confirm after revoke", facts(Entry.CONFIRM, actor=party(token=TokenState.REVOKED),
-                                   owner=party(token=TokenState.REVOKED)), "forbidden", "token:revoked"),
-    ("approve after proposer revoked", facts(Entry.APPROVE, actor=party("alice"),
-                                             owner=party(token=TokenState.REVOKED)), "forbidden", "token:revoked"),
-    ("approve after proposer demoted", facts(Entry.APPROVE, actor=party("alice"),
-                                             owner=party(role=READER)), "forbidden", "role:reader"),
-    ("approve after proposer's role vanished", facts(Entry.APPROVE, actor=party("alice"), owner=party(role=None)),
-     "forbidden", None),
-    ("deny after proposer revoked", facts(Entry.DENY, actor=party("alice"), owner=party(token=TokenState.REVOKED)),
-     None, None),
+    (
+        "confirm after revoke",
+        facts(Entry.CONFIRM, actor=party(token=TokenState.REVOKED), owner=party(token=TokenState.REVOKED)),
+        "forbidden",
+        "token:revoked",
+    ),
+    (
+        "approve after proposer revoked",
+        facts(Entry.APPROVE, actor=party("alice"), owner=party(token=TokenState.REVOKED)),
+        "forbidden",
+        "token:revoked",
+    ),
+    (
+        "approve after proposer demoted",
+        facts(Entry.APPROVE, actor=party("alice"), owner=party(role=READER)),
+        "forbidden",
+        "role:reader",
+    ),
+    (
+        "approve after proposer's role vanished",
+        facts(Entry.APPROVE, actor=party("alice"), owner=party(role=None)),
+        "forbidden",
+        None,
+    ),
+    (
+        "deny after proposer revoked",
+        facts(Entry.DENY, actor=party("alice"), owner=party(token=TokenState.REVOKED)),
+        None,
+        None,
+    ),
     # 3. policy
     ("strict destructive", facts(rules=STRICT), "policy_denied", None),
     ("protected VM", facts(affected=(PROTECTED,)), "policy_denied", "protected:appliances"),
-    ("read deny rule", facts(Entry.READ, actor=party("watcher", role=READER), **READ), "policy_denied",
-     "rule:no-reads-for-watcher"),
+    (
+        "read deny rule",
+        facts(Entry.READ, actor=party("watcher", role=READER), **READ),
+        "policy_denied",
+        "rule:no-reads-for-watcher",
+    ),
     ("read under broken rules", facts(Entry.READ, **READ, **BROKEN), None, "policy:error"),
     ("write under broken rules", facts(**BROKEN), "policy_denied", "policy:error"),
     ("agent confirms a gated call", facts(Entry.CONFIRM, rules=GATED), "approval_required", None),
     ("human approves a gated call", facts(Entry.APPROVE, actor=party("alice"), rules=GATED), None, None),
     ("confirm after rules turned strict", facts(Entry.CONFIRM, rules=STRICT), "policy_denied", None),
     ("cancel is never refused by policy", facts(Entry.CANCEL, rules=STRICT), None, None),
-    ("bulk object as delete_vm", facts(Entry.BULK_OBJECT, affected=(AffectedObject("vm", "db-1", "vm-3"),)),
-     "policy_denied", "rule:no-bulk-deletes-of-db"),
+    (
+        "bulk object as delete_vm",
+        facts(Entry.BULK_OBJECT, affected=(AffectedObject("vm", "db-1", "vm-3"),)),
+        "policy_denied",
+        "rule:no-bulk-deletes-of-db",
+    ),
     # 4. state, only after everything above
     ("powered on, allowed", facts(unmet=POWERED_ON), "invalid_state", "state"),
     ("powered on, protected", facts(affected=(PROTECTED,), unmet=POWERED_ON), "policy_denied", None),
     ("powered on, broken rules", facts(unmet=POWERED_ON, **BROKEN), "policy_denied", "policy:error"),
     ("powered on, role refused", facts(actor=party(role=READER), unmet=POWERED_ON), "not_found", None),
-    ("used proposal", facts(Entry.CONFIRM, proposal_problem=("confirmation_invalid", "already used")),
-     "confirmation_invalid", "proposal:state"),
-    ("expired proposal, revoked confirmer",
-     facts(Entry.CONFIRM, actor=party(token=TokenState.REVOKED),
-           proposal_problem=("confirmation_expired", "expired")), "forbidden", None),
+    (
+        "used proposal",
+        facts(Entry.CONFIRM, proposal_problem=("confirmation_invalid", "already used")),
+        "confirmation_invalid",
+        "proposal:state",
+    ),
+    (
+        "expired proposal, revoked confirmer",
+        facts(
+            Entry.CONFIRM,
+            actor=party(token=TokenState.REVOKED),
+            proposal_problem=("confirmation_expired", "expired"),
+        ),
+        "forbidden",
+        None,
+    ),
     # the gate before resolving: token and role only, then the proposal's own state
     ("gate lets a strict-policy call on to resolution", facts(rules=STRICT, resolved=False), None, "gate"),
     ("gate refuses the role", facts(actor=party(role=READER), resolved=False), "not_found", None),
-    ("gate answers a used proposal", facts(Entry.CONFIRM, resolved=False,
-                                           proposal_problem=("confirmation_invalid", "already used")),
-     "confirmation_invalid", None),
+    (
+        "gate answers a used proposal",
+        facts(Entry.CONFIRM, resolved=False, proposal_problem=("confirmation_invalid", "already used")),
+        "confirmation_invalid",
+        None,
+    ),
 ]
 
 
@@ -143,16 +234,20 @@ def test_authorize(f: Facts, code: str | None, rule: str | None) -> None:
 
 
 def test_a_denied_caller_never_hears_about_power_state() -> None:
-    for f in (facts(affected=(PROTECTED,), unmet=POWERED_ON), facts(unmet=POWERED_ON, **BROKEN),
-              facts(actor=party(role=READER), unmet=POWERED_ON)):
+    for f in (
+        facts(affected=(PROTECTED,), unmet=POWERED_ON),
+        facts(unmet=POWERED_ON, **BROKEN),
+        facts(actor=party(role=READER), unmet=POWERED_ON),
+    ):
         assert "power" not in authorize(f).reason.lower()
 
 
 def test_a_refusal_raises_its_typed_error_with_the_verdict() -> None:
     from gateway.errors import Forbidden
 
-    verdict = authorize(facts(actor=party(role=BULKER), tool="bulk_vm_action",
-                              reaches=(("delete_vm", Category.DESTRUCTIVE),)))
+    verdict = authorize(
+        facts(actor=party(role=BULKER), tool="bulk_vm_action", reaches=(("delete_vm", Category.DESTRUCTIVE),))
+    )
     with pytest.raises(Forbidden) as caught:
         verdict.raise_if_refused()
     assert caught.value.details["decision"]["rule"] == "role:bulker"

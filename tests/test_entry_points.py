@@ -43,20 +43,39 @@ POLICIES = {
     "broken": "defaults: [not, a, mapping\n",
 }
 ROLES: dict[str, dict[str, Any]] = {
-    "deleter": {"tools": "read", "allow_write": ["power_off_vm"], "allow_destructive": ["delete_vm"],
-                "targets": "*", "approve": "none"},
-    "bulker": {"tools": "read", "allow_write": [], "allow_destructive": ["bulk_vm_action"],
-               "targets": "*", "approve": "none"},
-    "lab": {"tools": "*", "allow_write": [], "allow_destructive": [], "targets": ["lab-*"], "approve": "none"},
+    "deleter": {
+        "tools": "read",
+        "allow_write": ["power_off_vm"],
+        "allow_destructive": ["delete_vm"],
+        "targets": "*",
+        "approve": "none",
+    },
+    "bulker": {
+        "tools": "read",
+        "allow_write": [],
+        "allow_destructive": ["bulk_vm_action"],
+        "targets": "*",
+        "approve": "none",
+    },
+    "lab": {
+        "tools": "*",
+        "allow_write": [],
+        "allow_destructive": [],
+        "targets": ["lab-*"],
+        "approve": "none",
+    },
 }
 # tool -> (category, risk, arguments without target, tools it reaches)
 TOOLS: dict[str, tuple[Category, Risk, dict[str, Any], tuple[tuple[str, Category], ...]]] = {
     "list_vms": (Category.READ, Risk.LOW, {}, ()),
     "power_off_vm": (Category.WRITE, Risk.HIGH, {"vm": VM0, "guest_timeout_seconds": 0}, ()),
     "delete_vm": (Category.DESTRUCTIVE, Risk.CRITICAL, {"vm": VM0, "force_power_off": True}, ()),
-    "bulk_vm_action": (Category.DESTRUCTIVE, Risk.CRITICAL,
-                       {"action": "delete_vm", "name_regex": VM0, "force_power_off": True},
-                       (("delete_vm", Category.DESTRUCTIVE),)),
+    "bulk_vm_action": (
+        Category.DESTRUCTIVE,
+        Risk.CRITICAL,
+        {"action": "delete_vm", "name_regex": VM0, "force_power_off": True},
+        (("delete_vm", Category.DESTRUCTIVE),),
+    ),
 }
 
 
@@ -76,8 +95,9 @@ class Rig:
 
     def token(self, role: str) -> Principal:
         self.serial += 1
-        _, rec = create_token(self.gw.store, f"t{self.serial}", role, expires_in=None, now=self.gw.clock(),
-                              hasher=FAST)
+        _, rec = create_token(
+            self.gw.store, f"t{self.serial}", role, expires_in=None, now=self.gw.clock(), hasher=FAST
+        )
         return Principal(name=rec.name, role=rec.role, token_id=rec.token_id, surface="https")
 
 
@@ -99,24 +119,50 @@ def role_of(name: str) -> Role:
     spec = ROLES[name]
     tools = spec["tools"] if isinstance(spec["tools"], str) else frozenset(spec["tools"])
     targets = spec["targets"] if spec["targets"] == "*" else tuple(spec["targets"])
-    return Role(name, tools, frozenset(spec["allow_write"]), frozenset(spec["allow_destructive"]), targets,
-                spec["approve"])
+    return Role(
+        name,
+        tools,
+        frozenset(spec["allow_write"]),
+        frozenset(spec["allow_destructive"]),
+        targets,
+        spec["approve"],
+    )
 
 
-def expected(entry: Entry, role: str, tool: str, target: str, policy: str, *, actor: str = "agent",
-             approver: Role | None = None, changes: tuple[tuple[str, Category], ...] = ()) -> Verdict:
+def expected(
+    entry: Entry,
+    role: str,
+    tool: str,
+    target: str,
+    policy: str,
+    *,
+    actor: str = "agent",
+    approver: Role | None = None,
+    changes: tuple[tuple[str, Category], ...] = (),
+) -> Verdict:
     category, risk, _, reaches = TOOLS[tool]
     rules, error = None, "broken"
     if policy != "broken":
         rules, error = parse_policy_text(POLICIES[policy], "rules.yaml"), None
     owner = Party("agent", TokenState.USABLE, role_of(role))
     acting = owner if approver is None else Party(actor, TokenState.USABLE, approver)
-    return authorize(Facts(
-        entry=entry, actor=acting, tool=tool, category=category, risk=risk, now=datetime.now(UTC),
-        target=target, target_known=target == "vc1", reaches=reaches, rules=rules, rules_error=error,
-        owner=owner if entry in (Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY) else None,
-        change_tools=changes,
-    ))
+    return authorize(
+        Facts(
+            entry=entry,
+            actor=acting,
+            tool=tool,
+            category=category,
+            risk=risk,
+            now=datetime.now(UTC),
+            target=target,
+            target_known=target == "vc1",
+            reaches=reaches,
+            rules=rules,
+            rules_error=error,
+            owner=owner if entry in (Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY) else None,
+            change_tools=changes,
+        )
+    )
 
 
 async def outcome(coro: Any) -> str | None:
@@ -127,8 +173,9 @@ async def outcome(coro: Any) -> str | None:
     return None
 
 
-CALLS = list(itertools.product(["admin", "reader", "deleter", "bulker", "lab"], TOOLS, ["vc1", "lab-x"],
-                               POLICIES))
+CALLS = list(
+    itertools.product(["admin", "reader", "deleter", "bulker", "lab"], TOOLS, ["vc1", "lab-x"], POLICIES)
+)
 
 
 async def test_every_call_reaches_the_decisions_verdict(rig: Rig) -> None:
@@ -138,15 +185,26 @@ async def test_every_call_reaches_the_decisions_verdict(rig: Rig) -> None:
         who = rig.token(role)
         args = {"target": target, **TOOLS[tool][2]}
         got = await outcome(rig.gw.call(who, tool, args))
-        want = expected(Entry.READ if TOOLS[tool][0] is Category.READ else Entry.WRITE, role, tool, target,
-                        policy, changes=rig.gw.change_tools)
+        want = expected(
+            Entry.READ if TOOLS[tool][0] is Category.READ else Entry.WRITE,
+            role,
+            tool,
+            target,
+            policy,
+            changes=rig.gw.change_tools,
+        )
         if got != want.code:
             mismatches.append((role, tool, target, policy, got, want.code, want.reason))
     assert mismatches == []
 
 
-PROPOSALS = list(itertools.product(["admin", "reader", "deleter", "bulker"], ["delete_vm", "bulk_vm_action"],
-                                   ["permissive", "strict", "gated", "broken"]))
+PROPOSALS = list(
+    itertools.product(
+        ["admin", "reader", "deleter", "bulker"],
+        ["delete_vm", "bulk_vm_action"],
+        ["permissive", "strict", "gated", "broken"],
+    )
+)
 
 
 async def test_every_proposal_entry_point_reaches_the_decisions_verdict(rig: Rig) -> None:
@@ -154,8 +212,9 @@ async def test_every_proposal_entry_point_reaches_the_decisions_verdict(rig: Rig
     change, and each entry point acts on it: the proposer's confirm and cancel, a human's approve, deny."""
     human = BUILTIN_ROLES["admin"]
     mismatches = []
-    for (role, tool, policy), entry in itertools.product(PROPOSALS, [Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE,
-                                                                      Entry.DENY]):
+    for (role, tool, policy), entry in itertools.product(
+        PROPOSALS, [Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY]
+    ):
         rig.rules("permissive")
         who = rig.token("admin")
         made = await rig.gw.call(who, tool, {"target": "vc1", **TOOLS[tool][2]})
@@ -163,23 +222,42 @@ async def test_every_proposal_entry_point_reaches_the_decisions_verdict(rig: Rig
         rig.rules(policy)
         now = Principal(name=who.name, role=role, token_id=who.token_id, surface="https")
         alice = Principal(name="alice", role="admin", surface="web")
-        acts = {
-            Entry.CONFIRM: lambda: rig.gw.call(now, "confirm_action", {"token": made["token"]}),
-            Entry.CANCEL: lambda: rig.gw.call(now, "cancel_action", {"token": made["token"]}),
-            Entry.APPROVE: lambda: rig.gw.approve(made["proposal_id"], alice),
-            Entry.DENY: lambda: _deny(rig.gw, made["proposal_id"], alice),
-        }
-        got = await outcome(acts[entry]())
+        if entry is Entry.CONFIRM:
+            act = rig.gw.call(now, "confirm_action", {"token": made["token"]})
+        elif entry is Entry.CANCEL:
+            act = rig.gw.call(now, "cancel_action", {"token": made["token"]})
+        elif entry is Entry.APPROVE:
+            act = rig.gw.approve(made["proposal_id"], alice)
+        else:
+            act = _deny(rig.gw, made["proposal_id"], alice)
+        got = await outcome(act)
         human_acts = entry in (Entry.APPROVE, Entry.DENY)
-        want = expected(entry, role, tool, "vc1", policy, actor="alice" if human_acts else "agent",
-                        approver=human if human_acts else None, changes=rig.gw.change_tools)
+        want = expected(
+            entry,
+            role,
+            tool,
+            "vc1",
+            policy,
+            actor="alice" if human_acts else "agent",
+            approver=human if human_acts else None,
+            changes=rig.gw.change_tools,
+        )
         if entry in (Entry.CONFIRM, Entry.CANCEL):
             # first the gate of the tool itself: the caller must hold confirm_action / cancel_action
             verb = rig.gw.registry.get("confirm_action" if entry is Entry.CONFIRM else "cancel_action")
             assert verb is not None
-            gate = authorize(Facts(entry=Entry.LOCAL, actor=Party("agent", TokenState.USABLE, role_of(role)),
-                                   tool=verb.name, category=verb.kind, risk=verb.risk, now=datetime.now(UTC),
-                                   change_tools=rig.gw.change_tools, resolved=False))
+            gate = authorize(
+                Facts(
+                    entry=Entry.LOCAL,
+                    actor=Party("agent", TokenState.USABLE, role_of(role)),
+                    tool=verb.name,
+                    category=verb.kind,
+                    risk=verb.risk,
+                    now=datetime.now(UTC),
+                    change_tools=rig.gw.change_tools,
+                    resolved=False,
+                )
+            )
             want = gate if not gate.allowed else want
         if got != want.code:
             mismatches.append((role, tool, policy, entry.value, got, want.code, want.reason))

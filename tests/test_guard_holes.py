@@ -6,12 +6,14 @@ Every test here was first run against the old pipeline and seen to fail (see the
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from test_pipeline import PERMISSIVE, VM0, VM1, Env, env  # noqa: F401  (env is a fixture)
+from simulator import MakeSimulator
+from test_pipeline import PERMISSIVE, VM0, VM1, Env
 
 from gateway.auth.tokens import Principal, create_token
 from gateway.errors import (
@@ -35,14 +37,29 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture
+async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
+    e = Env(tmp_path, make_simulator(vms=2))
+    yield e
+    for gw in e.gateways:
+        await gw.close()
+
+
 def write_roles(home: Path, roles: dict[str, Any]) -> None:
     (home / "roles.yaml").write_text(yaml.safe_dump({"roles": roles}))
     os.chmod(home / "roles.yaml", 0o600)
 
 
-def role(*, write: tuple[str, ...] = (), destructive: tuple[str, ...] = (), targets: Any = "*") -> dict[str, Any]:
-    return {"tools": "read", "allow_write": list(write), "allow_destructive": list(destructive),
-            "targets": targets, "approve": "none"}
+def role(
+    *, write: tuple[str, ...] = (), destructive: tuple[str, ...] = (), targets: Any = "*"
+) -> dict[str, Any]:
+    return {
+        "tools": "read",
+        "allow_write": list(write),
+        "allow_destructive": list(destructive),
+        "targets": targets,
+        "approve": "none",
+    }
 
 
 def token_principal(gw: Gateway, name: str, role_name: str) -> Principal:
@@ -59,9 +76,16 @@ async def test_bulk_delete_needs_delete_vm_in_the_role(env: Env) -> None:
     gw = env.build()
     bulker = token_principal(gw, "bulk-agent", "bulker")
     with pytest.raises(Forbidden, match="delete_vm"):
-        await gw.call(bulker, "bulk_vm_action",
-                      {"target": "vc1", "action": "delete_vm", "name_regex": "DC0_C0_RP0_VM.*",
-                       "force_power_off": True})
+        await gw.call(
+            bulker,
+            "bulk_vm_action",
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
+        )
     assert gw.store.list_proposals(["pending"]) == []
     (row,) = env.rows(phase="denied", tool="bulk_vm_action")
     assert "delete_vm" in row["decision"]["reason"]
@@ -71,8 +95,13 @@ async def test_bulk_delete_needs_delete_vm_in_the_role(env: Env) -> None:
 
 
 async def test_confirm_after_demotion_is_refused(env: Env) -> None:
-    write_roles(env.tmp, {"deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
-                          "writer": role(write=("power_off_vm",))})
+    write_roles(
+        env.tmp,
+        {
+            "deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+            "writer": role(write=("power_off_vm",)),
+        },
+    )
     gw = env.build()
     agent = token_principal(gw, "agent-d", "deleter")
     proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
@@ -85,8 +114,13 @@ async def test_confirm_after_demotion_is_refused(env: Env) -> None:
 
 
 async def test_approval_after_demotion_is_refused(env: Env) -> None:
-    write_roles(env.tmp, {"deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
-                          "writer": role(write=("power_off_vm",))})
+    write_roles(
+        env.tmp,
+        {
+            "deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+            "writer": role(write=("power_off_vm",)),
+        },
+    )
     gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
     agent = token_principal(gw, "agent-d", "deleter")
     proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
@@ -134,8 +168,16 @@ async def test_revoking_a_token_cancels_its_pending_proposals_audited(env: Env) 
 
 
 async def test_read_deny_rule_is_enforced(env: Env) -> None:
-    rules = {**PERMISSIVE, "rules": [{"name": "no-reads-for-watcher", "action": "deny",
-                                      "match": {"tools": ["read"], "callers": ["watcher"]}}]}
+    rules = {
+        **PERMISSIVE,
+        "rules": [
+            {
+                "name": "no-reads-for-watcher",
+                "action": "deny",
+                "match": {"tools": ["read"], "callers": ["watcher"]},
+            }
+        ],
+    }
     gw = env.build(rules=rules)
     watcher = Principal(name="watcher", role="reader", surface="test")
     with pytest.raises(PolicyDenied, match="no-reads-for-watcher"):

@@ -39,7 +39,8 @@ _STATE_ERRORS: Final[Mapping[str, tuple[type[GatewayError], str]]] = {
     "cancelled": (ConfirmationInvalid, f"this proposal was cancelled; {_FRESH}"),
     "denied": (ConfirmationInvalid, f"a human denied this proposal; if the change is still wanted, {_FRESH}"),
     "expired": (ConfirmationExpired, f"this proposal expired; {_FRESH}"),
-    "stale": (ConfirmationInvalid, f"the objects of this proposal changed in vSphere since it was made; {_FRESH}"),
+    "stale": (ConfirmationInvalid,
+              f"the objects of this proposal changed in vSphere since it was made; {_FRESH}"),
     "outcome_unknown": (ConfirmationInvalid, "this token was already used; whether the change finished is "
                         "unknown: check the objects and get_tasks before doing anything again"),
 }
@@ -75,7 +76,8 @@ def proposal_problem(p: Proposal, now: float) -> tuple[str, str] | None:
     ``gateway.guard.decision.authorize``, which takes this answer as its last fact.
     """
     if p.state != "pending":
-        kind, message = _STATE_ERRORS.get(p.state, (ConfirmationInvalid, f"this proposal is {p.state}; {_FRESH}"))
+        unknown = (ConfirmationInvalid, f"this proposal is {p.state}; {_FRESH}")
+        kind, message = _STATE_ERRORS.get(p.state, unknown)
         return kind.code, message
     if now >= p.expires_at:
         return ConfirmationExpired.code, f"this proposal expired {now - p.expires_at:.0f}s ago; {_FRESH}"

@@ -163,8 +163,9 @@ def _refuse(code: str, reason: str, rule: str, decision: Decision | None = None,
 PROPOSAL_TOOLS: Final = frozenset({"list_pending_actions", "confirm_action", "cancel_action"})
 
 
-def tool_permitted(role: Role, tool: str, category: Category,
-                   change_tools: tuple[tuple[str, Category], ...]) -> bool:
+def tool_permitted(
+    role: Role, tool: str, category: Category, change_tools: tuple[tuple[str, Category], ...]
+) -> bool:
     """Whether ``role`` holds ``tool`` (for tools/list and the gate alike)."""
     if tool in PROPOSAL_TOOLS:
         return any(role.permits_tool(name, kind) for name, kind in change_tools if name not in PROPOSAL_TOOLS)
@@ -189,8 +190,11 @@ def authorize(facts: Facts) -> Verdict:
 
 def _token(f: Facts) -> Verdict | None:
     if f.actor.token is not TokenState.USABLE:
-        return _refuse("forbidden", f"your token is {f.actor.token.value}; ask for a new one",
-                       f"token:{f.actor.token.value}")
+        return _refuse(
+            "forbidden",
+            f"your token is {f.actor.token.value}; ask for a new one",
+            f"token:{f.actor.token.value}",
+        )
     return None
 
 
@@ -215,16 +219,26 @@ def _role(f: Facts) -> Verdict | None:
         return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
     if f.entry in (Entry.CONFIRM, Entry.CANCEL):
         if f.owner is None or f.owner.name != f.actor.name:
-            return _refuse("confirmation_invalid",
-                           "this confirmation token is not valid for you; make a fresh proposal", "caller:bound")
+            return _refuse(
+                "confirmation_invalid",
+                "this confirmation token is not valid for you; make a fresh proposal",
+                "caller:bound",
+            )
         return None
     if f.entry in (Entry.APPROVE, Entry.DENY):
         if role.approve not in ("any", "others"):
-            return _refuse("forbidden", "your role may not approve actions; ask someone whose role has "
-                           "'approve: any' or 'approve: others'", f"approve:{role.approve}")
+            return _refuse(
+                "forbidden",
+                "your role may not approve actions; ask someone whose role has "
+                "'approve: any' or 'approve: others'",
+                f"approve:{role.approve}",
+            )
         if role.approve == "others" and f.owner is not None and f.owner.name == f.actor.name:
-            return _refuse("forbidden", "your role may approve only proposals made by others; ask another "
-                           "approver", "approve:others")
+            return _refuse(
+                "forbidden",
+                "your role may approve only proposals made by others; ask another approver",
+                "approve:others",
+            )
         if f.target is not None and not role.permits_target(f.target):
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
         return None
@@ -238,8 +252,12 @@ def _role(f: Facts) -> Verdict | None:
     if missing == "target":
         return _refuse("not_found", f"unknown target '{f.target}'", rule)
     if missing is not None:
-        return _refuse("forbidden", f"{f.tool} here runs {missing}, which your role '{role.name}' does not "
-                       f"hold; ask for a role with {missing}, or call a tool your role has", rule)
+        return _refuse(
+            "forbidden",
+            f"{f.tool} here runs {missing}, which your role '{role.name}' does not "
+            f"hold; ask for a role with {missing}, or call a tool your role has",
+            rule,
+        )
     return None
 
 
@@ -249,13 +267,21 @@ def _owner(f: Facts) -> Verdict | None:
         return None
     owner = f.owner
     if owner.token is not TokenState.USABLE:
-        return _refuse("forbidden", f"the token of {owner.name}, who proposed this, is {owner.token.value}; "
-                       "the proposal cannot run", f"token:{owner.token.value}", proposal_id=f.proposal_id)
+        return _refuse(
+            "forbidden",
+            f"the token of {owner.name}, who proposed this, is {owner.token.value}; the proposal cannot run",
+            f"token:{owner.token.value}",
+            proposal_id=f.proposal_id,
+        )
     if owner.role is None or _holds(owner.role, f) is not None:
         name = owner.role.name if owner.role else "a role that no longer exists"
-        return _refuse("forbidden", f"{owner.name}'s role is now {name}, which does not allow {f.tool} on "
-                       f"target '{f.target}'; the proposal cannot run", f"role:{name}",
-                       proposal_id=f.proposal_id)
+        return _refuse(
+            "forbidden",
+            f"{owner.name}'s role is now {name}, which does not allow {f.tool} on "
+            f"target '{f.target}'; the proposal cannot run",
+            f"role:{name}",
+            proposal_id=f.proposal_id,
+        )
     return None
 
 
@@ -266,40 +292,78 @@ def _policy(f: Facts) -> Verdict:
     if f.rules is None:
         why = f.rules_error or "the rules file cannot be used"
         if f.category is Category.READ:
-            return Verdict(True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error")
-        return _refuse("policy_denied", f"{why}; every write and destructive call is denied until it is "
-                       "fixed (`gateway policy show` lists the problems)", "policy:error")
-    call = CallFacts(tool=f.tool, category=f.category, risk=f.risk, target=f.target or "",
-                     target_tags=f.target_tags, affected=f.affected, caller=who.name,
-                     role=who.role.name if who.role else "-", override=f.override, object_count=f.object_count)
+            return Verdict(
+                True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error"
+            )
+        return _refuse(
+            "policy_denied",
+            f"{why}; every write and destructive call is denied until it is "
+            "fixed (`gateway policy show` lists the problems)",
+            "policy:error",
+        )
+    call = CallFacts(
+        tool=f.tool,
+        category=f.category,
+        risk=f.risk,
+        target=f.target or "",
+        target_tags=f.target_tags,
+        affected=f.affected,
+        caller=who.name,
+        role=who.role.name if who.role else "-",
+        override=f.override,
+        object_count=f.object_count,
+    )
     try:
         decision = evaluate(call, f.rules, f.now)
     except Exception:  # a bug in the engine denies, it never lets through
         if f.category is Category.READ:
             return Verdict(True, "the policy engine failed on this read; reads continue", "policy:error")
-        return _refuse("policy_denied", "the policy engine failed on this call (see the gateway log)",
-                       "policy:error")
+        return _refuse(
+            "policy_denied", "the policy engine failed on this call (see the gateway log)", "policy:error"
+        )
     if not decision.allowed:
         return _refuse("policy_denied", decision.reason, decision.rule or "policy", decision)
     if f.entry is Entry.CONFIRM and decision.require_approval:
-        return _refuse("approval_required",
-                       f"target '{f.target}' requires a human to approve this action: it waits in the approval "
-                       f"page (/ui) or for `gateway pending approve {f.proposal_id}`; it executes once approved, "
-                       "so do not confirm it again", decision.rule or "policy", decision,
-                       proposal_id=f.proposal_id)
-    return Verdict(True, decision.reason, decision.rule or "policy", None, decision,
-                   require_approval=decision.require_approval)
+        return _refuse(
+            "approval_required",
+            f"target '{f.target}' requires a human to approve this action: it waits in the approval "
+            f"page (/ui) or for `gateway pending approve {f.proposal_id}`; it executes once approved, "
+            "so do not confirm it again",
+            decision.rule or "policy",
+            decision,
+            proposal_id=f.proposal_id,
+        )
+    return Verdict(
+        True,
+        decision.reason,
+        decision.rule or "policy",
+        None,
+        decision,
+        require_approval=decision.require_approval,
+    )
 
 
 def _state(f: Facts, verdict: Verdict) -> Verdict | None:
     if f.proposal_problem is not None:
         code, message = f.proposal_problem
-        return replace(verdict, allowed=False, code=code, reason=message, rule="proposal:state",
-                       details={"proposal_id": f.proposal_id} if f.proposal_id else {})
+        return replace(
+            verdict,
+            allowed=False,
+            code=code,
+            reason=message,
+            rule="proposal:state",
+            details={"proposal_id": f.proposal_id} if f.proposal_id else {},
+        )
     if f.unmet:
         first = f.unmet[0]
-        return replace(verdict, allowed=False, code="invalid_state", reason=first.message, rule="state",
-                       details=dict(first.details))
+        return replace(
+            verdict,
+            allowed=False,
+            code="invalid_state",
+            reason=first.message,
+            rule="state",
+            details=dict(first.details),
+        )
     return None
 
 

@@ -34,13 +34,14 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 from gateway.auth.roles import Role, RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
@@ -99,8 +100,17 @@ STORE_DEADLINE_SECONDS: Final = 10.0
 MAX_WAITING_OUTCOMES: Final = 1000
 #: an argument value longer than this is cut in audit rows (with its size and digest)
 AUDIT_VALUE_CHARS: Final = 256
-_DENIAL_CODES = frozenset({"policy_denied", "forbidden", "rate_limited", "not_found", "approval_required",
-                           "confirmation_invalid", "confirmation_expired"})
+_DENIAL_CODES = frozenset(
+    {
+        "policy_denied",
+        "forbidden",
+        "rate_limited",
+        "not_found",
+        "approval_required",
+        "confirmation_invalid",
+        "confirmation_expired",
+    }
+)
 
 
 @dataclass
@@ -236,7 +246,12 @@ class Gateway:
             }
             actor = Principal(name="gateway", role="-", surface="server")
             moved = self.move_sync(
-                p, ["executing"], "outcome_unknown", actor=actor, outcome="outcome_unknown", error=error,
+                p,
+                ["executing"],
+                "outcome_unknown",
+                actor=actor,
+                outcome="outcome_unknown",
+                error=error,
                 reason=f"claimed by process {p.executor or 'unknown'}, which is gone",
             )
             if moved is not None:
@@ -274,8 +289,11 @@ class Gateway:
 
     @property
     def change_tools(self) -> tuple[tuple[str, Category], ...]:
-        return tuple((s.name, s.kind) for s in self.registry
-                     if s.kind is not Category.READ and s.name not in PROPOSAL_TOOLS)
+        return tuple(
+            (s.name, s.kind)
+            for s in self.registry
+            if s.kind is not Category.READ and s.name not in PROPOSAL_TOOLS
+        )
 
     def permits(self, role: Role, spec: ToolSpec) -> bool:
         return tool_permitted(role, spec.name, spec.kind, self.change_tools)
@@ -368,14 +386,22 @@ class Gateway:
         actor = await self.off_loop(self.party, principal)
         if spec is None:
             ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
-            await self._refused(ctx, args, NotFound(
-                f"unknown tool '{_cut(name)}'; call tools/list to see the tools available to you"))
+            await self._refused(
+                ctx,
+                args,
+                NotFound(f"unknown tool '{_cut(name)}'; call tools/list to see the tools available to you"),
+            )
         assert spec is not None
         ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", _target_label(args)
         try:
-            gate = self.facts(Entry.LOCAL if spec.target_mode == "none" else _entry(spec), actor, spec,
-                              args or {}, resolved=False)
+            gate = self.facts(
+                Entry.LOCAL if spec.target_mode == "none" else _entry(spec),
+                actor,
+                spec,
+                args or {},
+                resolved=False,
+            )
             await self._check(ctx, gate, args)
             try:
                 valid = spec.validate(args)
@@ -389,10 +415,13 @@ class Gateway:
             raise
         finally:
             label = target if target in self.targets or target == ALL else "unknown"
-            self.metrics.observe_call(spec.name if spec else "unknown", label or "-", outcome,
-                                      time.monotonic() - ctx.started)
+            self.metrics.observe_call(
+                spec.name if spec else "unknown", label or "-", outcome, time.monotonic() - ctx.started
+            )
 
-    async def _check(self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any) -> Verdict:
+    async def _check(
+        self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
+    ) -> Verdict:
         """``authorize`` and, on a refusal, its audited error (the one place a verdict is enforced)."""
         verdict = authorize(facts)
         if not verdict.allowed:
@@ -405,14 +434,26 @@ class Gateway:
 
     async def _refused(
         self, ctx: CallContext, args: Mapping[str, Any] | None, exc: GatewayError, **fields: Any
-    ) -> None:
+    ) -> NoReturn:
         """Audit a refused call (bounded arguments, the decision if any), then raise ``exc``."""
         fields.setdefault("target", _target_label(args))
-        phase = "denied" if exc.code in _DENIAL_CODES else "invalid" if exc.code == "invalid_argument" else "failed"
-        await self.record(ctx.row(
-            phase, args=_bounded(_redact_args(ctx.spec, args or {})), error_code=exc.code,
-            decision=exc.details.get("decision"), error=_cut(exc.message, 512), **fields,
-        ))
+        phase = (
+            "denied"
+            if exc.code in _DENIAL_CODES
+            else "invalid"
+            if exc.code == "invalid_argument"
+            else "failed"
+        )
+        await self.record(
+            ctx.row(
+                phase,
+                args=_bounded(_redact_args(ctx.spec, args or {})),
+                error_code=exc.code,
+                decision=exc.details.get("decision"),
+                error=_cut(exc.message, 512),
+                **fields,
+            )
+        )
         raise exc
 
     def _handler_for(
@@ -439,8 +480,9 @@ class Gateway:
         else:
             names = [ref] if isinstance(ref, str) else list(ref)
         for name in names:
-            await self._check(ctx, self.facts(Entry.READ, ctx.party, ctx.spec, args, target=name), args,
-                              target=name)
+            await self._check(
+                ctx, self.facts(Entry.READ, ctx.party, ctx.spec, args, target=name), args, target=name
+            )
             await self._rate_limit(ctx, args, name, Category.READ)
         return names
 
@@ -460,8 +502,10 @@ class Gateway:
                 result = await self.scheduler.fan_out(
                     names, lambda s: fn(s, args), deadline=self.settings.fanout_timeout_seconds
                 )
-                outcomes = {n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
-                            for n, r in result.items()}
+                outcomes = {
+                    n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
+                    for n, r in result.items()
+                }
             result = await asyncio.to_thread(clean, result)
         except GatewayError as exc:
             await self.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
@@ -470,7 +514,9 @@ class Gateway:
         await self.record(ctx.row("call", outcome=outcome, outcomes=outcomes, result=result, **row))
         return result  # type: ignore[no-any-return]
 
-    async def _rate_limit(self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category) -> None:
+    async def _rate_limit(
+        self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category
+    ) -> None:
         per_minute = self.policy.target_limits(target).rate_limit(kind)
         try:
             self.rate_limiter.check(target, kind, per_minute, time.monotonic())
@@ -503,8 +549,8 @@ class Gateway:
         ref = args["target"]
         if not isinstance(ref, str) or ref == ALL:
             reason = "a change needs exactly one explicit target; 'all' and lists are refused for writes"
-            decision = {"allowed": False, "reason": reason, "rule": "target:single"}
-            await self._refused(ctx, args, PolicyDenied(reason, decision=decision))
+            single = {"allowed": False, "reason": reason, "rule": "target:single"}
+            await self._refused(ctx, args, PolicyDenied(reason, decision=single))
         gate = self.facts(Entry.WRITE, ctx.party, spec, args, target=ref, resolved=False)
         await self._check(ctx, gate, args)
         target = self.targets[ref]
@@ -515,7 +561,9 @@ class Gateway:
             await self._refused(ctx, args, exc, target=target.name)
         await self._rate_limit(ctx, args, target.name, spec.kind)
         try:
-            plan = await self.scheduler.run(target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds)
+            plan = await self.scheduler.run(
+                target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds
+            )
         except GatewayError as exc:
             await self._refused(ctx, args, exc, target=target.name)
         verdict = await self._authorize_plan(ctx, Entry.WRITE, ctx.party, args, target, plan)
@@ -536,16 +584,27 @@ class Gateway:
         proposal: Proposal | None = None,
     ) -> Verdict:
         """The full decision on a resolved call, then on each object of a bulk call as the tool it runs."""
-        facts = self.facts(entry, actor, ctx.spec, args, target=target.name, plan=plan, owner=owner,
-                           proposal=proposal)
+        facts = self.facts(
+            entry, actor, ctx.spec, args, target=target.name, plan=plan, owner=owner, proposal=proposal
+        )
         verdict = await self._check(ctx, facts, args, proposal_id=proposal.id if proposal else None)
         for name in ctx.spec.reaches(args):
             reached = self.registry.get(name)
             if reached is None:
                 continue
             for obj in plan.affected:
-                one = replace(facts, entry=Entry.BULK_OBJECT, tool=name, category=reached.kind, risk=reached.risk,
-                              affected=(obj,), object_count=1, reaches=(), proposal_problem=None, unmet=())
+                one = replace(
+                    facts,
+                    entry=Entry.BULK_OBJECT,
+                    tool=name,
+                    category=reached.kind,
+                    risk=reached.risk,
+                    affected=(obj,),
+                    object_count=1,
+                    reaches=(),
+                    proposal_problem=None,
+                    unmet=(),
+                )
                 if entry in (Entry.CONFIRM, Entry.APPROVE) and owner is not None:
                     one = replace(one, actor=owner, owner=None)
                 await self._check(ctx, one, args, proposal_id=proposal.id if proposal else None)
@@ -640,8 +699,12 @@ class Gateway:
         spec = ctx.spec
         execute = spec.execute
         assert execute is not None
-        base = {"target": target.name, "args": _bounded(_redact_args(spec, args)), "decision": decision.to_dict(),
-                "proposal_id": proposal.id if proposal else None}
+        base = {
+            "target": target.name,
+            "args": _bounded(_redact_args(spec, args)),
+            "decision": decision.to_dict(),
+            "proposal_id": proposal.id if proposal else None,
+        }
         if decision.dry_run:
             would = {
                 "dry_run": True,
@@ -651,8 +714,14 @@ class Gateway:
             }
             await self.record(ctx.row("dry_run", outcome="ok", result=would, **base))
             if proposal is not None:
-                await self.move(proposal, ["executing"], "executed", actor=ctx.principal, outcome="ok",
-                                result={"dry_run": True})
+                await self.move(
+                    proposal,
+                    ["executing"],
+                    "executed",
+                    actor=ctx.principal,
+                    outcome="ok",
+                    result={"dry_run": True},
+                )
             return would
         params = dict(plan.params)
         params["auto_snapshot"] = decision.auto_snapshot and spec.snapshot_before
@@ -665,16 +734,37 @@ class Gateway:
         except GatewayError as exc:
             state = "outcome_unknown" if exc.code == "outcome_unknown" else "failed"
             if proposal is not None:
-                await self.move(proposal, ["executing"], state, actor=ctx.principal, outcome=exc.code,
-                                error=exc.to_wire(), reason=_cut(exc.message, 512))
+                await self.move(
+                    proposal,
+                    ["executing"],
+                    state,
+                    actor=ctx.principal,
+                    outcome=exc.code,
+                    error=exc.to_wire(),
+                    reason=_cut(exc.message, 512),
+                )
             else:
-                await self.record_outcome(ctx.row(state if state != "failed" else "failed", outcome=exc.code,
-                                                  error_code=exc.code, error=_cut(exc.message, 512), **base))
+                await self.record_outcome(
+                    ctx.row(
+                        state if state != "failed" else "failed",
+                        outcome=exc.code,
+                        error_code=exc.code,
+                        error=_cut(exc.message, 512),
+                        **base,
+                    )
+                )
             raise
         result = await asyncio.to_thread(clean, result)
         if proposal is not None:
-            await self.move(proposal, ["executing"], "executed", actor=ctx.principal, outcome="ok",
-                            result={"summary": proposal.plan_summary}, result_row=result)
+            await self.move(
+                proposal,
+                ["executing"],
+                "executed",
+                actor=ctx.principal,
+                outcome="ok",
+                result={"summary": proposal.plan_summary},
+                result_row=result,
+            )
         else:
             await self.record_outcome(ctx.row("executed", outcome="ok", result=result, **base))
         return result  # type: ignore[no-any-return]
@@ -701,15 +791,22 @@ class Gateway:
             if ctx.role.permits_target(p.target)
             and (p.caller == ctx.principal.name or ctx.role.approve != "none")
         ]
-        await self.record(ctx.row("call", outcome="ok", count=len(rows),
-                                  proposal_ids=[r["proposal_id"] for r in rows]))
+        await self.record(
+            ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
+        )
         return {"pending": rows, "count": len(rows)}
 
     async def _by_token(self, ctx: CallContext, args: dict[str, Any]) -> Proposal:
         proposal = await self.off_loop(self.store.proposal_by_token_hash, confirm.token_hash(args["token"]))
         if proposal is None:
-            await self._refused(ctx, {}, ConfirmationInvalid(
-                "this confirmation token is unknown, already used, cancelled or denied; make a fresh proposal"))
+            await self._refused(
+                ctx,
+                {},
+                ConfirmationInvalid(
+                    "this confirmation token is unknown, already used, cancelled or denied; "
+                    "make a fresh proposal"
+                ),
+            )
         assert proposal is not None
         return proposal
 
@@ -717,21 +814,37 @@ class Gateway:
         self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
     ) -> dict[str, Any]:
         proposal = await self._by_token(ctx, args)
-        return await self.execute_proposal(proposal, ctx.principal, progress=progress,
-                                           correlation_id=ctx.correlation_id, client=ctx.client)
+        return await self.execute_proposal(
+            proposal, ctx.principal, progress=progress, correlation_id=ctx.correlation_id, client=ctx.client
+        )
 
     async def _cancel(
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
     ) -> dict[str, Any]:
         proposal = await self._by_token(ctx, args)
         spec = self.registry.get(proposal.tool) or ctx.spec
-        facts = self.facts(Entry.CANCEL, ctx.party, spec, proposal.args, target=proposal.target,
-                           owner=await self.off_loop(self.owner, proposal), proposal=proposal)
-        facts = replace(facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem)
+        facts = self.facts(
+            Entry.CANCEL,
+            ctx.party,
+            spec,
+            proposal.args,
+            target=proposal.target,
+            owner=await self.off_loop(self.owner, proposal),
+            proposal=proposal,
+        )
+        facts = replace(
+            facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem
+        )
         await self._check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
-        moved = await self.move(proposal, OPEN_STATES, "cancelled", actor=ctx.principal,
-                                correlation_id=ctx.correlation_id, decided_at=self.clock(),
-                                reason="cancelled by its caller")
+        moved = await self.move(
+            proposal,
+            OPEN_STATES,
+            "cancelled",
+            actor=ctx.principal,
+            correlation_id=ctx.correlation_id,
+            decided_at=self.clock(),
+            reason="cancelled by its caller",
+        )
         if moved is None:
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
@@ -754,17 +867,39 @@ class Gateway:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         spec = self.registry.get(proposal.tool) or _unknown_tool(proposal.tool)
         actor = self.party(human)
-        facts = self.facts(Entry.DENY, actor, spec, proposal.args, target=proposal.target,
-                           owner=self.owner(proposal), proposal=proposal)
+        facts = self.facts(
+            Entry.DENY,
+            actor,
+            spec,
+            proposal.args,
+            target=proposal.target,
+            owner=self.owner(proposal),
+            proposal=proposal,
+        )
         verdict = authorize(facts)
         if not verdict.allowed:
             ctx = CallContext(human, actor, spec, correlation_id)
-            row = ctx.row("denied", target=proposal.target, proposal_id=proposal.id, requested_by=proposal.caller,
-                          decision=verdict.to_dict(), error_code=verdict.code, via="deny")
+            row = ctx.row(
+                "denied",
+                target=proposal.target,
+                proposal_id=proposal.id,
+                requested_by=proposal.caller,
+                decision=verdict.to_dict(),
+                error_code=verdict.code,
+                via="deny",
+            )
             self._write_row(row)
             verdict.raise_if_refused()
-        moved = self.move_sync(proposal, ["pending"], "denied", actor=human, correlation_id=correlation_id,
-                               approved_by=human.name, decided_at=self.clock(), reason=f"denied by {human.name}")
+        moved = self.move_sync(
+            proposal,
+            ["pending"],
+            "denied",
+            actor=human,
+            correlation_id=correlation_id,
+            approved_by=human.name,
+            decided_at=self.clock(),
+            reason=f"denied by {human.name}",
+        )
         if moved is None:
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
@@ -777,15 +912,29 @@ class Gateway:
         (``AuditUnavailable`` is raised after it): revoking only narrows access."""
         rec = self.store.update_token(name, revoked=True)
         cancelled = self.cancel_proposals_of(name, by=by, reason="token revoked")
-        self._write_row({"phase": "token_revoked", "caller": by.name, "surface": by.surface, "token_name": rec.name,
-                         "token_id": rec.token_id, "role": rec.role, "cancelled_proposals": cancelled})
+        self._write_row(
+            {
+                "phase": "token_revoked",
+                "caller": by.name,
+                "surface": by.surface,
+                "token_name": rec.name,
+                "token_id": rec.token_id,
+                "role": rec.role,
+                "cancelled_proposals": cancelled,
+            }
+        )
         return cancelled
 
     def cancel_proposals_of(self, caller: str, *, by: Principal, reason: str) -> list[str]:
         cancelled = []
         for p in self.store.list_proposals(list(OPEN_STATES), limit=10_000):
-            if p.caller == caller and self.move_sync(p, OPEN_STATES, "cancelled", actor=by,
-                                                     decided_at=self.clock(), reason=reason) is not None:
+            if (
+                p.caller == caller
+                and self.move_sync(
+                    p, OPEN_STATES, "cancelled", actor=by, decided_at=self.clock(), reason=reason
+                )
+                is not None
+            ):
                 cancelled.append(p.id)
         return cancelled
 
@@ -800,10 +949,12 @@ class Gateway:
         cancelled = []
         for p in self.store.list_proposals(list(OPEN_STATES), limit=10_000):
             state = self.owner(p).token
-            if state in (TokenState.REVOKED, TokenState.EXPIRED):
-                if self.move_sync(p, OPEN_STATES, "cancelled", actor=actor, decided_at=self.clock(),
-                                  reason=f"token {state.value}") is not None:
-                    cancelled.append(p.id)
+            if state not in (TokenState.REVOKED, TokenState.EXPIRED):
+                continue
+            reason = f"token {state.value}"
+            now = self.clock()
+            if self.move_sync(p, OPEN_STATES, "cancelled", actor=actor, decided_at=now, reason=reason):
+                cancelled.append(p.id)
         return cancelled
 
     async def execute_proposal(
@@ -820,24 +971,50 @@ class Gateway:
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
         party = await self.off_loop(self.party, actor)
-        ctx = CallContext(actor, party, spec or _unknown_tool(proposal.tool),
-                          correlation_id or proposal.correlation_id, client)
+        ctx = CallContext(
+            actor,
+            party,
+            spec or _unknown_tool(proposal.tool),
+            correlation_id or proposal.correlation_id,
+            client,
+        )
         if spec is None or target is None or spec.plan is None:
-            await self._refused(ctx, {}, ConfirmationInvalid(
-                f"proposal {proposal.id} names a tool or target this server no longer has"),
-                proposal_id=proposal.id, target=proposal.target)
+            await self._refused(
+                ctx,
+                {},
+                ConfirmationInvalid(
+                    f"proposal {proposal.id} names a tool or target this server no longer has"
+                ),
+                proposal_id=proposal.id,
+                target=proposal.target,
+            )
         assert spec is not None and target is not None and spec.plan is not None
         entry = Entry.APPROVE if approved else Entry.CONFIRM
         owner = await self.off_loop(self.owner, proposal)
-        gate = self.facts(entry, party, spec, proposal.args, target=target.name, owner=owner, proposal=proposal,
-                          resolved=False)
+        gate = self.facts(
+            entry,
+            party,
+            spec,
+            proposal.args,
+            target=target.name,
+            owner=owner,
+            proposal=proposal,
+            resolved=False,
+        )
         await self._check(ctx, gate, {}, proposal_id=proposal.id)
         plan = await self._replan(ctx, target, spec.plan, proposal)
         verdict = await self._authorize_plan(ctx, entry, party, proposal.args, target, plan, owner, proposal)
         decision = self._decision(verdict, target)
         if approved:
-            proposal = await self.move(proposal, ["pending"], "approved", actor=actor, correlation_id=ctx.correlation_id,
-                                       approved_by=actor.name, decided_at=self.clock()) or _raced(proposal)
+            proposal = await self.move(
+                proposal,
+                ["pending"],
+                "approved",
+                actor=actor,
+                correlation_id=ctx.correlation_id,
+                approved_by=actor.name,
+                decided_at=self.clock(),
+            ) or _raced(proposal)
         claimed = await self.claim(ctx, proposal, decision)
         result = await self._execute(ctx, target, plan, decision, proposal.args, progress, proposal=claimed)
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
@@ -848,21 +1025,42 @@ class Gateway:
         refused and the proposal stays as it was."""
         instance = await asyncio.to_thread(self.instance.acquire)
         row = self._transition_row(
-            proposal, "executing", actor=ctx.principal, correlation_id=ctx.correlation_id, executor=instance,
-            args=_bounded(_redact_args(ctx.spec, proposal.args)), decision=decision.to_dict(),
+            proposal,
+            "executing",
+            actor=ctx.principal,
+            correlation_id=ctx.correlation_id,
+            executor=instance,
+            args=_bounded(_redact_args(ctx.spec, proposal.args)),
+            decision=decision.to_dict(),
         )
         await self.intent(row)
-        claimed = await self.move(proposal, ["pending", "approved"], "executing", actor=ctx.principal,
-                                  audited=True, decided_at=self.clock(), executor=instance)
+        claimed = await self.move(
+            proposal,
+            ["pending", "approved"],
+            "executing",
+            actor=ctx.principal,
+            audited=True,
+            decided_at=self.clock(),
+            executor=instance,
+        )
         if claimed is None:
-            await self.record_outcome({**row, "phase": "claim_lost",
-                                       "reason": "another caller moved the proposal first; nothing was sent"})
+            await self.record_outcome(
+                {
+                    **row,
+                    "phase": "claim_lost",
+                    "reason": "another caller moved the proposal first; nothing was sent",
+                }
+            )
             _raced(proposal)
         assert claimed is not None
         return claimed
 
     async def _replan(
-        self, ctx: CallContext, target: Target, plan_fn: Callable[[Any, Mapping[str, Any]], Plan], proposal: Proposal
+        self,
+        ctx: CallContext,
+        target: Target,
+        plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
+        proposal: Proposal,
     ) -> Plan:
         """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
         try:
@@ -873,10 +1071,19 @@ class Gateway:
         except (NotFound, Ambiguous, Stale) as exc:
             error = Stale(
                 f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
-                "proposal and check it again", proposal_id=proposal.id
+                "proposal and check it again",
+                proposal_id=proposal.id,
             )
-            await self.move(proposal, OPEN_STATES, "stale", actor=ctx.principal, outcome="stale",
-                            error=error.to_wire(), decided_at=self.clock(), reason=_cut(exc.message, 512))
+            await self.move(
+                proposal,
+                OPEN_STATES,
+                "stale",
+                actor=ctx.principal,
+                outcome="stale",
+                error=error.to_wire(),
+                decided_at=self.clock(),
+                reason=_cut(exc.message, 512),
+            )
             raise error from exc
         return plan
 
@@ -885,8 +1092,15 @@ class Gateway:
         now = self.clock()
         actor = Principal(name="gateway", role="-", surface="server")
         for p in self.store.list_proposals(list(OPEN_STATES), limit=1000, due_before=now):
-            self.move_sync(p, OPEN_STATES, "expired", actor=actor, decided_at=now, outcome="expired",
-                           reason="its time ran out")
+            self.move_sync(
+                p,
+                OPEN_STATES,
+                "expired",
+                actor=actor,
+                decided_at=now,
+                outcome="expired",
+                reason="its time ran out",
+            )
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -901,9 +1115,17 @@ class Gateway:
 
     # ----------------------------------------------------------------- moves
     async def move(
-        self, proposal: Proposal, from_states: Sequence[str], to_state: str, *, actor: Principal,
-        correlation_id: str | None = None, reason: str | None = None, result_row: Any = None,
-        audited: bool = False, **fields: Any,
+        self,
+        proposal: Proposal,
+        from_states: Sequence[str],
+        to_state: str,
+        *,
+        actor: Principal,
+        correlation_id: str | None = None,
+        reason: str | None = None,
+        result_row: Any = None,
+        audited: bool = False,
+        **fields: Any,
     ) -> Proposal | None:
         """``move_sync`` for the event loop: the compare-and-set in a worker thread with a deadline; the
         row through ``record_outcome`` (never blocks the caller: a row the audit cannot take waits)."""
@@ -912,15 +1134,30 @@ class Gateway:
             return None
         after = replace(proposal, state=to_state, **fields)
         if not audited:
-            await self.record_outcome(self._transition_row(
-                proposal, to_state, actor=actor, correlation_id=correlation_id, reason=reason,
-                shown=result_row, **fields))
+            await self.record_outcome(
+                self._transition_row(
+                    proposal,
+                    to_state,
+                    actor=actor,
+                    correlation_id=correlation_id,
+                    reason=reason,
+                    shown=result_row,
+                    **fields,
+                )
+            )
         self._notify(to_state, after)
         return after
 
     def move_sync(
-        self, proposal: Proposal, from_states: Sequence[str], to_state: str, *, actor: Principal,
-        correlation_id: str | None = None, reason: str | None = None, **fields: Any,
+        self,
+        proposal: Proposal,
+        from_states: Sequence[str],
+        to_state: str,
+        *,
+        actor: Principal,
+        correlation_id: str | None = None,
+        reason: str | None = None,
+        **fields: Any,
     ) -> Proposal | None:
         """THE way a proposal changes state: the lifecycle edge by the store's compare-and-set (the store
         refuses any move outside guard/lifecycle.py), its audit row, then the lifecycle listeners. None
@@ -930,14 +1167,26 @@ class Gateway:
         if not self.store.transition(proposal.id, from_states, to_state, **fields):
             return None
         after = replace(proposal, state=to_state, **fields)
-        self._write_or_wait(self._transition_row(proposal, to_state, actor=actor, correlation_id=correlation_id,
-                                                 reason=reason, **fields))
+        self._write_or_wait(
+            self._transition_row(
+                proposal, to_state, actor=actor, correlation_id=correlation_id, reason=reason, **fields
+            )
+        )
         self._notify(to_state, after)
         return after
 
     def _transition_row(
-        self, proposal: Proposal, to_state: str, *, actor: Principal, correlation_id: str | None = None,
-        reason: str | None = None, shown: Any = None, args: Any = None, decision: Any = None, **fields: Any,
+        self,
+        proposal: Proposal,
+        to_state: str,
+        *,
+        actor: Principal,
+        correlation_id: str | None = None,
+        reason: str | None = None,
+        shown: Any = None,
+        args: Any = None,
+        decision: Any = None,
+        **fields: Any,
     ) -> dict[str, Any]:
         """The audit row of one move (``shown``: the result the caller was given, if any)."""
         spec = self.registry.get(proposal.tool)
@@ -975,8 +1224,10 @@ class Gateway:
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), STORE_DEADLINE_SECONDS)
         except TimeoutError:
-            raise StateUnavailable(f"the state store or audit did not answer within {STORE_DEADLINE_SECONDS:g}s; "
-                                   "nothing was changed by this call; retry, and see the gateway log") from None
+            raise StateUnavailable(
+                f"the state store or audit did not answer within {STORE_DEADLINE_SECONDS:g}s; "
+                "nothing was changed by this call; retry, and see the gateway log"
+            ) from None
 
     async def record(self, row: Mapping[str, Any]) -> None:
         """Append one audit row (every async audit write comes here): in a worker thread, within a
@@ -985,7 +1236,8 @@ class Gateway:
             await asyncio.wait_for(asyncio.to_thread(self._write_row, row), AUDIT_DEADLINE_SECONDS)
         except TimeoutError:
             raise AuditUnavailable(
-                f"audit log {self.settings.audit_log} did not take the row within {AUDIT_DEADLINE_SECONDS:g}s "
+                f"audit log {self.settings.audit_log} did not take the row within "
+                f"{AUDIT_DEADLINE_SECONDS:g}s "
                 "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
             ) from None
 
@@ -994,13 +1246,21 @@ class Gateway:
         refused (``AuditUnavailable``), and a ``refused`` row waits to say so once the audit is back.
         While ``MAX_WAITING_OUTCOMES`` rows already wait, every new change is refused."""
         if len(self._waiting) >= MAX_WAITING_OUTCOMES:
-            raise AuditUnavailable(f"{len(self._waiting)} audit rows of finished changes wait for the audit log "
-                                   f"{self.settings.audit_log}; no new change runs until it takes them")
+            raise AuditUnavailable(
+                f"{len(self._waiting)} audit rows of finished changes wait for the audit log "
+                f"{self.settings.audit_log}; no new change runs until it takes them"
+            )
         try:
             await self.record(row)
         except AuditUnavailable as exc:
-            self._wait({**row, "phase": "refused", "error_code": exc.code,
-                        "reason": "the intent row could not be written; nothing was sent to vSphere"})
+            self._wait(
+                {
+                    **row,
+                    "phase": "refused",
+                    "error_code": exc.code,
+                    "reason": "the intent row could not be written; nothing was sent to vSphere",
+                }
+            )
             raise
 
     async def record_outcome(self, row: Mapping[str, Any]) -> None:
@@ -1012,8 +1272,9 @@ class Gateway:
         try:
             await self.record(row)
         except AuditUnavailable:
-            log.error("audit row of a finished change (%s) waits until the audit log is writable",
-                      row.get("phase"))
+            log.error(
+                "audit row of a finished change (%s) waits until the audit log is writable", row.get("phase")
+            )
             self._wait(row)
 
     def _write_or_wait(self, row: Mapping[str, Any]) -> None:
@@ -1084,7 +1345,7 @@ def _bounded(value: Any, depth: int = 0) -> Any:
             return value
         digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
         return {"cut": value[:64], "chars": len(value), "sha256": digest}
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     if depth > 4:
         return {"cut": True, "sha256": hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()}

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.store.base import PROPOSAL_STATES, TRANSITION_FIELDS, Proposal, StateStore, TokenRecord, check_edge
+from gateway.store.base import (
+    PROPOSAL_STATES,
+    TRANSITION_FIELDS,
+    Proposal,
+    StateStore,
+    TokenRecord,
+    check_edge,
+)
 
 __all__ = ["Proposal", "SqliteStore", "TokenRecord", "secure_directory"]
 
