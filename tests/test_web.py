@@ -589,7 +589,7 @@ async def test_a_denial_is_audited_with_the_human_and_the_agent_is_told(served: 
     rows = [r for r in served.audit_rows() if r.get("proposal_id") == proposal["proposal_id"]
             and r.get("phase") == "denied" and r.get("surface") == "web"]
     decisions = [(r["caller"], r["role"]) for r in rows if r["decision"]["rule"] == "human"]
-    refusals = [r["error_code"] for r in rows if r["decision"]["rule"].startswith("approve:")]
+    refusals = [r["error_code"] for r in rows if r["decision"]["rule"] == "proposal:state"]
     assert decisions == [("alice", "admin")] and refusals == ["confirmation_invalid"]
     assert "DC0_C0_RP0_VM0" in served.sims["lab"].vm_names()
 

@@ -899,6 +899,7 @@ class Gateway:
             approved_by=human.name,
             decided_at=self.clock(),
             reason=f"denied by {human.name}",
+            decision={"allowed": False, "reason": f"denied by {human.name}", "rule": "human"},
         )
         if moved is None:
             raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
@@ -1164,12 +1165,13 @@ class Gateway:
         if another caller moved it first. A row the audit cannot take now waits in memory (the server
         reports unready) and is appended once it can be. (``move`` is the same for the event loop; the
         ``executing`` claim writes its row first, as the intent: see ``claim``.)"""
+        shown = {k: fields.pop(k) for k in ("decision", "args") if k in fields}
         if not self.store.transition(proposal.id, from_states, to_state, **fields):
             return None
         after = replace(proposal, state=to_state, **fields)
         self._write_or_wait(
             self._transition_row(
-                proposal, to_state, actor=actor, correlation_id=correlation_id, reason=reason, **fields
+                proposal, to_state, actor=actor, correlation_id=correlation_id, reason=reason, **shown, **fields
             )
         )
         self._notify(to_state, after)
