@@ -156,3 +156,52 @@ async def test_a_fan_out_records_each_targets_outcome(env: Env) -> None:
     await gw.call(ADMIN, "list_vms", {"target": "all"})
     (row,) = env.rows(tool="list_vms")
     assert row["outcomes"] == {"vc1": "ok"} and row["outcome"] == "ok"
+
+
+# ---------------------------------------------------------------- a held audit lock never stalls the server
+
+
+async def test_a_held_audit_lock_refuses_changes_while_health_answers(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    import fcntl
+
+    from httpserver import mcp_client, serve
+    from test_server_http import real_gateway
+
+    sim = make_simulator(vms=2)
+    gw = real_gateway(sim, tmp_path)
+    (tmp_path / "home" / "rules.yaml").write_text("defaults: {write: allow}\n")
+    served = serve(tmp_path, gw)
+    try:
+        async with mcp_client(served, served.tokens["alice"], "legacy") as client:
+            assert not (await client.call_tool("list_targets", {})).is_error  # the log and its lock exist
+            lock = os.open(f"{gw.settings.audit_log}.lock", os.O_RDWR)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process holds the audit lock
+            try:
+                async with anyio.create_task_group() as tg:
+                    answer: dict[str, Any] = {}
+
+                    async def change() -> None:
+                        answer["result"] = await client.call_tool("power_off_vm", OFF)
+
+                    tg.start_soon(change)
+                    async with served.http() as http:
+                        health = await http.get("/healthz")
+                    assert health.status_code == 200, "health answers while the audit lock is held"
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                os.close(lock)
+        result = answer["result"]
+        assert result.is_error and "audit_unavailable" in result.content[0].text
+        assert sim_power(sim) == "poweredOn", "nothing reached vSphere"
+    finally:
+        served.stop()
+        await gw.close()
+
+
+def sim_power(sim: Any) -> str:
+    from simulator import find_vm, pyvmomi_connect, read_properties
+
+    si = pyvmomi_connect(sim)
+    return str(read_properties(si, find_vm(si, VM0), "runtime.powerState")["runtime.powerState"])
