@@ -39,8 +39,10 @@ def anyio_backend() -> str:
 
 def started(command: Command) -> str:
     found = wait_until(
-        lambda: command.process.poll() is not None
-        or re.search(r"running on https://127\.0\.0\.1:(\d+)", command.output()),
+        lambda: (
+            command.process.poll() is not None
+            or re.search(r"running on https://127\.0\.0\.1:(\d+)", command.output())
+        ),
         timeout=60,
         what="gateway serve to listen",
     )
@@ -54,7 +56,10 @@ async def call(base: str, token: str, cafile: Path, tool: str, args: dict[str, A
         timeout=60,
         verify=ssl.create_default_context(cafile=str(cafile)),
     )
-    async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http), mode="legacy") as client:
+    async with (
+        http,
+        Client(streamable_http_client(f"{base}/mcp", http_client=http), mode="legacy") as client,
+    ):
         result = await client.call_tool(tool, args)
     return result
 
@@ -75,22 +80,35 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
     )
     (home / "rules.yaml").write_text(yaml.safe_dump({"defaults": {"destructive": "allow"}}))
     with SqliteStore(home / "state.db") as store:
-        token, _ = create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+        token, _ = create_token(
+            store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH
+        )
     cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
     first = run_serve(tmp_path, env, *https_argv(cert))
     try:
         base = started(first)
-        made = await call(base, token, cert.cert, "delete_vm", {"target": "vc1", "vm": VM, "force_power_off": True})
+        made = await call(
+            base,
+            token,
+            cert.cert,
+            "delete_vm",
+            {"target": "vc1", "vm": VM, "force_power_off": True},
+        )
         proposal = made.structured_content
         assert proposal["state"] == "pending", made.content
         sim.control("/slow-task", {"method": "Destroy_Task", "seconds": 30, "count": 1})
         log = home / "audit.jsonl"
 
         def claimed() -> bool:
-            return any(r.get("proposal_id") == proposal["proposal_id"] for r in read_rows(log, phase="executing"))
+            return any(
+                r.get("proposal_id") == proposal["proposal_id"]
+                for r in read_rows(log, phase="executing")
+            )
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(call, base, token, cert.cert, "confirm_action", {"token": proposal["token"]})
+            tg.start_soon(
+                call, base, token, cert.cert, "confirm_action", {"token": proposal["token"]}
+            )
             with anyio.fail_after(60):
                 while not claimed():
                     await anyio.sleep(0.05)
@@ -103,7 +121,9 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
             first.process.wait(30)
     with SqliteStore(home / "state.db") as store:
         left = store.get_proposal(proposal["proposal_id"])
-    assert left is not None and left.state == "executing" and left.executor, "the dead process's claim"
+    assert left is not None and left.state == "executing" and left.executor, (
+        "the dead process's claim"
+    )
 
     second = run_serve(tmp_path, env, *https_argv(cert))
     try:
@@ -111,12 +131,20 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
         with SqliteStore(home / "state.db") as store:
             settled = store.get_proposal(proposal["proposal_id"])
         assert settled is not None and settled.state == "outcome_unknown", "settled before serving"
-        (row,) = [r for r in read_rows(log, phase="outcome_unknown") if r["proposal_id"] == proposal["proposal_id"]]
+        (row,) = [
+            r
+            for r in read_rows(log, phase="outcome_unknown")
+            if r["proposal_id"] == proposal["proposal_id"]
+        ]
         assert left.executor in row["reason"] and row["caller"] == "gateway"
         again = await call(base, token, cert.cert, "confirm_action", {"token": proposal["token"]})
         assert again.is_error
         assert json.loads(again.content[0].text)["error"]["code"] == "confirmation_invalid"
-        executing = [r for r in read_rows(log, phase="executing") if r.get("proposal_id") == proposal["proposal_id"]]
+        executing = [
+            r
+            for r in read_rows(log, phase="executing")
+            if r.get("proposal_id") == proposal["proposal_id"]
+        ]
         assert len(executing) == 1, "claimed once, never executed twice"
     finally:
         code = second.stop()

@@ -207,7 +207,9 @@ class Gateway:
             settings,
             targets,
             registry,
-            scheduler=Scheduler(targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds),
+            scheduler=Scheduler(
+                targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds
+            ),
             store=SqliteStore(settings.state_db),
             audit=audit,
             policy=PolicyStore(settings.rules_file),
@@ -480,13 +482,14 @@ class Gateway:
         else:
             names = [ref] if isinstance(ref, str) else list(ref)
         for name in names:
-            await self._check(
-                ctx, self.facts(Entry.READ, ctx.party, ctx.spec, args, target=name), args, target=name
-            )
+            facts = await self.off_loop(self.facts, Entry.READ, ctx.party, ctx.spec, args, target=name)
+            await self._check(ctx, facts, args, target=name)
             await self._rate_limit(ctx, args, name, Category.READ)
         return names
 
-    async def _read(self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+    async def _read(
+        self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
+    ) -> dict[str, Any]:
         assert ctx.spec.read is not None
         fn, ref = ctx.spec.read, args["target"]
         names = await self._read_targets(ctx, args)
@@ -517,7 +520,7 @@ class Gateway:
     async def _rate_limit(
         self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category
     ) -> None:
-        per_minute = self.policy.target_limits(target).rate_limit(kind)
+        per_minute = (await self.off_loop(self.policy.target_limits, target)).rate_limit(kind)
         try:
             self.rate_limiter.check(target, kind, per_minute, time.monotonic())
         except RateLimited as exc:
@@ -584,8 +587,16 @@ class Gateway:
         proposal: Proposal | None = None,
     ) -> Verdict:
         """The full decision on a resolved call, then on each object of a bulk call as the tool it runs."""
-        facts = self.facts(
-            entry, actor, ctx.spec, args, target=target.name, plan=plan, owner=owner, proposal=proposal
+        facts = await self.off_loop(
+            self.facts,
+            entry,
+            actor,
+            ctx.spec,
+            args,
+            target=target.name,
+            plan=plan,
+            owner=owner,
+            proposal=proposal,
         )
         verdict = await self._check(ctx, facts, args, proposal_id=proposal.id if proposal else None)
         for name in ctx.spec.reaches(args):
@@ -823,14 +834,16 @@ class Gateway:
     ) -> dict[str, Any]:
         proposal = await self._by_token(ctx, args)
         spec = self.registry.get(proposal.tool) or ctx.spec
+        owner = await self.off_loop(self.owner, proposal)
         facts = self.facts(
             Entry.CANCEL,
             ctx.party,
             spec,
             proposal.args,
             target=proposal.target,
-            owner=await self.off_loop(self.owner, proposal),
+            owner=owner,
             proposal=proposal,
+            resolved=False,
         )
         facts = replace(
             facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem
@@ -1004,7 +1017,9 @@ class Gateway:
         )
         await self._check(ctx, gate, {}, proposal_id=proposal.id)
         plan = await self._replan(ctx, target, spec.plan, proposal)
-        verdict = await self._authorize_plan(ctx, entry, party, proposal.args, target, plan, owner, proposal)
+        verdict = await self._authorize_plan(
+            ctx, entry, party, proposal.args, target, plan, owner, proposal
+        )
         decision = self._decision(verdict, target)
         if approved:
             proposal = await self.move(
@@ -1171,7 +1186,13 @@ class Gateway:
         after = replace(proposal, state=to_state, **fields)
         self._write_or_wait(
             self._transition_row(
-                proposal, to_state, actor=actor, correlation_id=correlation_id, reason=reason, **shown, **fields
+                proposal,
+                to_state,
+                actor=actor,
+                correlation_id=correlation_id,
+                reason=reason,
+                **shown,
+                **fields,
             )
         )
         self._notify(to_state, after)
@@ -1275,7 +1296,8 @@ class Gateway:
             await self.record(row)
         except AuditUnavailable:
             log.error(
-                "audit row of a finished change (%s) waits until the audit log is writable", row.get("phase")
+                "audit row of a finished change (%s) waits until the audit log is writable",
+                row.get("phase"),
             )
             self._wait(row)
 
