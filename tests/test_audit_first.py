@@ -20,6 +20,7 @@ from simulator import MakeSimulator
 from test_pipeline import ADMIN, VM0, Env
 
 from gateway.errors import AuditUnavailable, InvalidArgument
+from gateway.guard.audit import read_rows
 
 pytestmark = pytest.mark.anyio
 OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}
@@ -176,6 +177,8 @@ async def test_a_held_audit_lock_refuses_changes_while_health_answers(
     try:
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             assert not (await client.call_tool("list_targets", {})).is_error  # the log and its lock exist
+            (listed,) = read_rows(gw.settings.audit_log, tool="list_targets")
+            assert listed["client"].startswith("mcp"), "the row names the MCP client's declared name/version"
             lock = os.open(f"{gw.settings.audit_log}.lock", os.O_RDWR)
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process holds the audit lock
             try:

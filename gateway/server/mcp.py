@@ -38,6 +38,7 @@ from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import GatewayError, Unauthorized
 from gateway.server.edge import correlation_id_var
+from gateway.server.pipeline import client_of, mcp_client_var
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ class _Handlers:
         except Unauthorized as exc:
             return error_result(exc.to_wire())
         sink = _progress_sink(ctx) if _wants_progress(ctx) else None
+        mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
         with self.in_flight:
             try:
                 value = await self.gateway.call(principal, params.name, params.arguments or {}, progress=sink,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -90,6 +91,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
 LifecycleListener = Callable[[str, Proposal], None]
+#: the MCP client's declared name/version for the call in progress (set by the MCP surface)
+mcp_client_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("mcp_client", default=None)
 ALL = "all"
 #: a claim recorded before claims named their process: settled only this long after it was made
 EXECUTION_GRACE_SECONDS = 2 * 86400.0
@@ -385,6 +388,7 @@ class Gateway:
 
         ``client`` is the MCP client's declared ``name/version`` (from initialize), for audit rows."""
         spec = self.registry.get(name)
+        client = client or mcp_client_var.get()
         actor = await self.off_loop(self.party, principal)
         if spec is None:
             ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
@@ -1339,6 +1343,19 @@ class Gateway:
             raise AuditUnavailable(
                 f"audit log {self.settings.audit_log} could not record the call; see the server log"
             ) from exc
+
+
+def client_of(request_context: Any) -> str | None:
+    """The MCP client's declared ``name/version`` (from its initialize request), cleaned and bounded, for
+    audit rows; None when the client declared none (the stateless revision makes it optional)."""
+    params = getattr(getattr(request_context, "session", None), "client_params", None)
+    info = getattr(params, "clientInfo", None) or getattr(params, "client_info", None)
+    name = getattr(info, "name", None)
+    if not isinstance(name, str):
+        return None
+    version = getattr(info, "version", None)
+    label = f"{name}/{version}" if isinstance(version, str) and version else name
+    return str(clean(_cut(label, 128)))
 
 
 def _entry(spec: ToolSpec) -> Entry:
