@@ -250,3 +250,44 @@ async def test_the_server_cancels_proposals_of_tokens_revoked_elsewhere(env: Env
     (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
     assert row["reason"] == "token revoked" and row["caller"] == "gateway"
     assert env.vm_exists(VM0)
+
+
+# ---------------------------------------------------------------- each object of a bulk call
+
+
+async def test_each_object_of_a_bulk_call_is_judged_as_the_tool_it_runs(env: Env) -> None:
+    rules = {
+        **PERMISSIVE,
+        "rules": [{"name": "keep-vm1", "action": "deny", "match": {"tools": ["delete_vm"], "vm_patterns": [VM1]}}],
+    }
+    gw = env.build(rules=rules)
+    with pytest.raises(PolicyDenied, match="keep-vm1"):
+        await gw.call(
+            HUMAN,
+            "bulk_vm_action",
+            {"target": "vc1", "action": "delete_vm", "name_regex": "DC0_C0_RP0_VM.*", "force_power_off": True},
+        )
+    assert gw.store.list_proposals(["pending"]) == []
+
+
+# ---------------------------------------------------------------- sanitized text
+
+
+async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) -> None:
+    from simulator import find_vm, pyvmomi_connect, read_properties, wait_until
+
+    from gateway.server.pipeline import proposal_view
+
+    sneaky = "DC0_C0_RP0_VM0\u202etxt.exe\u200b"
+    si = pyvmomi_connect(env.sim)
+    task = find_vm(si, VM0).Rename_Task(newName=sneaky)
+    wait_until(lambda: read_properties(si, task, "info.state")["info.state"] in ("success", "error"))
+    gw = env.build()
+    proposal = await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": sneaky, "force_power_off": True})
+    listed = (await gw.call(HUMAN, "list_pending_actions", {}))["pending"]
+    stored = gw.store.get_proposal(proposal["proposal_id"])
+    assert stored is not None
+    shown = [proposal["summary"], proposal["affected"], listed, proposal_view(stored, gw.clock())]
+    for text in map(str, shown):
+        assert "\u202e" not in text and "\u200b" not in text
+    assert "txt.exe" in proposal["summary"], "the name is still there, its hidden characters made visible"
