@@ -258,14 +258,21 @@ async def test_the_server_cancels_proposals_of_tokens_revoked_elsewhere(env: Env
 async def test_each_object_of_a_bulk_call_is_judged_as_the_tool_it_runs(env: Env) -> None:
     rules = {
         **PERMISSIVE,
-        "rules": [{"name": "keep-vm1", "action": "deny", "match": {"tools": ["delete_vm"], "vm_patterns": [VM1]}}],
+        "rules": [
+            {"name": "keep-vm1", "action": "deny", "match": {"tools": ["delete_vm"], "vm_patterns": [VM1]}}
+        ],
     }
     gw = env.build(rules=rules)
     with pytest.raises(PolicyDenied, match="keep-vm1"):
         await gw.call(
             HUMAN,
             "bulk_vm_action",
-            {"target": "vc1", "action": "delete_vm", "name_regex": "DC0_C0_RP0_VM.*", "force_power_off": True},
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
         )
     assert gw.store.list_proposals(["pending"]) == []
 
