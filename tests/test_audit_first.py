@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from simulator import MakeSimulator
-from test_pipeline import ADMIN, VM0, Env
+from test_pipeline import ADMIN, PERMISSIVE, VM0, Env
 
 from gateway.errors import AuditUnavailable, InvalidArgument
 from gateway.guard.audit import read_rows
@@ -178,7 +178,9 @@ async def test_a_held_audit_lock_refuses_changes_while_health_answers(
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             assert not (await client.call_tool("list_targets", {})).is_error  # the log and its lock exist
             (listed,) = read_rows(gw.settings.audit_log, tool="list_targets")
-            assert listed["client"].startswith("mcp"), "the row names the MCP client's declared name/version"
+            assert listed["client"].startswith("mcp"), (
+                "the row names the MCP client's declared name/version"
+            )
             lock = os.open(f"{gw.settings.audit_log}.lock", os.O_RDWR)
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process holds the audit lock
             try:
@@ -208,3 +210,36 @@ def sim_power(sim: Any) -> str:
 
     si = pyvmomi_connect(sim)
     return str(read_properties(si, find_vm(si, VM0), "runtime.powerState")["runtime.powerState"])
+
+
+async def test_a_fan_out_row_records_each_targets_own_outcome(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """Three targets: one answers, one is down, one the policy refuses to this caller."""
+    import yaml
+    from simulator import write_targets
+
+    from gateway.server.pipeline import Gateway
+    from gateway.settings import Settings
+
+    sims = {"vc1": make_simulator(vms=1), "vc2": make_simulator(vms=1), "vc3": make_simulator(vms=1)}
+    env_vars = write_targets(tmp_path / "targets.yaml", sims, {"vc2": {"timeout_seconds": 5}})
+    rules = {
+        **PERMISSIVE,
+        "rules": [{"name": "no-vc3", "action": "deny", "match": {"targets": ["vc3"], "tools": ["read"]}}],
+    }
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp_path), **env_vars}))
+    sims["vc2"].stop()
+    try:
+        result = await gw.call(ADMIN, "list_vms", {"target": "all"})
+    finally:
+        await gw.close()
+    assert "ok" in result["vc1"] and "error" in result["vc2"]
+    assert result["vc3"]["error"]["code"] == "policy_denied"
+    (row,) = read_rows(tmp_path / "audit.jsonl", tool="list_vms", phase="call")
+    assert row["outcome"] == "partial"
+    assert row["outcomes"]["vc1"] == "ok" and row["outcomes"]["vc3"] == "policy_denied"
+    assert row["outcomes"]["vc2"] == result["vc2"]["error"]["code"] != "ok"
+    (denied,) = read_rows(tmp_path / "audit.jsonl", tool="list_vms", phase="denied")
+    assert denied["target"] == "vc3" and denied["decision"]["rule"] == "rule:no-vc3"

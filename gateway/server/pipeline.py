@@ -476,27 +476,41 @@ class Gateway:
         return self._read if spec.kind is Category.READ else self._write
 
     # -- reads
-    async def _read_targets(self, ctx: CallContext, args: dict[str, Any]) -> list[str]:
-        """The targets a read goes to, each authorized (role, policy) and rate limited; refusals audited."""
+    async def _read_targets(
+        self, ctx: CallContext, args: dict[str, Any]
+    ) -> tuple[list[str], dict[str, dict[str, Any]]]:
+        """The targets a read goes to, each authorized (role, policy) and rate limited, every refusal
+        audited. A single target's refusal is raised; in a fan-out a target the policy or a rate limit
+        refuses answers its own error, and the others still answer (a target outside the role is refused
+        for the whole call, like an unknown one)."""
         ref = args["target"]
+        single = isinstance(ref, str) and ref != ALL
         if ref == ALL:
             names = [t.name for t in self.visible_targets(ctx.role)]
             if not names:
                 await self._refused(ctx, args, _forbidden("your role covers no configured target"))
         else:
             names = [ref] if isinstance(ref, str) else list(ref)
+        refused: dict[str, dict[str, Any]] = {}
         for name in names:
             facts = await self.off_loop(self.facts, Entry.READ, ctx.party, ctx.spec, args, target=name)
-            await self._check(ctx, facts, args, target=name)
-            await self._rate_limit(ctx, args, name, Category.READ)
-        return names
+            try:
+                await self._check(ctx, facts, args, target=name)
+                await self._rate_limit(ctx, args, name, Category.READ)
+            except (PolicyDenied, RateLimited) as exc:
+                if single:
+                    raise
+                refused[name] = {"error": {k: v for k, v in exc.to_wire().items() if k != "decision"}}
+        if not single and len(refused) == len(names):
+            raise PolicyDenied(f"the policy refuses this read on every target named: {', '.join(refused)}")
+        return names, refused
 
     async def _read(
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
     ) -> dict[str, Any]:
         assert ctx.spec.read is not None
         fn, ref = ctx.spec.read, args["target"]
-        names = await self._read_targets(ctx, args)
+        names, refused = await self._read_targets(ctx, args)
         row = {"target": _target_label(args), "args": _bounded(_redact_args(ctx.spec, args))}
         try:
             if isinstance(ref, str) and ref != ALL:
@@ -506,9 +520,12 @@ class Gateway:
                 )
                 outcomes = None
             else:
-                result = await self.scheduler.fan_out(
-                    names, lambda s: fn(s, args), deadline=self.settings.fanout_timeout_seconds
+                answered = await self.scheduler.fan_out(
+                    [n for n in names if n not in refused],
+                    lambda s: fn(s, args),
+                    deadline=self.settings.fanout_timeout_seconds,
                 )
+                result = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
                 outcomes = {
                     n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
                     for n, r in result.items()
