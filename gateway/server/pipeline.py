@@ -96,6 +96,8 @@ mcp_client_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("mcp
 ALL = "all"
 #: a claim recorded before claims named their process: settled only this long after it was made
 EXECUTION_GRACE_SECONDS = 2 * 86400.0
+#: the sweeper looks for claims of dead processes this often (seconds)
+SETTLE_EVERY: Final = 30
 #: how long one audit append or state-store call may take before the call is refused
 AUDIT_DEADLINE_SECONDS: Final = 5.0
 STORE_DEADLINE_SECONDS: Final = 10.0
@@ -1140,14 +1142,21 @@ class Gateway:
             )
 
     async def _sweep_forever(self) -> None:
+        """Every second: expire due proposals, cancel those of revoked tokens, append waiting audit rows;
+        every ``SETTLE_EVERY`` seconds, settle claims of processes that died meanwhile (a CLI approval
+        killed while this server runs)."""
+        ticks = 0
         while True:
             try:
                 await asyncio.to_thread(self.expire_due)
                 await asyncio.to_thread(self.cancel_orphaned)
                 if self._waiting:
                     await asyncio.to_thread(self.flush_waiting)
+                ticks += 1
+                if ticks % SETTLE_EVERY == 0:
+                    await asyncio.to_thread(self.settle_interrupted)
             except Exception:  # the sweeper must survive a transient store or audit error
-                log.exception("expiring proposals or flushing audit rows failed; retrying")
+                log.exception("the proposal sweeper failed; retrying")
             await asyncio.sleep(1.0)
 
     # ----------------------------------------------------------------- moves
