@@ -298,3 +298,14 @@ async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) 
     for text in map(str, shown):
         assert "\u202e" not in text and "\u200b" not in text
     assert "txt.exe" in proposal["summary"], "the name is still there, its hidden characters made visible"
+
+
+async def test_power_state_advice_only_after_the_policy(env: Env) -> None:
+    rules = {**PERMISSIVE, "protected": [{"name": "keep-vm0", "vm_patterns": [VM0], "min_risk_level": "medium"}]}
+    gw = env.build(rules=rules)
+    with pytest.raises(PolicyDenied, match="keep-vm0"):  # already on: still the policy's answer first
+        await gw.call(HUMAN, "power_on_vm", {"target": "vc1", "vm": VM0})
+    from gateway.errors import InvalidState
+
+    with pytest.raises(InvalidState, match="poweredOn"):  # allowed by policy: now the state advice
+        await gw.call(HUMAN, "power_on_vm", {"target": "vc1", "vm": VM1})

@@ -55,6 +55,7 @@ from gateway.errors import (
     GatewayError,
     InvalidArgument,
     NotFound,
+    OutcomeUnknown,
     PolicyDenied,
     RateLimited,
     Stale,
@@ -127,6 +128,8 @@ class CallContext:
     spec: ToolSpec
     correlation_id: str | None
     client: str | None = None
+    #: the tool that acts on a proposal (confirm_action, approve, ...) when rows name the change itself
+    via: str | None = None
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -144,6 +147,7 @@ class CallContext:
             "surface": self.principal.surface,
             "client": self.client,
             "correlation_id": self.correlation_id,
+            "via": self.via,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
         }
         base.update({k: v for k, v in fields.items() if v is not None})
@@ -422,10 +426,11 @@ class Gateway:
             outcome = "denied" if exc.code in _DENIAL_CODES else "error"
             raise
         finally:
-            label = target if target in self.targets or target == ALL else "unknown"
-            self.metrics.observe_call(
-                spec.name if spec else "unknown", label or "-", outcome, time.monotonic() - ctx.started
+            # metric labels only from configured names: raw caller input never becomes a label value
+            label = (
+                "-" if target is None else target if target in self.targets or target == ALL else "unknown"
             )
+            self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
 
     async def _check(
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
@@ -765,26 +770,40 @@ class Gateway:
             await self.intent(ctx.row("executing", **base))
         try:
             result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
-        except GatewayError as exc:
-            state = "outcome_unknown" if exc.code == "outcome_unknown" else "failed"
+        except BaseException as exc:
+            # a refusal or fault of vSphere, or anything unforeseen (cancellation included): the outcome
+            # is recorded either way; only a typed error says the change surely did not finish
+            known = isinstance(exc, GatewayError) and exc.code != "outcome_unknown"
+            error = (
+                exc
+                if isinstance(exc, GatewayError)
+                else OutcomeUnknown(
+                    "the change was interrupted; check the objects and get_tasks before doing anything again"
+                )
+            )
+            state = "failed" if known else "outcome_unknown"
             if proposal is not None:
-                await self.move(
-                    proposal,
-                    ["executing"],
-                    state,
-                    actor=ctx.principal,
-                    outcome=exc.code,
-                    error=exc.to_wire(),
-                    reason=_cut(exc.message, 512),
+                await asyncio.shield(
+                    self.move(
+                        proposal,
+                        ["executing"],
+                        state,
+                        actor=ctx.principal,
+                        outcome=error.code,
+                        error=error.to_wire(),
+                        reason=_cut(error.message, 512),
+                    )
                 )
             else:
-                await self.record_outcome(
-                    ctx.row(
-                        state if state != "failed" else "failed",
-                        outcome=exc.code,
-                        error_code=exc.code,
-                        error=_cut(exc.message, 512),
-                        **base,
+                await asyncio.shield(
+                    self.record_outcome(
+                        ctx.row(
+                            state,
+                            outcome=error.code,
+                            error_code=error.code,
+                            error=_cut(error.message, 512),
+                            **base,
+                        )
                     )
                 )
             raise
@@ -1014,6 +1033,7 @@ class Gateway:
             spec or _unknown_tool(proposal.tool),
             correlation_id or proposal.correlation_id,
             client,
+            via="approve" if approved else "confirm_action",
         )
         if spec is None or target is None or spec.plan is None:
             await self._refused(

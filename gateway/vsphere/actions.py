@@ -295,23 +295,24 @@ POWER_OPS: dict[str, PowerOp] = {
 
 
 def plan_power(op_name: str, session: Any, args: Args) -> Plan:
-    """Plan a power operation: the VM must be usable, not a template, and in a state the operation
-    starts from."""
+    """Plan a power operation: the VM must be usable; not being a template and being in a state the
+    operation starts from are preconditions (``Plan.unmet``), answered after the call is authorized."""
     op = POWER_OPS[op_name]
     vm = _resolve_vm(session, args, op.verb)
+    unmet: tuple[Precondition, ...] = ()
     if vm.template:
-        raise errors.InvalidState(f"{_label(vm)} is a template; templates have no power state to change",
-                                  target=_target(session), moid=vm.moid)
-    if vm.power_state not in op.allowed:
-        raise errors.InvalidState(
+        unmet = (Precondition(f"{_label(vm)} is a template; templates have no power state to change",
+                              {"target": _target(session), "moid": vm.moid}),)
+    elif vm.power_state not in op.allowed:
+        unmet = (Precondition(
             f"cannot {op.verb} {_label(vm)} on target '{_target(session)}': it is {vm.power_state}; "
             f"{op.remedy}",
-            target=_target(session), moid=vm.moid, power_state=vm.power_state)
+            {"target": _target(session), "moid": vm.moid, "power_state": vm.power_state}),)
     params = _vm_params(vm, args)
     if op_name == "power_off":
         guest = args.get("guest_timeout_seconds", DEFAULT_GUEST_TIMEOUT_SECONDS)
         params["guest_timeout_seconds"] = float(guest)
-    return Plan(_on(session, f"{op.verb.capitalize()} {_label(vm)}"), (vm_affected(vm),), params)
+    return Plan(_on(session, f"{op.verb.capitalize()} {_label(vm)}"), (vm_affected(vm),), params, unmet=unmet)
 
 
 def execute_power(op_name: str, session: Any, plan: Plan, progress: ProgressFn) -> dict[str, Any]:
