@@ -301,7 +301,10 @@ async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) 
 
 
 async def test_power_state_advice_only_after_the_policy(env: Env) -> None:
-    rules = {**PERMISSIVE, "protected": [{"name": "keep-vm0", "vm_patterns": [VM0], "min_risk_level": "medium"}]}
+    rules = {
+        **PERMISSIVE,
+        "protected": [{"name": "keep-vm0", "vm_patterns": [VM0], "min_risk_level": "medium"}],
+    }
     gw = env.build(rules=rules)
     with pytest.raises(PolicyDenied, match="keep-vm0"):  # already on: still the policy's answer first
         await gw.call(HUMAN, "power_on_vm", {"target": "vc1", "vm": VM0})
