@@ -460,3 +460,17 @@ async def test_a_refused_human_approval_is_audited(env: Env) -> None:
     row = env.rows(phase="denied")[-1]
     assert row["caller"] == "bob" and row["decision"]["rule"] == "approve:none"
     assert env.vm_exists(VM0)
+
+
+async def test_every_proposal_move_is_audited_then_announced_to_listeners(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    seen: list[tuple[str, str, int]] = []
+    gw.add_lifecycle_listener(lambda event, p: seen.append((event, p.state, len(env.rows(phase=event)))))
+    gw.add_lifecycle_listener(lambda event, p: 1 / 0)  # a failing listener never breaks the move
+    approved = await propose_delete(gw, VM0)
+    await gw.approve(approved["proposal_id"], HUMAN)
+    cancelled = await propose_delete(gw, VM1)
+    await gw.call(ADMIN, "cancel_action", {"token": cancelled["token"]})
+    moves = ["approved", "executing", "executed", "cancelled"]
+    assert [(e, s) for e, s, _ in seen] == [(m, m) for m in moves]
+    assert all(rows >= 1 for _, _, rows in seen), "each move's row is written before listeners hear of it"
