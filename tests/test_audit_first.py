@@ -173,6 +173,7 @@ async def test_a_held_audit_lock_refuses_changes_while_health_answers(
     sim = make_simulator(vms=2)
     gw = real_gateway(sim, tmp_path)
     (tmp_path / "home" / "rules.yaml").write_text("defaults: {write: allow}\n")
+    gw.policy.current()  # loaded now (a reload audits roles too), not under the held lock below
     served = serve(tmp_path, gw)
     try:
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:

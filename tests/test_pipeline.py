@@ -471,6 +471,7 @@ async def test_every_proposal_move_is_audited_then_announced_to_listeners(env: E
     await gw.approve(approved["proposal_id"], HUMAN)
     cancelled = await propose_delete(gw, VM1)
     await gw.call(ADMIN, "cancel_action", {"token": cancelled["token"]})
-    moves = ["approved", "executing", "executed", "cancelled"]
-    assert [(e, s) for e, s, _ in seen] == [(m, m) for m in moves]
+    moves = ["proposed", "approved", "executing", "executed", "proposed", "cancelled"]
+    assert [e for e, _, _ in seen] == moves
+    assert [s for e, s, _ in seen if e != "proposed"] == [m for m in moves if m != "proposed"]
     assert all(rows >= 1 for _, _, rows in seen), "each move's row is written before listeners hear of it"

@@ -61,7 +61,7 @@ from gateway.errors import (
     Stale,
     StateUnavailable,
 )
-from gateway.guard import confirm
+from gateway.guard import confirm, names
 from gateway.guard.audit import AuditSink
 from gateway.guard.decision import (
     PROPOSAL_TOOLS,
@@ -78,6 +78,7 @@ from gateway.guard.lifecycle import OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, PolicyStore
 from gateway.guard.sanitize import clean
+from gateway.notify import Notifier, notifier_for
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
@@ -180,7 +181,7 @@ class Gateway:
         self.roles = roles
         self.clock = clock
         self.authenticator = TokenVerifier(store)
-        self.metrics = Metrics()
+        self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.rate_limiter = RateLimiter()
         self.breaker = RunawayBreaker()
         self.instance = Instance(settings.home)
@@ -189,6 +190,12 @@ class Gateway:
         self._waiting: collections.deque[dict[str, Any]] = collections.deque()
         self._flushing = threading.Lock()
         self._token_generation = -1
+        # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
+        self.notifier: Notifier | None = None
+        if settings.notifications_file is not None:
+            self.notifier = notifier_for(
+                settings.notifications_file, settings.notify_env, audit.write, [self]
+            )
         self._sweeper: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
@@ -212,6 +219,9 @@ class Gateway:
                     }
                 )
 
+        policy = PolicyStore(settings.rules_file)
+        roles = RoleBook(settings.roles_file, on_reload=audit_roles_reload)
+        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
         return cls(
             settings,
             targets,
@@ -221,17 +231,25 @@ class Gateway:
             ),
             store=SqliteStore(settings.state_db),
             audit=audit,
-            policy=PolicyStore(settings.rules_file),
-            roles=RoleBook(settings.roles_file, on_reload=audit_roles_reload),
+            policy=policy,
+            roles=roles,
         )
 
     async def start(self) -> None:
+        await self.start_notifier()
         await asyncio.to_thread(self.settle_interrupted)
         self._sweeper = asyncio.create_task(self._sweep_forever())
 
+    async def start_notifier(self) -> None:
+        """Begin telling humans about lifecycle events (channels loaded when the gateway was built)."""
+        if self.notifier is not None:
+            await self.notifier.start()
+
     def add_lifecycle_listener(self, fn: LifecycleListener) -> None:
-        """Call ``fn(event, proposal)`` after every proposal move (event = the new state), once it is
-        audited. Called in the thread that made the move; it must not block (hand work to a queue)."""
+        """Call ``fn(event, proposal)`` after every proposal move, once it is audited: ``proposed``, then the
+        new state's name (approved, executing, executed, failed, outcome_unknown, denied, cancelled,
+        expired, stale), with the proposal as it is after the move. Called in the thread that made the
+        move; it must not block (hand work to a queue). A listener that raises is logged, never fatal."""
         self._listeners.append(fn)
 
     def settle_interrupted(self, older_than: float = EXECUTION_GRACE_SECONDS) -> list[str]:
@@ -271,6 +289,8 @@ class Gateway:
 
     async def close(self) -> None:
         self.draining = True
+        if self.notifier is not None:
+            await self.notifier.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -667,7 +687,7 @@ class Gateway:
     ) -> dict[str, Any]:
         token = confirm.new_confirmation_token()
         now = self.clock()
-        ttl = self.settings.confirm_ttl_seconds
+        ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
         summary = clean(plan.summary)
         affected = clean([a.to_dict() for a in plan.affected])
         proposal = Proposal(
@@ -701,6 +721,7 @@ class Gateway:
             )
         )
         await self.off_loop(self.store.add_proposal, proposal)
+        self._notify("proposed", proposal)
         how = (
             f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
             f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
@@ -1297,6 +1318,7 @@ class Gateway:
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), STORE_DEADLINE_SECONDS)
         except TimeoutError:
+            log.error("%s did not answer within %gs", getattr(fn, "__qualname__", fn), STORE_DEADLINE_SECONDS)
             raise StateUnavailable(
                 f"the state store or audit did not answer within {STORE_DEADLINE_SECONDS:g}s; "
                 "nothing was changed by this call; retry, and see the gateway log"
