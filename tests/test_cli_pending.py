@@ -43,7 +43,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     with SqliteStore(tmp_path / "state.db") as store:
         store.add_proposal(proposal("p-waiting", "pending"))
         store.add_proposal(proposal("p-done", "pending"))
-        assert store.transition("p-done", ["pending"], "executed", decided_at=time.time(), outcome="ok",
+        assert store.transition("p-done", ["pending"], "executing")  # the lifecycle's only way to executed
+        assert store.transition("p-done", ["executing"], "executed", decided_at=time.time(), outcome="ok",
                                 approved_by="alice")
         store.add_proposal(proposal("p-denied", "pending"))
         assert store.transition("p-denied", ["pending"], "denied", decided_at=time.time(), approved_by="bob")

@@ -107,6 +107,8 @@ STORE_DEADLINE_SECONDS: Final = 10.0
 MAX_WAITING_OUTCOMES: Final = 1000
 #: an argument value longer than this is cut in audit rows (with its size and digest)
 AUDIT_VALUE_CHARS: Final = 256
+#: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)
+_METRIC_DENIALS = frozenset({"policy_denied", "forbidden", "rate_limited"})
 _DENIAL_CODES = frozenset(
     {
         "policy_denied",
@@ -443,7 +445,7 @@ class Gateway:
             outcome = "ok"
             return result
         except GatewayError as exc:
-            outcome = "denied" if exc.code in _DENIAL_CODES else "error"
+            outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
             raise
         finally:
             # metric labels only from configured names: raw caller input never becomes a label value
