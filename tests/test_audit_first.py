@@ -133,7 +133,7 @@ async def test_invalid_arguments_are_refused_and_audited_in_a_few_hundred_bytes(
     assert [r["tool"] for r in rows] == ["list_vms", "get_events", "confirm_action"]
     assert all(r["error_code"] == "invalid_argument" for r in rows)
     assert len((env.tmp / "audit.jsonl").read_text().splitlines()[0]) < 1500
-    assert rows[0]["args"]["target"]["chars"] == 500_000
+    assert rows[0]["args"]["target"]["size"] == 500_000  # cut by the sink, with its size and digest
 
 
 async def test_pending_lists_and_foreign_cancels_are_audited(env: Env) -> None:

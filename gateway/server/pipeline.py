@@ -32,10 +32,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import hashlib
-import json
 import logging
-import math
 import threading
 import time
 import uuid
@@ -105,7 +102,7 @@ AUDIT_DEADLINE_SECONDS: Final = 5.0
 STORE_DEADLINE_SECONDS: Final = 10.0
 #: outcome rows kept in memory while the audit cannot take them; past this, new changes are refused
 MAX_WAITING_OUTCOMES: Final = 1000
-#: an argument value longer than this is cut in audit rows (with its size and digest)
+#: a target label longer than this is cut (the audit sink bounds every value of a row on its own)
 AUDIT_VALUE_CHARS: Final = 256
 #: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)
 _METRIC_DENIALS = frozenset({"policy_denied", "forbidden", "rate_limited"})
@@ -482,7 +479,7 @@ class Gateway:
         await self.record(
             ctx.row(
                 phase,
-                args=_bounded(_redact_args(ctx.spec, args or {})),
+                args=_redact_args(ctx.spec, args or {}),
                 error_code=exc.code,
                 decision=exc.details.get("decision"),
                 error=_cut(exc.message, 512),
@@ -540,7 +537,7 @@ class Gateway:
         assert ctx.spec.read is not None
         fn, ref = ctx.spec.read, args["target"]
         names, refused = await self._read_targets(ctx, args)
-        row = {"target": _target_label(args), "args": _bounded(_redact_args(ctx.spec, args))}
+        row = {"target": _target_label(args), "args": _redact_args(ctx.spec, args)}
         try:
             if isinstance(ref, str) and ref != ALL:
                 target = self.targets[names[0]]
@@ -716,7 +713,7 @@ class Gateway:
             ctx.row(
                 "proposed",
                 target=target.name,
-                args=_bounded(_redact_args(ctx.spec, args)),
+                args=_redact_args(ctx.spec, args),
                 decision=decision.to_dict(),
                 proposal_id=proposal.id,
                 affected=affected,
@@ -763,7 +760,7 @@ class Gateway:
         assert execute is not None
         base = {
             "target": target.name,
-            "args": _bounded(_redact_args(spec, args)),
+            "args": _redact_args(spec, args),
             "decision": decision.to_dict(),
             "proposal_id": proposal.id if proposal else None,
         }
@@ -1112,7 +1109,7 @@ class Gateway:
             actor=ctx.principal,
             correlation_id=ctx.correlation_id,
             executor=instance,
-            args=_bounded(_redact_args(ctx.spec, proposal.args)),
+            args=_redact_args(ctx.spec, proposal.args),
             decision=decision.to_dict(),
         )
         await self.intent(row)
@@ -1330,7 +1327,7 @@ class Gateway:
         """Append one audit row (every async audit write comes here): in a worker thread, within a
         deadline. Raises ``AuditUnavailable`` when it cannot be written: the call is refused."""
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._write_row, row), AUDIT_DEADLINE_SECONDS)
+            await asyncio.wait_for(asyncio.to_thread(self._write_row, row), AUDIT_DEADLINE_SECONDS + 1.0)
         except TimeoutError:
             raise AuditUnavailable(
                 f"audit log {self.settings.audit_log} did not take the row within "
@@ -1405,7 +1402,8 @@ class Gateway:
 
     def _write_row(self, row: Mapping[str, Any]) -> None:
         try:
-            self.audit.write(row)
+            # the sink gives up on its locks first, so a refused row is never appended late
+            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
         except AuditUnavailable:
             raise
         except Exception as exc:  # any failure to record is a refusal, never a silent pass
@@ -1447,29 +1445,6 @@ def _unknown_tool(name: str) -> ToolSpec:
 
 def _cut(text: str, limit: int = 128) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
-
-
-def _bounded(value: Any, depth: int = 0) -> Any:
-    """``value`` for an audit row: long strings cut with their size and sha256, deep or long lists cut."""
-    if isinstance(value, str):
-        if len(value) <= AUDIT_VALUE_CHARS:
-            return value
-        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
-        return {"cut": value[:64], "chars": len(value), "sha256": digest}
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if depth > 4:
-        return {"cut": True, "sha256": hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()}
-    if isinstance(value, Mapping):
-        items = list(value.items())
-        out = {_cut(str(k), 64): _bounded(v, depth + 1) for k, v in items[:50]}
-        if len(items) > 50:
-            out["..."] = f"{len(items) - 50} more keys"
-        return out
-    if isinstance(value, list | tuple):
-        kept = [_bounded(v, depth + 1) for v in value[:20]]
-        return kept + ([f"... {len(value) - 20} more items"] if len(value) > 20 else [])
-    return value
 
 
 def _target_label(args: Mapping[str, Any] | None) -> str | None:
