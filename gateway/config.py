@@ -161,7 +161,10 @@ _TARGET_KEYS = {
     "timeout_seconds",
     "dry_run",
     "proposal_ttl_seconds",
+    "mirror",
+    "max_staleness_seconds",
 }
+MIRROR_MODES = ("off", "lazy", "eager")
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,10 @@ class Target:
     dry_run: bool | None = None
     #: how long a proposal on this target waits for confirmation (None: GATEWAY_CONFIRM_TTL_SECONDS)
     proposal_ttl_seconds: float | None = None
+    mirror: str = "lazy"
+    """Live inventory mirror for reads: ``off``, ``lazy`` (started by the first read) or ``eager``."""
+    max_staleness_seconds: float | None = None
+    """When set, mirror reads skip the freshness poll while the mirror heard from the target this recently."""
 
     @property
     def address(self) -> str:
@@ -280,6 +287,8 @@ def _parse_target(
         "dry_run": bool,
         "tags": list,
         "proposal_ttl_seconds": (int, float),
+        "mirror": str,
+        "max_staleness_seconds": (int, float),
     }
     for key, kind in kinds.items():
         if key in entry and entry[key] is not None:
@@ -302,6 +311,11 @@ def _parse_target(
     if ttl is not None and not 10 <= ttl <= 7 * 86400:
         problems.append(f"{where('proposal_ttl_seconds')}: 'proposal_ttl_seconds' must be between 10 and "
                         "604800 (7 days); gated targets typically want 900-3600")
+    if entry.get("mirror", "lazy") not in MIRROR_MODES:
+        problems.append(f"{where('mirror')}: 'mirror' must be one of {', '.join(MIRROR_MODES)}")
+    staleness = entry.get("max_staleness_seconds")
+    if staleness is not None and staleness < 0:
+        problems.append(f"{where('max_staleness_seconds')}: 'max_staleness_seconds' must be zero or positive")
     target = Target(
         name=entry["name"],
         host=entry["host"],
@@ -315,6 +329,8 @@ def _parse_target(
         timeout_seconds=float(timeout),
         dry_run=entry.get("dry_run"),
         proposal_ttl_seconds=None if ttl is None else float(ttl),
+        mirror=entry.get("mirror") or "lazy",
+        max_staleness_seconds=float(staleness) if staleness is not None else None,
     )
     if target.name in ("all", "*"):
         problems.append(f"{where('name')}: '{target.name}' is reserved (it means every target); pick another "

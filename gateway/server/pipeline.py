@@ -80,9 +80,10 @@ from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.sqlite import Proposal, SqliteStore
-from gateway.tools.read import summarize_targets, target_about
+from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
+from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,7 @@ class Gateway:
                 settings.notifications_file, settings.notify_env, audit.write, [self]
             )
         self._sweeper: asyncio.Task[None] | None = None
+        self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -238,6 +240,7 @@ class Gateway:
         await self.start_notifier()
         await asyncio.to_thread(self.settle_interrupted)
         self._sweeper = asyncio.create_task(self._sweep_forever())
+        self.mirrors.start_eager()
 
     async def start_notifier(self) -> None:
         """Begin telling humans about lifecycle events (channels loaded when the gateway was built)."""
@@ -295,6 +298,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await asyncio.to_thread(self.flush_waiting)
+        await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
         self.store.close()
         self.audit.close()
@@ -541,9 +545,11 @@ class Gateway:
         try:
             if isinstance(ref, str) and ref != ALL:
                 target = self.targets[names[0]]
-                result = await self.scheduler.run(
-                    target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
-                )
+                result = await self.mirrors.answer(target.name, ctx.spec.name, args)
+                if result is None:
+                    result = await self.scheduler.run(
+                        target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
+                    )
                 outcomes = None
             else:
                 answered = await self.scheduler.fan_out(

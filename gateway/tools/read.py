@@ -20,7 +20,7 @@ from gateway.config import Target
 from gateway.errors import InvalidArgument
 from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.tools.spec import TARGETS, Category, Param, Risk, ToolSpec
-from gateway.vsphere import history, inventory, perf
+from gateway.vsphere import history, inventory, mirror, perf
 
 ReadFn = Callable[[Any, Mapping[str, Any]], dict[str, Any]]
 
@@ -120,6 +120,22 @@ def _events(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _tasks(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     return history.get_tasks(session, task_query(args))
+
+
+# --------------------------------------------------------------------------------------------------
+# Reads a live inventory mirror can answer (gateway.vsphere.mirror): the same shaping functions as the
+# sweeps above, over the mirrored objects instead of swept ones.
+
+
+def _mirror_list_vms(view: mirror.View, args: Mapping[str, Any]) -> dict[str, Any]:
+    return inventory.vm_rows(view.objects, vm_query(args), view.root_folder)
+
+
+MIRROR_READS: dict[str, mirror.MirrorRead] = {
+    "list_vms": _mirror_list_vms,
+    "list_hosts": lambda view, args: inventory.host_rows(view, view.objects, args.get("cluster")),
+    "list_datastores": lambda view, _args: inventory.datastore_rows(view.objects),
+}
 
 
 # --------------------------------------------------------------------------------------------------

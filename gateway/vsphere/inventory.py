@@ -28,6 +28,7 @@ pool turns them into gateway errors.
 from __future__ import annotations
 
 import re
+import threading
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,11 +50,15 @@ PC: Any = vmodl.query.PropertyCollector
 _Deserializer: Any = SoapResponseDeserializer
 
 
-class Session(Protocol):
-    """What reads need of a session (``pool.VSphereSession`` satisfies it)."""
+class HasTarget(Protocol):
+    """Anything naming the target it reads (a session, a mirror): enough to word NotFound/Ambiguous."""
 
     @property
     def target(self) -> Target: ...
+
+
+class Session(HasTarget, Protocol):
+    """What reads need of a session (``pool.VSphereSession`` satisfies it)."""
 
     @property
     def si(self) -> Any: ...
@@ -135,7 +140,26 @@ def parse_retrieve_result(body: bytes) -> Page:
     malformed XML.
     """
     page = scan_retrieve_result(body)
-    return page if page is not None else parse_retrieve_tree(body)
+    if page is not None:
+        return page
+    DECODER.fell_back()
+    return parse_retrieve_tree(body)
+
+
+class DecoderCounters:
+    """How many replies the fast scanner decoded and how many fell back to ElementTree (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.fallbacks = 0
+
+    def fell_back(self) -> None:
+        with self._lock:
+            self.fallbacks += 1
+
+
+DECODER = DecoderCounters()
+"""Process-wide counters of ``parse_retrieve_result`` (exposed with the mirrors' statistics)."""
 
 
 def parse_retrieve_tree(body: bytes) -> Page:
@@ -598,21 +622,21 @@ _POOL = _Kind("resource pool", vim.ResourcePool, "get_cluster_details")
 _FOLDER = _Kind("folder", vim.Folder, "list_vms (fields folder)")
 
 
-def _not_found(session: Session, kind: _Kind, ref: str) -> errors.NotFound:
+def _not_found(session: HasTarget, kind: _Kind, ref: str) -> errors.NotFound:
     target = session.target.name
     return errors.NotFound(
         f"no {kind.label} named or with moid '{ref}' on target '{target}'; call {kind.list_tool} to see "
         "what exists (names are exact and case-sensitive)", target=target, ref=ref)
 
 
-def _ambiguous(session: Session, kind: _Kind, ref: str, moids: Sequence[str]) -> errors.Ambiguous:
+def _ambiguous(session: HasTarget, kind: _Kind, ref: str, moids: Sequence[str]) -> errors.Ambiguous:
     target = session.target.name
     return errors.Ambiguous(
         f"{len(moids)} {kind.label}s on target '{target}' are named '{ref}'; name one by its moid: "
         f"{', '.join(moids)}", target=target, ref=ref, candidates=list(moids))
 
 
-def _pick(session: Session, kind: _Kind, ref: str, objects: Sequence[ObjectProps],
+def _pick(session: HasTarget, kind: _Kind, ref: str, objects: Sequence[ObjectProps],
          names: Callable[[ObjectProps], Iterable[str]] | None = None) -> ObjectProps:
     """The one object ``ref`` names among ``objects``: a moid wins over names; else NotFound/Ambiguous."""
     for obj in objects:
@@ -1091,17 +1115,25 @@ def _host_row(o: ObjectProps, clusters: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def list_hosts(session: Session, cluster: str | None = None) -> dict[str, Any]:
-    """Hosts (optionally of one cluster, by name or moid) from one sweep: ``{"hosts": [...], "count": n}``."""
-    objects = sweep(session, [Query(vim.HostSystem, _LIST_HOST_PATHS), Query(vim.ComputeResource, ("name",))])
+LIST_HOSTS_QUERIES = (Query(vim.HostSystem, _LIST_HOST_PATHS), Query(vim.ComputeResource, ("name",)))
+
+
+def host_rows(reader: HasTarget, objects: Sequence[ObjectProps],
+              cluster: str | None = None) -> dict[str, Any]:
+    """Shape swept (or mirrored) host and compute-resource objects into the list_hosts answer."""
     groups = by_type(objects)
     clusters = {o.moid: o.props.get("name", o.moid) for o in groups.get("ClusterComputeResource", [])}
     hosts = groups.get("HostSystem", [])
     if cluster is not None:
-        wanted = _pick(session, _CLUSTER, cluster, groups.get("ClusterComputeResource", [])).moid
+        wanted = _pick(reader, _CLUSTER, cluster, groups.get("ClusterComputeResource", [])).moid
         hosts = [o for o in hosts if o.props.get("parent") == wanted]
     rows = sorted((_host_row(o, clusters) for o in hosts), key=lambda r: (r["name"] or "", r["moid"]))
     return {"hosts": rows, "count": len(rows)}
+
+
+def list_hosts(session: Session, cluster: str | None = None) -> dict[str, Any]:
+    """Hosts (optionally of one cluster, by name or moid) from one sweep: ``{"hosts": [...], "count": n}``."""
+    return host_rows(session, sweep(session, LIST_HOSTS_QUERIES), cluster)
 
 
 _LIST_CLUSTER_PATHS = (
@@ -1161,11 +1193,19 @@ def _datastore_row(o: ObjectProps) -> dict[str, Any]:
     }
 
 
+LIST_DATASTORES_QUERIES = (Query(vim.Datastore, _LIST_DATASTORE_PATHS),)
+
+
+def datastore_rows(objects: Sequence[ObjectProps]) -> dict[str, Any]:
+    """Shape swept (or mirrored) datastore objects into the list_datastores answer."""
+    rows = sorted((_datastore_row(o) for o in objects if o.type == "Datastore"),
+                  key=lambda r: (r["name"] or "", r["moid"]))
+    return {"datastores": rows, "count": len(rows)}
+
+
 def list_datastores(session: Session) -> dict[str, Any]:
     """Datastores with type, space and accessibility: ``{"datastores": [...], "count": n}``."""
-    objects = sweep(session, [Query(vim.Datastore, _LIST_DATASTORE_PATHS)])
-    rows = sorted((_datastore_row(o) for o in objects), key=lambda r: (r["name"] or "", r["moid"]))
-    return {"datastores": rows, "count": len(rows)}
+    return datastore_rows(sweep(session, LIST_DATASTORES_QUERIES))
 
 
 # --------------------------------------------------------------------------------------------------

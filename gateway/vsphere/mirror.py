@@ -1,0 +1,463 @@
+"""A live inventory mirror per target: one PropertyCollector filter kept current by ``WaitForUpdatesEx``.
+
+Why
+    A listing swept from vCenter costs the whole inventory's SOAP on every call; eight agents polling
+    ``list_vms`` make vCenter serialize it eight times a minute. A mirror reads it once and then only
+    the changes, the way vCenter's own clients do.
+
+What it holds
+    ``MIRRORED``: the types the list tools read (VMs, hosts, compute resources, pools, folders,
+    datacenters, datastores, networks) with only the properties those tools return, as plain values
+    (``ObjectProps``, the same shape a sweep gives). Memory is therefore bounded by the inventory
+    size times a fixed set of scalar properties.
+
+How it stays current
+    One daemon thread per target (``Mirror``), on a session of its own (a one-session ``SessionPool``,
+    never the call slots), creates a ContainerView over the root folder and one filter on it, reads
+    everything with ``WaitForUpdatesEx(version="")`` and then waits for changes with long waits. A
+    session that expired (``NotAuthenticated``: the pool logs in again), a filter the server no longer
+    knows, or a target that went away and came back (a vCenter restart) makes it start over: new view,
+    new filter, full resync. While it is not synced, or after any error, it is unhealthy and reads sweep.
+
+Fresh by default
+    Before answering, a read asks the mirror thread for one zero-wait ``WaitForUpdatesEx`` since the
+    mirror's version (interrupting its long wait with ``CancelWaitForUpdates``) and answers from the
+    state after it was applied, so the answer is at least as fresh as a sweep started at that moment.
+    A target with ``max_staleness_seconds`` skips that round trip while the mirror heard from the
+    target within that many seconds, and its answers carry ``mirror_age_seconds``.
+
+Fallback, never mixed
+    ``Mirrors.answer`` returns a whole answer computed under the mirror's lock from one state, or
+    ``None`` (the caller sweeps as before): never part of each. Writes and confirm-time resolution do
+    not come here; they always read live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyVmomi import vim, vmodl
+
+from gateway import errors
+from gateway.config import Target
+from gateway.vsphere import inventory
+from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere.pool import SessionPool, VSphereSession
+
+log = logging.getLogger(__name__)
+
+PC: Any = vmodl.query.PropertyCollector
+
+LONG_WAIT_SECONDS = 10
+"""The background wait for changes; a read interrupts it, so it only bounds idle round trips."""
+
+SYNC_DEADLINE_SECONDS = 5.0
+"""How long a read waits for its zero-wait poll before it gives up on the mirror and sweeps."""
+
+RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+"""Back-off between attempts after an error (the last value repeats)."""
+
+_VM_PATHS = tuple(sorted({"name"} | {p for c in inventory.VM_COLUMNS.values() for p in c.paths}
+                         | {p for f in inventory.VM_FILTERS.values() for p in f.paths}))
+
+MIRRORED: dict[Any, tuple[str, ...]] = {
+    vim.VirtualMachine: _VM_PATHS,
+    vim.HostSystem: tuple(sorted({p for q in inventory.LIST_HOSTS_QUERIES if q.type is vim.HostSystem
+                                  for p in q.paths})),
+    vim.ComputeResource: ("name",),
+    vim.ResourcePool: ("name",),
+    vim.Folder: ("name", "parent"),
+    vim.Datacenter: ("name", "parent"),
+    vim.Datastore: tuple(sorted({p for q in inventory.LIST_DATASTORES_QUERIES for p in q.paths})),
+    vim.Network: ("name",),
+}
+"""Types and properties a mirror keeps: what list_vms (every column and filter), list_hosts and
+list_datastores read, and the names their rows refer to."""
+
+
+@dataclass(frozen=True)
+class MirrorStats:
+    """One mirror's state for /metrics: ``state`` is off, idle, syncing, synced or unhealthy."""
+
+    state: str
+    objects: int
+    version: str | None
+    lag_seconds: float | None
+    resyncs: int
+    updates: int
+    served: int
+    swept: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class View:
+    """What a read function sees: the mirrored objects, the root folder's moid, the target."""
+
+    target: Target
+    objects: Sequence[ObjectProps]
+    root_folder: str
+
+
+MirrorRead = Callable[[View, Mapping[str, Any]], dict[str, Any]]
+
+
+class Mirror:
+    """The mirror of one target (see the module docstring). Thread-safe; ``answer`` blocks."""
+
+    def __init__(self, target: Target, pool: SessionPool, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.target = target
+        self._pool = pool
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._objects: dict[str, ObjectProps] = {}
+        self._root: str | None = None
+        self._version: str | None = None
+        self._synced = False
+        self._healthy = False
+        self._heard_at: float | None = None
+        self._resyncs = 0
+        self._updates = 0
+        self._served = 0
+        self._swept = 0
+        self._last_error: str | None = None
+        self._requested = 0
+        self._polled = 0
+        self._long_wait = False
+        self._session: VSphereSession | None = None
+        self._session_key: str | None = None
+        self._filter: Any = None
+        self._view: Any = None
+        self._thread: threading.Thread | None = None
+        self._kicker: threading.Thread | None = None
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._started = False
+
+    # ---------------------------------------------------------------- public
+
+    def start(self) -> None:
+        """Start the background threads (idempotent; no I/O on the caller's thread)."""
+        with self._lock:
+            if self._started or self._stop.is_set():
+                return
+            self._started = True
+        name = f"mirror-{self.target.name}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._kicker = threading.Thread(target=self._kick_forever, name=f"{name}-kick", daemon=True)
+        self._thread.start()
+        self._kicker.start()
+
+    def close(self) -> None:
+        """Stop the threads (they end within one long wait) and log out."""
+        self._stop.set()
+        self._kick.set()
+        self._cancel_wait()
+        with self._lock:
+            self._lock.notify_all()
+        self._pool.close()
+
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return self._synced and self._healthy
+
+    def answer(self, read: MirrorRead, args: Mapping[str, Any], max_staleness: float | None,
+               deadline: float = SYNC_DEADLINE_SECONDS) -> dict[str, Any] | None:
+        """``read`` over the mirrored state, brought up to date first; None when the mirror cannot answer.
+
+        Blocking (run it off the event loop). Errors ``read`` raises (bad arguments, NotFound) propagate.
+        """
+        self.start()
+        age = self._age() if max_staleness is not None else None
+        if age is None or age > (max_staleness or 0.0):
+            if not self._sync(deadline):
+                self._count(served=False)
+                return None
+            age = None
+        with self._lock:
+            if not (self._synced and self._healthy) or self._root is None:
+                self._swept += 1
+                return None
+            view = View(self.target, list(self._objects.values()), self._root)
+            result = read(view, args)
+            self._served += 1
+            heard = self._heard_at
+        if age is not None and heard is not None:
+            result["mirror_age_seconds"] = round(max(0.0, self._clock() - heard), 3)
+        return result
+
+    def count_swept(self) -> None:
+        self._count(served=False)
+
+    def stats(self) -> MirrorStats:
+        with self._lock:
+            if not self._started:
+                state = "idle"
+            elif not self._healthy:
+                state = "unhealthy" if self._last_error else "syncing"
+            else:
+                state = "synced" if self._synced else "syncing"
+            lag = None if self._heard_at is None else max(0.0, self._clock() - self._heard_at)
+            return MirrorStats(state, len(self._objects), self._version, lag, self._resyncs, self._updates,
+                               self._served, self._swept, self._last_error)
+
+    # ---------------------------------------------------------------- reads
+
+    def _count(self, *, served: bool) -> None:
+        with self._lock:
+            if served:
+                self._served += 1
+            else:
+                self._swept += 1
+
+    def _age(self) -> float | None:
+        with self._lock:
+            if not (self._synced and self._healthy) or self._heard_at is None:
+                return None
+            return self._clock() - self._heard_at
+
+    def _sync(self, deadline: float) -> bool:
+        """Ask for one zero-wait poll and wait until one that started after this request completed."""
+        end = self._clock() + deadline
+        with self._lock:
+            if not (self._synced and self._healthy):
+                return False
+            self._requested += 1
+            wanted = self._requested
+            self._lock.notify_all()
+        self._kick.set()
+        with self._lock:
+            while self._polled < wanted:
+                if not (self._synced and self._healthy) or self._stop.is_set():
+                    return False
+                remaining = end - self._clock()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(min(remaining, 0.2))
+                if self._polled < wanted and self._long_wait:
+                    self._kick.set()  # the cancel may have reached the target before the wait did
+            return True
+
+    def _kick_forever(self) -> None:
+        """Interrupt the long wait when a read asks for a poll (CancelWaitForUpdates, best effort)."""
+        while not self._stop.is_set():
+            self._kick.wait()
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            with self._lock:
+                pending = self._requested > self._polled and self._long_wait
+            if pending:
+                self._cancel_wait()
+
+    def _cancel_wait(self) -> None:
+        session = self._session
+        if session is None:
+            return
+        try:
+            session.content.propertyCollector.CancelWaitForUpdates()
+        except vim.fault.NotAuthenticated:
+            # The session is gone: the outstanding wait cannot be interrupted, so reads sweep until
+            # the loop notices and resyncs on a new session.
+            with self._lock:
+                self._healthy = False
+                self._last_error = "the mirror's session ended"
+                self._lock.notify_all()
+        except Exception as exc:  # best effort: the reader falls back to a sweep at its deadline
+            log.debug("target %s: CancelWaitForUpdates failed: %s", self.target.name, type(exc).__name__)
+
+    # ---------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self._pool.run(self._step)
+                failures = 0
+            except Exception as exc:  # any failure: unhealthy, back off, start over with a full resync
+                if self._stop.is_set():
+                    return
+                message = exc.message if isinstance(exc, errors.GatewayError) else type(exc).__name__
+                log.info("target %s: mirror unhealthy (%s); resyncing", self.target.name, message)
+                with self._lock:
+                    self._healthy = False
+                    self._last_error = message
+                    self._session_key = None
+                    self._lock.notify_all()
+                self._stop.wait(RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)])
+                failures += 1
+
+    def _step(self, session: VSphereSession) -> None:
+        """One round: (re)build the filter and resync if the session changed, else one wait and apply."""
+        self._session = session
+        if self._session_key != session.key or self._filter is None:
+            self._resync(session)
+            return
+        with self._lock:
+            wanted = self._requested
+            zero = wanted > self._polled
+            self._long_wait = not zero
+        wait = 0 if zero else min(LONG_WAIT_SECONDS, max(1, int(self.target.timeout_seconds / 2)))
+        try:
+            update = session.content.propertyCollector.WaitForUpdatesEx(
+                self._version, PC.WaitOptions(maxWaitSeconds=wait))
+        except vmodl.fault.RequestCanceled:
+            update = None
+        finally:
+            with self._lock:
+                self._long_wait = False
+        self._apply(update, polled=wanted if zero else None)
+
+    def _resync(self, session: VSphereSession) -> None:
+        with self._lock:
+            self._healthy = False
+            self._synced = False
+        content: Any = session.content
+        self._drop_filter()
+        self._view = content.viewManager.CreateContainerView(content.rootFolder, list(MIRRORED), True)
+        spec = PC.FilterSpec(
+            objectSet=[PC.ObjectSpec(obj=self._view, skip=True, selectSet=[
+                PC.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)])],
+            propSet=[PC.PropertySpec(type=t, pathSet=list(p)) for t, p in MIRRORED.items()])
+        self._filter = content.propertyCollector.CreateFilter(spec, partialUpdates=False)
+        objects: dict[str, ObjectProps] = {}
+        version = ""
+        while True:  # the first answer may come in several truncated parts
+            update = content.propertyCollector.WaitForUpdatesEx(version, PC.WaitOptions(maxWaitSeconds=0))
+            if update is None:
+                break
+            _apply_update(objects, update)
+            version = update.version
+            if not update.truncated:
+                break
+        with self._lock:
+            resynced = self._root is not None
+            self._objects = objects
+            self._version = version
+            self._root = content.rootFolder._moId
+            self._session_key = session.key
+            self._synced = self._healthy = True
+            self._last_error = None
+            self._heard_at = self._clock()
+            self._resyncs += int(resynced)
+            self._lock.notify_all()
+        log.info("target %s: mirror synced (%d objects)", self.target.name, len(objects))
+
+    def _drop_filter(self) -> None:
+        for obj, method in ((self._filter, "DestroyPropertyFilter"), (self._view, "DestroyView")):
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    getattr(obj, method)()
+        self._filter = self._view = None
+
+    def _apply(self, update: Any, polled: int | None) -> None:
+        with self._lock:
+            if update is not None:
+                self._updates += _apply_update(self._objects, update)
+                self._version = update.version
+            self._heard_at = self._clock()
+            if polled is not None:
+                self._polled = max(self._polled, polled)
+            self._lock.notify_all()
+
+
+def _apply_update(objects: dict[str, ObjectProps], update: Any) -> int:
+    """Apply one ``UpdateSet`` to ``objects`` (by moid); returns the number of object updates."""
+    count = 0
+    for filter_update in update.filterSet or []:
+        for change in filter_update.objectSet or []:
+            count += 1
+            moid = change.obj._moId
+            if change.kind == "leave":
+                objects.pop(moid, None)
+                continue
+            current = objects.get(moid)
+            if change.kind == "enter" or current is None:
+                current = objects[moid] = ObjectProps(change.obj._wsdlName, moid, {})
+            for prop in change.changeSet or []:
+                if prop.op in ("remove", "indirectRemove") or prop.val is None:
+                    current.props.pop(prop.name, None)
+                else:
+                    current.props[prop.name] = inventory._plain(prop.name, prop.val, strict=False)
+    return count
+
+
+class Mirrors:
+    """The mirrors of every target, built lazily; ``answer`` is the one hook the read path calls."""
+
+    def __init__(self, targets: Sequence[Target], credentials: Mapping[str, str],
+                 reads: Mapping[str, MirrorRead]) -> None:
+        self._targets = {t.name: t for t in targets}
+        self._credentials = credentials
+        self._reads = dict(reads)
+        self._modes = {t.name: t.mirror for t in targets}
+        self._staleness = {t.name: t.max_staleness_seconds for t in targets}
+        self._mirrors: dict[str, Mirror] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def start_eager(self) -> None:
+        """Start the mirrors of targets configured ``mirror: eager`` (no I/O on the caller's thread)."""
+        for name, mode in self._modes.items():
+            if mode == "eager":
+                mirror = self._mirror(name)
+                if mirror is not None:
+                    mirror.start()
+
+    async def answer(self, target: str, tool: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The answer of read tool ``tool`` on ``target`` from its mirror, or None: sweep instead."""
+        read = self._reads.get(tool)
+        if read is None:
+            return None
+        mirror = self._mirror(target)
+        if mirror is None:
+            return None
+        staleness = self._staleness.get(target)
+        return await asyncio.to_thread(mirror.answer, read, args, staleness)
+
+    def stats(self) -> dict[str, MirrorStats]:
+        """Per target with a mirror: state, object count, version, lag, resyncs, served/swept reads."""
+        with self._lock:
+            mirrors = dict(self._mirrors)
+        return {name: m.stats() for name, m in mirrors.items()}
+
+    def decoder_fallbacks(self) -> int:
+        """Sweep replies the fast scanner left to ElementTree, since the process started."""
+        return inventory.DECODER.fallbacks
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            mirrors = list(self._mirrors.values())
+        closers = [threading.Thread(target=m.close, daemon=True) for m in mirrors]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(6.0)
+
+    def _mirror(self, name: str) -> Mirror | None:
+        target = self._targets.get(name)
+        if target is None or self._modes.get(name) == "off":
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            mirror = self._mirrors.get(name)
+            if mirror is None:
+                try:
+                    credentials = target.credentials(self._credentials)
+                except errors.ConfigError:
+                    return None  # the sweep reports the missing credentials
+                own = dataclasses.replace(target, pool_size=1)
+                mirror = self._mirrors[name] = Mirror(target, SessionPool(own, credentials))
+            return mirror
