@@ -94,6 +94,29 @@ func (g *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	g.next.ServeHTTP(w, r)
+	if announce, ok := unannounced[name]; ok {
+		if method, err := simulator.UnmarshalBody(vimType, body); err == nil {
+			announce(method.This)
+		}
+	}
+}
+
+// unannounced lists methods whose change the simulator makes without telling its PropertyCollector,
+// so WaitForUpdatesEx would never report it (a real vCenter does); after the call the interceptor
+// announces the changed property with its current value.
+var unannounced = map[string]func(types.ManagedObjectReference){
+	"EnterMaintenanceMode_Task": announceMaintenance,
+	"ExitMaintenanceMode_Task":  announceMaintenance,
+}
+
+func announceMaintenance(ref types.ManagedObjectReference) {
+	host, ok := simulator.Map.Get(ref).(*simulator.HostSystem)
+	if !ok {
+		return
+	}
+	var value bool
+	simulator.Map.WithLock(host, func() { value = host.Runtime.InMaintenanceMode })
+	updateLocked(host, []types.PropertyChange{{Name: "runtime.inMaintenanceMode", Val: value}})
 }
 
 var bodyElement = regexp.MustCompile(`Body[^>]*>\s*<([A-Za-z0-9_:.-]+)`)

@@ -1,0 +1,232 @@
+"""The live inventory mirror (gateway.vsphere.mirror) against the simulator, and its update arithmetic.
+
+Changes are made directly with pyVmomi (not through the gateway) and must show in the very next read
+answered by the mirror; ``stats().served`` proves the mirror answered rather than a sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pyVim.connect import Disconnect
+from pyVmomi import vim, vmodl
+from simulator import MakeSimulator, Simulator, find_vm, pyvmomi_connect, sim_target, wait_until
+
+from gateway.config import Credentials, Target
+from gateway.tools.read import MIRROR_READS, READ_TOOLS
+from gateway.vsphere import inventory
+from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere.mirror import MIRRORED, Mirrors, _apply_update
+from gateway.vsphere.pool import SessionPool
+
+ALL_VM_FIELDS = list(inventory.VM_COLUMNS)
+
+
+def credentials(*pairs: tuple[Target, Simulator]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for target, sim in pairs:
+        env[f"{target.credential_env_prefix}_USER"] = sim.user
+        env[f"{target.credential_env_prefix}_PASSWORD"] = sim.password
+    return env
+
+
+def synced(mirrors: Mirrors, name: str, resyncs: int = 0) -> bool:
+    stats = mirrors.stats().get(name)
+    return stats is not None and stats.state == "synced" and stats.resyncs >= resyncs
+
+
+def answer(mirrors: Mirrors, target: str, tool: str, **args: Any) -> dict[str, Any] | None:
+    return asyncio.run(mirrors.answer(target, tool, {"target": target, **args}))
+
+
+def mirrored(mirrors: Mirrors, target: str, tool: str, **args: Any) -> dict[str, Any]:
+    """An answer the mirror gave (asserted by its served counter)."""
+    before = mirrors.stats()[target].served
+    result = answer(mirrors, target, tool, **args)
+    assert result is not None, f"the mirror did not answer: {mirrors.stats()[target]}"
+    assert mirrors.stats()[target].served == before + 1
+    return result
+
+
+@pytest.fixture
+def sim(make_simulator: MakeSimulator) -> Simulator:
+    return make_simulator(clusters=1, hosts_per_cluster=2, standalone_hosts=1, vms=2, datastores=2)
+
+
+@pytest.fixture
+def mirrors(sim: Simulator) -> Iterator[Mirrors]:
+    target = sim_target("vc1", sim)
+    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    assert answer(built, "vc1", "list_vms") is None, "a cold mirror must not answer"
+    wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+    yield built
+    built.close()
+
+
+@pytest.fixture
+def si(sim: Simulator) -> Iterator[Any]:
+    connection = pyvmomi_connect(sim)
+    yield connection
+    Disconnect(connection)
+
+
+def names(result: dict[str, Any]) -> list[str]:
+    return [row["name"] for row in result["vms"]]
+
+
+# ------------------------------------------------------------------------------ pure update arithmetic
+
+
+def _change(name: str, val: Any, op: str = "assign") -> Any:
+    return vmodl.query.PropertyCollector.Change(name=name, op=op, val=val)
+
+
+def _update(kind: str, moid: str, *changes: Any) -> Any:
+    pc = vmodl.query.PropertyCollector
+    return pc.UpdateSet(version="2", filterSet=[pc.FilterUpdate(
+        filter=pc.Filter("filter-1"),
+        objectSet=[pc.ObjectUpdate(kind=kind, obj=vim.VirtualMachine(moid), changeSet=list(changes))])])
+
+
+@pytest.mark.parametrize(("updates", "expected"), [
+    ([_update("enter", "vm-1", _change("name", "a"), _change("runtime.host", vim.HostSystem("host-1")))],
+     {"vm-1": {"name": "a", "runtime.host": "host-1"}}),
+    ([_update("enter", "vm-1", _change("name", "a")), _update("modify", "vm-1", _change("name", "b"))],
+     {"vm-1": {"name": "b"}}),
+    ([_update("enter", "vm-1", _change("name", "a"), _change("guest.ipAddress", "10.0.0.1")),
+      _update("modify", "vm-1", _change("guest.ipAddress", None, op="remove"))],
+     {"vm-1": {"name": "a"}}),
+    ([_update("enter", "vm-1", _change("name", "a")), _update("leave", "vm-1")], {}),
+    ([_update("modify", "vm-9", _change("name", "late"))], {"vm-9": {"name": "late"}}),
+])
+def test_updates_apply_enter_modify_remove_and_leave(updates: list[Any], expected: dict[str, Any]) -> None:
+    objects: dict[str, ObjectProps] = {}
+    for update in updates:
+        _apply_update(objects, update)
+    assert {moid: o.props for moid, o in objects.items()} == expected
+    assert all(o.type == "VirtualMachine" for o in objects.values())
+
+
+def test_the_mirror_keeps_only_what_the_list_tools_read() -> None:
+    vm_paths = set(MIRRORED[vim.VirtualMachine])
+    assert vm_paths == {"name"} | {p for c in inventory.VM_COLUMNS.values() for p in c.paths} | {
+        p for f in inventory.VM_FILTERS.values() for p in f.paths}
+    assert "config.hardware.device" not in vm_paths
+    assert set(MIRROR_READS) <= {spec.name for spec in READ_TOOLS}
+
+
+# ------------------------------------------------------------------------------ against the simulator
+
+
+def test_mirror_answers_equal_sweeps(sim: Simulator, mirrors: Mirrors) -> None:
+    pool = SessionPool(sim_target("vc1", sim), Credentials(sim.user, sim.password))
+    try:
+        swept_vms = pool.run(lambda s: inventory.list_vms(s, inventory.VmQuery(fields=tuple(ALL_VM_FIELDS))))
+        swept_hosts = pool.run(lambda s: inventory.list_hosts(s))
+        swept_cluster_hosts = pool.run(lambda s: inventory.list_hosts(s, "DC0_C0"))
+        swept_datastores = pool.run(lambda s: inventory.list_datastores(s))
+    finally:
+        pool.close()
+    assert mirrored(mirrors, "vc1", "list_vms", fields=ALL_VM_FIELDS) == swept_vms
+    assert mirrored(mirrors, "vc1", "list_hosts") == swept_hosts
+    assert mirrored(mirrors, "vc1", "list_hosts", cluster="DC0_C0") == swept_cluster_hosts
+    assert mirrored(mirrors, "vc1", "list_datastores") == swept_datastores
+    assert swept_vms["count"] == 4 and swept_hosts["count"] == 3
+
+
+def _wait_task(task: Any) -> None:
+    wait_until(lambda: task.info.state in ("success", "error"), timeout=20, what="task done")
+    assert task.info.state == "success", task.info.error
+
+
+def test_power_and_rename_show_in_the_next_read(mirrors: Mirrors, si: Any) -> None:
+    vm = find_vm(si, "DC0_H0_VM0")
+    _wait_task(vm.PowerOffVM_Task())
+    rows = {r["name"]: r for r in mirrored(mirrors, "vc1", "list_vms")["vms"]}
+    assert rows["DC0_H0_VM0"]["power_state"] == "poweredOff"
+    _wait_task(vm.Rename_Task("renamed-vm"))
+    after = mirrored(mirrors, "vc1", "list_vms")
+    assert "renamed-vm" in names(after) and "DC0_H0_VM0" not in names(after)
+    assert mirrored(mirrors, "vc1", "list_vms", power_state="poweredOff")["vms"][0]["name"] == "renamed-vm"
+
+
+def test_new_and_destroyed_vms_show_in_the_next_read(mirrors: Mirrors, si: Any) -> None:
+    source = find_vm(si, "DC0_H0_VM1")
+    spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec(), powerOn=False, template=False)
+    _wait_task(source.CloneVM_Task(folder=source.parent, name="clone-1", spec=spec))
+    assert "clone-1" in names(mirrored(mirrors, "vc1", "list_vms"))
+    clone = find_vm(si, "clone-1")
+    if clone.runtime.powerState == "poweredOn":
+        _wait_task(clone.PowerOffVM_Task())
+    _wait_task(clone.Destroy_Task())
+    assert "clone-1" not in names(mirrored(mirrors, "vc1", "list_vms"))
+
+
+def test_host_maintenance_shows_in_the_next_read(mirrors: Mirrors, si: Any) -> None:
+    view = si.content.viewManager.CreateContainerView(si.content.rootFolder, [vim.HostSystem], True)
+    host = next(h for h in view.view if h.name == "DC0_C0_H0")
+    view.DestroyView()
+    _wait_task(host.EnterMaintenanceMode_Task(timeout=0))
+    rows = {r["name"]: r for r in mirrored(mirrors, "vc1", "list_hosts")["hosts"]}
+    assert rows["DC0_C0_H0"]["maintenance_mode"] is True
+    assert rows["DC0_C0_H1"]["maintenance_mode"] is False
+
+
+def test_terminated_sessions_resync(sim: Simulator, mirrors: Mirrors, si: Any) -> None:
+    sim.control("/terminate-sessions", {})
+    # Until the mirror notices, reads sweep; once it has logged in again it resyncs from scratch.
+    wait_until(lambda: synced(mirrors, "vc1", resyncs=1), timeout=40, what="mirror resynced")
+    vm = find_vm(pyvmomi_connect(sim), "DC0_C0_RP0_VM0")
+    _wait_task(vm.PowerOffVM_Task())
+    rows = {r["name"]: r for r in mirrored(mirrors, "vc1", "list_vms")["vms"]}
+    assert rows["DC0_C0_RP0_VM0"]["power_state"] == "poweredOff"
+
+
+def test_staleness_allowed_answers_say_how_old(sim: Simulator) -> None:
+    target = sim_target("vc1", sim, max_staleness_seconds=3600.0)
+    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    try:
+        assert answer(built, "vc1", "list_vms") is None
+        wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+        result = mirrored(built, "vc1", "list_vms")
+        assert 0 <= result["mirror_age_seconds"] < 3600
+    finally:
+        built.close()
+
+
+def test_an_opted_out_target_always_sweeps(sim: Simulator) -> None:
+    target = sim_target("vc1", sim, mirror="off")
+    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    try:
+        assert answer(built, "vc1", "list_vms") is None
+        assert built.stats() == {}
+    finally:
+        built.close()
+
+
+def test_a_slowed_target_does_not_delay_another(make_simulator: MakeSimulator) -> None:
+    slow_sim, fast_sim = make_simulator(vms=1), make_simulator(vms=1)
+    slow, fast = sim_target("slow", slow_sim), sim_target("fast", fast_sim)
+    built = Mirrors([slow, fast], credentials((slow, slow_sim), (fast, fast_sim)), MIRROR_READS)
+    try:
+        for name in ("slow", "fast"):
+            answer(built, name, "list_vms")
+        wait_until(lambda: synced(built, "slow") and synced(built, "fast"), timeout=30, what="both synced")
+        slow_sim.control("/delay", {"method_delay": {"WaitForUpdatesEx": 60_000}})
+
+        async def both() -> tuple[bool, dict[str, Any] | None]:
+            slow_read = asyncio.ensure_future(built.answer("slow", "list_vms", {"target": "slow"}))
+            fast_result = await built.answer("fast", "list_vms", {"target": "fast"})
+            slow_pending = not slow_read.done()
+            slow_sim.control("/delay", {"method_delay": {}})
+            await slow_read
+            return slow_pending, fast_result
+
+        slow_pending, fast_result = asyncio.run(both())
+        assert fast_result is not None and fast_result["count"] >= 1
+        assert slow_pending, "the fast target's answer came only after the slow target's"
+    finally:
+        built.close()
