@@ -202,6 +202,15 @@ def test_scanner_agrees_with_elementtree(name: str) -> None:
         assert scanned == tree
 
 
+@pytest.mark.parametrize(("name", "counted"), [(n, 0) for n in list(_SCANNED)[:3]]
+                         + [(n, 1) for n in list(_DEFERRED)[:3]])
+def test_replies_left_to_elementtree_are_counted(name: str, counted: int) -> None:
+    body = {**_SCANNED, **_DEFERRED}[name]
+    before = inv.DECODER.fallbacks
+    _outcome(inv.parse_retrieve_result, body)
+    assert inv.DECODER.fallbacks - before == counted
+
+
 def test_scanner_reads_references_and_line_ends_as_xml_does() -> None:
     page = inv.scan_retrieve_result(_SCANNED["references"])
     assert page is not None

@@ -8,14 +8,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from httpserver import mcp_client, serve
 from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
-from simulator import MakeSimulator, Simulator, find_vm, pyvmomi_connect, sim_target, wait_until
+from simulator import (
+    MakeSimulator,
+    Simulator,
+    find_vm,
+    pyvmomi_connect,
+    sim_target,
+    wait_until,
+    write_targets,
+)
 
 from gateway.config import Credentials, Target
+from gateway.server.pipeline import Gateway
+from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS, READ_TOOLS
 from gateway.vsphere import inventory
 from gateway.vsphere.inventory import ObjectProps
@@ -230,3 +243,45 @@ def test_a_slowed_target_does_not_delay_another(make_simulator: MakeSimulator) -
         assert slow_pending, "the fast target's answer came only after the slow target's"
     finally:
         built.close()
+
+
+# ------------------------------------------------------------------------------ through the gateway
+
+
+def _gateway(sim: Simulator, tmp: Path) -> Gateway:
+    env = write_targets(tmp / "targets.yaml", {"vc1": sim})
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
+    sim: Simulator, si: Any, tmp_path: Path,
+) -> None:
+    served = serve(tmp_path, _gateway(sim, tmp_path))
+    gateway = served.gateway
+    try:
+        async with mcp_client(served, served.tokens["alice"], "legacy") as client:
+            first = await client.call_tool("list_vms", {"target": "vc1"})  # swept; starts the mirror
+            assert not first.is_error
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
+            vm = find_vm(si, "DC0_H0_VM1")
+            await anyio.to_thread.run_sync(lambda: _wait_task(vm.Rename_Task("renamed-over-https")))
+            result = await client.call_tool("list_vms", {"target": "vc1", "fields": ["name"]})
+        assert not result.is_error, result.content
+        listed = [row["name"] for row in result.structured_content["vms"]]
+        assert "renamed-over-https" in listed and "DC0_H0_VM1" not in listed
+        stats = gateway.mirrors.stats()["vc1"]
+        assert (stats.served, stats.swept) == (1, 1)
+        families = {family for family, *_ in gateway.mirrors.samples()}
+        assert {"gateway_mirror_synced", "gateway_mirror_reads_total",
+                "gateway_soap_decoder_fallbacks_total"} <= families
+    finally:
+        served.stop()

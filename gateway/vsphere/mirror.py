@@ -431,6 +431,30 @@ class Mirrors:
             mirrors = dict(self._mirrors)
         return {name: m.stats() for name, m in mirrors.items()}
 
+    def samples(self) -> list[tuple[str, str, str, dict[str, str], float]]:
+        """The statistics as metric samples ``(family, type, help, labels, value)``, for /metrics."""
+        out: list[tuple[str, str, str, dict[str, str], float]] = []
+        for name, s in sorted(self.stats().items()):
+            labels = {"target": name}
+            out += [
+                ("gateway_mirror_synced", "gauge", "1 when the mirror is synced and healthy.",
+                 labels, float(s.state == "synced")),
+                ("gateway_mirror_objects", "gauge", "Objects held by the target's inventory mirror.",
+                 labels, float(s.objects)),
+                ("gateway_mirror_lag_seconds", "gauge", "Seconds since the mirror heard from its target.",
+                 labels, s.lag_seconds if s.lag_seconds is not None else float("nan")),
+                ("gateway_mirror_resyncs_total", "counter", "Full resyncs (session loss, restart).",
+                 labels, float(s.resyncs)),
+                ("gateway_mirror_reads_total", "counter", "Mirrorable reads by how they were answered.",
+                 {**labels, "source": "mirror"}, float(s.served)),
+                ("gateway_mirror_reads_total", "counter", "Mirrorable reads by how they were answered.",
+                 {**labels, "source": "sweep"}, float(s.swept)),
+            ]
+        out.append(("gateway_soap_decoder_fallbacks_total", "counter",
+                    "Sweep replies the fast scanner left to ElementTree.", {},
+                    float(self.decoder_fallbacks())))
+        return out
+
     def decoder_fallbacks(self) -> int:
         """Sweep replies the fast scanner left to ElementTree, since the process started."""
         return inventory.DECODER.fallbacks
