@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pyVmomi import vim
-from simulator import MakeSimulator, Simulator, open_pool
+from pyVmomi import vim, vmodl
+from simulator import MakeSimulator, Simulator, open_pool, wait_until
 
 from gateway import errors
 from gateway.guard.patterns import compile_user_regex
@@ -271,10 +271,86 @@ def test_a_window_busier_than_max_scan_raises_rather_than_truncating(vc: Session
     assert complete["scanned"] > 12
 
 
-def test_task_history_missing_on_the_simulator_is_a_clear_not_supported(vc: SessionPool) -> None:
-    query = h.TaskQuery(window=Window(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC)))
-    with pytest.raises(errors.NotSupported) as caught:
-        vc.run(lambda s: h.get_tasks(s, query))
+def _run_task(session: VSphereSession, vm_name: str, method: str, *args: Any) -> str:
+    """Run one VM task and wait for it through the PropertyCollector; returns the task's key."""
+    vm = inv.resolve_vm(session, vm_name).managed_object(session)
+    task = getattr(vm, method)(*args)
+    spec = vmodl.query.PropertyCollector.FilterSpec(
+        objectSet=[vmodl.query.PropertyCollector.ObjectSpec(obj=task)],
+        propSet=[vmodl.query.PropertyCollector.PropertySpec(type=vim.Task, pathSet=["info.state"])])
+
+    def state() -> str | None:
+        [content] = session.content.propertyCollector.RetrieveContents([spec])
+        value: str = content.propSet[0].val
+        return value if value in ("success", "error") else None
+
+    wait_until(state, timeout=20, what=f"{method} finished")
+    key: str = task._moId
+    return key
+
+
+def all_tasks(pool: SessionPool, **filters: Any) -> dict[str, Any]:
+    window = filters.pop("window", None) or Window(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC))
+    result: dict[str, Any] = pool.run(lambda s: h.get_tasks(s, h.TaskQuery(window=window, **filters)))
+    return result
+
+
+def test_tasks_are_read_from_a_task_history_collector_on_real_tasks(make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=2)
+    pool = open_pool("vc", sim)
+    try:
+        off = pool.run(lambda s: _run_task(s, "DC0_C0_RP0_VM0", "PowerOffVM_Task"))
+        renamed = pool.run(lambda s: _run_task(s, "DC0_C0_RP0_VM1", "Rename_Task", "renamed-1"))
+        sim.control("/fail-next", {"method": "PowerOnVM_Task", "fault": "InvalidState", "message": "no"})
+        failed = pool.run(lambda s: _run_task(s, "DC0_C0_RP0_VM0", "PowerOnVM_Task"))
+
+        result, methods = methods_of(pool, lambda s: h.get_tasks(s, h.TaskQuery(
+            window=Window(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC)))))
+        assert methods[0] == "CreateCollectorForTasks" and methods[-1] == "DestroyCollector"
+        by_key = {t["key"]: t for t in result["tasks"]}
+        assert {off, renamed, failed} <= set(by_key)
+        assert by_key[off]["entity"] == "DC0_C0_RP0_VM0" and by_key[off]["state"] == "success"
+        assert by_key[failed]["state"] == "error" and by_key[failed]["error"]
+        queued = [t["queued"] for t in result["tasks"]]
+        assert queued == sorted(queued, reverse=True)
+
+        assert [t["key"] for t in all_tasks(pool, states=("error",))["tasks"]] == [failed]
+        assert [t["key"] for t in all_tasks(pool, task_id=renamed)["tasks"]] == [renamed]
+        vm0 = all_tasks(pool, entity_name=re.compile("^DC0_C0_RP0_VM0$"))["tasks"]
+        assert {t["key"] for t in vm0} == {off, failed}
+        after_off = Window(datetime.fromisoformat(by_key[renamed]["queued"]), datetime.now(UTC))
+        assert off not in {t["key"] for t in all_tasks(pool, window=after_off)["tasks"]}
+        user = by_key[off]["user"]
+        assert all_tasks(pool, user=user)["count"] == result["count"]
+        assert all_tasks(pool, user="someone-else@local")["count"] == 0
+    finally:
+        pool.close()
+
+
+def test_a_busy_task_window_raises_rather_than_truncating(make_simulator: MakeSimulator) -> None:
+    pool = open_pool("vc", make_simulator(vms=1))
+    try:
+        moid = pool.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM0").moid)
+        for i in range(12):
+            pool.run(lambda s, i=i: _run_task(s, moid, "Rename_Task", f"n{i}"))
+        with pytest.raises(errors.ScanLimitReached):
+            all_tasks(pool, max_scan=10)
+        assert all_tasks(pool, max_scan=100)["count"] == 12
+    finally:
+        pool.close()
+
+
+def test_a_target_without_task_history_is_a_clear_not_supported(make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=1)
+    pool = open_pool("vc", sim)
+    try:
+        # The launcher keeps task history; a server without it answers NotSupported (injected here).
+        sim.control("/fail-next", {"method": "CreateCollectorForTasks", "fault": "NotSupported"})
+        query = h.TaskQuery(window=Window(datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC)))
+        with pytest.raises(errors.NotSupported) as caught:
+            pool.run(lambda s: h.get_tasks(s, query))
+    finally:
+        pool.close()
     assert caught.value.code == "not_supported"
     assert "CreateCollectorForTasks" in caught.value.message and "'vc'" in caught.value.message
 

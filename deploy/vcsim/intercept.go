@@ -92,6 +92,12 @@ func (g *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if name == "CreateCollectorForTasks" && g.sessionValid(r) {
+		if method, err := simulator.UnmarshalBody(vimType, body); err == nil {
+			createTaskCollector(w, method)
+			return
+		}
+	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	g.next.ServeHTTP(w, r)
 	if announce, ok := unannounced[name]; ok {

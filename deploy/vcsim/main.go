@@ -195,6 +195,7 @@ func run(o *options) int {
 }
 
 func serve(o *options, m *simulator.Model, signals <-chan os.Signal) error {
+	simulator.Map.AddHandler(recorder) // task history (taskhistory.go)
 	m.Service.TLS = new(tls.Config)
 	m.Service.Listen = &url.URL{Host: o.listen}
 	if o.username != "" {
