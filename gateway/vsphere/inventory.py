@@ -720,7 +720,11 @@ def vm_facts(session: Session, moid: str) -> VmRef:
     without a resource pool, to name its host). A VM that no longer exists raises the target's
     ``ManagedObjectNotFound`` fault."""
     vm = managed_object(session, vim.VirtualMachine, moid)
-    objects = retrieve(session, object_spec(vm, _VM_FACT_PATHS, _VM_FACT_TRAVERSAL))
+    return _vm_ref(session, moid, retrieve(session, object_spec(vm, _VM_FACT_PATHS, _VM_FACT_TRAVERSAL)))
+
+
+def _vm_ref(session: Session, moid: str, objects: Sequence[ObjectProps]) -> VmRef:
+    """The facts of VM ``moid`` from a retrieval made with ``_VM_FACT_PATHS`` and ``_VM_FACT_TRAVERSAL``."""
     groups = by_type(objects)
     me = next(o for o in groups.get("VirtualMachine", []) if o.moid == moid)
     tree = FolderTree.from_objects(objects, session.content.rootFolder._moId)
@@ -1274,11 +1278,17 @@ def _guest_nics(nets: Sequence[Any] | None) -> list[dict[str, Any]]:
 
 def get_vm_details(session: Session, ref: str) -> dict[str, Any]:
     """One VM in depth: identity, placement facts, hardware and devices, guest, storage, networks."""
-    vm = resolve_vm(session, ref)
-    objects = retrieve_objects(session, object_spec(
-        vm.managed_object(session),
-        {vim.VirtualMachine: _VM_DETAIL_PATHS, vim.Datastore: ("name",), vim.Network: ("name",)},
-        _VM_DETAIL_TRAVERSAL))
+    # The name sweep, then ONE retrieval for both the placement facts and the details (they used to be
+    # two round trips: resolve_vm's facts, then the details).
+    moid = _find(session, _VM, ref)
+    paths = {**_VM_FACT_PATHS, vim.Datastore: ("name",), vim.Network: ("name",)}
+    paths[vim.VirtualMachine] = tuple(dict.fromkeys(_VM_FACT_PATHS[vim.VirtualMachine] + _VM_DETAIL_PATHS))
+    try:
+        objects = retrieve_objects(session, object_spec(managed_object(session, vim.VirtualMachine, moid),
+                                                        paths, _VM_FACT_TRAVERSAL + _VM_DETAIL_TRAVERSAL))
+    except vmodl.fault.ManagedObjectNotFound:  # deleted between the two reads
+        raise _not_found(session, _VM, ref) from None
+    vm = _vm_ref(session, moid, objects)
     p = _one(objects, vm.moid)
     networks = _names(objects, _NETWORK_TYPES)
     datastores = _names(objects, ("Datastore",))
