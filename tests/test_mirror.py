@@ -364,3 +364,35 @@ def test_a_restarted_vcenter_is_resynced(make_simulator: MakeSimulator) -> None:
     finally:
         built.close()
         relay.close()
+
+
+def test_a_fan_out_takes_each_target_wholly_from_one_source(make_simulator: MakeSimulator) -> None:
+    sim_a, sim_b = make_simulator(vms=1), make_simulator(vms=2)
+    a, b = sim_target("a", sim_a), sim_target("b", sim_b, mirror="off")
+    built = Mirrors([a, b], credentials((a, sim_a), (b, sim_b)), MIRROR_READS)
+    pool_b = SessionPool(b, Credentials(sim_b.user, sim_b.password))
+    swept: list[list[str]] = []
+
+    async def no_sweep(rest: list[str]) -> dict[str, dict[str, Any]]:
+        raise AssertionError(f"swept {rest}: the mirror's answer (an error) is the whole answer")
+
+    try:
+        answer(built, "a", "list_vms")
+        wait_until(lambda: synced(built, "a"), timeout=30, what="mirror synced")
+        vms = asyncio.run(built.fan_out(["a", "b"], "list_vms", {"target": "all"},
+                                        lambda rest: _sweep_vms(pool_b, rest, swept)))
+        assert list(vms) == ["a", "b"]
+        assert vms["a"]["ok"]["count"] == 1 and vms["b"]["ok"]["count"] == 2
+        assert swept == [["b"]] and built.stats()["a"].served == 1
+        hosts = asyncio.run(built.fan_out(["a"], "list_hosts", {"target": "all", "cluster": "nope"},
+                                          no_sweep))
+        assert hosts["a"]["error"]["code"] == "not_found"
+    finally:
+        built.close()
+        pool_b.close()
+
+
+async def _sweep_vms(pool: SessionPool, rest: list[str], swept: list[list[str]]) -> dict[str, dict[str, Any]]:
+    swept.append(rest)
+    rows = await asyncio.to_thread(pool.run, lambda s: inventory.list_vms(s, inventory.VmQuery()))
+    return {name: {"ok": rows} for name in rest}

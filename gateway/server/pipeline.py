@@ -552,10 +552,13 @@ class Gateway:
                     )
                 outcomes = None
             else:
-                answered = await self.scheduler.fan_out(
+                answered = await self.mirrors.fan_out(
                     [n for n in names if n not in refused],
-                    lambda s: fn(s, args),
-                    deadline=self.settings.fanout_timeout_seconds,
+                    ctx.spec.name,
+                    args,
+                    lambda rest: self.scheduler.fan_out(
+                        rest, lambda s: fn(s, args), deadline=self.settings.fanout_timeout_seconds
+                    ),
                 )
                 result = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
                 outcomes = {

@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -424,6 +424,26 @@ class Mirrors:
             return None
         staleness = self._staleness.get(target)
         return await asyncio.to_thread(mirror.answer, read, args, staleness)
+
+    async def fan_out(self, names: Sequence[str], tool: str, args: Mapping[str, Any],
+                      sweep: Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]],
+                      ) -> dict[str, dict[str, Any]]:
+        """A fan-out read: each target answered by its mirror when it can, the others by ``sweep(rest)``;
+        ``{name: {"ok": ...} | {"error": ...}}`` in the order of ``names``. Each target's answer comes
+        wholly from one source."""
+        names = list(dict.fromkeys(names))
+
+        async def settle(name: str) -> dict[str, Any] | None:
+            try:
+                answer = await self.answer(name, tool, args)
+            except errors.GatewayError as exc:
+                return {"error": exc.to_wire()}
+            return None if answer is None else {"ok": answer}
+
+        mirrored = dict(zip(names, await asyncio.gather(*(settle(n) for n in names)), strict=True))
+        rest = [n for n in names if mirrored[n] is None]
+        swept = await sweep(rest) if rest else {}
+        return {n: mirrored[n] or swept[n] for n in names}
 
     def stats(self) -> dict[str, MirrorStats]:
         """Per target with a mirror: state, object count, version, lag, resyncs, served/swept reads."""
