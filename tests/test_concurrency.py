@@ -29,11 +29,13 @@ def anyio_backend() -> str:
 def three_target_gateway(tmp: Path, make_simulator: MakeSimulator, silent_port: int, **flags: Any) -> Gateway:
     fast = make_simulator(vms=2)
     slow = make_simulator(vms=2, method_delay={"RetrievePropertiesEx": 400})
-    env = write_targets(tmp / "targets.yaml", {"fast": fast, "slow": slow}, {"slow": {"pool_size": 1}})
+    # mirror: off: these tests are about slots on the sweeping path (a mirror would answer reads without one)
+    env = write_targets(tmp / "targets.yaml", {"fast": fast, "slow": slow},
+                        {"slow": {"pool_size": 1, "mirror": "off"}, "fast": {"mirror": "off"}})
     text = (tmp / "targets.yaml").read_text()
     text += (
         f"- name: hung\n  host: 127.0.0.1\n  port: {silent_port}\n  credential_env_prefix: "
-        f"{credential_prefix('hung')}\n  insecure: true\n  timeout_seconds: 3\n"
+        f"{credential_prefix('hung')}\n  insecure: true\n  timeout_seconds: 3\n  mirror: 'off'\n"
     )
     (tmp / "targets.yaml").write_text(text)
     env.update({f"{credential_prefix('hung')}_USER": "u", f"{credential_prefix('hung')}_PASSWORD": "p"})

@@ -288,7 +288,11 @@ class Mirror:
                 if self._stop.is_set():
                     return
                 message = exc.message if isinstance(exc, errors.GatewayError) else type(exc).__name__
-                log.info("target %s: mirror unhealthy (%s); resyncing", self.target.name, message)
+                # The first failure of a run is worth a warning; retries against a target that stays
+                # down are not (they repeat every RETRY_SECONDS).
+                log.log(logging.WARNING if failures == 0 else logging.DEBUG,
+                        "target %s: mirror unhealthy (%s); reads sweep until it resyncs", self.target.name,
+                        message)
                 with self._lock:
                     self._healthy = False
                     self._last_error = message
