@@ -30,7 +30,7 @@ from simulator import (
     write_targets,
 )
 
-from gateway.config import Credentials, Target
+from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS, READ_TOOLS
@@ -396,3 +396,37 @@ async def _sweep_vms(pool: SessionPool, rest: list[str], swept: list[list[str]])
     swept.append(rest)
     rows = await asyncio.to_thread(pool.run, lambda s: inventory.list_vms(s, inventory.VmQuery()))
     return {name: {"ok": rows} for name in rest}
+
+
+@pytest.mark.parametrize(("extra", "problem"), [
+    ({"mirror": "sometimes"}, "'mirror' must be one of off, lazy, eager"),
+    ({"mirror": True}, "'mirror' must be str"),
+    ({"max_staleness_seconds": -1}, "'max_staleness_seconds' must be zero or positive"),
+    ({"max_staleness_seconds": "soon"}, "'max_staleness_seconds' must be int or float"),
+])
+def test_mirror_settings_are_validated(extra: dict[str, Any], problem: str) -> None:
+    entry = {"name": "vc1", "host": "vc.example.com", "credential_env_prefix": "VC1", **extra}
+    with pytest.raises(ConfigProblems) as caught:
+        parse_targets([entry], "targets.yaml")
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_mirror_settings_parse() -> None:
+    [target] = parse_targets([{"name": "vc1", "host": "h", "credential_env_prefix": "VC1", "mirror": "eager",
+                               "max_staleness_seconds": 30}], "targets.yaml")
+    assert (target.mirror, target.max_staleness_seconds) == ("eager", 30.0)
+    [default] = parse_targets([{"name": "vc1", "host": "h", "credential_env_prefix": "VC1"}], "targets.yaml")
+    assert (default.mirror, default.max_staleness_seconds) == ("lazy", None)
+
+
+def test_an_eager_mirror_syncs_before_any_read(sim: Simulator) -> None:
+    target = sim_target("vc1", sim, mirror="eager")
+    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    try:
+        assert built.stats() == {}
+        built.start_eager()
+        wait_until(lambda: synced(built, "vc1"), timeout=30, what="eager mirror synced")
+        assert built.stats()["vc1"].served == built.stats()["vc1"].swept == 0
+        assert mirrored(built, "vc1", "list_vms")["count"] == 4  # the first read is already mirrored
+    finally:
+        built.close()

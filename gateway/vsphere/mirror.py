@@ -312,15 +312,17 @@ class Mirror:
             zero = wanted > self._polled
             self._long_wait = not zero
         wait = 0 if zero else min(LONG_WAIT_SECONDS, max(1, int(self.target.timeout_seconds / 2)))
+        canceled = False
         try:
             update = session.content.propertyCollector.WaitForUpdatesEx(
                 self._version, PC.WaitOptions(maxWaitSeconds=wait))
         except vmodl.fault.RequestCanceled:
-            update = None
+            update, canceled = None, True
         finally:
             with self._lock:
                 self._long_wait = False
-        self._apply(update, polled=wanted if zero else None)
+        # A zero wait hit by a cancel meant for the long wait before it did not poll: the next round does.
+        self._apply(update, polled=wanted if zero and not canceled else None)
 
     def _resync(self, session: VSphereSession) -> None:
         with self._lock:
@@ -427,7 +429,14 @@ class Mirrors:
         if mirror is None:
             return None
         staleness = self._staleness.get(target)
-        return await asyncio.to_thread(mirror.answer, read, args, staleness)
+        try:
+            return await asyncio.to_thread(mirror.answer, read, args, staleness)
+        except errors.GatewayError:
+            raise  # the tool's own answer (bad arguments, not found), as a sweep would give it
+        except Exception:  # a defect here must not fail the read: the sweep answers instead
+            log.exception("target %s: the mirror could not answer %s; sweeping", target, tool)
+            mirror.count_swept()
+            return None
 
     async def fan_out(self, names: Sequence[str], tool: str, args: Mapping[str, Any],
                       sweep: Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]],
