@@ -82,6 +82,19 @@ def gauge_family(name: str, help_text: str, label: str, values: Mapping[str, flo
     return family
 
 
+def sample_families(samples: Iterable[tuple[str, str, str, Mapping[str, str], float]]) -> list[Metric]:
+    """Families from ``(name, "gauge" | "counter", help, labels, value)`` samples (``Mirrors.samples()``);
+    samples of one family share their label names."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for name, kind, help_text, labels, value in samples:
+        family = families.get(name)
+        if family is None:
+            maker = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = families[name] = maker(name, help_text, labels=sorted(labels))
+        family.add_metric([labels[k] for k in sorted(labels)], float(value))
+    return list(families.values())
+
+
 def target_families(stats: Mapping[str, Mapping[str, float]]) -> list[Metric]:
     """The per-target families from ``scheduler.stats()`` (every family, even with no target)."""
     families: list[Metric] = []

@@ -77,7 +77,7 @@ from gateway.guard.policy import Decision, PolicyStore
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.server.instance import Instance
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
 from gateway.store.sqlite import Proposal, SqliteStore
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
@@ -198,6 +198,7 @@ class Gateway:
             )
         self._sweeper: asyncio.Task[None] | None = None
         self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
+        self.metrics.add_collector("mirrors", lambda: sample_families(self.mirrors.samples()))
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
