@@ -145,12 +145,15 @@ def test_mirror_answers_equal_sweeps(sim: Simulator, mirrors: Mirrors) -> None:
         swept_hosts = pool.run(lambda s: inventory.list_hosts(s))
         swept_cluster_hosts = pool.run(lambda s: inventory.list_hosts(s, "DC0_C0"))
         swept_datastores = pool.run(lambda s: inventory.list_datastores(s))
+        swept_clusters = pool.run(lambda s: inventory.list_clusters(s))
     finally:
         pool.close()
     assert mirrored(mirrors, "vc1", "list_vms", fields=ALL_VM_FIELDS) == swept_vms
     assert mirrored(mirrors, "vc1", "list_hosts") == swept_hosts
     assert mirrored(mirrors, "vc1", "list_hosts", cluster="DC0_C0") == swept_cluster_hosts
     assert mirrored(mirrors, "vc1", "list_datastores") == swept_datastores
+    assert mirrored(mirrors, "vc1", "list_clusters") == swept_clusters
+    assert swept_clusters["count"] == 1 and swept_clusters["clusters"][0]["datacenter"] == "DC0"
     assert swept_vms["count"] == 4 and swept_hosts["count"] == 3
 
 
@@ -434,3 +437,4 @@ def test_an_eager_mirror_syncs_before_any_read(sim: Simulator) -> None:
         assert mirrored(built, "vc1", "list_vms")["count"] == 4  # the first read is already mirrored
     finally:
         built.close()
+

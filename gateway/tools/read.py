@@ -134,6 +134,7 @@ def _mirror_list_vms(view: mirror.View, args: Mapping[str, Any]) -> dict[str, An
 MIRROR_READS: dict[str, mirror.MirrorRead] = {
     "list_vms": _mirror_list_vms,
     "list_hosts": lambda view, args: inventory.host_rows(view, view.objects, args.get("cluster")),
+    "list_clusters": lambda view, _args: inventory.cluster_rows(view.objects, view.root_folder),
     "list_datastores": lambda view, _args: inventory.datastore_rows(view.objects),
 }
 

@@ -1164,17 +1164,24 @@ def _cluster_row(o: ObjectProps, tree: FolderTree, datacenters: set[str]) -> dic
     }
 
 
-def list_clusters(session: Session) -> dict[str, Any]:
-    """Clusters with capacity and DRS/HA switches, from one sweep: ``{"clusters": [...], "count": n}``."""
-    queries = [Query(vim.ClusterComputeResource, _LIST_CLUSTER_PATHS), Query(vim.Folder, ("name", "parent")),
-               Query(vim.Datacenter, ("name", "parent"))]
-    objects = sweep(session, queries, objects=True)
-    tree = FolderTree.from_objects(objects, session.content.rootFolder._moId)
+LIST_CLUSTERS_QUERIES = (Query(vim.ClusterComputeResource, _LIST_CLUSTER_PATHS),
+                         Query(vim.Folder, ("name", "parent")), Query(vim.Datacenter, ("name", "parent")))
+
+
+def cluster_rows(objects: Sequence[ObjectProps], root_folder: str) -> dict[str, Any]:
+    """Shape swept (or mirrored) cluster, folder and datacenter objects into the list_clusters answer."""
+    tree = FolderTree.from_objects(objects, root_folder)
     groups = by_type(objects)
     datacenters = {o.moid for o in groups.get("Datacenter", [])}
     rows = sorted((_cluster_row(o, tree, datacenters) for o in groups.get("ClusterComputeResource", [])),
                   key=lambda r: (r["name"] or "", r["moid"]))
     return {"clusters": rows, "count": len(rows)}
+
+
+def list_clusters(session: Session) -> dict[str, Any]:
+    """Clusters with capacity and DRS/HA switches, from one sweep: ``{"clusters": [...], "count": n}``."""
+    objects = sweep(session, LIST_CLUSTERS_QUERIES, objects=True)
+    return cluster_rows(objects, session.content.rootFolder._moId)
 
 
 _LIST_DATASTORE_PATHS = (

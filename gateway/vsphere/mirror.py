@@ -73,14 +73,17 @@ MIRRORED: dict[Any, tuple[str, ...]] = {
     vim.HostSystem: tuple(sorted({p for q in inventory.LIST_HOSTS_QUERIES if q.type is vim.HostSystem
                                   for p in q.paths})),
     vim.ComputeResource: ("name",),
+    vim.ClusterComputeResource: tuple(sorted({p for q in inventory.LIST_CLUSTERS_QUERIES
+                                              if q.type is vim.ClusterComputeResource for p in q.paths})),
     vim.ResourcePool: ("name",),
     vim.Folder: ("name", "parent"),
     vim.Datacenter: ("name", "parent"),
     vim.Datastore: tuple(sorted({p for q in inventory.LIST_DATASTORES_QUERIES for p in q.paths})),
     vim.Network: ("name",),
 }
-"""Types and properties a mirror keeps: what list_vms (every column and filter), list_hosts and
-list_datastores read, and the names their rows refer to."""
+"""Types and properties a mirror keeps: what list_vms (every column and filter), list_hosts,
+list_clusters and list_datastores read, and the names their rows refer to. Clusters keep their
+``configurationEx`` (DRS and HA settings) as the data object vSphere sends; everything else is scalar."""
 
 
 @dataclass(frozen=True)
