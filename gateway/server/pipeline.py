@@ -546,11 +546,10 @@ class Gateway:
         try:
             if isinstance(ref, str) and ref != ALL:
                 target = self.targets[names[0]]
-                result = await self.mirrors.answer(target.name, ctx.spec.name, args)
-                if result is None:
-                    result = await self.scheduler.run(
-                        target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
-                    )
+                mirrored = await self.mirrors.answer(target.name, ctx.spec.name, args)
+                result = mirrored if mirrored is not None else await self.scheduler.run(
+                    target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
+                )
                 outcomes = None
             else:
                 answered = await self.mirrors.fan_out(
@@ -572,7 +571,7 @@ class Gateway:
             raise
         outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
         await self.record(ctx.row("call", outcome=outcome, outcomes=outcomes, result=result, **row))
-        return result  # type: ignore[no-any-return]
+        return result
 
     async def _rate_limit(
         self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category
