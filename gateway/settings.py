@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from gateway.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,23 @@ def logging_options(environ: Mapping[str, str]) -> tuple[str, str]:
     return environ.get("GATEWAY_LOG_FORMAT", "text"), environ.get("GATEWAY_LOG_LEVEL", "INFO")
 
 
+def database_url(from_env: str | None, from_flag: str | None) -> str | None:
+    """The PostgreSQL URL to use, or None for the embedded SQLite store; ``ConfigError`` for a URL that
+    is not ``postgresql://``, or that carries a password on the command line (every user on the host
+    could read it in the process list: put it in GATEWAY_DATABASE_URL, PGPASSWORD or PGPASSFILE)."""
+    url = (from_flag or from_env or "").strip() or None
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError("the database URL must start with postgresql:// (GATEWAY_DATABASE_URL, "
+                          "--database-url); leave it unset for the embedded SQLite store")
+    if from_flag and (parts.password or "password" in parse_qs(parts.query)):
+        raise ConfigError("--database-url must not carry a password (the process list shows it to every "
+                          "user); put the URL in GATEWAY_DATABASE_URL or the password in PGPASSFILE")
+    return url
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable about one gateway process."""
@@ -60,6 +80,9 @@ class Settings:
     queue_timeout_seconds: float = 300.0
     fanout_timeout_seconds: float = 30.0
     audit_max_bytes: int = 50 * 1024 * 1024
+    #: ``postgresql://...``: shared state (and audit) on PostgreSQL for several replicas; None: SQLite
+    #: under ``home``. May carry a password, so it is never shown (see ``gateway.store.postgres``).
+    database_url: str | None = field(default=None, repr=False)
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: notifications.yaml (GATEWAY_NOTIFICATIONS_FILE; default $GATEWAY_HOME/notifications.yaml)
     notifications_file: Path | None = None
@@ -107,13 +130,16 @@ class Settings:
             queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
             fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
             audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),
+            database_url=database_url(environ.get("GATEWAY_DATABASE_URL"), flags.get("database_url")),
             credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
             notifications_file=path("notifications", "GATEWAY_NOTIFICATIONS_FILE", "notifications.yaml"),
-            notify_env={k: v for k, v in environ.items() if k.endswith(("_SECRET", "_URL"))},
+            notify_env={k: v for k, v in environ.items()
+                        if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
         )
         overrides = {
             k: v
             for k, v in flags.items()
-            if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications"}
+            if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
+                                           "database_url"}
         }
         return replace(settings, **overrides) if overrides else settings

@@ -8,6 +8,10 @@
 - ``make_simulator(**options)``: a fresh simulator per call, stopped at the end of the test.
 
 Any test using one of these fixtures gets the ``simulator`` marker (``-m "not simulator"`` skips them).
+
+- ``pg_server``: a session-scoped real PostgreSQL (tests/postgres.py); ``pg_url``: a fresh database on
+  it per test. Skips when PostgreSQL cannot start, except under ``CI=true``. Tests using them, or
+  parametrized with ``engine="postgres"``, get the ``postgres`` marker.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from postgres import PgServer, PostgresError, discard, start_postgres
 from simulator import (
     VC1_INSTANCE_UUID,
     VC2_INSTANCE_UUID,
@@ -34,12 +40,41 @@ from simulator import (
 from gateway.vsphere.pool import SessionPool
 
 SIMULATOR_FIXTURES = frozenset({"vcsim_bin", "sim_vc1", "sim_vc2", "sim_esx", "make_simulator"})
+POSTGRES_FIXTURES = frozenset({"pg_server", "pg_url"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SIMULATOR_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        names = getattr(item, "fixturenames", ())
+        if SIMULATOR_FIXTURES.intersection(names):
             item.add_marker(pytest.mark.simulator)
+        callspec = getattr(item, "callspec", None)
+        engine = callspec.params.get("engine") if callspec is not None else None
+        if POSTGRES_FIXTURES.intersection(names) or engine == "postgres":
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A real PostgreSQL (initdb + pg_ctl on a loopback port) for the whole run; skip (fail under
+    CI=true) with the reason when it cannot start. Tests take their own database with ``pg_url``."""
+    try:
+        server = start_postgres()
+    except (PostgresError, OSError, subprocess.SubprocessError) as exc:
+        reason = f"PostgreSQL unavailable: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield server
+    finally:
+        discard(server)
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """The URL (with password) of a fresh, empty database on ``pg_server``."""
+    return pg_server.create_database()
 
 
 @pytest.fixture

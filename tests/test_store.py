@@ -1,4 +1,6 @@
-"""SqliteStore on real files: permissions, tokens, proposals, compare-and-set across connections."""
+"""The state store on both engines, real parts only: SqliteStore on real files (permissions, WAL) and
+PostgresStore on a real PostgreSQL server. The engine-neutral cases (tokens, proposals, web sessions,
+compare-and-set across connections and processes, migrations) run once per engine."""
 
 from __future__ import annotations
 
@@ -9,13 +11,17 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
+from postgres import PgServer, discard, open_store_at, start_postgres
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.store import Proposal, SqliteStore, TokenRecord, new_id
+from gateway.store import Proposal, SqliteStore, StateStore, TokenRecord, WebSessionRecord, new_id
+from gateway.store.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
 #: subprocesses import the package from this checkout whatever the working directory
@@ -32,9 +38,27 @@ def db(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(db: Path) -> Iterator[SqliteStore]:
+def sqlite_store(db: Path) -> Iterator[SqliteStore]:
     with SqliteStore(db) as s:
         yield s
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def location(engine: str, db: Path, request: pytest.FixtureRequest) -> str:
+    """Where the engine's store lives: the SQLite file's path or a fresh PostgreSQL database's URL."""
+    return str(db) if engine == "sqlite" else str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def store(location: str) -> Iterator[StateStore]:
+    s = open_store_at(location)
+    yield s
+    s.close()
 
 
 def token(name: str = "ci", role: str = "reader", **kw: object) -> TokenRecord:
@@ -59,8 +83,8 @@ def proposal(**kw: object) -> Proposal:
 
 # -- files -----------------------------------------------------------------------------------------
 
-def test_creates_private_directory_database_and_wal_files(store: SqliteStore, db: Path) -> None:
-    store.add_token(token())  # a write, so the -wal and -shm files exist while the store is open
+def test_creates_private_directory_database_and_wal_files(sqlite_store: SqliteStore, db: Path) -> None:
+    sqlite_store.add_token(token())  # a write, so the -wal and -shm files exist while the store is open
     assert mode(db.parent) == 0o700
     assert mode(db) == 0o600
     for suffix in ("-wal", "-shm"):
@@ -105,7 +129,7 @@ def test_refuses_an_open_home_owned_by_someone_else(db: Path) -> None:
         SqliteStore(db)
 
 
-def test_uses_wal_journal(store: SqliteStore, db: Path) -> None:
+def test_uses_wal_journal(sqlite_store: SqliteStore, db: Path) -> None:
     raw = sqlite3.connect(db)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -113,13 +137,34 @@ def test_uses_wal_journal(store: SqliteStore, db: Path) -> None:
         raw.close()
 
 
-def test_refuses_a_database_from_a_newer_gateway(db: Path) -> None:
-    SqliteStore(db).close()
-    raw = sqlite3.connect(db)
-    raw.execute("PRAGMA user_version=99")
-    raw.close()
+def test_refuses_a_database_from_a_newer_gateway(location: str, engine: str) -> None:
+    with closing(open_store_at(location)) as s:
+        assert s.schema_version() >= 1
+    if engine == "sqlite":
+        raw = sqlite3.connect(location)
+        raw.execute("PRAGMA user_version=99")
+        raw.close()
+    else:
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute("UPDATE schema_version SET version = 99")
     with pytest.raises(ConfigError, match="newer gateway"):
-        SqliteStore(db)
+        open_store_at(location)
+
+
+def test_a_version_1_sqlite_file_is_migrated_and_keeps_its_rows(db: Path) -> None:
+    """A state.db written before migrations existed (schema 1) gains the later tables on open."""
+    from gateway.store.sqlite import MIGRATIONS
+    db.parent.mkdir(mode=0o700)
+    raw = sqlite3.connect(db, isolation_level=None)
+    for statement in MIGRATIONS[0][1]:
+        raw.execute(statement)
+    raw.execute("PRAGMA user_version=1")
+    raw.execute("INSERT INTO tokens VALUES ('abc', 'old', 'reader', 'h', 1.0, NULL, NULL, 0)")
+    raw.close()
+    with SqliteStore(db) as s:
+        assert s.schema_version() == MIGRATIONS[-1][0] > 1
+        assert [t.name for t in s.list_tokens()] == ["old"]
+        assert s.count_web_sessions() == 0
 
 
 def test_locked_database_is_state_unavailable_not_a_crash(db: Path) -> None:
@@ -137,8 +182,8 @@ def test_locked_database_is_state_unavailable_not_a_crash(db: Path) -> None:
         store.close()
 
 
-def test_ping_and_close(db: Path) -> None:
-    store = SqliteStore(db)
+def test_ping_and_close(location: str) -> None:
+    store = open_store_at(location)
     assert store.ping()
     store.close()
     assert not store.ping()
@@ -148,7 +193,7 @@ def test_ping_and_close(db: Path) -> None:
 
 # -- tokens ----------------------------------------------------------------------------------------
 
-def test_token_round_trip(store: SqliteStore) -> None:
+def test_token_round_trip(store: StateStore) -> None:
     rec = token(expires_at=5000.0)
     store.add_token(rec)
     assert store.token_by_id(rec.token_id) == rec
@@ -158,14 +203,14 @@ def test_token_round_trip(store: SqliteStore) -> None:
     assert store.token_by_name("nope") is None
 
 
-def test_token_names_stay_taken_even_after_revocation(store: SqliteStore) -> None:
+def test_token_names_stay_taken_even_after_revocation(store: StateStore) -> None:
     store.add_token(token())
     store.update_token("ci", revoked=True)
     with pytest.raises(InvalidArgument, match="already exists"):
         store.add_token(token())
 
 
-def test_update_token(store: SqliteStore) -> None:
+def test_update_token(store: StateStore) -> None:
     rec = token()
     store.add_token(rec)
     changed = store.update_token("ci", role="admin")
@@ -178,8 +223,9 @@ def test_update_token(store: SqliteStore) -> None:
         store.update_token("ghost", role="admin")
 
 
-def test_generation_moves_on_token_changes_only_and_across_connections(store: SqliteStore, db: Path) -> None:
-    other = SqliteStore(db)
+def test_generation_moves_on_token_changes_only_and_across_connections(store: StateStore,
+                                                                       location: str) -> None:
+    other = open_store_at(location)
     try:
         start = other.token_generation()
         rec = token()
@@ -195,7 +241,7 @@ def test_generation_moves_on_token_changes_only_and_across_connections(store: Sq
         other.close()
 
 
-def test_touch_token_never_moves_back(store: SqliteStore) -> None:
+def test_touch_token_never_moves_back(store: StateStore) -> None:
     rec = token()
     store.add_token(rec)
     store.touch_token(rec.token_id, 2000.0)
@@ -206,7 +252,7 @@ def test_touch_token_never_moves_back(store: SqliteStore) -> None:
 
 # -- proposals -------------------------------------------------------------------------------------
 
-def test_proposal_round_trip(store: SqliteStore) -> None:
+def test_proposal_round_trip(store: StateStore) -> None:
     p = proposal(require_web_approval=True, correlation_id="c-1")
     store.add_proposal(p)
     assert store.get_proposal(p.id) == p
@@ -216,7 +262,7 @@ def test_proposal_round_trip(store: SqliteStore) -> None:
         store.add_proposal(p)
 
 
-def test_list_proposals_filters_and_orders(store: SqliteStore) -> None:
+def test_list_proposals_filters_and_orders(store: StateStore) -> None:
     old = proposal(created_at=1.0, expires_at=50.0)
     new = proposal(created_at=2.0, expires_at=40.0)
     done = proposal(created_at=3.0, expires_at=10.0, state="executed")
@@ -232,7 +278,7 @@ def test_list_proposals_filters_and_orders(store: SqliteStore) -> None:
         store.list_proposals(["bogus"])
 
 
-def test_transition_is_compare_and_set(store: SqliteStore) -> None:
+def test_transition_is_compare_and_set(store: StateStore) -> None:
     p = proposal()
     store.add_proposal(p)
     assert not store.transition(p.id, ["approved"], "executing")
@@ -251,21 +297,21 @@ def test_transition_is_compare_and_set(store: SqliteStore) -> None:
     {"from_states": ["nope"], "to_state": "executed"},
     {"from_states": [], "to_state": "executed"},
 ])
-def test_transition_rejects_unknown_states(store: SqliteStore, bad: dict[str, object]) -> None:
+def test_transition_rejects_unknown_states(store: StateStore, bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         store.transition("x", bad["from_states"], bad["to_state"])  # type: ignore[arg-type]
 
 
-def test_transition_rejects_fields_it_may_not_set(store: SqliteStore) -> None:
+def test_transition_rejects_fields_it_may_not_set(store: StateStore) -> None:
     with pytest.raises(TypeError, match="caller"):
         store.transition("x", ["pending"], "executing", caller="mallory")
 
 
-def test_exactly_one_of_many_racing_confirms_wins(store: SqliteStore, db: Path) -> None:
+def test_exactly_one_of_many_racing_confirms_wins(store: StateStore, location: str) -> None:
     """Half the racers share one store object (threads of one process), half have their own
     connection (as separate processes do): each proposal is claimed exactly once."""
     racers = 8
-    own = [SqliteStore(db) for _ in range(racers // 2)]
+    own = [open_store_at(location) for _ in range(racers // 2)]
     stores = [store] * (racers // 2) + own
     try:
         for _round in range(5):
@@ -274,7 +320,7 @@ def test_exactly_one_of_many_racing_confirms_wins(store: SqliteStore, db: Path) 
             barrier = threading.Barrier(racers)
             wins: list[bool] = []
 
-            def race(s: SqliteStore, pid: str = p.id, b: threading.Barrier = barrier,
+            def race(s: StateStore, pid: str = p.id, b: threading.Barrier = barrier,
                      out: list[bool] = wins) -> None:
                 b.wait(timeout=10)
                 out.append(s.transition(pid, ["pending"], "executing"))  # list.append is atomic
@@ -293,21 +339,22 @@ def test_exactly_one_of_many_racing_confirms_wins(store: SqliteStore, db: Path) 
             s.close()
 
 
-def test_connections_of_finished_threads_are_released(store: SqliteStore) -> None:
+def test_connections_of_finished_threads_are_released(sqlite_store: SqliteStore) -> None:
     for _ in range(5):
-        t = threading.Thread(target=store.list_tokens)
+        t = threading.Thread(target=sqlite_store.list_tokens)
         t.start()
         t.join()
-    store.list_tokens()  # opening this thread's connection prunes those of dead threads
-    assert len(store._connections) <= 2
+    sqlite_store.list_tokens()  # opening this thread's connection prunes those of dead threads
+    assert len(sqlite_store._connections) <= 2
 
 
 _CLAIMER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
-from gateway.store import SqliteStore
-db, go, ids = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
-store = SqliteStore(db)
+sys.path.insert(0, os.environ["TESTS_DIR"])
+from postgres import open_store_at
+go, ids = Path(sys.argv[1]), sys.argv[2:]
+store = open_store_at(os.environ["STORE_AT"])  # in the environment: a URL's password stays off argv
 print("ready", flush=True)
 deadline = time.monotonic() + 30
 while not go.exists():
@@ -319,7 +366,7 @@ store.close()
 """
 
 
-def test_racing_processes_claim_each_proposal_exactly_once(store: SqliteStore, db: Path,
+def test_racing_processes_claim_each_proposal_exactly_once(store: StateStore, location: str,
                                                            tmp_path: Path) -> None:
     ids = []
     for _ in range(30):
@@ -327,8 +374,9 @@ def test_racing_processes_claim_each_proposal_exactly_once(store: SqliteStore, d
         store.add_proposal(p)
         ids.append(p.id)
     go = tmp_path / "go"
-    argv = [sys.executable, "-c", _CLAIMER, str(db), str(go), *ids]
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV) for _ in range(4)]
+    argv = [sys.executable, "-c", _CLAIMER, str(go), *ids]
+    env = {**SUBPROCESS_ENV, "STORE_AT": location, "TESTS_DIR": str(ROOT / "tests")}
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
     try:
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -342,9 +390,90 @@ def test_racing_processes_claim_each_proposal_exactly_once(store: SqliteStore, d
     assert sorted(i for batch in claims for i in batch) == sorted(ids)
 
 
-def test_many_processes_can_create_the_store_at_once(tmp_path: Path) -> None:
-    db = tmp_path / "fresh" / "state.db"
-    script = "import sys; from pathlib import Path; from gateway.store import SqliteStore; " \
-             "s = SqliteStore(Path(sys.argv[1])); s.token_generation(); s.close()"
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(db)], env=SUBPROCESS_ENV) for _ in range(6)]
-    assert [proc.wait(timeout=60) for proc in procs] == [0] * 6
+def test_many_processes_can_create_the_store_at_once(location: str) -> None:
+    """Replicas starting together on an empty database each run the migrations once, without failing."""
+    script = ("import os, sys; sys.path.insert(0, os.environ['TESTS_DIR']); "
+              "from postgres import open_store_at; s = open_store_at(os.environ['STORE_AT']); "
+              "s.token_generation(); print(s.schema_version()); s.close()")
+    env = {**SUBPROCESS_ENV, "STORE_AT": location, "TESTS_DIR": str(ROOT / "tests")}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    outputs = [proc.communicate(timeout=60)[0].strip() for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 6
+    assert len(set(outputs)) == 1 and int(outputs[0]) >= 1
+
+
+# -- web sessions ----------------------------------------------------------------------------------
+
+def web_session(key: str = "k" * 64, *, created_at: float = 1000.0, lifetime: float = 3600.0,
+                **kw: object) -> WebSessionRecord:
+    values: dict[str, object] = {"key": key, "token_id": "tok1", "name": "ann", "csrf": "c" * 43,
+                                 "created_at": created_at, "expires_at": created_at + lifetime,
+                                 "last_seen": created_at}
+    values.update(kw)
+    return WebSessionRecord(**values)  # type: ignore[arg-type]
+
+
+def test_web_session_lives_until_idle_or_lifetime_ends(store: StateStore, location: str) -> None:
+    store.add_web_session(web_session("a" * 64), idle=60.0, max_sessions=10)
+    with closing(open_store_at(location)) as other:  # another replica
+        seen = other.touch_web_session("a" * 64, 1050.0, idle=60.0)
+        assert seen == web_session("a" * 64, last_seen=1050.0)
+    assert store.touch_web_session("a" * 64, 1100.0, idle=60.0) is not None  # 50 s after the last use
+    assert store.touch_web_session("a" * 64, 1160.0, idle=60.0) is None  # idle for 60 s: ended
+    assert store.count_web_sessions() == 0
+    store.add_web_session(web_session("b" * 64, lifetime=100.0), idle=60.0, max_sessions=10)
+    for now in (1040.0, 1080.0):
+        assert store.touch_web_session("b" * 64, now, idle=60.0) is not None
+    assert store.touch_web_session("b" * 64, 1100.0, idle=60.0) is None  # its lifetime is over
+    assert store.touch_web_session("nope", 1000.0, idle=60.0) is None
+
+
+def test_web_sessions_end_and_the_oldest_make_room(store: StateStore) -> None:
+    for i in range(3):
+        store.add_web_session(web_session(str(i) * 64, created_at=1000.0 + i), idle=600.0, max_sessions=3)
+    assert store.count_web_sessions() == 3
+    store.add_web_session(web_session("n" * 64, created_at=1010.0), idle=600.0, max_sessions=3)
+    assert store.count_web_sessions() == 3
+    assert store.touch_web_session("0" * 64, 1011.0, idle=600.0) is None  # the oldest made room
+    ended = store.end_web_session("1" * 64)
+    assert ended is not None and ended.key == "1" * 64
+    assert store.end_web_session("1" * 64) is None
+    assert store.touch_web_session("1" * 64, 1011.0, idle=600.0) is None
+    # signing in drops sessions that already ended, before counting the capacity
+    store.add_web_session(web_session("x" * 64, created_at=5000.0), idle=600.0, max_sessions=3)
+    assert store.count_web_sessions() == 1
+
+
+# -- PostgreSQL only -------------------------------------------------------------------------------
+
+def test_postgres_errors_and_logs_never_show_the_password(pg_server: PgServer,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    url = pg_server.url("no_such_database")
+    with pytest.raises(StateUnavailable) as info:
+        PostgresStore(url, timeout=2.0)
+    assert pg_server.password not in info.value.message
+    assert "127.0.0.1" in info.value.message and "no_such_database" in info.value.message
+    assert pg_server.password not in caplog.text
+    assert pg_server.password not in repr(info.value)
+
+
+@pytest.mark.postgres
+def test_postgres_outage_fails_closed_and_recovers_without_a_new_store() -> None:
+    server = start_postgres()  # its own server: this test stops it
+    try:
+        url = server.create_database()
+        with PostgresStore(url, timeout=2.0) as s:
+            s.add_token(token())
+            server.stop("fast")
+            assert not s.ping()
+            with pytest.raises(StateUnavailable) as info:
+                s.update_token("ci", revoked=True)
+            assert server.password not in info.value.message
+            with pytest.raises(StateUnavailable):
+                s.list_tokens()
+            server.start()
+            assert s.ping()
+            assert s.update_token("ci", revoked=True).revoked
+    finally:
+        discard(server)

@@ -1,4 +1,5 @@
-"""Bearer tokens against a real SQLite store: creation, verification, caching, revocation, throttling."""
+"""Bearer tokens against a real store, on both engines (SQLite file, PostgreSQL server): creation,
+verification, caching, revocation and role changes made through another store or process, throttling."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import psycopg
 import pytest
 from argon2 import PasswordHasher
+from postgres import open_store_at
 
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token, parse_expiry, parse_token_id
 from gateway.errors import InvalidArgument
-from gateway.store import SqliteStore
+from gateway.store import StateStore
 
 
 class CountingHasher(PasswordHasher):
@@ -41,14 +45,22 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "home" / "state.db"
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def store(db: Path) -> Iterator[SqliteStore]:
-    with SqliteStore(db) as s:
+def location(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The SQLite file's path or a fresh PostgreSQL database's URL."""
+    if engine == "sqlite":
+        return str(tmp_path / "home" / "state.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def store(location: str) -> Iterator[StateStore]:
+    with closing(open_store_at(location)) as s:
         yield s
 
 
@@ -63,11 +75,11 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def auth(store: SqliteStore, hasher: CountingHasher, clock: Clock) -> TokenAuthenticator:
+def auth(store: StateStore, hasher: CountingHasher, clock: Clock) -> TokenAuthenticator:
     return TokenAuthenticator(store, clock=clock, hasher=hasher, max_failures=3, failure_window=60.0)
 
 
-def make(store: SqliteStore, name: str = "ci", role: str = "reader", expires_in: float | None = None,
+def make(store: StateStore, name: str = "ci", role: str = "reader", expires_in: float | None = None,
          now: float = 1_000_000.0) -> str:
     token, _ = create_token(store, name, role, expires_in=expires_in, now=now, hasher=PasswordHasher(
         time_cost=1, memory_cost=8, parallelism=1))
@@ -87,8 +99,8 @@ def test_parse_expiry_rejects(text: str) -> None:
         parse_expiry(text)
 
 
-def test_created_token_has_the_documented_format_and_only_a_hash_is_stored(store: SqliteStore,
-                                                                           db: Path) -> None:
+def test_created_token_has_the_documented_format_and_only_a_hash_is_stored(store: StateStore,
+                                                                           location: str) -> None:
     token, rec = create_token(store, "ci", "reader", expires_in=3600, now=1000.0)
     assert re.fullmatch(r"gwt_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", token)  # 32 random bytes = 256 bits
     assert parse_token_id(token) == rec.token_id
@@ -97,23 +109,27 @@ def test_created_token_has_the_documented_format_and_only_a_hash_is_stored(store
     assert not rec.revoked
     assert store.token_by_name("ci") == rec
     secret = token[17:]  # after "gwt_<id>_"
-    for file in db.parent.iterdir():
-        assert secret.encode() not in file.read_bytes(), file
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location) as conn:
+            assert secret not in repr(conn.execute("SELECT * FROM tokens").fetchall())
+    else:
+        for file in Path(location).parent.iterdir():
+            assert secret.encode() not in file.read_bytes(), file
     assert secret not in repr(rec) and rec.hash not in repr(rec)
 
 
 @pytest.mark.parametrize("name", ["", "-x", "a b", "x" * 65, "ü", "a/b"])
-def test_create_refuses_bad_names(store: SqliteStore, name: str) -> None:
+def test_create_refuses_bad_names(store: StateStore, name: str) -> None:
     with pytest.raises(InvalidArgument, match="name"):
         create_token(store, name, "reader", expires_in=None, now=0.0)
 
 
-def test_create_refuses_a_nonpositive_lifetime(store: SqliteStore) -> None:
+def test_create_refuses_a_nonpositive_lifetime(store: StateStore) -> None:
     with pytest.raises(InvalidArgument, match="expires_in"):
         create_token(store, "ci", "reader", expires_in=0, now=0.0)
 
 
-def test_verify_returns_the_principal_and_caches(auth: TokenAuthenticator, store: SqliteStore,
+def test_verify_returns_the_principal_and_caches(auth: TokenAuthenticator, store: StateStore,
                                                  hasher: CountingHasher) -> None:
     token = make(store)
     rec = store.token_by_name("ci")
@@ -126,14 +142,14 @@ def test_verify_returns_the_principal_and_caches(auth: TokenAuthenticator, store
 @pytest.mark.parametrize("bad", [
     "", "Bearer x", "gwt_", "gwt_abc_def", "gwt_ABCDEFGHIJKL_" + "a" * 43, "gwc_" + "a" * 32,
 ])
-def test_malformed_tokens_are_refused_without_argon2(auth: TokenAuthenticator, store: SqliteStore,
+def test_malformed_tokens_are_refused_without_argon2(auth: TokenAuthenticator, store: StateStore,
                                                      hasher: CountingHasher, bad: str) -> None:
     make(store)
     assert auth.verify(bad) is None
     assert hasher.verifications == 0
 
 
-def test_unknown_id_is_refused_without_argon2(auth: TokenAuthenticator, store: SqliteStore,
+def test_unknown_id_is_refused_without_argon2(auth: TokenAuthenticator, store: StateStore,
                                               hasher: CountingHasher) -> None:
     token = make(store)
     forged = "gwt_" + "z" * 12 + token[16:]
@@ -142,7 +158,7 @@ def test_unknown_id_is_refused_without_argon2(auth: TokenAuthenticator, store: S
     assert hasher.verifications == 0
 
 
-def test_wrong_secret_for_a_known_id_is_refused(auth: TokenAuthenticator, store: SqliteStore,
+def test_wrong_secret_for_a_known_id_is_refused(auth: TokenAuthenticator, store: StateStore,
                                                 hasher: CountingHasher) -> None:
     token = make(store)
     flipped = token[:-1] + ("A" if token[-1] != "A" else "B")
@@ -151,54 +167,56 @@ def test_wrong_secret_for_a_known_id_is_refused(auth: TokenAuthenticator, store:
     assert auth.verify(token) is not None
 
 
-def test_revocation_in_another_store_applies_on_the_next_request(auth: TokenAuthenticator, store: SqliteStore,
-                                                                 db: Path, hasher: CountingHasher) -> None:
+def test_revocation_in_another_store_applies_on_the_next_request(
+        auth: TokenAuthenticator, store: StateStore, location: str, hasher: CountingHasher) -> None:
     token = make(store)
     assert auth.verify(token) is not None
-    with SqliteStore(db) as other:  # another process's view of the same file
+    with closing(open_store_at(location)) as other:  # another process's view of the same file
         other.update_token("ci", revoked=True)
     assert auth.verify(token) is None
     assert hasher.verifications == 1
 
 
 def test_revocation_by_another_process_applies_on_the_next_request(auth: TokenAuthenticator,
-                                                                   store: SqliteStore, db: Path) -> None:
+                                                                   store: StateStore, location: str) -> None:
     token = make(store)
     assert auth.verify(token) is not None
     script = textwrap.dedent("""
-        import sys
-        from pathlib import Path
-        from gateway.store import SqliteStore
-        with SqliteStore(Path(sys.argv[1])) as store:
-            store.update_token("ci", revoked=True)
+        import os, sys
+        sys.path.insert(0, os.environ["TESTS_DIR"])
+        from postgres import open_store_at
+        store = open_store_at(os.environ["STORE_AT"])  # a URL's password stays off the command line
+        store.update_token("ci", revoked=True)
+        store.close()
     """)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    subprocess.run([sys.executable, "-c", script, str(db)], check=True, timeout=60, env=env)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "STORE_AT": location, "TESTS_DIR": str(root / "tests")}
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, env=env)
     assert auth.verify(token) is None
 
 
 def test_role_change_applies_on_the_next_request_without_rehashing(auth: TokenAuthenticator,
-                                                                   store: SqliteStore, db: Path,
+                                                                   store: StateStore, location: str,
                                                                    hasher: CountingHasher) -> None:
     token = make(store)
     assert auth.verify(token) == Principal("ci", "reader", parse_token_id(token))
-    with SqliteStore(db) as other:
+    with closing(open_store_at(location)) as other:
         other.update_token("ci", role="admin")
     assert auth.verify(token) == Principal("ci", "admin", parse_token_id(token))
     assert hasher.verifications == 1
 
 
-def test_a_token_created_after_the_cache_filled_is_found(auth: TokenAuthenticator, store: SqliteStore,
-                                                         db: Path) -> None:
+def test_a_token_created_after_the_cache_filled_is_found(auth: TokenAuthenticator, store: StateStore,
+                                                         location: str) -> None:
     first = make(store, "one")
     assert auth.verify(first) is not None
-    with SqliteStore(db) as other:
+    with closing(open_store_at(location)) as other:
         second = make(other, "two")
     principal = auth.verify(second)
     assert principal is not None and principal.name == "two"
 
 
-def test_expiry_is_checked_against_the_clock_on_every_request(auth: TokenAuthenticator, store: SqliteStore,
+def test_expiry_is_checked_against_the_clock_on_every_request(auth: TokenAuthenticator, store: StateStore,
                                                               clock: Clock, hasher: CountingHasher) -> None:
     token = make(store, expires_in=60, now=clock.now)
     clock.now += 59
@@ -208,7 +226,7 @@ def test_expiry_is_checked_against_the_clock_on_every_request(auth: TokenAuthent
     assert hasher.verifications == 1
 
 
-def test_an_expired_token_is_refused_without_argon2(auth: TokenAuthenticator, store: SqliteStore,
+def test_an_expired_token_is_refused_without_argon2(auth: TokenAuthenticator, store: StateStore,
                                                     clock: Clock, hasher: CountingHasher) -> None:
     token = make(store, expires_in=60, now=clock.now - 120)
     assert auth.verify(token) is None
@@ -216,7 +234,7 @@ def test_an_expired_token_is_refused_without_argon2(auth: TokenAuthenticator, st
 
 
 def test_made_up_tokens_throttle_made_up_tokens_from_that_client_only(
-    auth: TokenAuthenticator, store: SqliteStore, clock: Clock, hasher: CountingHasher,
+    auth: TokenAuthenticator, store: StateStore, clock: Clock, hasher: CountingHasher,
 ) -> None:
     token = make(store)
     unknown_id = "gwt_" + "z" * 12 + "_" + "A" * 43
@@ -236,7 +254,7 @@ def test_made_up_tokens_throttle_made_up_tokens_from_that_client_only(
 
 
 def test_guessing_one_tokens_secret_throttles_that_client_on_that_token(
-    auth: TokenAuthenticator, store: SqliteStore, clock: Clock, hasher: CountingHasher,
+    auth: TokenAuthenticator, store: StateStore, clock: Clock, hasher: CountingHasher,
 ) -> None:
     token = make(store)
     other = make(store, "other")
@@ -254,7 +272,7 @@ def test_guessing_one_tokens_secret_throttles_that_client_on_that_token(
     assert auth.throttled("10.0.0.9") is None
 
 
-def test_argon2_checks_run_at_most_max_verifications_at_once(store: SqliteStore) -> None:
+def test_argon2_checks_run_at_most_max_verifications_at_once(store: StateStore) -> None:
     class Gate(PasswordHasher):
         """Real argon2id that records the most verifications running at once."""
 
@@ -293,7 +311,7 @@ def test_argon2_checks_run_at_most_max_verifications_at_once(store: SqliteStore)
     assert 1 <= gate.most <= 2
 
 
-def test_beyond_the_waiting_room_requests_are_refused_as_busy(store: SqliteStore) -> None:
+def test_beyond_the_waiting_room_requests_are_refused_as_busy(store: StateStore) -> None:
     auth = TokenAuthenticator(store, hasher=CountingHasher(), max_verifications=1, max_waiting=2)
     tokens = [make(store, f"t{i}") for i in range(6)]
 
@@ -313,7 +331,7 @@ def test_beyond_the_waiting_room_requests_are_refused_as_busy(store: SqliteStore
     assert sorted(reasons) == ["busy"] * 4 + ["ok"] * 2
 
 
-def test_last_used_is_recorded_at_most_once_per_interval(auth: TokenAuthenticator, store: SqliteStore,
+def test_last_used_is_recorded_at_most_once_per_interval(auth: TokenAuthenticator, store: StateStore,
                                                          clock: Clock) -> None:
     token = make(store)
     first = clock.now
@@ -328,7 +346,7 @@ def test_last_used_is_recorded_at_most_once_per_interval(auth: TokenAuthenticato
     assert rec is not None and rec.last_used == clock.now
 
 
-def test_verify_async_hashes_in_a_worker_thread(auth: TokenAuthenticator, store: SqliteStore,
+def test_verify_async_hashes_in_a_worker_thread(auth: TokenAuthenticator, store: StateStore,
                                                 hasher: CountingHasher) -> None:
     token = make(store)
 
@@ -342,7 +360,7 @@ def test_verify_async_hashes_in_a_worker_thread(auth: TokenAuthenticator, store:
     assert hasher.verifications == 1
 
 
-def test_default_hasher_is_argon2id(store: SqliteStore) -> None:
+def test_default_hasher_is_argon2id(store: StateStore) -> None:
     token, rec = create_token(store, "real", "admin", expires_in=None, now=0.0)
     assert rec.hash.startswith("$argon2id$")
     assert TokenAuthenticator(store).verify(token) == Principal("real", "admin", rec.token_id)

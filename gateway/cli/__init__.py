@@ -14,7 +14,7 @@ from gateway.logs import cli_log_level, configure_logging
 from gateway.settings import Settings, logging_options
 
 #: command modules, in the order ``gateway --help`` lists them
-COMMAND_MODULES = ("serve", "check", "token", "roles", "pending", "audit", "policy", "cert")
+COMMAND_MODULES = ("serve", "check", "token", "roles", "pending", "audit", "policy", "cert", "db")
 
 
 def add_path_flags(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +24,9 @@ def add_path_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", help="rules.yaml (GATEWAY_RULES_FILE)")
     parser.add_argument("--roles", help="roles.yaml (GATEWAY_ROLES_FILE)")
     parser.add_argument("--audit-log", dest="audit_log", help="audit JSONL file (GATEWAY_AUDIT_LOG)")
+    parser.add_argument("--database-url", dest="database_url", metavar="postgresql://USER@HOST/DB",
+                        help="shared state on PostgreSQL for several replicas (GATEWAY_DATABASE_URL; "
+                             "no password here: use PGPASSFILE); unset: SQLite under --home")
     add_verbose_flag(parser)
 
 
@@ -34,7 +37,8 @@ def add_verbose_flag(parser: argparse.ArgumentParser, default: object = argparse
 
 
 def settings_from(args: argparse.Namespace, **extra: object) -> Settings:
-    flags = {k: getattr(args, k, None) for k in ("home", "targets", "rules", "roles", "audit_log")}
+    names = ("home", "targets", "rules", "roles", "audit_log", "database_url")
+    flags = {k: getattr(args, k, None) for k in names}
     flags.update(extra)
     return Settings.from_env(os.environ, **flags)
 

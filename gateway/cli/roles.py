@@ -13,7 +13,7 @@ from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.settings import Settings
-from gateway.store.sqlite import SqliteStore
+from gateway.store import open_store
 from gateway.tools.registry import all_tools
 
 
@@ -32,9 +32,9 @@ def register(sub: Any) -> None:
 
 def token_problems(settings: Settings, book: RoleBook) -> list[str]:
     """Usable tokens whose role is not defined (they are refused on every call)."""
-    if not settings.state_db.exists():
+    if settings.database_url is None and not settings.state_db.exists():
         return []
-    store = SqliteStore(settings.state_db)
+    store = open_store(settings)
     try:
         tokens = store.list_tokens()
     finally:

@@ -25,8 +25,8 @@ from gateway.cli import add_path_flags, settings_from
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
 from gateway.guard.audit import AuditSink
 from gateway.settings import Settings
+from gateway.store import StateStore, open_store
 from gateway.store.base import TokenRecord
-from gateway.store.sqlite import SqliteStore
 
 
 def register(sub: Any) -> None:
@@ -61,9 +61,9 @@ def cli_caller() -> str:
 
 
 @contextmanager
-def _opened(args: argparse.Namespace) -> Iterator[tuple[Settings, SqliteStore]]:
+def _opened(args: argparse.Namespace) -> Iterator[tuple[Settings, StateStore]]:
     settings = settings_from(args)
-    store = SqliteStore(settings.state_db)
+    store = open_store(settings)
     try:
         yield settings, store
     finally:
@@ -135,7 +135,7 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _existing(store: SqliteStore, name: str) -> TokenRecord:
+def _existing(store: StateStore, name: str) -> TokenRecord:
     rec = store.token_by_name(name)
     if rec is None:
         raise NotFound(f"no token named {name!r}; `gateway token list` shows the names")

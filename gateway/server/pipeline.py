@@ -79,7 +79,8 @@ from gateway.notify import Notifier, notifier_for
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
-from gateway.store.sqlite import Proposal, SqliteStore
+from gateway.store import StateStore, open_store
+from gateway.store.base import Proposal
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
@@ -165,7 +166,7 @@ class Gateway:
         registry: Registry,
         *,
         scheduler: Scheduler,
-        store: SqliteStore,
+        store: StateStore,
         audit: AuditSink,
         policy: PolicyStore,
         roles: RoleBook,
@@ -231,7 +232,7 @@ class Gateway:
             scheduler=Scheduler(
                 targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds
             ),
-            store=SqliteStore(settings.state_db),
+            store=open_store(settings),
             audit=audit,
             policy=policy,
             roles=roles,

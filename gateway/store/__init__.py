@@ -1,12 +1,41 @@
-"""State shared by the server, the CLI and the approval page: tokens and proposals.
+"""State shared by the server, the CLI and the approval page: tokens, proposals, web sessions.
 
-Code against ``StateStore``; ``SqliteStore`` is the implementation on one file under the gateway
-home (``Settings.state_db``).
+Code against ``StateStore`` and open it with ``open_store(settings)``: ``PostgresStore`` when
+``Settings.database_url`` is set (``GATEWAY_DATABASE_URL``, ``--database-url``: several replicas share
+one database), else ``SqliteStore`` on one file under the gateway home (``Settings.state_db``).
 """
 
-from gateway.store.base import FINAL_STATES, PROPOSAL_STATES, Proposal, StateStore, TokenRecord, new_id
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.store.base import (
+    FINAL_STATES,
+    PROPOSAL_STATES,
+    Proposal,
+    StateStore,
+    TokenRecord,
+    WebSessionRecord,
+    new_id,
+)
 from gateway.store.sqlite import SqliteStore
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
 __all__ = [
-    "FINAL_STATES", "PROPOSAL_STATES", "Proposal", "SqliteStore", "StateStore", "TokenRecord", "new_id",
+    "FINAL_STATES", "PROPOSAL_STATES", "Proposal", "SqliteStore", "StateStore", "TokenRecord",
+    "WebSessionRecord", "new_id", "open_store",
 ]
+
+
+def open_store(settings: Settings) -> StateStore:
+    """The state store ``settings`` name, its schema migrated to this code's version.
+
+    Raises ``StateUnavailable`` when it cannot be reached and ``ConfigError`` when its schema is newer
+    than this gateway knows."""
+    if settings.database_url:
+        from gateway.store.postgres import PostgresStore  # psycopg is loaded only when used
+
+        return PostgresStore(settings.database_url)
+    return SqliteStore(settings.state_db)

@@ -1,23 +1,31 @@
 """The records the state store keeps, and the interface every store implements.
 
-The server, the CLI and the approval page share two kinds of state: bearer tokens (only a hash of
-each secret) and proposals of the two-phase confirmation flow. ``StateStore`` is the small
-interface they code against; ``gateway.store.sqlite.SqliteStore`` implements it on one SQLite file,
-and a shared database can implement it for several replicas behind one load balancer.
+The server, the CLI and the approval page share three kinds of state: bearer tokens (only a hash
+of each secret), proposals of the two-phase confirmation flow, and the approval page's sign-in
+sessions. ``StateStore`` is the small interface they code against, with two engines:
+``gateway.store.sqlite.SqliteStore`` on one SQLite file (one machine, the default) and
+``gateway.store.postgres.PostgresStore`` on a PostgreSQL database shared by several replicas behind
+one load balancer. Both run the versioned schema migrations of their engine when opened
+(``pending_migrations``) and refuse a schema newer than they know.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from gateway.errors import ConfigError
 from gateway.guard.lifecycle import FINAL_STATES, STATES, check_edge
 
 #: every state a proposal can be in; the moves between them are ``gateway.guard.lifecycle.EDGES``
 PROPOSAL_STATES: Final = STATES
-__all__ = ["FINAL_STATES", "PROPOSAL_STATES", "Proposal", "StateStore", "TokenRecord", "check_edge", "new_id"]
+__all__ = [
+    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "StateStore", "TokenRecord", "WebSessionRecord",
+    "check_edge", "new_id",
+]
 
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 ID_LENGTH: Final = 12
@@ -88,6 +96,20 @@ class Proposal:
             raise ValueError(f"unknown proposal state {self.state!r}")
 
 
+@dataclass(frozen=True)
+class WebSessionRecord:
+    """One signed-in browser of the approval page as stored. ``key`` is the sha256 of the session id
+    that travels in the cookie (the id itself is never stored); ``csrf`` is compared in constant time."""
+
+    key: str = field(repr=False)
+    token_id: str
+    name: str
+    csrf: str = field(repr=False)
+    created_at: float
+    expires_at: float
+    last_seen: float
+
+
 #: proposal fields ``StateStore.transition`` may set besides the state
 TRANSITION_FIELDS: Final = frozenset(
     {"approved_by", "decided_at", "outcome", "result", "error", "expires_at", "executor"}
@@ -150,4 +172,111 @@ class StateStore(Protocol):
         lifecycle table's edges can ever be taken, whatever calls the store."""
         ...
 
+    def add_web_session(self, rec: WebSessionRecord, *, idle: float, max_sessions: int) -> None:
+        """Store a new session (its ``created_at`` is now), first dropping ended ones (see
+        ``touch_web_session``) and then the oldest until fewer than ``max_sessions`` remain."""
+        ...
+
+    def touch_web_session(self, key: str, now: float, idle: float) -> WebSessionRecord | None:
+        """The session with this key if it is alive at ``now`` (before its ``expires_at`` and used less
+        than ``idle`` seconds ago), marked used at ``now``; an ended session is deleted, None."""
+        ...
+
+    def end_web_session(self, key: str) -> WebSessionRecord | None:
+        """Delete the session; return it if it existed."""
+        ...
+
+    def count_web_sessions(self) -> int: ...
+
+    def schema_version(self) -> int:
+        """The version of the schema this store's database holds (after the migrations it ran)."""
+        ...
+
     def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------- rows shared by the engines
+
+#: proposal columns in table order; the JSON ones are stored as canonical JSON text on both engines
+PROPOSAL_COLUMNS: Final = (
+    "id", "token_hash", "caller", "role", "surface", "target", "target_host", "tool", "args", "args_digest",
+    "plan_summary", "affected", "plan_params", "created_at", "expires_at", "state", "require_web_approval",
+    "approved_by", "decided_at", "outcome", "result", "error", "correlation_id", "executor",
+)
+JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error"})
+TOKEN_COLUMNS: Final = (
+    "token_id", "name", "role", "hash", "created_at", "expires_at", "last_used", "revoked",
+)
+WEB_SESSION_COLUMNS: Final = ("key", "token_id", "name", "csrf", "created_at", "expires_at", "last_seen")
+
+
+class Row(Protocol):
+    """A database row addressable by column name (``sqlite3.Row``, psycopg's ``dict_row``)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def to_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def from_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def token_from_row(row: Row) -> TokenRecord:
+    values = {c: row[c] for c in TOKEN_COLUMNS}
+    values["revoked"] = bool(values["revoked"])
+    return TokenRecord(**values)
+
+
+def proposal_from_row(row: Row) -> Proposal:
+    values = {c: (from_json(row[c]) if c in JSON_COLUMNS else row[c]) for c in PROPOSAL_COLUMNS}
+    values["require_web_approval"] = bool(values["require_web_approval"])
+    return Proposal(**values)
+
+
+def proposal_values(p: Proposal) -> tuple[Any, ...]:
+    return tuple(to_json(getattr(p, c)) if c in JSON_COLUMNS else getattr(p, c) for c in PROPOSAL_COLUMNS)
+
+
+def web_session_from_row(row: Row) -> WebSessionRecord:
+    return WebSessionRecord(**{c: row[c] for c in WEB_SESSION_COLUMNS})
+
+
+def check_transition(from_states: Sequence[str], to_state: str, fields: Mapping[str, Any]) -> Sequence[str]:
+    """Refuse a ``transition`` call that is not an edge of the lifecycle table (``check_edge``) or names
+    fields it may not set (both engines); return the states to move from, as ``check_edge`` does."""
+    checked = check_edge(from_states, to_state)
+    unknown = set(fields) - TRANSITION_FIELDS
+    if unknown:
+        raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
+    return checked
+
+
+def check_states(states: Sequence[str]) -> None:
+    unknown = set(states) - PROPOSAL_STATES
+    if unknown:
+        raise ValueError(f"unknown proposal states: {sorted(unknown)}")
+
+
+# ---------------------------------------------------------------------------- schema migrations
+
+#: one migration: (the version it brings the schema to, its SQL statements in order)
+Migration = tuple[int, tuple[str, ...]]
+
+
+def pending_migrations(current: int, migrations: Sequence[Migration], where: str) -> list[Migration]:
+    """The migrations to run on a schema at version ``current``, in order; ``ConfigError`` when the
+    schema is newer than the newest migration known here (a newer gateway wrote it: this replica must
+    not serve it)."""
+    versions = [version for version, _ in migrations]
+    if versions != sorted(set(versions)) or (versions and versions[0] < 1):
+        raise ValueError("migrations must have increasing versions from 1")
+    latest = versions[-1] if versions else 0
+    if current > latest:
+        raise ConfigError(f"{where} holds schema {current}, written by a newer gateway (this one knows up to "
+                          f"{latest}); upgrade this gateway before pointing it at that database")
+    return [m for m in migrations if m[0] > current]

@@ -13,7 +13,6 @@ database behind ``StateStore`` instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sqlite3
@@ -21,28 +20,39 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
 from gateway.store.base import (
-    PROPOSAL_STATES,
-    TRANSITION_FIELDS,
+    JSON_COLUMNS,
+    PROPOSAL_COLUMNS,
+    TOKEN_COLUMNS,
+    WEB_SESSION_COLUMNS,
+    Migration,
     Proposal,
     StateStore,
     TokenRecord,
-    check_edge,
+    WebSessionRecord,
+    check_states,
+    check_transition,
+    pending_migrations,
+    proposal_from_row,
+    proposal_values,
+    to_json,
+    token_from_row,
+    web_session_from_row,
 )
 
 __all__ = ["Proposal", "SqliteStore", "TokenRecord", "secure_directory"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 2
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta (key, value) VALUES ('token_generation', 0);
-CREATE TABLE IF NOT EXISTS tokens (
+_V1: Final = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('token_generation', 0)",
+    """CREATE TABLE IF NOT EXISTS tokens (
     token_id   TEXT PRIMARY KEY,
     name       TEXT NOT NULL UNIQUE,
     role       TEXT NOT NULL,
@@ -51,8 +61,8 @@ CREATE TABLE IF NOT EXISTS tokens (
     expires_at REAL,
     last_used  REAL,
     revoked    INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS proposals (
+)""",
+    """CREATE TABLE IF NOT EXISTS proposals (
     id                   TEXT PRIMARY KEY,
     token_hash           TEXT NOT NULL UNIQUE,
     caller               TEXT NOT NULL,
@@ -75,48 +85,31 @@ CREATE TABLE IF NOT EXISTS proposals (
     outcome              TEXT,
     result               TEXT,
     error                TEXT,
-    correlation_id       TEXT,
-    executor             TEXT
-);
-CREATE INDEX IF NOT EXISTS proposals_state ON proposals (state, expires_at);
-"""
-_PROPOSAL_COLUMNS: Final = (
-    "id", "token_hash", "caller", "role", "surface", "target", "target_host", "tool", "args", "args_digest",
-    "plan_summary", "affected", "plan_params", "created_at", "expires_at", "state", "require_web_approval",
-    "approved_by", "decided_at", "outcome", "result", "error", "correlation_id", "executor",
+    correlation_id       TEXT
+)""",
+    "CREATE INDEX IF NOT EXISTS proposals_state ON proposals (state, expires_at)",
 )
-_JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error"})
-_TOKEN_COLUMNS: Final = "token_id, name, role, hash, created_at, expires_at, last_used, revoked"
+#: the executing claim names the process holding it (``Proposal.executor``)
+_V2: Final = ("ALTER TABLE proposals ADD COLUMN executor TEXT",)
+_V3: Final = (
+    """CREATE TABLE web_sessions (
+    key        TEXT PRIMARY KEY,
+    token_id   TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    csrf       TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    last_seen  REAL NOT NULL
+)""",
+    "CREATE INDEX web_sessions_created ON web_sessions (created_at)",
+)
+#: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3))
+SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
+_TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
+_SESSION_COLUMNS: Final = ", ".join(WEB_SESSION_COLUMNS)
 _PRIVATE_FILE: Final = 0o600
 _PRIVATE_DIR: Final = 0o700
-
-
-def _to_json(value: Any) -> str | None:
-    if value is None:
-        return None
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _from_json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _token(row: sqlite3.Row) -> TokenRecord:
-    return TokenRecord(
-        token_id=row["token_id"], name=row["name"], role=row["role"], hash=row["hash"],
-        created_at=row["created_at"], expires_at=row["expires_at"], last_used=row["last_used"],
-        revoked=bool(row["revoked"]),
-    )
-
-
-def _proposal(row: sqlite3.Row) -> Proposal:
-    values = {c: (_from_json(row[c]) if c in _JSON_COLUMNS else row[c]) for c in _PROPOSAL_COLUMNS}
-    values["require_web_approval"] = bool(values["require_web_approval"])
-    return Proposal(**values)
-
-
-def _proposal_values(p: Proposal) -> tuple[Any, ...]:
-    return tuple(_to_json(getattr(p, c)) if c in _JSON_COLUMNS else getattr(p, c) for c in _PROPOSAL_COLUMNS)
 
 
 def secure_directory(directory: Path) -> None:
@@ -234,16 +227,15 @@ class SqliteStore:
 
     def _migrate(self) -> None:
         with self._write("initialise its schema") as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise ConfigError(f"{self.path} was written by a newer gateway (schema {version}); upgrade "
-                                  "this gateway or point GATEWAY_HOME elsewhere")
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
+            current = int(db.execute("PRAGMA user_version").fetchone()[0])
+            for version, statements in pending_migrations(current, MIGRATIONS, str(self.path)):
+                for statement in statements:
                     db.execute(statement)
-            if 0 < version < 2:  # schema 2: the executing claim names the process holding it
-                db.execute("ALTER TABLE proposals ADD COLUMN executor TEXT")
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                db.execute(f"PRAGMA user_version={int(version)}")
+                log.info("state store %s: schema migrated to version %d", self.path, version)
+
+    def schema_version(self) -> int:
+        return int(self._read("read its schema version", "PRAGMA user_version")[0][0])
 
     def ping(self) -> bool:
         try:
@@ -285,22 +277,22 @@ class SqliteStore:
     def token_by_id(self, token_id: str) -> TokenRecord | None:
         rows = self._read("read a token", f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE token_id = ?",
                           (token_id,))
-        return _token(rows[0]) if rows else None
+        return token_from_row(rows[0]) if rows else None
 
     def token_by_name(self, name: str) -> TokenRecord | None:
         rows = self._read("read a token", f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE name = ?", (name,))
-        return _token(rows[0]) if rows else None
+        return token_from_row(rows[0]) if rows else None
 
     def list_tokens(self) -> list[TokenRecord]:
         rows = self._read("list tokens", f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY name")
-        return [_token(r) for r in rows]
+        return [token_from_row(r) for r in rows]
 
     def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None) -> TokenRecord:
         with self._write("update a token") as db:
             row = db.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise NotFound(f"no token named {name!r}; `gateway token list` shows the names")
-            current = _token(row)
+            current = token_from_row(row)
             if revoked is False and current.revoked:
                 raise InvalidArgument("revoked", f"token {name!r} is revoked and cannot be reinstated; "
                                       "create a new token instead")
@@ -326,17 +318,17 @@ class SqliteStore:
     # -- proposals -----------------------------------------------------------------------------
 
     def add_proposal(self, p: Proposal) -> None:
-        marks = ", ".join("?" * len(_PROPOSAL_COLUMNS))
+        marks = ", ".join("?" * len(PROPOSAL_COLUMNS))
         try:
             with self._write("record a proposal") as db:
-                db.execute(f"INSERT INTO proposals ({', '.join(_PROPOSAL_COLUMNS)}) VALUES ({marks})",
-                           _proposal_values(p))
+                db.execute(f"INSERT INTO proposals ({', '.join(PROPOSAL_COLUMNS)}) VALUES ({marks})",
+                           proposal_values(p))
         except sqlite3.IntegrityError as exc:
             raise InvalidArgument("id", f"proposal {p.id!r} or its token hash already exists") from exc
 
     def _proposals(self, where: str, params: Sequence[Any]) -> list[Proposal]:
-        sql = f"SELECT {', '.join(_PROPOSAL_COLUMNS)} FROM proposals {where}"
-        return [_proposal(r) for r in self._read("read proposals", sql, params)]
+        sql = f"SELECT {', '.join(PROPOSAL_COLUMNS)} FROM proposals {where}"
+        return [proposal_from_row(r) for r in self._read("read proposals", sql, params)]
 
     def get_proposal(self, proposal_id: str) -> Proposal | None:
         found = self._proposals("WHERE id = ?", (proposal_id,))
@@ -352,7 +344,7 @@ class SqliteStore:
         clauses: list[str] = []
         params: list[Any] = []
         if states is not None:
-            _check_states(states)
+            check_states(states)
             clauses.append(f"state IN ({', '.join('?' * len(states))})")
             params.extend(states)
         if due_before is not None:
@@ -363,23 +355,48 @@ class SqliteStore:
         return self._proposals(f"{where}ORDER BY {order}, id LIMIT ?", [*params, int(limit)])
 
     def transition(self, proposal_id: str, from_states: Sequence[str], to_state: str, **fields: Any) -> bool:
-        from_states = check_edge(from_states, to_state)
-        unknown = set(fields) - TRANSITION_FIELDS
-        if unknown:
-            raise TypeError(f"transition() cannot set {', '.join(sorted(unknown))}")
+        from_states = check_transition(from_states, to_state, fields)
         sets = ["state = ?", *(f"{k} = ?" for k in fields)]
-        values = [to_state, *(_to_json(v) if k in _JSON_COLUMNS else v for k, v in fields.items())]
+        values = [to_state, *(to_json(v) if k in JSON_COLUMNS else v for k, v in fields.items())]
         marks = ", ".join("?" * len(from_states))
         with self._write("update a proposal") as db:
             cursor = db.execute(f"UPDATE proposals SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})",
                                 [*values, proposal_id, *from_states])
             return cursor.rowcount == 1
 
+    # -- web sessions --------------------------------------------------------------------------
 
-def _check_states(states: Sequence[str]) -> None:
-    unknown = set(states) - PROPOSAL_STATES
-    if unknown:
-        raise ValueError(f"unknown proposal states: {sorted(unknown)}")
+    def add_web_session(self, rec: WebSessionRecord, *, idle: float, max_sessions: int) -> None:
+        marks = ", ".join("?" * len(WEB_SESSION_COLUMNS))
+        with self._write("record a sign-in") as db:
+            db.execute("DELETE FROM web_sessions WHERE expires_at <= ? OR last_seen <= ?",
+                       (rec.created_at, rec.created_at - idle))
+            db.execute("DELETE FROM web_sessions WHERE key IN (SELECT key FROM web_sessions "
+                       "ORDER BY created_at DESC, key LIMIT -1 OFFSET ?)", (max(0, max_sessions - 1),))
+            db.execute(f"INSERT INTO web_sessions ({_SESSION_COLUMNS}) VALUES ({marks})",
+                       tuple(getattr(rec, c) for c in WEB_SESSION_COLUMNS))
+
+    def touch_web_session(self, key: str, now: float, idle: float) -> WebSessionRecord | None:
+        with self._write("read a sign-in") as db:
+            row = db.execute(f"SELECT {_SESSION_COLUMNS} FROM web_sessions WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                return None
+            found = web_session_from_row(row)
+            if now >= found.expires_at or now - found.last_seen >= idle:
+                db.execute("DELETE FROM web_sessions WHERE key = ?", (key,))
+                return None
+            db.execute("UPDATE web_sessions SET last_seen = MAX(last_seen, ?) WHERE key = ?", (now, key))
+            return replace(found, last_seen=max(found.last_seen, now))
+
+    def end_web_session(self, key: str) -> WebSessionRecord | None:
+        with self._write("end a sign-in") as db:
+            row = db.execute(f"DELETE FROM web_sessions WHERE key = ? RETURNING {_SESSION_COLUMNS}",
+                             (key,)).fetchone()
+            return None if row is None else web_session_from_row(row)
+
+    def count_web_sessions(self) -> int:
+        return int(self._read("count sign-ins", "SELECT count(*) FROM web_sessions")[0][0])
+
 
 
 if TYPE_CHECKING:

@@ -1,0 +1,47 @@
+"""``gateway db upgrade``: run the schema migrations the state database lacks (every ``gateway serve``
+also runs them on start) and print the version it is at; refuses a schema newer than this gateway.
+
+The engine is PostgreSQL when GATEWAY_DATABASE_URL (``--database-url``) is set, else the SQLite file
+under the gateway home. The database is named without its password.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gateway.cli import add_path_flags, settings_from
+from gateway.settings import Settings
+from gateway.store import open_store
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser("db", help="the state database's schema migrations")
+    commands = parser.add_subparsers(dest="db_command", required=True, metavar="SUBCOMMAND")
+    upgrade = commands.add_parser("upgrade", help="run the schema migrations the database lacks")
+    upgrade.set_defaults(handler=run_upgrade)
+    add_path_flags(upgrade)
+
+
+def describe(settings: Settings) -> tuple[str, int]:
+    """(the database as it may be shown, the newest schema version this gateway knows)."""
+    if settings.database_url:
+        from gateway.store.postgres import SCHEMA_VERSION as PG_VERSION
+        from gateway.store.postgres import display_url
+
+        return display_url(settings.database_url), PG_VERSION
+    from gateway.store.sqlite import SCHEMA_VERSION as SQLITE_VERSION
+
+    return f"sqlite:{settings.state_db}", SQLITE_VERSION
+
+
+def run_upgrade(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    where, known = describe(settings)
+    store = open_store(settings)  # opening migrates (and refuses a newer schema)
+    try:
+        version = store.schema_version()
+    finally:
+        store.close()
+    print(f"{where}: schema version {version} (this gateway knows up to {known})")
+    return 0
