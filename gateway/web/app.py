@@ -278,7 +278,7 @@ class WebApi:
             try:
                 if change:
                     self._check_origin(request)
-                viewer = self._viewer(request)
+                viewer = await anyio.to_thread.run_sync(self._viewer, request)
                 if change:
                     self._check_csrf(request, viewer.session)
                 return _json(await handler(request, viewer))
@@ -324,7 +324,7 @@ class WebApi:
 
     async def session_info(self, request: Request) -> Response:
         try:
-            viewer = self._viewer(request)
+            viewer = await anyio.to_thread.run_sync(self._viewer, request)
         except Unauthorized:
             stale = self._session_id(request) is not None
             return _json(self._signed_out(), headers=self._clear_cookie(request) if stale else None)
@@ -350,10 +350,9 @@ class WebApi:
             if self.gateway.role_of(principal) is None:
                 raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask "
                                 "an administrator to fix roles.yaml or give your token another role")
+            session = await anyio.to_thread.run_sync(self._new_session, request, principal)
         except GatewayError as exc:
             return self._error(request, exc)
-        self.sessions.end(self._session_id(request))  # a fresh id on every sign-in: no session fixation
-        session = self.sessions.create(principal)
         viewer_principal = Principal(principal.name, principal.role, principal.token_id, surface=SURFACE)
         await self._audit_event("web_sign_in", viewer_principal)
         role = self.gateway.role_of(principal)
@@ -363,16 +362,23 @@ class WebApi:
         body = self._session_body(Viewer(session, viewer_principal, role))
         return _json(body, headers={"set-cookie": cookie})
 
+    def _new_session(self, request: Request, principal: Principal) -> WebSession:
+        self.sessions.end(self._session_id(request))  # a fresh id on every sign-in: no session fixation
+        return self.sessions.create(principal)
+
     async def sign_out(self, request: Request) -> Response:
         try:
             self._check_origin(request)
-            viewer = self._viewer(request)
+            viewer = await anyio.to_thread.run_sync(self._viewer, request)
             self._check_csrf(request, viewer.session)
         except Unauthorized:
             return _json(self._signed_out(), headers=self._clear_cookie(request))
         except GatewayError as exc:
             return self._error(request, exc)
-        self.sessions.end(viewer.session.id)
+        try:
+            await anyio.to_thread.run_sync(self.sessions.end, viewer.session.id)
+        except GatewayError as exc:
+            return self._error(request, exc)
         await self._audit_event("web_sign_out", viewer.principal)
         return _json(self._signed_out(), headers=self._clear_cookie(request))
 
@@ -503,7 +509,7 @@ def build_web_app(
     only with trusted forwarded headers). ``allowed_origins``: besides being the request's own origin,
     the ``Origin`` of a change must be in this list (or pass this predicate) when given.
     """
-    api = WebApi(gateway, sessions or SessionStore(), secure_cookies=secure_cookies,
+    api = WebApi(gateway, sessions or SessionStore(store=gateway.store), secure_cookies=secure_cookies,
                  origin_allowed=_origin_predicate(allowed_origins))
     app = Starlette(routes=api.routes(), middleware=[Middleware(SecurityHeaders)])
     app.state.sessions = api.sessions

@@ -5,9 +5,14 @@ cookie (``HttpOnly``, ``SameSite=Strict``; on HTTPS also ``Secure`` with the ``_
 pins it to this origin and path ``/``). The token itself is never stored in the browser.
 
 Contracts:
-- ``SessionStore`` keeps sessions in this process only (a restart signs everyone out). A session
-  ends at the first of: its absolute ``lifetime``, ``idle`` seconds without a request, ``end()``.
-  At most ``max_sessions`` live at once; creating one more drops the oldest. Thread-safe.
+- ``SessionStore(store=...)`` keeps sessions in the gateway's state store (``StateStore`` web-session
+  methods), so a person signed in through one replica stays signed in through every replica on the
+  same database, and across restarts. The store holds only the sha256 of each session id (a leaked
+  table cannot be replayed as cookies). Without a store, sessions live in this process only (a
+  restart signs everyone out): for tests and single-process embedding. A session ends at the first
+  of: its absolute ``lifetime``, ``idle`` seconds without a request, ``end()``. At most
+  ``max_sessions`` live at once; creating one more drops the oldest. Thread-safe; with a store every
+  method is a database round trip, so call it from a worker thread.
 - A session remembers the token's id, not its secret: every request re-reads the token record, so
   a revoked or expired token, or a changed role, applies from the next request (see ``gateway.web.app``).
 - Every state-changing request must carry the session's CSRF token (``X-CSRF-Token``, compared in
@@ -18,6 +23,7 @@ Contracts:
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import threading
@@ -28,6 +34,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from gateway.auth.tokens import Principal
+from gateway.store.base import StateStore, WebSessionRecord
 
 #: cookie names: the ``__Host-`` prefix is only valid (and only accepted by browsers) with ``Secure``
 SECURE_COOKIE: Final = "__Host-gw_session"
@@ -56,10 +63,12 @@ class SessionStore:
     """Live sessions by id (see the module docstring for lifetimes). Thread-safe."""
 
     def __init__(self, *, lifetime: float = DEFAULT_LIFETIME, idle: float = DEFAULT_IDLE,
-                 max_sessions: int = MAX_SESSIONS, clock: Callable[[], float] = time.time) -> None:
+                 max_sessions: int = MAX_SESSIONS, clock: Callable[[], float] = time.time,
+                 store: StateStore | None = None) -> None:
         if lifetime <= 0 or idle <= 0 or max_sessions <= 0:
             raise ValueError("session lifetime, idle timeout and capacity must be positive")
         self.lifetime, self.idle, self.max_sessions, self.clock = lifetime, idle, max_sessions, clock
+        self.store = store
         self._lock = threading.Lock()
         self._sessions: dict[str, WebSession] = {}
 
@@ -71,6 +80,9 @@ class SessionStore:
         session = WebSession(id=secrets.token_urlsafe(32), token_id=principal.token_id, name=principal.name,
                              csrf=secrets.token_urlsafe(32), created_at=now, expires_at=now + self.lifetime,
                              last_seen=now)
+        if self.store is not None:
+            self.store.add_web_session(_record(session), idle=self.idle, max_sessions=self.max_sessions)
+            return session
         with self._lock:
             self._drop_stale(now)
             while len(self._sessions) >= self.max_sessions:
@@ -83,6 +95,9 @@ class SessionStore:
         if not session_id:
             return None
         now = self.clock()
+        if self.store is not None:
+            found = self.store.touch_web_session(session_key(session_id), now, self.idle)
+            return None if found is None else _session(session_id, found)
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None:
@@ -97,6 +112,9 @@ class SessionStore:
         """End the session (sign-out, revoked token); return it if it existed."""
         if not session_id:
             return None
+        if self.store is not None:
+            found = self.store.end_web_session(session_key(session_id))
+            return None if found is None else _session(session_id, found)
         with self._lock:
             return self._sessions.pop(session_id, None)
 
@@ -105,6 +123,8 @@ class SessionStore:
         return max(0.0, session.expires_at - self.clock())
 
     def __len__(self) -> int:
+        if self.store is not None:
+            return self.store.count_web_sessions()
         with self._lock:
             return len(self._sessions)
 
@@ -114,6 +134,22 @@ class SessionStore:
     def _drop_stale(self, now: float) -> None:
         for sid in [sid for sid, s in self._sessions.items() if not self._alive(s, now)]:
             del self._sessions[sid]
+
+
+def session_key(session_id: str) -> str:
+    """What the state store keeps of a session id: its sha256 (hex)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def _record(session: WebSession) -> WebSessionRecord:
+    return WebSessionRecord(key=session_key(session.id), token_id=session.token_id, name=session.name,
+                            csrf=session.csrf, created_at=session.created_at, expires_at=session.expires_at,
+                            last_seen=session.last_seen)
+
+
+def _session(session_id: str, rec: WebSessionRecord) -> WebSession:
+    return WebSession(id=session_id, token_id=rec.token_id, name=rec.name, csrf=rec.csrf,
+                      created_at=rec.created_at, expires_at=rec.expires_at, last_seen=rec.last_seen)
 
 
 # ---------------------------------------------------------------------------- cookies
