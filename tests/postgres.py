@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,3 +159,12 @@ def open_store_at(location: str) -> StateStore:
     if location.startswith("postgresql://"):
         return PostgresStore(location)
     return SqliteStore(Path(location))
+
+
+def wait_for(condition: Callable[[], bool], what: str, deadline_seconds: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after the deadline."""
+    deadline = time.monotonic() + deadline_seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {deadline_seconds:g} s")
+        time.sleep(0.1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from postgres import PgServer, discard, open_store_at, start_postgres
+from postgres import PgServer, discard, open_store_at, start_postgres, wait_for
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
 from gateway.store import Proposal, SqliteStore, StateStore, TokenRecord, WebSessionRecord, new_id
@@ -473,7 +473,7 @@ def test_postgres_outage_fails_closed_and_recovers_without_a_new_store() -> None
             with pytest.raises(StateUnavailable):
                 s.list_tokens()
             server.start()
-            assert s.ping()
+            wait_for(s.ping, "the pool reconnecting after PostgreSQL came back")
             assert s.update_token("ci", revoked=True).revoked
     finally:
         discard(server)

@@ -137,6 +137,9 @@ def _row_limit(args: argparse.Namespace) -> int | None:
 
 
 def show_log(args: argparse.Namespace) -> int:
+    if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
+        from gateway.cli import audit_db
+        return audit_db.show_log(args, shared)
     path = settings_from(args).audit_log
     limit = _row_limit(args)
     try:
@@ -173,6 +176,9 @@ def render_stats(summary: Mapping[str, Any]) -> str:
 
 
 def show_stats(args: argparse.Namespace) -> int:
+    if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
+        from gateway.cli import audit_db
+        return audit_db.show_stats(args, shared)
     path = settings_from(args).audit_log
     try:
         summary = stats(path, since=args.since)
@@ -242,6 +248,9 @@ def describe_checkpoints(report: VerifyReport) -> list[str]:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
+        from gateway.cli import audit_db
+        return audit_db.run_verify(args, shared)
     settings = settings_from(args)
     path = settings.audit_log
     pinned: Ed25519PublicKey | None = args.public_key

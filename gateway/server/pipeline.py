@@ -79,7 +79,7 @@ from gateway.notify import Notifier, notifier_for
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
-from gateway.store import StateStore, open_store
+from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.base import Proposal
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
@@ -167,7 +167,7 @@ class Gateway:
         *,
         scheduler: Scheduler,
         store: StateStore,
-        audit: AuditSink,
+        audit: AuditWriter,
         policy: PolicyStore,
         roles: RoleBook,
         clock: Callable[[], float] = time.time,
@@ -208,7 +208,8 @@ class Gateway:
         targets = load_targets(settings.targets_file, settings.credentials)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        audit = AuditSink.for_settings(settings)
+        store = open_store(settings)
+        audit = open_audit(settings, store)
 
         def audit_roles_reload(sha256: str, names: list[str]) -> None:
             with contextlib.suppress(AuditUnavailable):
@@ -232,7 +233,7 @@ class Gateway:
             scheduler=Scheduler(
                 targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds
             ),
-            store=open_store(settings),
+            store=store,
             audit=audit,
             policy=policy,
             roles=roles,

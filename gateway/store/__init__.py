@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.guard.audit import AuditSink
 from gateway.store.base import (
     FINAL_STATES,
     PROPOSAL_STATES,
+    AuditWriter,
     Proposal,
     StateStore,
     TokenRecord,
@@ -24,8 +26,8 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
 
 __all__ = [
-    "FINAL_STATES", "PROPOSAL_STATES", "Proposal", "SqliteStore", "StateStore", "TokenRecord",
-    "WebSessionRecord", "new_id", "open_store",
+    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "SqliteStore", "StateStore", "TokenRecord",
+    "WebSessionRecord", "new_id", "open_audit", "open_store",
 ]
 
 
@@ -39,3 +41,15 @@ def open_store(settings: Settings) -> StateStore:
 
         return PostgresStore(settings.database_url)
     return SqliteStore(settings.state_db)
+
+
+def open_audit(settings: Settings, store: StateStore) -> AuditWriter:
+    """Where audit rows go: the audit table next to the shared state when ``store`` is on PostgreSQL
+    (one chain for every replica), else the JSONL file ``Settings.audit_log``."""
+    if settings.database_url:
+        from gateway.store.audit_pg import PgAuditSink
+        from gateway.store.postgres import PostgresStore
+
+        if isinstance(store, PostgresStore):
+            return PgAuditSink(store)
+    return AuditSink.for_settings(settings)

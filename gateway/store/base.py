@@ -116,6 +116,18 @@ TRANSITION_FIELDS: Final = frozenset(
 )
 
 
+class AuditWriter(Protocol):
+    """The small interface audit rows are written through: the JSONL ``gateway.guard.audit.AuditSink``
+    (embedded mode) or ``gateway.store.audit_pg.PgAuditSink`` (PostgreSQL). ``write`` returns the row as
+    stored, or raises ``AuditUnavailable`` and the caller refuses the call."""
+
+    def write(self, event: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def writable(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class StateStore(Protocol):
     """State shared by every process of one gateway. Every method is safe to call from any thread.
 

@@ -1,0 +1,246 @@
+"""The audit chain in PostgreSQL: one table, one hash chain for every replica.
+
+Rows are the same as the JSONL sink's (``gateway.guard.audit``): redacted and bounded by
+``prepare_event``, stamped with ``ts``, ``seq``, ``prev`` and ``hash`` (``row_hash``), so one
+verifier's rules hold for both. ``PgAuditSink.write`` appends in one transaction that first takes a
+transaction-scoped advisory lock (``AUDIT_LOCK``), then reads the head (the highest ``seq``) and
+inserts the next row: two replicas appending at once are serialised, never fork the chain, and
+``seq`` is the table's primary key besides. ``write`` returns only after the commit (PostgreSQL's
+``synchronous_commit`` makes it durable); otherwise it raises ``AuditUnavailable`` and the caller
+refuses the call (fail closed). Waiting is bounded by ``timeout`` (lock and statement timeouts).
+
+``PgAuditReader`` gives ``gateway audit log|stats|verify`` the same answers as the file readers:
+``rows`` (filters as ``read_rows``), ``stats`` (as ``stats``) and ``verify`` (a ``VerifyReport``
+whose one "file" is the table and whose line numbers are ``seq``). Verification reads one snapshot
+(REPEATABLE READ), so it is consistent while replicas keep appending.
+
+What the file sink does that this one does not (yet): size rotation (the table grows; prune with a
+retention job that keeps the chain's continuity), torn-line repair (a transaction cannot tear) and
+signed checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import psycopg
+
+from gateway.errors import AuditUnavailable, StateUnavailable
+from gateway.guard.audit import GENESIS, LineFault, VerifyReport, format_ts, prepare_event, row_hash
+from gateway.store.postgres import PostgresStore
+
+if TYPE_CHECKING:
+    from gateway.store.base import AuditWriter
+
+__all__ = ["AUDIT_LOCK", "PgAuditReader", "PgAuditSink"]
+
+log = logging.getLogger(__name__)
+
+#: key of the transaction-scoped advisory lock held while a row is appended
+AUDIT_LOCK: Final = 0x61_75_64_69_74  # "audit"
+#: columns copied out of a row for filtering (the row itself is ``body``)
+_FILTER_COLUMNS: Final = ("phase", "tool", "target", "caller", "correlation_id")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _column(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class PgAuditSink:
+    """Appends stamped rows to ``audit_rows``; thread-safe, and safe across replicas."""
+
+    def __init__(self, store: PostgresStore, *, timeout: float = 10.0,
+                 clock: Callable[[], datetime] = _utcnow) -> None:
+        self.store = store
+        self.where = f"the audit table of {store.where}"
+        self.timeout = timeout
+        self._clock = clock
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> PgAuditSink:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Redact, stamp and append one row in one transaction; return the row as written."""
+        body = prepare_event(event)
+        limit = self.timeout if timeout is None else timeout
+        if self._closed:
+            raise AuditUnavailable(f"{self.where} was closed; the gateway is shutting down")
+        try:
+            with self.store.pool.connection(timeout=limit) as conn, conn.transaction():
+                ms = max(1, int(limit * 1000))
+                conn.execute(f"SET LOCAL lock_timeout = {ms}")
+                conn.execute(f"SET LOCAL statement_timeout = {ms}")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
+                found = conn.execute("SELECT seq, hash FROM audit_rows ORDER BY seq DESC LIMIT 1").fetchone()
+                head = cast("dict[str, Any] | None", found)  # the pool's rows are dicts (dict_row)
+                seq, prev = (int(head["seq"]), str(head["hash"])) if head else (0, GENESIS)
+                row: dict[str, Any] = {"ts": format_ts(self._clock()), "seq": seq + 1}
+                row.update(body)
+                row["prev"] = prev
+                row["hash"] = row_hash(row)
+                conn.execute(
+                    "INSERT INTO audit_rows (seq, ts, phase, tool, target, caller, correlation_id, hash, "
+                    "body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (row["seq"], row["ts"], *(_column(row.get(c)) for c in _FILTER_COLUMNS), row["hash"],
+                     json.dumps(row, separators=(",", ":"))))
+        except (psycopg.Error, StateUnavailable) as exc:
+            log.error("audit: cannot append to %s: %s", self.where, exc)
+            raise AuditUnavailable(f"cannot append to {self.where} (the database does not answer or "
+                                   "refuses the write); the row was not written. fix: check PostgreSQL and "
+                                   "the gateway log") from None
+        return row
+
+    def writable(self) -> bool:
+        """Whether an append could succeed now (for readiness): the database answers and lets this
+        user insert into the table. A point-in-time check; ``write`` remains the authority."""
+        if self._closed:
+            return False
+        try:
+            rows = self.store._read("check the audit table",
+                                    "SELECT has_table_privilege('audit_rows', 'INSERT') AS ok")
+        except StateUnavailable:
+            return False
+        return bool(rows and rows[0]["ok"])
+
+    def close(self) -> None:
+        """Later writes raise ``AuditUnavailable``; the connection pool belongs to the store."""
+        self._closed = True
+
+
+class PgAuditReader:
+    """``gateway audit log|stats|verify`` on the audit table."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.where = f"{store.where} (table audit_rows)"
+        self.label = Path(store.where.removeprefix("postgresql://") + "#audit_rows")
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self.store.pool.connection() as conn, conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield conn
+        except psycopg.Error as exc:
+            log.error("audit: cannot read %s: %s", self.where, exc)
+            raise AuditUnavailable(f"cannot read {self.where}; check PostgreSQL and the gateway log"
+                                   ) from None
+
+    def rows(self, *, last: int | None = None, since: datetime | None = None,
+             until: datetime | None = None, target: str | None = None, tool: str | None = None,
+             phase: str | None = None, caller: str | None = None,
+             correlation_id: str | None = None) -> list[dict[str, Any]]:
+        """Rows matching every filter, oldest first; with ``last`` only the newest ``last`` of them."""
+        if last is not None and last <= 0:
+            return []
+        clauses, params = self._window(since, until)
+        for name, value in zip(_FILTER_COLUMNS, (phase, tool, target, caller, correlation_id), strict=True):
+            if value is not None:
+                clauses.append(f"{name} = %s")
+                params.append(value)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        limit = "" if last is None else f"LIMIT {int(last)}"
+        with self._snapshot() as conn:
+            found = conn.execute(f"SELECT body FROM audit_rows {where} ORDER BY seq DESC {limit}",
+                                 params).fetchall()
+        return [json.loads(r["body"]) for r in reversed(found)]
+
+    @staticmethod
+    def _window(since: datetime | None, until: datetime | None) -> tuple[list[str], list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if since is not None:
+            clauses.append("ts >= %s")
+            params.append(format_ts(since if since.tzinfo else since.replace(tzinfo=UTC)))
+        if until is not None:
+            clauses.append("ts <= %s")
+            params.append(format_ts(until if until.tzinfo else until.replace(tzinfo=UTC)))
+        return clauses, params
+
+    def stats(self, *, since: datetime | None = None) -> dict[str, Any]:
+        """The same summary as ``gateway.guard.audit.stats``."""
+        clauses, params = self._window(since, None)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        counters = {name: Counter[str]() for name in ("by_phase", "by_tool", "by_target", "by_caller",
+                                                       "by_outcome")}
+        rows = 0
+        first_ts = last_ts = None
+        with self._snapshot() as conn, conn.cursor(name="audit_stats") as cursor:
+            cursor.execute(f"SELECT body FROM audit_rows {where} ORDER BY seq", params)
+            for record in cursor:
+                row = json.loads(record["body"])
+                rows += 1
+                first_ts = first_ts or row.get("ts")
+                last_ts = row.get("ts")
+                for name in counters:
+                    value = row.get(name.removeprefix("by_"))
+                    if isinstance(value, str | int | bool):
+                        counters[name][str(value)] += 1
+        summary: dict[str, Any] = {"rows": rows, "since": params[0] if since is not None else None,
+                                   "first_ts": first_ts, "last_ts": last_ts}
+        summary.update({name: dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+                        for name, counter in counters.items()})
+        return summary
+
+    def verify(self) -> VerifyReport:
+        """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot)."""
+        faults: list[LineFault] = []
+        count = 0
+        first_seq: int | None = None
+        expected_seq: int | None = None
+        expected_prev = GENESIS
+        with self._snapshot() as conn, conn.cursor(name="audit_verify") as cursor:
+            cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
+            for record in cursor:
+                seq = int(record["seq"])
+                problem = _problem(record, expected_seq, expected_prev)
+                if problem is not None:
+                    faults.append(LineFault(self.label, seq, *problem))
+                first_seq = seq if first_seq is None else first_seq
+                count += 1
+                expected_seq, expected_prev = seq + 1, str(record["hash"])
+        return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
+                            last_seq=None if expected_seq is None else expected_seq - 1,
+                            first_broken_line=faults[0] if faults else None, torn_last_line=None,
+                            problems=len(faults), starts_after_rotation=False)
+
+
+def _problem(record: Mapping[str, Any], expected_seq: int | None,
+             expected_prev: str) -> tuple[str, str] | None:
+    try:
+        row = json.loads(record["body"])
+    except ValueError:
+        return "not_json", "the row's body is not a stamped JSON row"
+    if not isinstance(row, dict) or row.get("seq") != record["seq"] or row.get("hash") != record["hash"]:
+        return "hash_mismatch", "the row's columns do not match its body: it was edited after writing"
+    if row_hash(row) != row["hash"]:
+        return "hash_mismatch", "the row's content does not match its hash: it was edited after writing"
+    want = 1 if expected_seq is None else expected_seq
+    if row["seq"] != want:
+        what = "rows are missing" if row["seq"] > want else "rows are out of order"
+        return "seq_gap", f"expected seq {want}, found {row['seq']}: {what}"
+    if row.get("prev") != expected_prev:
+        return "prev_mismatch", "prev does not match the hash of the row before: a row was replaced"
+    return None
+
+
+if TYPE_CHECKING:
+    def _implements(sink: PgAuditSink) -> AuditWriter:
+        return sink

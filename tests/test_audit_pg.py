@@ -1,0 +1,187 @@
+"""The audit chain in PostgreSQL (real server): one chain for every replica, never forked; verified,
+read and summarised like the file; fail closed when the database cannot take a row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+from postgres import PgServer, discard, start_postgres, wait_for
+
+from gateway.errors import AuditUnavailable
+from gateway.settings import Settings
+from gateway.store import open_audit
+from gateway.store.audit_pg import PgAuditReader, PgAuditSink
+from gateway.store.postgres import PostgresStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[PostgresStore]:
+    with PostgresStore(pg_url) as s:
+        yield s
+
+
+def test_rows_chain_and_verify(store: PostgresStore) -> None:
+    sink = PgAuditSink(store)
+    first = sink.write({"phase": "call", "tool": "list_vms", "target": "vc1", "caller": "ann"})
+    second = sink.write({"phase": "result", "tool": "list_vms", "target": "vc1", "caller": "ann",
+                         "result": {"vms": ["a", "b"]}})
+    assert (first["seq"], second["seq"]) == (1, 2)
+    assert first["prev"] == "0" * 64 and second["prev"] == first["hash"]
+    assert "result" not in second and second["result_size"] > 0
+    report = PgAuditReader(store).verify()
+    assert report.ok and (report.rows, report.first_seq, report.last_seq) == (2, 1, 2)
+
+
+def test_secrets_are_redacted_before_the_row_reaches_the_table(store: PostgresStore, pg_url: str) -> None:
+    PgAuditSink(store).write({"phase": "call", "caller": "ann", "args": {"password": "hunter2-secret"}})
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert "hunter2-secret" not in repr(conn.execute("SELECT * FROM audit_rows").fetchall())
+
+
+_APPENDER = """
+import os, sys
+from gateway.store.postgres import PostgresStore
+from gateway.store.audit_pg import PgAuditSink
+store = PostgresStore(os.environ["STORE_AT"])
+sink = PgAuditSink(store)
+print("ready", flush=True)
+sys.stdin.readline()
+for i in range(int(sys.argv[1])):
+    sink.write({"phase": "call", "caller": sys.argv[2], "n": i})
+store.close()
+"""
+
+
+def test_two_replicas_appending_at_once_never_fork_the_chain(store: PostgresStore, pg_url: str) -> None:
+    rows_each = 150
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STORE_AT": pg_url}
+    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(rows_each), f"replica-{i}"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        assert [proc.wait(timeout=120) for proc in procs] == [0, 0]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    reader = PgAuditReader(store)
+    report = reader.verify()
+    assert report.ok, report.first_broken_line
+    assert (report.rows, report.last_seq) == (2 * rows_each, 2 * rows_each)
+    callers = reader.stats()["by_caller"]
+    assert callers == {"replica-0": rows_each, "replica-1": rows_each}
+
+
+def test_verify_names_an_edited_and_a_removed_row(store: PostgresStore, pg_url: str) -> None:
+    sink = PgAuditSink(store)
+    for i in range(5):
+        sink.write({"phase": "call", "caller": "ann", "n": i})
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        body = json.loads(conn.execute("SELECT body FROM audit_rows WHERE seq = 2").fetchone()[0])
+        body["caller"] = "mallory"
+        conn.execute("UPDATE audit_rows SET body = %s WHERE seq = 2", (json.dumps(body),))
+    report = PgAuditReader(store).verify()
+    assert not report.ok
+    assert report.first_broken_line is not None
+    assert (report.first_broken_line.line, report.first_broken_line.reason) == (2, "hash_mismatch")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE audit_rows SET body = %s WHERE seq = 2",
+                     (json.dumps({**body, "caller": "ann"}),))  # restored: the hash matches again
+        assert PgAuditReader(store).verify().ok
+        conn.execute("DELETE FROM audit_rows WHERE seq = 4")
+    report = PgAuditReader(store).verify()
+    assert report.first_broken_line is not None
+    assert (report.first_broken_line.line, report.first_broken_line.reason) == (5, "seq_gap")
+
+
+def test_reader_filters_like_the_file_reader(store: PostgresStore) -> None:
+    moments = iter([datetime(2026, 11, 30, 10, m, tzinfo=UTC) for m in range(6)])
+    sink = PgAuditSink(store, clock=lambda: next(moments))
+    for tool, caller in [("a", "ann"), ("b", "bob"), ("a", "bob"), ("a", "ann"), ("c", "ann"), ("a", "ann")]:
+        sink.write({"phase": "call", "tool": tool, "caller": caller})
+    reader = PgAuditReader(store)
+    assert [r["seq"] for r in reader.rows(tool="a", caller="ann")] == [1, 4, 6]
+    assert [r["seq"] for r in reader.rows(tool="a", last=2)] == [4, 6]
+    assert [r["seq"] for r in reader.rows(since=datetime(2026, 11, 30, 10, 3, tzinfo=UTC),
+                                          until=datetime(2026, 11, 30, 10, 4, tzinfo=UTC))] == [4, 5]
+    assert reader.rows(last=0) == []
+    summary = reader.stats(since=datetime(2026, 11, 30, 10, 1, tzinfo=UTC))
+    assert summary["rows"] == 5 and summary["by_tool"] == {"a": 3, "b": 1, "c": 1}
+    window = ("2026-11-30T10:01:00.000Z", "2026-11-30T10:05:00.000Z")
+    assert (summary["first_ts"], summary["last_ts"]) == window
+
+
+def test_open_audit_picks_the_table_with_postgres_and_the_file_without(store: PostgresStore, pg_url: str,
+                                                                        tmp_path: Path) -> None:
+    shared = Settings.from_env({"GATEWAY_HOME": str(tmp_path), "GATEWAY_DATABASE_URL": pg_url})
+    assert isinstance(open_audit(shared, store), PgAuditSink)
+    embedded = Settings.from_env({"GATEWAY_HOME": str(tmp_path)})
+    sink = open_audit(embedded, store)
+    assert not isinstance(sink, PgAuditSink)
+    sink.close()
+
+
+@pytest.mark.postgres
+def test_a_row_the_database_cannot_take_fails_closed() -> None:
+    server = start_postgres()  # its own server: this test stops it
+    try:
+        with PostgresStore(server.create_database(), timeout=2.0) as store:
+            sink = PgAuditSink(store, timeout=2.0)
+            sink.write({"phase": "call", "caller": "ann"})
+            assert sink.writable()
+            server.stop("fast")
+            assert not sink.writable()
+            with pytest.raises(AuditUnavailable) as info:
+                sink.write({"phase": "call", "caller": "ann"})
+            assert server.password not in info.value.message
+            server.start()
+            wait_for(sink.writable, "the pool reconnecting after PostgreSQL came back")
+            assert sink.write({"phase": "call", "caller": "ann"})["seq"] == 2  # recovered, same chain
+            assert PgAuditReader(store).verify().ok
+            sink.close()
+            with pytest.raises(AuditUnavailable):
+                sink.write({"phase": "call"})
+    finally:
+        discard(server)
+
+
+def _gateway(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, check=False)
+
+
+def test_audit_cli_reads_the_table(store: PostgresStore, pg_server: PgServer, pg_url: str,
+                                   tmp_path: Path) -> None:
+    sink = PgAuditSink(store)
+    for tool in ("list_vms", "power_off_vm", "list_vms"):
+        sink.write({"phase": "call", "tool": tool, "caller": "ann", "target": "vc1"})
+    env = {"GATEWAY_HOME": str(tmp_path), "GATEWAY_DATABASE_URL": pg_url}
+    verified = _gateway("audit", "verify", env=env)
+    assert verified.returncode == 0, verified.stderr
+    assert "OK" in verified.stdout and "3 rows" in verified.stdout
+    shown = _gateway("audit", "log", "--json", "--tool", "list_vms", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [json.loads(line)["seq"] for line in shown.stdout.splitlines()] == [1, 3]
+    counted = _gateway("audit", "stats", "--json", env=env)
+    assert json.loads(counted.stdout)["by_tool"] == {"list_vms": 2, "power_off_vm": 1}
+    for done in (verified, shown, counted):
+        assert pg_server.password not in done.stdout + done.stderr
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE audit_rows SET body = replace(body, 'ann', 'eve') WHERE seq = 2")
+    broken = _gateway("audit", "verify", env=env)
+    assert broken.returncode == 1 and "BROKEN" in broken.stdout
