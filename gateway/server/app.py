@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any, Final, Protocol
 
 import anyio
+import anyio.to_thread
 import h11
 import httpx2
 import uvicorn
@@ -127,8 +128,8 @@ def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
         return JSONResponse({"status": "ok"})
 
     async def readyz(_request: Request) -> Response:
-        try:
-            reasons = gateway.readiness()
+        try:  # the checks may wait on the database: never on the event loop
+            reasons = await anyio.to_thread.run_sync(gateway.readiness)
         except Exception:
             log.exception("readiness check failed")
             reasons = ["readiness check failed"]

@@ -59,6 +59,7 @@ from gateway.errors import (
 from gateway.guard import audit
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
+from gateway.store.audit_read import open_audit_reader
 from gateway.store.base import FINAL_STATES, Proposal
 from gateway.web.session import (
     CSRF_HEADER,
@@ -441,7 +442,8 @@ class WebApi:
         if own and filters["caller"] not in (None, name):
             return {"rows": [], "filters": shown, "last": last}
         scan = last if own or viewer.role.all_targets else last * AUDIT_SCAN_FACTOR
-        read = functools.partial(audit.read_rows, self.gateway.settings.audit_log, last=scan,
+        reader = open_audit_reader(self.gateway.settings, self.gateway.store)
+        read = functools.partial(reader.rows, last=scan,
                                  phase=filters["phase"], target=filters["target"], tool=filters["tool"],
                                  caller=name if own else filters["caller"])
         rows = [r for r in await anyio.to_thread.run_sync(read) if viewer.role.may_read_audit_row(name, r)]
@@ -449,7 +451,8 @@ class WebApi:
 
     async def audit_verify(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
         _audit_right(viewer)
-        report = await anyio.to_thread.run_sync(audit.verify, self.gateway.settings.audit_log)
+        reader = open_audit_reader(self.gateway.settings, self.gateway.store)
+        report = await anyio.to_thread.run_sync(reader.verify)
         return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq,
                 "last_seq": report.last_seq, "problems": report.problems,
                 "starts_after_rotation": report.starts_after_rotation,
