@@ -1,0 +1,193 @@
+"""Two ``gateway serve`` replicas on one PostgreSQL behind Debian's nginx with plain round-robin: real
+processes, real server, real simulator, the real MCP client SDK.
+
+- An agent speaking the stateless 2026-07-28 revision works through the balancer whichever replica
+  answers each request (both do).
+- A proposal made through replica A is confirmed through replica B; eight confirms racing across both
+  execute it exactly once.
+- A token revoked with the CLI is refused by both replicas on the next request.
+- The audit chain written by both replicas verifies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from argon2 import PasswordHasher
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from postgres import PgServer
+from simulator import MakeSimulator, Simulator, write_targets
+from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, nginx_site, stop, wait_for_port
+
+from gateway.auth.tokens import create_token
+from gateway.server.tls import create_certificate
+from gateway.store.postgres import PostgresStore
+
+REPO = Path(__file__).resolve().parent.parent
+FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+MODE = "2026-07-28"  # the stateless revision: any replica serves any request
+
+
+@dataclass
+class Replicas:
+    sim: Simulator
+    token: str
+    ports: tuple[int, int]  # the replicas' own loopback ports (plain HTTP)
+    balancer: int  # nginx, TLS
+    cert: Path
+    env: dict[str, str]
+    logs: tuple[Path, Path]
+    pg_url: str
+
+
+def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    argv = ["serve", "--transport", "http", "--port", str(port), "--public-name", "localhost",
+            "--forwarded-allow-ips", "127.0.0.1", "--enable-destructive"]
+    with log.open("wb") as sink:
+        return subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=REPO,
+                                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def replicas(make_simulator: MakeSimulator, pg_server: PgServer, pg_url: str,
+             tmp_path: Path) -> Iterator[Replicas]:
+    nginx = need("nginx", "nginx-light")
+    sim = make_simulator()
+    with closing(PostgresStore(pg_url)) as store:
+        token, _ = create_token(store, "agent", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim})
+    (tmp_path / "rules.yaml").write_text("defaults:\n  read: allow\n  write: allow\n  destructive: allow\n")
+    # the database URL (with its password) travels in the environment, never on a command line
+    env.update({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_DATABASE_URL": pg_url,
+                "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),
+                "GATEWAY_RULES_FILE": str(tmp_path / "rules.yaml")})
+    ports = (free_port(), free_port())
+    logs = (tmp_path / "a.log", tmp_path / "b.log")
+    processes = []
+    try:
+        for name, port, log in zip("ab", ports, logs, strict=True):
+            home = tmp_path / f"home-{name}"
+            home.mkdir(mode=0o700)
+            processes.append(_serve({**env, "GATEWAY_HOME": str(home)}, port, log))
+        for process, port, log in zip(processes, ports, logs, strict=True):
+            wait_for_port(port, process, log)
+        listen = free_port()
+        cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+        one, two = (f"server 127.0.0.1:{port};" for port in ports)
+        site = nginx_site(ports[0], listen, cert.cert, cert.key).replace(one, f"{one}\n    {two}")
+        (tmp_path / "gateway.conf").write_text(site)
+        (tmp_path / "nginx.conf").write_text(NGINX_MAIN.format(tmp=tmp_path))
+        with (tmp_path / "nginx.out").open("wb") as sink:
+            proxy = subprocess.Popen([nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"),
+                                      "-e", str(tmp_path / "error.log")],
+                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_for_port(listen, proxy, tmp_path / "error.log")
+            cli_env = {**env, "GATEWAY_HOME": str(tmp_path / "cli")}
+            yield Replicas(sim, token, ports, listen, cert.cert, cli_env, logs, pg_url)
+        finally:
+            stop(proxy)
+    finally:
+        for process in processes:
+            stop(process)
+
+
+def _http(base: str, token: str, cert: Path | None) -> httpx2.AsyncClient:
+    verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(cert)) if cert else False
+    return httpx2.AsyncClient(base_url=base, verify=verify, timeout=60,
+                              headers={"Authorization": f"Bearer {token}"})
+
+
+async def _call(base: str, token: str, cert: Path | None, tool: str,
+                args: dict[str, Any]) -> tuple[bool, Any]:
+    http = _http(base, token, cert)
+    transport = streamable_http_client(f"{base}/mcp", http_client=http)
+    async with http, Client(transport, mode=MODE) as client:
+        result = await client.call_tool(tool, args)
+    return bool(result.is_error), result.structured_content or [c.model_dump() for c in result.content]
+
+
+def _replica(r: Replicas, index: int) -> str:
+    # a replica's own port, as nginx reaches it (Host names the public name; the check allows it)
+    return f"http://localhost:{r.ports[index]}"
+
+
+def _gateway_cli(r: Replicas, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", GATEWAY_MAIN, *args], env=r.env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _served_mcp(log: Path) -> int:
+    return sum(1 for line in log.read_text(errors="replace").splitlines() if "POST /mcp" in line)
+
+
+def test_round_robin_serves_an_agent_from_both_replicas(replicas: Replicas) -> None:
+    base = f"https://localhost:{replicas.balancer}"
+
+    async def agent() -> list[bool]:
+        return [(await _call(base, replicas.token, replicas.cert, "list_vms", {"target": "vc1"}))[0]
+                for _ in range(4)]
+
+    assert anyio.run(agent) == [False] * 4
+    assert all(_served_mcp(log) > 0 for log in replicas.logs), "round-robin reached both replicas"
+
+
+def test_proposal_on_one_replica_is_confirmed_on_the_other_exactly_once(replicas: Replicas) -> None:
+    vm = "DC0_C0_RP0_VM1"
+
+    async def scenario() -> tuple[Any, list[tuple[bool, Any]]]:
+        failed, proposal = await _call(_replica(replicas, 0), replicas.token, None, "delete_vm",
+                                       {"target": "vc1", "vm": vm, "force_power_off": True})
+        assert not failed, proposal
+        results: list[tuple[bool, Any]] = []
+
+        async def confirm(index: int) -> None:
+            results.append(await _call(_replica(replicas, index % 2), replicas.token, None, "confirm_action",
+                                       {"token": proposal["token"]}))
+
+        async with anyio.create_task_group() as group:
+            for i in range(8):
+                group.start_soon(confirm, i)
+        return proposal, results
+
+    proposal, results = anyio.run(scenario)
+    assert proposal["state"] == "pending"
+    assert [failed for failed, _ in results].count(False) == 1, results
+    assert vm not in {v["name"] for v in replicas.sim.inventory()["vms"]}
+    with closing(PostgresStore(replicas.pg_url)) as store:
+        found = store.get_proposal(proposal["proposal_id"])
+        assert found is not None and found.state == "executed"
+    verified = _gateway_cli(replicas, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    shown = _gateway_cli(replicas, "audit", "log", "--json", "--last", "0", "--phase", "executed")
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    executed = [r for r in rows if r.get("proposal_id") == proposal["proposal_id"]]
+    assert len(executed) == 1, [r.get("phase") for r in rows]
+
+
+def test_a_revoked_token_is_refused_by_both_replicas_on_the_next_request(replicas: Replicas) -> None:
+    async def statuses() -> list[int]:
+        codes = []
+        for index in (0, 1):
+            async with _http(_replica(replicas, index), replicas.token, None) as http:
+                codes.append((await http.get("/metrics")).status_code)
+        return codes
+
+    assert anyio.run(statuses) == [200, 200]
+    revoked = _gateway_cli(replicas, "token", "revoke", "agent")
+    assert revoked.returncode == 0, revoked.stderr
+    assert anyio.run(statuses) == [401, 401]
