@@ -29,8 +29,8 @@ import pytest
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from postgres import PgServer
-from simulator import MakeSimulator, Simulator, write_targets
+from postgres import PgServer, discard, start_postgres
+from simulator import MakeSimulator, Simulator, wait_until, write_targets
 from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, nginx_site, stop, wait_for_port
 
 from gateway.auth.tokens import create_token
@@ -191,3 +191,63 @@ def test_a_revoked_token_is_refused_by_both_replicas_on_the_next_request(replica
     revoked = _gateway_cli(replicas, "token", "revoke", "agent")
     assert revoked.returncode == 0, revoked.stderr
     assert anyio.run(statuses) == [401, 401]
+
+
+@pytest.mark.postgres
+def test_losing_the_database_fails_closed_and_recovers_without_a_restart(make_simulator: MakeSimulator,
+                                                                        tmp_path: Path) -> None:
+    server = start_postgres()  # its own server: this test stops it
+    sim = make_simulator()
+    try:
+        url = server.create_database()
+        with closing(PostgresStore(url)) as store:
+            token, _ = create_token(store, "agent", "admin", expires_in=None, now=time.time(),
+                                    hasher=FAST_HASH)
+        env = write_targets(tmp_path / "targets.yaml", {"vc1": sim})
+        home = tmp_path / "home"
+        home.mkdir(mode=0o700)
+        env.update({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_DATABASE_URL": url,
+                    "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"), "GATEWAY_HOME": str(home)})
+        port, log = free_port(), tmp_path / "serve.log"
+        process = _serve(env, port, log)
+        base = f"http://localhost:{port}"
+        try:
+            wait_for_port(port, process, log)
+
+            async def ready() -> tuple[int, Any]:
+                async with httpx2.AsyncClient(base_url=base, timeout=60) as http:
+                    answer = await http.get("/readyz")
+                    return answer.status_code, answer.json()
+
+            async def list_vms() -> tuple[bool, Any]:
+                return await _call(base, token, None, "list_vms", {"target": "vc1"})
+
+            assert anyio.run(ready)[0] == 200
+            assert not anyio.run(list_vms)[0]
+            server.stop("fast")
+            status, body = anyio.run(ready)
+            assert status == 503 and body["reasons"], body
+            status, refused = _refusal(base, token)
+            assert status == 503 and refused["error"]["code"] == "state_unavailable", refused
+            assert "database does not answer" in refused["error"]["message"]
+            assert server.password not in json.dumps(refused) + log.read_text(errors="replace")
+            server.start()
+            wait_until(lambda: anyio.run(ready)[0] == 200, timeout=60, interval=0.2,
+                       what="/readyz after PostgreSQL came back")
+            failed, answer = anyio.run(list_vms)
+            assert not failed, answer
+        finally:
+            stop(process)
+    finally:
+        discard(server)
+
+
+def _refusal(base: str, token: str) -> tuple[int, Any]:
+    """What an MCP request gets while the database is down: (HTTP status, JSON body)."""
+    async def attempt() -> tuple[int, Any]:
+        async with _http(base, token, None) as http:
+            answer = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                                     headers={"Accept": "application/json, text/event-stream"})
+            return answer.status_code, answer.json()
+
+    return anyio.run(attempt)

@@ -35,7 +35,7 @@ import psycopg
 
 from gateway.errors import AuditUnavailable, StateUnavailable
 from gateway.guard.audit import GENESIS, LineFault, VerifyReport, format_ts, prepare_event, row_hash
-from gateway.store.postgres import PostgresStore
+from gateway.store.postgres import PROBE_SECONDS, PostgresStore
 
 if TYPE_CHECKING:
     from gateway.store.base import AuditWriter
@@ -113,11 +113,11 @@ class PgAuditSink:
         if self._closed:
             return False
         try:
-            rows = self.store._read("check the audit table",
-                                    "SELECT has_table_privilege('audit_rows', 'INSERT') AS ok")
-        except StateUnavailable:
+            with self.store.pool.connection(timeout=PROBE_SECONDS) as conn:
+                row = conn.execute("SELECT has_table_privilege('audit_rows', 'INSERT')").fetchone()
+        except psycopg.Error:
             return False
-        return bool(rows and rows[0]["ok"])
+        return bool(row and next(iter(cast("dict[str, Any]", row).values())))
 
     def close(self) -> None:
         """Later writes raise ``AuditUnavailable``; the connection pool belongs to the store."""

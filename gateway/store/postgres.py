@@ -131,6 +131,8 @@ _V1: Final = (
 MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1),)
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
+#: how long a readiness probe waits for a connection
+PROBE_SECONDS: Final = 1.5
 _TOKENS: Final = ", ".join(TOKEN_COLUMNS)
 _PROPOSALS: Final = ", ".join(PROPOSAL_COLUMNS)
 _SESSIONS: Final = ", ".join(WEB_SESSION_COLUMNS)
@@ -204,8 +206,8 @@ class PostgresStore:
         except psycopg.Error as exc:
             log.error("state store %s: cannot %s: %s", self.where, what, exc)
             raise StateUnavailable(
-                f"the state store cannot {what} right now: the database {self.where} does not answer; "
-                "retry, and if it persists see the gateway log") from None
+                f"the state store cannot {what} right now: its database does not answer; retry, and if it "
+                "persists see the gateway log") from None
 
     def _read(self, what: str, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         with self._failing_as(what), self.pool.connection() as conn:
@@ -238,10 +240,15 @@ class PostgresStore:
     def schema_version(self) -> int:
         return int(self._read("read its schema version", "SELECT version FROM schema_version")[0]["version"])
 
-    def ping(self) -> bool:
+    def ping(self, timeout: float = PROBE_SECONDS) -> bool:
+        """Whether the database answers within ``timeout`` seconds (readiness probes are short)."""
+        if self._closed:
+            return False
         try:
-            return bool(self._read("answer a ping", "SELECT 1 AS one")[0]["one"] == 1)
-        except StateUnavailable:
+            with self.pool.connection(timeout=timeout) as conn:
+                conn.execute("SELECT 1")
+                return True
+        except psycopg.Error:
             return False
 
     def close(self) -> None:
