@@ -1,0 +1,192 @@
+"""Limits shared by every replica on one PostgreSQL: per-target call slots and a single leader.
+
+``PgSlots`` bounds the concurrent vSphere calls of a target across all replicas together: slot ``i``
+of target ``t`` is the session-scoped advisory lock ``(key(t), i)``, held on a connection of its own
+for as long as the call runs. A replica that dies drops its connections and so its slots; nothing
+needs cleaning up. ``acquire`` first tries every slot without waiting, then queues on one slot in
+PostgreSQL's lock queue (first come, first served, so no replica can starve another) for a short
+while, and repeats until the deadline, so a slot freed elsewhere is taken on the next round. The
+scheduler keeps its own FIFO order within a replica and asks for a slot only for the call at the
+head of a target's queue. Blocking: call from a worker thread.
+
+``PgLeader`` elects one replica for work that must run once (the proposal expiry sweeper): the
+holder of a session-scoped advisory lock is the leader until its process or connection dies.
+
+Limits: a connection lost while a call runs (PostgreSQL restarted) loses its slot; the call goes
+on, so the bound can be exceeded by the calls in flight at that moment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import psycopg
+import psycopg.errors
+
+from gateway.errors import QueueTimeout, StateUnavailable
+from gateway.store.postgres import display_url
+
+__all__ = ["PgLeader", "PgSlots", "Slot", "SlotLimiter", "lock_key"]
+
+log = logging.getLogger(__name__)
+
+#: how long one round queues on a slot before trying all of them again
+QUEUE_ROUND_SECONDS: Final = 0.25
+
+
+def lock_key(namespace: str, name: str) -> int:
+    """A stable signed 32-bit advisory-lock key for ``name`` in ``namespace``."""
+    digest = hashlib.sha256(f"{namespace}\0{name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
+@dataclass
+class Slot:
+    """One held slot; give it back with ``release``."""
+
+    target: str
+    index: int
+    conn: psycopg.Connection[Any] = field(repr=False)
+
+
+class SlotLimiter(Protocol):
+    """What the scheduler calls around a vSphere call when replicas share a database."""
+
+    def acquire(self, target: str, capacity: int, timeout: float) -> Slot:
+        """A slot of ``target`` (``capacity`` slots across all replicas) within ``timeout`` seconds;
+        ``QueueTimeout`` otherwise, ``StateUnavailable`` when the database cannot be reached."""
+        ...
+
+    def release(self, slot: Slot) -> None: ...
+
+
+class PgSlots:
+    """Per-target slots as session-scoped advisory locks; see the module docstring."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        self._url = url
+        self.where = display_url(url)
+        self._connect_timeout = connect_timeout
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._turn = itertools.count()
+        self._closed = False
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        try:
+            return psycopg.connect(self._url, autocommit=True,
+                                   connect_timeout=max(1, int(self._connect_timeout)),
+                                   application_name="vsphere-mcp-gateway-slots")
+        except psycopg.Error as exc:
+            log.error("slots: cannot connect to %s: %s", self.where, exc)
+            raise StateUnavailable("the shared call slots cannot be reached: the database does not answer; "
+                                   "retry, and if it persists see the gateway log") from None
+
+    def _give_back(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            if not self._closed and not conn.closed:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def acquire(self, target: str, capacity: int, timeout: float) -> Slot:
+        if capacity < 1:
+            raise ValueError("a target needs at least one slot")
+        key = lock_key("slot", target)
+        deadline = time.monotonic() + timeout
+        conn = self._connection()
+        try:
+            while True:
+                for index in random.sample(range(capacity), capacity):
+                    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (key, index)).fetchone()
+                    if row is not None and row[0]:
+                        return Slot(target, index, conn)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise QueueTimeout(f"target '{target}' has all {capacity} of its calls running across "
+                                       "the replicas; retry later or raise its 'pool_size'", target=target)
+                index = next(self._turn) % capacity  # spread this replica's waiters over the slots
+                wait_ms = max(1, int(min(remaining, QUEUE_ROUND_SECONDS) * 1000))
+                try:
+                    conn.execute(f"SET lock_timeout = {wait_ms}")
+                    conn.execute("SELECT pg_advisory_lock(%s, %s)", (key, index))
+                    conn.execute("SET lock_timeout = 0")
+                    return Slot(target, index, conn)
+                except psycopg.errors.LockNotAvailable:
+                    conn.execute("SET lock_timeout = 0")
+        except psycopg.Error as exc:
+            conn.close()
+            log.error("slots: %s: %s", self.where, exc)
+            raise StateUnavailable("the shared call slots cannot be reached: the database does not answer; "
+                                   "retry, and if it persists see the gateway log") from None
+        except BaseException:
+            self._give_back(conn)
+            raise
+
+    def release(self, slot: Slot) -> None:
+        try:
+            slot.conn.execute("SELECT pg_advisory_unlock(%s, %s)",
+                              (lock_key("slot", slot.target), slot.index))
+        except psycopg.Error as exc:  # the connection is gone, and with it the lock
+            log.warning("slots: releasing a slot of %r: %s", slot.target, exc)
+            slot.conn.close()
+            return
+        self._give_back(slot.conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class PgLeader:
+    """One leader among the replicas for ``name``: ``is_leader()`` is True in exactly one live process
+    (the first to ask after the previous leader died). Call from a worker thread."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self._url = url
+        self.where = display_url(url)
+        self._key = lock_key("leader", name)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def is_leader(self) -> bool:
+        with self._lock:
+            try:
+                if self._conn is not None and not self._conn.closed:
+                    self._conn.execute("SELECT 1")  # still connected, so still holding the lock
+                    return True
+                conn = psycopg.connect(self._url, autocommit=True, connect_timeout=5,
+                                       application_name="vsphere-mcp-gateway-leader")
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
+                if row is not None and row[0]:
+                    self._conn = conn
+                    return True
+                conn.close()
+                return False
+            except psycopg.Error as exc:
+                log.warning("leader election on %s: %s", self.where, exc)
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
