@@ -81,6 +81,7 @@ from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.base import Proposal
+from gateway.store.slots import PgLeader
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
@@ -198,6 +199,9 @@ class Gateway:
                 settings.notifications_file, settings.notify_env, audit.write, [self]
             )
         self._sweeper: asyncio.Task[None] | None = None
+        #: with replicas on PostgreSQL only the leader sweeps expired proposals (see gateway.store.slots)
+        self.sweep_leader: PgLeader | None = (
+            PgLeader(settings.database_url, "expiry-sweeper") if settings.database_url else None)
         self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
         self.metrics.add_collector("mirrors", lambda: sample_families(self.mirrors.samples()))
 
@@ -306,6 +310,8 @@ class Gateway:
         self.store.close()
         self.audit.close()
         self.instance.close()
+        if self.sweep_leader is not None:
+            self.sweep_leader.close()
 
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
@@ -1199,12 +1205,14 @@ class Gateway:
         ticks = 0
         while True:
             try:
-                await asyncio.to_thread(self.expire_due)
-                await asyncio.to_thread(self.cancel_orphaned)
+                leader = self.sweep_leader is None or await asyncio.to_thread(self.sweep_leader.is_leader)
+                if leader:  # with replicas on PostgreSQL one of them sweeps for all
+                    await asyncio.to_thread(self.expire_due)
+                    await asyncio.to_thread(self.cancel_orphaned)
                 if self._waiting:
                     await asyncio.to_thread(self.flush_waiting)
                 ticks += 1
-                if ticks % SETTLE_EVERY == 0:
+                if leader and ticks % SETTLE_EVERY == 0:
                     await asyncio.to_thread(self.settle_interrupted)
             except Exception:  # the sweeper must survive a transient store or audit error
                 log.exception("the proposal sweeper failed; retrying")
