@@ -26,16 +26,21 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import yaml
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from postgres import PgServer, discard, start_postgres
 from simulator import MakeSimulator, Simulator, wait_until, write_targets
-from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, nginx_site, stop, wait_for_port
+from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, stop, wait_for_port
 
+from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
+from gateway.cli import build_parser
+from gateway.config import parse_targets
 from gateway.server.tls import create_certificate
-from gateway.store.postgres import PostgresStore
+from gateway.settings import Settings
+from gateway.store.postgres import PostgresStore, display_url
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
@@ -52,6 +57,20 @@ class Replicas:
     env: dict[str, str]
     logs: tuple[Path, Path]
     pg_url: str
+
+
+def replicas_site(ports: tuple[int, int], listen_port: int, cert: Path, key: Path) -> str:
+    """deploy/nginx/gateway-replicas.conf with its addresses, name and certificate paths made local."""
+    text = (REPO / "deploy" / "nginx" / "gateway-replicas.conf").read_text()
+    swaps = {"server 127.0.0.1:8080 ": f"server 127.0.0.1:{ports[0]} ",
+             "server 127.0.0.1:8081 ": f"server 127.0.0.1:{ports[1]} ",
+             "listen 443 ssl;": f"listen 127.0.0.1:{listen_port} ssl;",
+             "server_name gateway.example.com;": "server_name localhost;",
+             "/etc/nginx/tls/gateway.crt": str(cert), "/etc/nginx/tls/gateway.key": str(key)}
+    for old, new in swaps.items():
+        assert old in text, f"the nginx recipe no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    return text
 
 
 def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -87,8 +106,7 @@ def replicas(make_simulator: MakeSimulator, pg_server: PgServer, pg_url: str,
             wait_for_port(port, process, log)
         listen = free_port()
         cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
-        one, two = (f"server 127.0.0.1:{port};" for port in ports)
-        site = nginx_site(ports[0], listen, cert.cert, cert.key).replace(one, f"{one}\n    {two}")
+        site = replicas_site(ports, listen, cert.cert, cert.key)
         (tmp_path / "gateway.conf").write_text(site)
         (tmp_path / "nginx.conf").write_text(NGINX_MAIN.format(tmp=tmp_path))
         with (tmp_path / "nginx.out").open("wb") as sink:
@@ -251,3 +269,29 @@ def _refusal(base: str, token: str) -> tuple[int, Any]:
             return answer.status_code, answer.json()
 
     return anyio.run(attempt)
+
+
+def test_kubernetes_replicas_recipe_is_what_the_gateway_accepts(tmp_path: Path) -> None:
+    """deploy/kubernetes/gateway-replicas.yaml parsed (no cluster here): two replicas, the database
+    URL from the Secret without a password, no volume claim, probes, and configuration the gateway's
+    own parsers load."""
+    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(
+        (REPO / "deploy" / "kubernetes" / "gateway-replicas.yaml").read_text()) if doc}
+    assert "PersistentVolumeClaim" not in docs
+    deployment = docs["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
+    secret = docs["Secret"]["stringData"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    settings = Settings.from_env({**secret, **env, "GATEWAY_HOME": str(tmp_path)})
+    assert settings.database_url is not None
+    assert display_url(settings.database_url) in settings.database_url, "no password inside the URL"
+    assert "PGPASSWORD" in secret, "the password comes from the environment"
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "serve" and args.database_url is None  # never on the command line
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"]["path"] == path
+    config = docs["ConfigMap"]["data"]
+    assert parse_targets(yaml.safe_load(config["targets.yaml"]), "configmap targets.yaml", secret)
+    load_roles(config["roles.yaml"].encode(), "configmap roles.yaml")
