@@ -1,0 +1,113 @@
+"""PostgreSQL against SQLite, one run, ratios printed (a real PostgreSQL is started for the run).
+
+    python bench/postgres.py [--checks 3000] [--rows 1500]
+
+- cached token check: ``TokenAuthenticator.verify`` of a token already proven (the per-request path:
+  it reads the token change counter from the store every time), per engine;
+- audit appends per second into the PostgreSQL table from two processes at once (two replicas), and
+  whether the chain verifies afterwards; the JSONL file's durable two-process rate beside it.
+Figures depend on the machine (shared, 2 cores here); compare the ratios, not the absolute values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from argon2 import PasswordHasher  # noqa: E402
+from postgres import discard, start_postgres  # noqa: E402
+
+from gateway.auth.tokens import TokenAuthenticator, create_token  # noqa: E402
+from gateway.guard.audit import verify  # noqa: E402
+from gateway.store import SqliteStore, StateStore  # noqa: E402
+from gateway.store.audit_pg import PgAuditReader  # noqa: E402
+from gateway.store.postgres import PostgresStore  # noqa: E402
+
+HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+EVENT = ('{"phase": "call", "tool": "get_vm_details", "target": "prod-vc1", "caller": "ops-agent", '
+         '"args": {"vm": "web-1"}, "outcome": "ok", "result": {"name": "web-1", "cpus": 4}}')
+APPENDER = """
+import json, os, sys, time
+sys.path.insert(0, os.environ["ROOT"])
+event = json.loads(os.environ["EVENT"])
+if os.environ.get("STORE_AT"):
+    from gateway.store.postgres import PostgresStore
+    from gateway.store.audit_pg import PgAuditSink
+    store = PostgresStore(os.environ["STORE_AT"], max_size=2)
+    sink = PgAuditSink(store)
+else:
+    from gateway.guard.audit import AuditSink
+    sink = AuditSink(os.environ["AUDIT_FILE"])
+sys.stdin.readline()
+start = time.time()
+for _ in range(int(sys.argv[1])):
+    sink.write(event)
+print(start, time.time(), flush=True)
+"""
+
+
+def token_checks(store: StateStore, checks: int) -> float:
+    """Microseconds per cached token check."""
+    token, _ = create_token(store, "bench", "reader", expires_in=None, now=time.time(), hasher=HASH)
+    auth = TokenAuthenticator(store, hasher=HASH)
+    assert auth.verify(token) is not None  # proven once: the rest take the cached path
+    start = time.perf_counter()
+    for _ in range(checks):
+        auth.verify(token)
+    return (time.perf_counter() - start) / checks * 1e6
+
+
+def two_appenders(rows: int, env: dict[str, str]) -> float:
+    """Rows per second of two processes appending together."""
+    full = {**os.environ, "ROOT": str(ROOT), "EVENT": EVENT, **env}
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(rows)], env=full,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    spans = [tuple(map(float, proc.communicate(timeout=600)[0].split())) for proc in procs]
+    return 2 * rows / (max(end for _, end in spans) - min(start for start, _ in spans))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checks", type=int, default=3000)
+    parser.add_argument("--rows", type=int, default=1500)
+    args = parser.parse_args()
+    server = start_postgres()
+    try:
+        with tempfile.TemporaryDirectory() as tmp, SqliteStore(Path(tmp) / "state.db") as lite, \
+                PostgresStore(server.create_database()) as pg:
+            sqlite_us, pg_us = token_checks(lite, args.checks), token_checks(pg, args.checks)
+            url = server.create_database()
+            pg_rate = two_appenders(args.rows, {"STORE_AT": url})
+            with PostgresStore(url) as check:
+                report = PgAuditReader(check).verify()
+            audit_file = Path(tmp) / "audit.jsonl"
+            file_rate = two_appenders(args.rows, {"AUDIT_FILE": str(audit_file)})
+            file_ok = verify(audit_file).ok
+    finally:
+        discard(server)
+    print(f"cached token check: sqlite {sqlite_us:.0f} us, postgresql {pg_us:.0f} us "
+          f"(+{pg_us - sqlite_us:.0f} us per call, x{pg_us / sqlite_us:.1f})")
+    print(f"audit appends, 2 processes at once: postgresql {pg_rate:.0f} rows/s (chain verifies: "
+          f"{report.ok}, {report.rows} rows); jsonl file (durable) {file_rate:.0f} rows/s "
+          f"(verifies: {file_ok}); "
+          f"ratio pg/file x{pg_rate / file_rate:.2f}")
+    print("note: the test server runs with fsync=off (throwaway data directory); a production server "
+          "flushes every commit, so its append rate is bounded by its disk")
+
+
+if __name__ == "__main__":
+    main()
