@@ -1,4 +1,4 @@
-"""Limits shared by every replica on one PostgreSQL: per-target call slots and a single leader.
+"""Coordination of the replicas on one PostgreSQL: per-target call slots, execution leases, a leader.
 
 ``PgSlots`` bounds the concurrent vSphere calls of a target across all replicas together: slot ``i``
 of target ``t`` is the session-scoped advisory lock ``(key(t), i)``, held on a connection of its own
@@ -8,6 +8,9 @@ PostgreSQL's lock queue (first come, first served, so no replica can starve anot
 while, and repeats until the deadline, so a slot freed elsewhere is taken on the next round. The
 scheduler keeps its own FIFO order within a replica and asks for a slot only for the call at the
 head of a target's queue. Blocking: call from a worker thread.
+
+``PgLeases`` records which process executes a proposal (a session-scoped lock per proposal), so a
+surviving replica settles as ``outcome_unknown`` only what a dead one left ``executing``.
 
 ``PgLeader`` elects one replica for work that must run once (the proposal expiry sweeper): the
 holder of a session-scoped advisory lock is the leader until its process or connection dies.
@@ -33,10 +36,12 @@ import psycopg.errors
 from gateway.errors import QueueTimeout, StateUnavailable
 from gateway.store.postgres import display_url
 
-__all__ = ["PgLeader", "PgSlots", "Slot", "SlotLimiter", "lock_key"]
+__all__ = ["Lease", "PgLeader", "PgLeases", "PgSlots", "Slot", "SlotLimiter", "lock_key"]
 
 log = logging.getLogger(__name__)
 
+#: first key of every lease lock (two-key advisory locks: this space, then the proposal's key)
+LEASE_SPACE: Final = 0x6C65  # "le"
 #: how long one round queues on a slot before trying all of them again
 QUEUE_ROUND_SECONDS: Final = 0.25
 
@@ -67,8 +72,8 @@ class SlotLimiter(Protocol):
     def release(self, slot: Slot) -> None: ...
 
 
-class PgSlots:
-    """Per-target slots as session-scoped advisory locks; see the module docstring."""
+class _LockConnections:
+    """Connections that hold session-scoped advisory locks, one lock holder per connection at a time."""
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self._url = url
@@ -76,7 +81,6 @@ class PgSlots:
         self._connect_timeout = connect_timeout
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
-        self._turn = itertools.count()
         self._closed = False
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -100,6 +104,21 @@ class PgSlots:
                 self._idle.append(conn)
                 return
         conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class PgSlots(_LockConnections):
+    """Per-target slots as session-scoped advisory locks; see the module docstring."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        super().__init__(url, connect_timeout=connect_timeout)
+        self._turn = itertools.count()
 
     def acquire(self, target: str, capacity: int, timeout: float) -> Slot:
         if capacity < 1:
@@ -145,12 +164,66 @@ class PgSlots:
             return
         self._give_back(slot.conn)
 
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
+
+@dataclass
+class Lease:
+    """Proof that this process is executing a proposal; give it back with ``PgLeases.release``."""
+
+    proposal_id: str
+    conn: psycopg.Connection[Any] = field(repr=False)
+
+
+class PgLeases(_LockConnections):
+    """Which replica executes a proposal, so a survivor settles only what a *dead* replica left.
+
+    The executor takes ``hold(id)`` (a session-scoped advisory lock) *before* it moves the proposal to
+    ``executing`` and keeps it until the outcome is recorded. A proposal found ``executing`` whose lease
+    nobody holds (``abandoned``) was left by a process that died: settle it as ``outcome_unknown``
+    with a compare-and-set. Blocking: call from a worker thread.
+    """
+
+    def hold(self, proposal_id: str) -> Lease:
+        conn = self._connection()
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                               (LEASE_SPACE, lock_key("lease", proposal_id))).fetchone()
+        except psycopg.Error as exc:
             conn.close()
+            log.error("leases: %s: %s", self.where, exc)
+            raise StateUnavailable("the execution lease cannot be taken: the database does not answer; "
+                                   "retry, and if it persists see the gateway log") from None
+        if row is None or not row[0]:
+            self._give_back(conn)
+            raise ValueError(f"proposal {proposal_id} is already being executed by another process")
+        return Lease(proposal_id, conn)
+
+    def release(self, lease: Lease) -> None:
+        try:
+            lease.conn.execute("SELECT pg_advisory_unlock(%s, %s)",
+                               (LEASE_SPACE, lock_key("lease", lease.proposal_id)))
+        except psycopg.Error as exc:
+            log.warning("leases: releasing the lease of %s: %s", lease.proposal_id, exc)
+            lease.conn.close()
+            return
+        self._give_back(lease.conn)
+
+    def abandoned(self, proposal_ids: list[str]) -> list[str]:
+        """Those of ``proposal_ids`` whose lease no live process holds."""
+        found = []
+        conn = self._connection()
+        try:
+            for proposal_id in proposal_ids:
+                key = (LEASE_SPACE, lock_key("lease", proposal_id))
+                row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key).fetchone()
+                if row is not None and row[0]:
+                    conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+                    found.append(proposal_id)
+        except psycopg.Error as exc:
+            conn.close()
+            log.error("leases: %s: %s", self.where, exc)
+            raise StateUnavailable("execution leases cannot be read: the database does not answer") from None
+        self._give_back(conn)
+        return found
 
 
 class PgLeader:
