@@ -46,6 +46,16 @@ def check_bulk(count: int, limit: int | None, target: str) -> None:
         raise PolicyDenied(reason, rule="limits:max_bulk_objects", target=target, count=count, limit=limit)
 
 
+def rate_refusal(target: str, category: Category, limit: int, retry_after: float) -> RateLimited:
+    """The error of a call over its target's per-minute limit (this process's or all replicas')."""
+    return RateLimited(
+        f"rate limit reached on target '{target}': at most {limit} {category} calls per "
+        f"minute; retry in {retry_after:.1f} s, or raise max_calls_per_minute.{category} for "
+        "this target in rules.yaml",
+        retry_after,
+    )
+
+
 class RateLimiter:
     """At most ``limit`` calls per rolling minute for each (target, category) pair."""
 
@@ -67,13 +77,8 @@ class RateLimiter:
             calls = self._calls.setdefault((target, category), deque())
             _prune(calls, now - self._window)
             if len(calls) >= limit:
-                retry_after = max(calls[len(calls) - limit] + self._window - now, 0.0)
-                raise RateLimited(
-                    f"rate limit reached on target '{target}': at most {limit} {category} calls per "
-                    f"minute; retry in {retry_after:.1f} s, or raise max_calls_per_minute.{category} for "
-                    "this target in rules.yaml",
-                    retry_after,
-                )
+                raise rate_refusal(target, category, limit,
+                                   max(calls[len(calls) - limit] + self._window - now, 0.0))
             calls.append(now)
 
     def tracked_keys(self) -> int:

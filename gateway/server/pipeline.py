@@ -81,6 +81,8 @@ from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.base import Proposal
+from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
+from gateway.store.postgres import PostgresStore
 from gateway.store.slots import PgLeader
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
@@ -230,7 +232,7 @@ class Gateway:
         policy = PolicyStore(settings.rules_file)
         roles = RoleBook(settings.roles_file, on_reload=audit_roles_reload)
         names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
-        return cls(
+        gateway = cls(
             settings,
             targets,
             registry,
@@ -242,6 +244,10 @@ class Gateway:
             policy=policy,
             roles=roles,
         )
+        if isinstance(store, PostgresStore):  # replicas count rate limits and repeats together
+            gateway.rate_limiter = PgRateLimiter(store)
+            gateway.breaker = PgRunawayBreaker(store)
+        return gateway
 
     async def start(self) -> None:
         await self.start_notifier()

@@ -127,8 +127,18 @@ _V1: Final = (
 )""",
     "CREATE INDEX audit_rows_ts ON audit_rows (ts)",
 )
+_V2: Final = (
+    # rate limits and the runaway breaker counted across replicas (gateway.store.limits_pg)
+    "CREATE TABLE rate_events (key text NOT NULL, at double precision NOT NULL)",
+    "CREATE INDEX rate_events_key_at ON rate_events (key, at)",
+    """CREATE TABLE breaker_state (
+    key           text PRIMARY KEY,
+    times         double precision[] NOT NULL,
+    tripped_until double precision NOT NULL DEFAULT 0
+)""",
+)
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1),)
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection
