@@ -16,6 +16,7 @@ import os
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -88,7 +89,8 @@ def replicas(make_simulator: MakeSimulator, pg_server: PgServer, pg_url: str,
     sim = make_simulator()
     with closing(PostgresStore(pg_url)) as store:
         token, _ = create_token(store, "agent", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
-    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim})
+    # pool_size 1: at most one vSphere call at a time on vc1, across both replicas together
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim}, {"vc1": {"pool_size": 1}})
     (tmp_path / "rules.yaml").write_text("defaults:\n  read: allow\n  write: allow\n  destructive: allow\n")
     # the database URL (with its password) travels in the environment, never on a command line
     env.update({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_DATABASE_URL": pg_url,
@@ -195,6 +197,41 @@ def test_proposal_on_one_replica_is_confirmed_on_the_other_exactly_once(replicas
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
     executed = [r for r in rows if r.get("proposal_id") == proposal["proposal_id"]]
     assert len(executed) == 1, [r.get("phase") for r in rows]
+
+
+def test_pool_size_bounds_both_replicas_together(replicas: Replicas) -> None:
+    replicas.sim.control("/delay", {"method_delay": {"RetrievePropertiesEx": 300}})
+    seen: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(replicas.sim.control("/inflight")["calls"].get("RetrievePropertiesEx", 0))
+
+    async def agents() -> list[bool]:
+        failures: list[bool] = []
+
+        async def agent(index: int) -> None:
+            for _ in range(2):
+                failed, _answer = await _call(_replica(replicas, index % 2), replicas.token, None, "list_vms",
+                                              {"target": "vc1"})
+                failures.append(failed)
+
+        async with anyio.create_task_group() as group:
+            for i in range(4):
+                group.start_soon(agent, i)
+        return failures
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        failures = anyio.run(agents)
+    finally:
+        done.set()
+        watcher.join(30)
+    assert failures == [False] * 8
+    assert max(seen) == 1, "two calls ran on vc1 at once although its pool_size is 1"
+    assert all(_served_mcp(log) > 0 for log in replicas.logs)
 
 
 def test_a_revoked_token_is_refused_by_both_replicas_on_the_next_request(replicas: Replicas) -> None:

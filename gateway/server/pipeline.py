@@ -83,7 +83,7 @@ from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.base import Proposal
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
-from gateway.store.slots import PgLeader
+from gateway.store.slots import PgLeader, PgSlots
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
@@ -236,9 +236,8 @@ class Gateway:
             settings,
             targets,
             registry,
-            scheduler=Scheduler(
-                targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds
-            ),
+            scheduler=Scheduler(targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds,
+                                slots=PgSlots(settings.database_url) if settings.database_url else None),
             store=store,
             audit=audit,
             policy=policy,

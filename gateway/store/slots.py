@@ -71,6 +71,8 @@ class SlotLimiter(Protocol):
 
     def release(self, slot: Slot) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class _LockConnections:
     """Connections that hold session-scoped advisory locks, one lock holder per connection at a time."""
@@ -84,11 +86,18 @@ class _LockConnections:
         self._closed = False
 
     def _connection(self) -> psycopg.Connection[Any]:
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
+        """An idle connection that still answers (one the server dropped, e.g. across a PostgreSQL
+        restart, is closed and skipped), or a new one."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            try:
+                conn.execute("SELECT 1")
+                return conn
+            except psycopg.Error:
+                conn.close()
         try:
             return psycopg.connect(self._url, autocommit=True,
                                    connect_timeout=max(1, int(self._connect_timeout)),

@@ -24,11 +24,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway import errors
 from gateway.config import Target
 from gateway.vsphere.pool import SessionPool, VSphereSession
+
+if TYPE_CHECKING:
+    from gateway.store.slots import SlotLimiter
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +292,11 @@ class Scheduler:
 
     def __init__(self, targets: Sequence[Target], credentials: Mapping[str, str], *,
                  queue_timeout: float = 300.0, breaker_threshold: int = BREAKER_THRESHOLD,
-                 probe_seconds: float = PROBE_SECONDS, max_probe_seconds: float = MAX_PROBE_SECONDS) -> None:
+                 probe_seconds: float = PROBE_SECONDS, max_probe_seconds: float = MAX_PROBE_SECONDS,
+                 slots: SlotLimiter | None = None) -> None:
         self._targets = tuple(targets)
+        #: with replicas on one database: a target's ``pool_size`` bounds all of them together
+        self._slots = slots
         self._by_name = {t.name: t for t in self._targets}
         self._credentials = credentials
         self.queue_timeout = queue_timeout
@@ -352,7 +358,7 @@ class Scheduler:
         if not await lane.acquire(wait):
             raise self._wait_error(lane, deadline)
         try:
-            work = lane.workers.submit(lambda: pool.run(fn))
+            work = lane.workers.submit(lambda: self._in_slot(target, pool, fn, wait))
         except RuntimeError:  # the workers were shut down between the grant and now
             lane.release()
             raise _shutting_down(target) from None
@@ -373,6 +379,17 @@ class Scheduler:
             raise errors.Timeout(
                 f"target '{target}': no result within the {deadline:g}s deadline; the target is slow or "
                 "hung: check its health, or retry with a narrower request", target=target) from None
+
+    def _in_slot(self, target: str, pool: SessionPool, fn: Callable[[VSphereSession], T], wait: float) -> T:
+        """``pool.run(fn)`` holding one of the target's slots shared by every replica, when there are any
+        (on a worker thread: after this replica's own FIFO slot, so its order holds)."""
+        if self._slots is None:
+            return pool.run(fn)
+        slot = self._slots.acquire(target, self.target(target).pool_size, wait)
+        try:
+            return pool.run(fn)
+        finally:
+            self._slots.release(slot)
 
     async def fan_out(self, targets: Sequence[str], fn: Callable[[VSphereSession], T], *,
                       deadline: float) -> dict[str, dict[str, Any]]:
@@ -423,6 +440,8 @@ class Scheduler:
         deadline = time.monotonic() + _CLOSE_SECONDS
         for closer in closers:
             closer.join(max(0.0, deadline - time.monotonic()))
+        if self._slots is not None:
+            self._slots.close()  # idle slot connections; held ones close with their calls' threads
 
     async def _settle(self, name: str, fn: Callable[[VSphereSession], T], deadline: float) -> dict[str, Any]:
         try:
