@@ -11,6 +11,7 @@ processes, real server, real simulator, the real MCP client SDK.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import ssl
@@ -58,6 +59,7 @@ class Replicas:
     env: dict[str, str]
     logs: tuple[Path, Path]
     pg_url: str
+    processes: list[subprocess.Popen[bytes]]
 
 
 def replicas_site(ports: tuple[int, int], listen_port: int, cert: Path, key: Path) -> str:
@@ -118,7 +120,7 @@ def replicas(make_simulator: MakeSimulator, pg_server: PgServer, pg_url: str,
         try:
             wait_for_port(listen, proxy, tmp_path / "error.log")
             cli_env = {**env, "GATEWAY_HOME": str(tmp_path / "cli")}
-            yield Replicas(sim, token, ports, listen, cert.cert, cli_env, logs, pg_url)
+            yield Replicas(sim, token, ports, listen, cert.cert, cli_env, logs, pg_url, processes)
         finally:
             stop(proxy)
     finally:
@@ -232,6 +234,49 @@ def test_pool_size_bounds_both_replicas_together(replicas: Replicas) -> None:
     assert failures == [False] * 8
     assert max(seen) == 1, "two calls ran on vc1 at once although its pool_size is 1"
     assert all(_served_mcp(log) > 0 for log in replicas.logs)
+
+
+def test_a_replica_killed_during_a_confirmed_change_leaves_it_settled_not_pending(replicas: Replicas) -> None:
+    """kill -9 of the replica executing a destructive call: the survivor keeps serving, settles the
+    proposal as outcome_unknown (it cannot know whether vSphere finished), and the chain verifies."""
+    vm = "DC0_C0_RP0_VM0"
+    replicas.sim.control("/delay", {"method_delay": {"Destroy_Task": 20000}})
+    failed, proposal = anyio.run(_call, _replica(replicas, 0), replicas.token, None, "delete_vm",
+                                 {"target": "vc1", "vm": vm, "force_power_off": True})
+    assert not failed, proposal
+
+    def confirm_on_a() -> None:
+        with contextlib.suppress(Exception):  # replica A dies under this call
+            anyio.run(_call, _replica(replicas, 0), replicas.token, None, "confirm_action",
+                      {"token": proposal["token"]})
+
+    confirming = threading.Thread(target=confirm_on_a, daemon=True)
+    confirming.start()
+    with closing(PostgresStore(replicas.pg_url)) as store:
+        def state() -> str:
+            found = store.get_proposal(proposal["proposal_id"])
+            assert found is not None
+            return found.state
+
+        wait_until(lambda: state() == "executing"
+                   and replicas.sim.control("/inflight")["calls"].get("Destroy_Task"),
+                   timeout=60, interval=0.1, what="the destroy running on replica A")
+        replicas.processes[0].kill()  # kill -9
+        replicas.processes[0].wait(30)
+        failed, listing = anyio.run(_call, _replica(replicas, 1), replicas.token, None, "list_vms",
+                                    {"target": "vc1"})
+        assert not failed, listing  # the survivor keeps serving
+        wait_until(lambda: state() != "executing", timeout=60, interval=0.2,
+                   what="the survivor settling the dead replica's proposal")
+        settled = store.get_proposal(proposal["proposal_id"])
+    assert settled is not None and (settled.state, settled.outcome) == ("failed", "outcome_unknown")
+    confirming.join(60)
+    verified = _gateway_cli(replicas, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    shown = _gateway_cli(replicas, "audit", "log", "--json", "--last", "0")
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    mine = [r["phase"] for r in rows if r.get("proposal_id") == proposal["proposal_id"]]
+    assert "executed" not in mine and mine.count("failed") == 1, mine
 
 
 def test_a_revoked_token_is_refused_by_both_replicas_on_the_next_request(replicas: Replicas) -> None:
