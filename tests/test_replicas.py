@@ -269,14 +269,14 @@ def test_a_replica_killed_during_a_confirmed_change_leaves_it_settled_not_pendin
         wait_until(lambda: state() != "executing", timeout=60, interval=0.2,
                    what="the survivor settling the dead replica's proposal")
         settled = store.get_proposal(proposal["proposal_id"])
-    assert settled is not None and (settled.state, settled.outcome) == ("failed", "outcome_unknown")
+    assert settled is not None and (settled.state, settled.outcome) == ("outcome_unknown", "outcome_unknown")
     confirming.join(60)
     verified = _gateway_cli(replicas, "audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     shown = _gateway_cli(replicas, "audit", "log", "--json", "--last", "0")
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
     mine = [r["phase"] for r in rows if r.get("proposal_id") == proposal["proposal_id"]]
-    assert "executed" not in mine and mine.count("failed") == 1, mine
+    assert "executed" not in mine and mine.count("outcome_unknown") == 1, mine
 
 
 def test_a_revoked_token_is_refused_by_both_replicas_on_the_next_request(replicas: Replicas) -> None:

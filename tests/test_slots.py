@@ -14,7 +14,7 @@ import pytest
 from postgres import wait_for
 
 from gateway.errors import QueueTimeout
-from gateway.store.slots import PgLeader, PgLeases, PgSlots, lock_key
+from gateway.store.slots import PgInstance, PgLeader, PgSlots, lock_key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,34 +129,32 @@ def test_exactly_one_leader_among_many(pg_url: str) -> None:
             lead.close()
 
 
-_EXECUTOR = """
+_CLAIMER = """
 import os, sys
-from gateway.store.slots import PgLeases
-leases = PgLeases(os.environ["STORE_AT"])
-held = leases.hold(sys.argv[1])
-print("executing", flush=True)
+from gateway.store.slots import PgInstance
+instance = PgInstance(os.environ["STORE_AT"])
+print(instance.acquire(), flush=True)
 sys.stdin.read()
 """
 
 
-def test_only_a_dead_executors_proposal_is_abandoned(pg_url: str) -> None:
-    leases = PgLeases(pg_url)
+def test_a_claim_of_a_live_replica_on_another_host_is_alive_until_it_dies(pg_url: str) -> None:
+    """Replicas share no directory: liveness of another replica's claim must come from the database."""
+    here = PgInstance(pg_url)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "STORE_AT": pg_url}
-    proc = subprocess.Popen([sys.executable, "-c", _EXECUTOR, "p-remote"], env=env, stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", _CLAIMER], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "executing"
-        mine = leases.hold("p-local")
-        with pytest.raises(ValueError, match="already being executed"):
-            leases.hold("p-remote")
-        assert leases.abandoned(["p-local", "p-remote", "p-never-held"]) == ["p-never-held"]
-        proc.kill()  # the executing replica dies (kill -9)
+        assert proc.stdout is not None
+        theirs = proc.stdout.readline().strip()
+        assert theirs and theirs != here.acquire()
+        assert here.alive(theirs), "a live replica's claim must never be settled"
+        assert here.alive(here.id)
+        assert not here.alive("12345-000000000000")  # nobody holds it
+        proc.kill()  # kill -9
         proc.wait(timeout=30)
-        wait_for(lambda: leases.abandoned(["p-remote"]) == ["p-remote"], "the dead replica's lease to go")
-        assert leases.abandoned(["p-local", "p-remote"]) == ["p-remote"]
-        leases.release(mine)
-        assert leases.abandoned(["p-local"]) == ["p-local"]
+        wait_for(lambda: not here.alive(theirs), "the dead replica's claim to show as dead")
     finally:
         if proc.poll() is None:
             proc.kill()
-        leases.close()
+        here.close()

@@ -160,7 +160,7 @@ def run_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _revoke(settings: Settings, store: SqliteStore, name: str) -> list[str]:
+def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
     """Revoke through the gateway's one path (which also cancels the token's open proposals); when the
     gateway cannot be built here (no targets file), revoke and audit directly: servers cancel the
     proposals themselves, and no proposal of a revoked token can run anyway."""

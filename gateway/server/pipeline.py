@@ -59,7 +59,6 @@ from gateway.errors import (
     StateUnavailable,
 )
 from gateway.guard import confirm, names
-from gateway.guard.audit import AuditSink
 from gateway.guard.decision import (
     PROPOSAL_TOOLS,
     Entry,
@@ -83,7 +82,7 @@ from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.base import Proposal
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
-from gateway.store.slots import PgLeader, PgSlots
+from gateway.store.slots import PgInstance, PgLeader, PgSlots
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
@@ -188,7 +187,9 @@ class Gateway:
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.rate_limiter = RateLimiter()
         self.breaker = RunawayBreaker()
-        self.instance = Instance(settings.home)
+        #: who holds an executing claim; with replicas on PostgreSQL, visible from every host
+        self.instance: Instance | PgInstance = (
+            PgInstance(settings.database_url) if settings.database_url else Instance(settings.home))
         self.draining = False
         self._listeners: list[LifecycleListener] = []
         self._waiting: collections.deque[dict[str, Any]] = collections.deque()

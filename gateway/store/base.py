@@ -23,8 +23,8 @@ from gateway.guard.lifecycle import FINAL_STATES, STATES, check_edge
 #: every state a proposal can be in; the moves between them are ``gateway.guard.lifecycle.EDGES``
 PROPOSAL_STATES: Final = STATES
 __all__ = [
-    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "StateStore", "TokenRecord", "WebSessionRecord",
-    "check_edge", "new_id",
+    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "StateStore", "TokenRecord",
+    "WebSessionRecord", "check_edge", "new_id",
 ]
 
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -121,7 +121,7 @@ class AuditWriter(Protocol):
     (embedded mode) or ``gateway.store.audit_pg.PgAuditSink`` (PostgreSQL). ``write`` returns the row as
     stored, or raises ``AuditUnavailable`` and the caller refuses the call."""
 
-    def write(self, event: Mapping[str, Any]) -> dict[str, Any]: ...
+    def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]: ...
 
     def writable(self) -> bool: ...
 

@@ -1,4 +1,4 @@
-"""Coordination of the replicas on one PostgreSQL: per-target call slots, execution leases, a leader.
+"""Coordination of the replicas on one PostgreSQL: per-target call slots, claim liveness, a leader.
 
 ``PgSlots`` bounds the concurrent vSphere calls of a target across all replicas together: slot ``i``
 of target ``t`` is the session-scoped advisory lock ``(key(t), i)``, held on a connection of its own
@@ -9,8 +9,8 @@ while, and repeats until the deadline, so a slot freed elsewhere is taken on the
 scheduler keeps its own FIFO order within a replica and asks for a slot only for the call at the
 head of a target's queue. Blocking: call from a worker thread.
 
-``PgLeases`` records which process executes a proposal (a session-scoped lock per proposal), so a
-surviving replica settles as ``outcome_unknown`` only what a dead one left ``executing``.
+``PgInstance`` is the cross-host form of ``gateway.server.instance.Instance``: a process's claim id is
+alive while it holds a session-scoped lock, so a replica settles only claims of processes that died.
 
 ``PgLeader`` elects one replica for work that must run once (the proposal expiry sweeper): the
 holder of a session-scoped advisory lock is the leader until its process or connection dies.
@@ -24,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import random
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,12 +38,12 @@ import psycopg.errors
 from gateway.errors import QueueTimeout, StateUnavailable
 from gateway.store.postgres import display_url
 
-__all__ = ["Lease", "PgLeader", "PgLeases", "PgSlots", "Slot", "SlotLimiter", "lock_key"]
+__all__ = ["PgInstance", "PgLeader", "PgSlots", "Slot", "SlotLimiter", "lock_key"]
 
 log = logging.getLogger(__name__)
 
-#: first key of every lease lock (two-key advisory locks: this space, then the proposal's key)
-LEASE_SPACE: Final = 0x6C65  # "le"
+#: first key of every instance lock (two-key advisory locks: this space, then the instance's key)
+INSTANCE_SPACE: Final = 0x696E  # "in"
 #: how long one round queues on a slot before trying all of them again
 QUEUE_ROUND_SECONDS: Final = 0.25
 
@@ -174,67 +176,6 @@ class PgSlots(_LockConnections):
         self._give_back(slot.conn)
 
 
-@dataclass
-class Lease:
-    """Proof that this process is executing a proposal; give it back with ``PgLeases.release``."""
-
-    proposal_id: str
-    conn: psycopg.Connection[Any] = field(repr=False)
-
-
-class PgLeases(_LockConnections):
-    """Which replica executes a proposal, so a survivor settles only what a *dead* replica left.
-
-    The executor takes ``hold(id)`` (a session-scoped advisory lock) *before* it moves the proposal to
-    ``executing`` and keeps it until the outcome is recorded. A proposal found ``executing`` whose lease
-    nobody holds (``abandoned``) was left by a process that died: settle it as ``outcome_unknown``
-    with a compare-and-set. Blocking: call from a worker thread.
-    """
-
-    def hold(self, proposal_id: str) -> Lease:
-        conn = self._connection()
-        try:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                               (LEASE_SPACE, lock_key("lease", proposal_id))).fetchone()
-        except psycopg.Error as exc:
-            conn.close()
-            log.error("leases: %s: %s", self.where, exc)
-            raise StateUnavailable("the execution lease cannot be taken: the database does not answer; "
-                                   "retry, and if it persists see the gateway log") from None
-        if row is None or not row[0]:
-            self._give_back(conn)
-            raise ValueError(f"proposal {proposal_id} is already being executed by another process")
-        return Lease(proposal_id, conn)
-
-    def release(self, lease: Lease) -> None:
-        try:
-            lease.conn.execute("SELECT pg_advisory_unlock(%s, %s)",
-                               (LEASE_SPACE, lock_key("lease", lease.proposal_id)))
-        except psycopg.Error as exc:
-            log.warning("leases: releasing the lease of %s: %s", lease.proposal_id, exc)
-            lease.conn.close()
-            return
-        self._give_back(lease.conn)
-
-    def abandoned(self, proposal_ids: list[str]) -> list[str]:
-        """Those of ``proposal_ids`` whose lease no live process holds."""
-        found = []
-        conn = self._connection()
-        try:
-            for proposal_id in proposal_ids:
-                key = (LEASE_SPACE, lock_key("lease", proposal_id))
-                row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key).fetchone()
-                if row is not None and row[0]:
-                    conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
-                    found.append(proposal_id)
-        except psycopg.Error as exc:
-            conn.close()
-            log.error("leases: %s: %s", self.where, exc)
-            raise StateUnavailable("execution leases cannot be read: the database does not answer") from None
-        self._give_back(conn)
-        return found
-
-
 class PgLeader:
     """One leader among the replicas for ``name``: ``is_leader()`` is True in exactly one live process
     (the first to ask after the previous leader died). Call from a worker thread."""
@@ -272,3 +213,52 @@ class PgLeader:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class PgInstance(_LockConnections):
+    """``gateway.server.instance.Instance`` for replicas on several hosts: this process's claim id is
+    alive while it holds a session-scoped advisory lock on its own connection, so any replica can tell
+    a dead claim (``kill -9``, a lost host: the server drops the connection and the lock) from a live
+    one on another machine. Same interface as ``Instance``; blocking, call from a worker thread."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._held: psycopg.Connection[Any] | None = None
+        self._holding = threading.Lock()
+
+    def acquire(self) -> str:
+        with self._holding:
+            if self._held is None or self._held.closed:
+                conn = self._connection()
+                row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                   (INSTANCE_SPACE, lock_key("instance", self.id))).fetchone()
+                if row is None or not row[0]:
+                    conn.close()
+                    raise StateUnavailable("this gateway's instance lock is held elsewhere; restart it")
+                self._held = conn
+        return self.id
+
+    def alive(self, instance_id: str) -> bool:
+        if instance_id == self.id:
+            return True
+        key = (INSTANCE_SPACE, lock_key("instance", instance_id))
+        conn = self._connection()
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key).fetchone()
+            if row is not None and row[0]:
+                conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+                return False
+            return True
+        except psycopg.Error:
+            conn.close()
+            return True  # cannot tell: never settle a claim that may be live
+        finally:
+            self._give_back(conn)
+
+    def close(self) -> None:
+        with self._holding:
+            if self._held is not None:
+                self._held.close()
+                self._held = None
+        super().close()
