@@ -100,3 +100,23 @@ def test_the_inspector_cli_commands_run(demo_run: RunningDemo, tmp_path: Path) -
     tools, call = (json.loads(o) for o in outputs)
     assert "list_vms" in {tool["name"] for tool in tools["tools"]}
     assert not call.get("isError") and "ha-host_VM0" in json.dumps(call)
+
+
+def test_the_inspector_without_a_token_is_told_to_get_one(demo_run: RunningDemo, tmp_path: Path) -> None:
+    """The README's promise for a forgotten --header: the gateway's 401 reaches the user, in a terminal (a
+    pseudo-terminal from util-linux ``script``) and with --stored-auth-only from a pipe."""
+    if shutil.which("npx") is None or shutil.which("script") is None:
+        why = "Node.js (npx) and util-linux script are needed (apt-get install nodejs npm util-linux)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    base = f"https://127.0.0.1:{demo_run.port}/mcp"
+    command = f"npx -y {demo.INSPECTOR} --cli {base} --transport http --method tools/list"
+    env = {**os.environ, "NODE_EXTRA_CA_CERTS": str(demo_run.folder / "tls" / "cert.pem")}
+    runs = [["script", "-qec", command, "/dev/null"], ["bash", "-c", command + " --stored-auth-only"]]
+    for argv in runs:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL)
+        said = done.stdout + done.stderr
+        assert done.returncode != 0, said[-2000:]
+        assert "gateway token create" in said and "bearer token is required" in said, said[-2000:]
