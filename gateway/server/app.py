@@ -24,6 +24,7 @@ import logging
 import math
 import ssl
 import time
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from types import FrameType
@@ -123,13 +124,34 @@ def _target_stats(gateway: AppGateway) -> Mapping[str, Mapping[str, int]]:
         return {}
 
 
+#: how long /readyz waits for the store and audit checks before it answers "not ready"
+READINESS_DEADLINE_SECONDS: Final = 3.0
+
+
 def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    busy = threading.Event()  # a check still running: a stuck one is not joined by a thread per probe
+
+    def check() -> list[str]:
+        try:
+            return gateway.readiness()
+        finally:
+            busy.clear()
+
     async def readyz(_request: Request) -> Response:
-        try:  # the checks may wait on the database: never on the event loop
-            reasons = await anyio.to_thread.run_sync(gateway.readiness)
+        try:
+            if busy.is_set():
+                raise TimeoutError
+            busy.set()
+            # off the event loop with a deadline: a stuck store or a slow audit disk makes this probe
+            # answer "not ready", never stalls /healthz or the calls of others
+            with anyio.fail_after(READINESS_DEADLINE_SECONDS):
+                reasons = await anyio.to_thread.run_sync(check, abandon_on_cancel=True)
+        except TimeoutError:
+            log.error("the readiness check did not answer within %gs", READINESS_DEADLINE_SECONDS)
+            reasons = [f"readiness check did not answer within {READINESS_DEADLINE_SECONDS:g}s"]
         except Exception:
             log.exception("readiness check failed")
             reasons = ["readiness check failed"]
