@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx2
@@ -23,7 +22,9 @@ def anyio_backend() -> str:
 # ---------------------------------------------------------------- /readyz never holds the event loop
 
 
-async def test_healthz_answers_while_readiness_is_stuck(tmp_path: Path, make_simulator: MakeSimulator) -> None:
+async def test_healthz_answers_while_readiness_is_stuck(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
     """A state store that stops answering (a fault injected by replacing ``store.ping`` with one that
     blocks: neither SQLite nor the simulator can be made to hang on demand) must not stall /healthz,
     and /readyz answers 503 at its deadline instead of hanging."""

@@ -23,8 +23,8 @@ import contextlib
 import logging
 import math
 import ssl
-import time
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import replace
 from types import FrameType
