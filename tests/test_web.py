@@ -42,7 +42,7 @@ from gateway.server.edge import EdgeConfig
 from gateway.server.pipeline import Gateway
 from gateway.server.tls import CertificatePaths, create_certificate, server_context
 from gateway.settings import Settings
-from gateway.web.app import approval_refusal, build_web_app
+from gateway.web.app import build_web_app
 from gateway.web.session import (
     SECURE_COOKIE,
     SessionStore,
@@ -344,17 +344,6 @@ def test_cookie_headers() -> None:
     assert clear_cookie_header(secure=True, path="/ui/").startswith(f"{SECURE_COOKIE}=; Max-Age=0;")
 
 
-@pytest.mark.parametrize(("approve", "viewer", "requester", "allowed"), [
-    ("any", "alice", "agent", True),
-    ("any", "alice", "alice", True),
-    ("others", "olga", "agent", True),
-    ("others", "olga", "olga", False),
-    ("none", "rita", "agent", False),
-])
-def test_approval_refusal(approve: str, viewer: str, requester: str, allowed: bool) -> None:
-    assert (approval_refusal(approve, viewer, requester) is None) is allowed
-
-
 def test_the_page_has_no_inline_code_and_never_parses_html() -> None:
     class Collector(html.parser.HTMLParser):
         def __init__(self) -> None:
@@ -571,6 +560,26 @@ async def test_approving_needs_the_roles_approve_right(served: WebServer) -> Non
                 and r.get("proposal_id") == by_agent["proposal_id"]]
     assert [(r["caller"], r["surface"], r["requested_by"]) for r in approved] == [("olga", "web", "agent")]
     assert served.proposal_state(by_olga["proposal_id"]) == "pending"
+
+
+@pytest.mark.anyio
+async def test_the_pages_approve_button_follows_the_one_decision(served: WebServer) -> None:
+    """The card's approve right is the decision's own verdict (Entry.APPROVE), not a copy of the
+    approve-right check: a proposer demoted since proposing makes the approval refused, so the page
+    must not offer it (denying stays possible)."""
+    token, _ = create_token(served.gateway.store, "dora", "agent", expires_in=None, now=time.time(),
+                            hasher=FAST_HASH)
+    served.tokens["dora"] = token
+    proposal = await propose_delete(served, "dora", "lab-vc", "DC0_C0_RP0_VM1")
+    served.gateway.store.update_token("dora", role="reader")
+    async with signed_in(served, "alice") as (client, csrf):
+        card = (await listed(client))[proposal["proposal_id"]]
+        approved = await decide(client, served, csrf, proposal["proposal_id"], "approve")
+    assert approved.status_code == 403, "the decision refuses the approval"
+    assert card["can_approve"] is False, "the page does not offer an approval the decision refuses"
+    assert "reader" in card["approve_note"]
+    assert card["can_decide"] is True, "denying stays possible"
+    assert "DC0_C0_RP0_VM1" in served.sims["lab"].vm_names()
 
 
 @pytest.mark.anyio

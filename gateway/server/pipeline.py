@@ -956,6 +956,29 @@ class Gateway:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
 
+    def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
+        """What ``human`` may do with ``proposal`` now, as the decision says before anything is read
+        from vSphere: the verdicts of a deny and of an approval (``Entry.DENY``, ``Entry.APPROVE``).
+        For a page that offers the buttons; ``approve``/``deny`` decide again when clicked. Synchronous."""
+        spec = self.registry.get(proposal.tool) or _unknown_tool(proposal.tool)
+        actor, owner = self.party(human), self.owner(proposal)
+        deny, approve = (
+            authorize(
+                self.facts(
+                    entry,
+                    actor,
+                    spec,
+                    proposal.args,
+                    target=proposal.target,
+                    owner=owner,
+                    proposal=proposal,
+                    resolved=False,
+                )
+            )
+            for entry in (Entry.DENY, Entry.APPROVE)
+        )
+        return deny, approve
+
     def deny(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from gateway.errors import (
     VSphereError,
 )
 from gateway.guard import audit
+from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
 from gateway.store.audit_read import open_audit_reader
@@ -119,16 +120,6 @@ class Viewer:
     session: WebSession
     principal: Principal
     role: Role
-
-
-def approval_refusal(approve: str, viewer: str, requester: str) -> str | None:
-    """Why ``viewer`` (whose role has the ``approve`` right) may not approve or deny a proposal made by
-    ``requester``; None if they may. Mirrors ``gateway.guard.confirm``, which decides for real. Pure."""
-    if approve == "any" or (approve == "others" and viewer != requester):
-        return None
-    if approve == "others":
-        return "you made this proposal, and your role approves only proposals made by others"
-    return "your role may not approve or deny proposals"
 
 
 def _audit_right(viewer: Viewer) -> None:
@@ -386,21 +377,32 @@ class WebApi:
     # ------------------------------------------------------------------ proposals
 
     def _proposal(self, p: Proposal, viewer: Viewer, now: float) -> dict[str, Any]:
+        """One card. Whether the viewer may deny or approve is the decision's own verdict
+        (``Gateway.decision_rights``), asked only for pending proposals; clicks are decided again."""
         view = proposal_view(p, now)
-        refusal = approval_refusal(viewer.role.approve, viewer.principal.name, p.caller)
         view.update({
             "gated": p.require_web_approval, "requested_via": p.surface, "decided_at": p.decided_at,
             "mine": p.caller == viewer.principal.name,
-            "can_decide": refusal is None and p.state == "pending", "decide_note": refusal,
+            "can_decide": False, "decide_note": None, "can_approve": False, "approve_note": None,
         })
+        if p.state == "pending":
+            deny, approve = self.gateway.decision_rights(p, viewer.principal)
+            view.update({
+                "can_decide": deny.allowed, "decide_note": None if deny.allowed else clean_text(deny.reason),
+                "can_approve": approve.allowed,
+                "approve_note": None if approve.allowed else clean_text(approve.reason),
+            })
         return view
 
-    async def proposals(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
+    def _proposals(self, viewer: Viewer) -> list[dict[str, Any]]:
         store, now = self.gateway.store, self.gateway.clock()
         found = [*store.list_proposals(OPEN_STATES, limit=OPEN_LIMIT),
                  *store.list_proposals(sorted(FINAL_STATES), limit=RECENT_LIMIT)]
-        shown = [self._proposal(p, viewer, now) for p in found if viewer.role.permits_target(p.target)]
-        return {"proposals": shown}
+        return [self._proposal(p, viewer, now) for p in found if viewer.role.permits_target(p.target)]
+
+    async def proposals(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
+        # store reads and one decision per pending card: in a worker thread, never on the event loop
+        return {"proposals": await anyio.to_thread.run_sync(self._proposals, viewer)}
 
     async def approve(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)

@@ -10,6 +10,7 @@
   const STATE_LABELS = {
     pending: "Pending", approved: "Approved", executing: "Running", executed: "Executed",
     failed: "Failed", denied: "Denied", expired: "Expired", cancelled: "Cancelled",
+    stale: "Stale", outcome_unknown: "Outcome unknown",
   };
   const APPROVE_LABELS = { any: "approves any proposal", others: "approves others' proposals", none: "cannot approve" };
 
@@ -252,11 +253,13 @@
     const footer = el("footer", { class: "card-foot" }, countdown);
     if (p.state === "pending") {
       const busy = state.busy.has(p.proposal_id);
-      const note = p.decide_note ? el("span", { class: "decide-note", text: p.decide_note }) : null;
+      // the server's decision says what this viewer may do now; a click is decided again
+      const why = p.decide_note || p.approve_note;
+      const note = why ? el("span", { class: "decide-note", text: why }) : null;
       const deny = el("button", { type: "button", class: "button quiet deny", text: "Deny…",
         disabled: !p.can_decide || busy, title: p.decide_note || "" });
       const approve = el("button", { type: "button", class: "button primary approve", text: "Approve…",
-        disabled: !p.can_decide || busy, title: p.decide_note || "" });
+        disabled: !p.can_approve || busy, title: p.approve_note || p.decide_note || "" });
       deny.addEventListener("click", () => decide(p, "deny"));
       approve.addEventListener("click", () => decide(p, "approve"));
       footer.append(...[el("span", { class: "spacer" }), note, deny, approve].filter(Boolean));
@@ -276,6 +279,9 @@
       denied: "Denied" + by,
       expired: "Expired before anyone confirmed it",
       cancelled: "Withdrawn by " + p.requested_by,
+      stale: "Not run, stale: " + (p.error && p.error.message ? p.error.message
+        : "vSphere changed since it was proposed; make a fresh proposal if it is still wanted"),
+      outcome_unknown: "Outcome unknown: the change was started but its result was not seen; check vSphere before retrying",
     };
     return texts[p.state] || STATE_LABELS[p.state] || p.state;
   }
@@ -294,7 +300,7 @@
 
   // A card is rebuilt only when what it shows changed, so buttons are not replaced under the pointer.
   function signature(p) {
-    return [p.state, p.can_decide, p.decide_note, state.busy.has(p.proposal_id), p.approved_by, p.outcome,
+    return [p.state, p.can_decide, p.decide_note, p.can_approve, p.approve_note, state.busy.has(p.proposal_id), p.approved_by, p.outcome,
       p.proposal_id === state.focus].join("|");
   }
 
