@@ -69,6 +69,14 @@ class Rig:
         plan_fn = spec.plan
         return self.run(lambda s: plan_fn(s, valid))  # type: ignore[no-any-return]
 
+    def plan_checked(self, spec: ToolSpec, **args: Any) -> Plan:
+        """Plan, then raise the first state precondition the plan records (``Plan.unmet``) as the
+        ``InvalidState`` the pipeline answers once the call is authorized."""
+        plan = self.plan(spec, **args)
+        if plan.unmet:
+            raise errors.InvalidState(plan.unmet[0].message, **plan.unmet[0].details)
+        return plan
+
     def execute(self, spec: ToolSpec, plan: Plan, *, auto_snapshot: bool = False) -> dict[str, Any]:
         """Execute like the pipeline does: ``auto_snapshot`` set from policy on tools that declare it."""
         assert spec.execute is not None

@@ -135,7 +135,7 @@ def test_revert_with_a_safety_snapshot_reverts_to_the_planned_current_snapshot(r
 
 def test_revert_refuses_a_vm_without_snapshots(rig: Rig) -> None:
     with pytest.raises(errors.InvalidState):
-        rig.plan(REVERT_SNAPSHOT, vm=VM)
+        rig.plan_checked(REVERT_SNAPSHOT, vm=VM)
 
 
 def test_a_failed_safety_snapshot_means_nothing_is_reverted(rig: Rig) -> None:
@@ -183,7 +183,7 @@ def test_delete_vm_refuses_a_broken_vm_and_points_at_unregister_vm(rig: Rig, sta
     before = rig.last_task()
 
     with pytest.raises(errors.InvalidState) as caught:
-        rig.plan(DELETE_VM, vm=VM, force_power_off=True)
+        rig.plan_checked(DELETE_VM, vm=VM, force_power_off=True)
 
     assert state in caught.value.message and "unregister_vm" in caught.value.message
     assert caught.value.details["connection_state"] == state
@@ -205,7 +205,7 @@ def test_unregister_an_orphaned_vm_keeps_its_files(rig: Rig) -> None:
 
 def test_unregister_refuses_a_powered_on_vm(rig: Rig) -> None:
     with pytest.raises(errors.InvalidState):
-        rig.plan(UNREGISTER_VM, vm=VM)
+        rig.plan_checked(UNREGISTER_VM, vm=VM)
 
 
 def test_slow_delete_past_its_deadline_is_reported_unknown_not_failed(rig: Rig) -> None:
@@ -288,7 +288,7 @@ def test_bulk_delete_removes_only_the_matching_vms(rig: Rig) -> None:
 def test_bulk_refuses_in_plan(rig: Rig, args: dict[str, Any], error: type[errors.GatewayError],
                               field: str | None) -> None:
     with pytest.raises(error) as caught:
-        rig.plan(BULK_VM_ACTION, **args)
+        rig.plan_checked(BULK_VM_ACTION, **args)
     assert caught.value.details.get("field") == field
 
 
@@ -302,7 +302,7 @@ def test_bulk_delete_refuses_when_any_match_is_orphaned(rig: Rig) -> None:
     rig.sim.control("/vm/connection-state", {"vm": OTHER, "state": "invalid"})
 
     with pytest.raises(errors.InvalidState) as caught:
-        rig.plan(BULK_VM_ACTION, action="delete_vm", name_regex="DC0_H0_VM\\d")
+        rig.plan_checked(BULK_VM_ACTION, action="delete_vm", name_regex="DC0_H0_VM\\d")
 
     assert OTHER in caught.value.message and "unregister_vm" in caught.value.message
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
@@ -64,4 +65,59 @@ async def test_healthz_answers_while_readiness_is_stuck(
     finally:
         release.set()
         served.stop()
+        await gw.close()
+
+
+# ---------------------------------------------------------------- state preconditions after the policy
+
+#: (case, tool, arguments, how to put VM0 in the state the plan objects to)
+STATE_CASES = [
+    ("orphaned power", "power_off_vm", {"vm": "DC0_C0_RP0_VM0"}, "orphaned"),
+    ("orphaned snapshot", "create_snapshot", {"vm": "DC0_C0_RP0_VM0", "name": "s1"}, "orphaned"),
+    ("orphaned delete", "delete_vm", {"vm": "DC0_C0_RP0_VM0", "force_power_off": True}, "orphaned"),
+    (
+        "orphaned bulk",
+        "bulk_vm_action",
+        {"action": "delete_vm", "name_regex": "DC0_C0_RP0_VM0", "force_power_off": True},
+        "orphaned",
+    ),
+    ("hot add", "reconfigure_vm", {"vm": "DC0_C0_RP0_VM0", "cpu_count": 2}, "powered on"),
+    ("no iso", "unmount_iso", {"vm": "DC0_C0_RP0_VM0"}, "powered on"),
+    ("no snapshot", "revert_snapshot", {"vm": "DC0_C0_RP0_VM0"}, "powered on"),
+]
+
+
+@pytest.mark.parametrize(("case", "tool", "args", "state"), STATE_CASES, ids=[c[0] for c in STATE_CASES])
+@pytest.mark.parametrize("denied", [True, False], ids=["denied", "allowed"])
+async def test_a_denied_call_never_hears_about_object_state(
+    tmp_path: Path,
+    make_simulator: MakeSimulator,
+    case: str,
+    tool: str,
+    args: dict[str, Any],
+    state: str,
+    denied: bool,
+) -> None:
+    """A deny rule naming the VM answers with the denial, whatever state the VM is in; a caller the policy
+    lets through hears the state advice (``invalid_state``) and nothing reaches vSphere."""
+    from test_pipeline import HUMAN, PERMISSIVE, VM0, Env
+
+    from gateway.errors import InvalidState, PolicyDenied
+
+    env = Env(tmp_path, make_simulator(vms=2))
+    rule = {"name": "hands-off-vm0", "action": "deny", "match": {"vm_patterns": [VM0]}}
+    gw = env.build(rules={**PERMISSIVE, "rules": [rule] if denied else []})
+    try:
+        if state == "orphaned":
+            env.sim.control("/vm/connection-state", {"vm": VM0, "state": "orphaned"})
+        expected = PolicyDenied if denied else InvalidState
+        with pytest.raises((PolicyDenied, InvalidState)) as caught:
+            await gw.call(HUMAN, tool, {"target": "vc1", **args})
+        assert type(caught.value) is expected, f"{case}: {caught.value.code}: {caught.value.message}"
+        if denied:
+            assert "hands-off-vm0" in caught.value.message
+            for word in ("orphaned", "power", "hot", "iso", "snapshot"):
+                assert word not in caught.value.message.lower(), caught.value.message
+        assert env.vm_exists(VM0)
+    finally:
         await gw.close()

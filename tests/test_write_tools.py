@@ -40,7 +40,7 @@ def _refused_before_any_task(rig: Rig, spec: ToolSpec, error: type[errors.Gatewa
                              **args: Any) -> errors.GatewayError:
     before = rig.last_task()
     with pytest.raises(error) as caught:
-        rig.plan(spec, **args)
+        rig.plan_checked(spec, **args)
     assert rig.last_task() == before
     return caught.value
 

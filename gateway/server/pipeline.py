@@ -668,7 +668,9 @@ class Gateway:
             owner=owner,
             proposal=proposal,
         )
-        verdict = await self._check(ctx, facts, args, proposal_id=proposal.id if proposal else None)
+        pid = proposal.id if proposal else None
+        # the state preconditions are answered last: after the policy on the call and on every object
+        verdict = await self._check(ctx, replace(facts, unmet=()), args, proposal_id=pid)
         for name in ctx.spec.reaches(args):
             reached = self.registry.get(name)
             if reached is None:
@@ -688,7 +690,9 @@ class Gateway:
                 )
                 if entry in (Entry.CONFIRM, Entry.APPROVE) and owner is not None:
                     one = replace(one, actor=owner, owner=None)
-                await self._check(ctx, one, args, proposal_id=proposal.id if proposal else None)
+                await self._check(ctx, one, args, proposal_id=pid)
+        if facts.unmet:
+            verdict = await self._check(ctx, facts, args, proposal_id=pid)
         return verdict
 
     def _decision(self, verdict: Verdict, target: Target) -> Decision:

@@ -3,7 +3,10 @@
 ``plan_*(session, args) -> Plan`` resolves names to objects and reads the facts policy needs,
 validating the arguments against the target (a network, datastore or host that does not exist, a
 size out of range, a clone name in use) without changing anything: bad input raises
-``errors.InvalidArgument`` naming the field, a VM in the wrong state ``errors.InvalidState``.
+``errors.InvalidArgument`` naming the field. A VM in the wrong state is never raised out of a plan:
+every ``plan_*`` is wrapped by ``_state_after_policy``, which turns an ``errors.InvalidState`` into a
+recorded precondition (``Plan.unmet``) on the objects resolved so far, so the pipeline answers it only
+after the policy allowed the call (a denied caller never hears about object state).
 ``Plan.params`` holds moids and plain values only, so another process can execute it later.
 
 ``execute_*(session, plan, progress) -> dict`` performs the change, follows every task through
@@ -13,7 +16,7 @@ step ``outcome_unknown`` (never retried).
 
 Rules that hold for every tool here:
 
-- A VM whose ``runtime.connectionState`` is orphaned, inaccessible or invalid is refused in plan
+- A VM whose ``runtime.connectionState`` is orphaned, inaccessible or invalid is refused (a precondition)
   (vSphere disables nearly everything on such a VM and says only "not allowed in the current
   state"); ``unregister_vm`` is the one exception, since it is how such a record is cleared.
 - Safety snapshots: when the pipeline sets ``params["auto_snapshot"]`` on a revert-type tool
@@ -27,6 +30,7 @@ Rules that hold for every tool here:
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import re
 import time
@@ -109,6 +113,39 @@ def vm_affected(vm: VmRef) -> AffectedObject:
     return AffectedObject("vm", vm.name, vm.moid, vm.folder, vm.resource_pool, vm.connection_state)
 
 
+#: the VMs a running plan function resolved so far (``_state_after_policy`` reads them)
+_resolved: contextvars.ContextVar[list[VmRef] | None] = contextvars.ContextVar("_resolved", default=None)
+PlanFn = TypeVar("PlanFn", bound=Callable[..., Plan])
+
+
+def _note_resolved(*vms: VmRef) -> None:
+    seen = _resolved.get()
+    if seen is not None:
+        seen.extend(vms)
+
+
+def _state_after_policy(fn: PlanFn) -> PlanFn:
+    """Run a plan function; an ``errors.InvalidState`` it raises becomes ``Plan.unmet`` on the VMs it
+    had resolved, so the state is answered after the policy decided on those objects (never before)."""
+
+    @functools.wraps(fn)
+    def plan(*args: Any, **kwargs: Any) -> Plan:
+        seen: list[VmRef] = []
+        token = _resolved.set(seen)
+        try:
+            return fn(*args, **kwargs)
+        except errors.InvalidState as exc:
+            vms = list({vm.moid: vm for vm in seen}.values())
+            names = ", ".join(_label(vm) for vm in vms[:_SUMMARY_NAMES]) or "the named objects"
+            return Plan(f"Change {names} (not possible in their current state)",
+                        tuple(vm_affected(vm) for vm in vms), {}, object_count=len(vms) or None,
+                        unmet=(Precondition(exc.message, dict(exc.details)),))
+        finally:
+            _resolved.reset(token)
+
+    return plan  # type: ignore[return-value]
+
+
 def _vm_params(vm: VmRef, args: Args) -> dict[str, Any]:
     return {"vm": vm.moid, "vm_name": vm.name,
             "timeout_seconds": float(args.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)}
@@ -127,6 +164,7 @@ def require_usable(session: Any, vm: VmRef, doing: str) -> None:
 
 def _resolve_vm(session: Any, args: Args, doing: str) -> VmRef:
     vm = inventory.resolve_vm(session, str(args["vm"]))
+    _note_resolved(vm)
     require_usable(session, vm, doing)
     return vm
 
@@ -294,6 +332,7 @@ POWER_OPS: dict[str, PowerOp] = {
 }
 
 
+@_state_after_policy
 def plan_power(op_name: str, session: Any, args: Args) -> Plan:
     """Plan a power operation: the VM must be usable; not being a template and being in a state the
     operation starts from are preconditions (``Plan.unmet``), answered after the call is authorized."""
@@ -385,6 +424,7 @@ def _snapshot_rows(session: Any, vm: VmRef) -> tuple[list[dict[str, Any]], str |
     return inventory.flatten_snapshots(info.rootSnapshotList if info is not None else [], current), current
 
 
+@_state_after_policy
 def plan_create_snapshot(session: Any, args: Args) -> Plan:
     """Plan a snapshot: a usable VM and a name no other snapshot of it has (names address snapshots later)."""
     vm = _resolve_vm(session, args, "taking a snapshot")
@@ -579,6 +619,7 @@ def _portgroup_facts(session: Any, net: inventory.NetworkRef) -> dict[str, Any]:
     return {"portgroup_key": p.get("key") or net.moid, "switch_uuid": uuid}
 
 
+@_state_after_policy
 def plan_reconfigure(session: Any, args: Args) -> Plan:
     """Plan CPU/memory changes, one new disk and one new NIC, each checked against the VM and its host."""
     if args.get("datastore") is not None and args.get("add_disk_gb") is None:
@@ -670,6 +711,7 @@ def _cdroms(devices: Sequence[Any]) -> list[Any]:
     return sorted((d for d in devices if isinstance(d, vim.vm.device.VirtualCdrom)), key=lambda d: d.key)
 
 
+@_state_after_policy
 def plan_mount_iso(session: Any, args: Args) -> Plan:
     """Plan inserting an ISO: the datastore must exist and be mounted on the VM's host; the first CD-ROM
     drive is used, or a new one is added on a free IDE slot."""
@@ -731,6 +773,7 @@ def execute_mount_iso(call: Execution) -> dict[str, Any]:
     return call.result(vm=p["vm_name"], moid=p["vm"], iso_path=p["iso_path"], cdrom_added=operation == "add")
 
 
+@_state_after_policy
 def plan_unmount_iso(session: Any, args: Args) -> Plan:
     """Plan ejecting every ISO image mounted on the VM; a VM with none is refused."""
     vm = _resolve_vm(session, args, "changing CD-ROM media")
@@ -835,6 +878,7 @@ def _move_datastore(session: Any, vm: VmRef, ref: str, host: inventory.HostRef |
     move.words.append(f"to datastore '{ds.name}'")
 
 
+@_state_after_policy
 def plan_migrate(session: Any, args: Args) -> Plan:
     """Plan a relocation to another host, datastore and/or resource pool of the same target.
 
@@ -884,6 +928,7 @@ def _unused_vm_name(session: Any, name: str) -> None:
             f"({', '.join(taken)}); choose an unused name")
 
 
+@_state_after_policy
 def plan_clone(session: Any, args: Args) -> Plan:
     """Plan a clone into the source's folder and pool (or the given ones) under a name no VM has."""
     require_vcenter(session, "cloning")
@@ -1031,6 +1076,7 @@ def _snapshot_affected(row: Mapping[str, Any]) -> AffectedObject:
     return AffectedObject("snapshot", row["name"], row["moid"])
 
 
+@_state_after_policy
 def plan_delete_snapshot(session: Any, args: Args) -> Plan:
     """Plan removing one snapshot (its children too with ``remove_children``); the disk state is kept."""
     vm = _resolve_vm(session, args, "removing snapshots")
@@ -1053,6 +1099,7 @@ def execute_delete_snapshot(call: Execution) -> dict[str, Any]:
     return call.result(vm=p["vm_name"], moid=p["vm"], deleted_snapshots=p["snapshots"])
 
 
+@_state_after_policy
 def plan_revert_snapshot(session: Any, args: Args) -> Plan:
     """Plan reverting to a named snapshot or the current one (resolved to its moid now, so a safety snapshot
     taken at execute time, which becomes the current one, does not change what is reverted to)."""
@@ -1094,6 +1141,7 @@ def _powered_on(session: Any, vms: Sequence[VmRef]) -> tuple[Precondition, ...]:
         "of the delete", {"target": _target(session), "vms": [v.name for v in on]}),)
 
 
+@_state_after_policy
 def plan_delete_vm(session: Any, args: Args) -> Plan:
     """Plan destroying a VM and its files; refuses an orphaned/inaccessible/invalid VM and a powered-on one
     unless ``force_power_off``."""
@@ -1126,9 +1174,11 @@ def execute_delete_vm(call: Execution) -> dict[str, Any]:
     return call.result(deleted_vm=p["vm_name"], moid=p["vm"], powered_off_first=done["powered_off_first"])
 
 
+@_state_after_policy
 def plan_unregister_vm(session: Any, args: Args) -> Plan:
     """Plan removing a VM from the inventory while keeping its files (works on orphaned VMs too)."""
     vm = inventory.resolve_vm(session, str(args["vm"]))
+    _note_resolved(vm)
     if vm.power_state == "poweredOn" and vm.connection_state not in BROKEN_CONNECTION_STATES:
         raise errors.InvalidState(f"{_label(vm)} is powered on; power it off first (power_off_vm)",
                                   moid=vm.moid)
@@ -1159,6 +1209,7 @@ def _find_disk(vm: VmRef, devices: Sequence[Any], ref: str) -> Any:
                                  f"{known}")
 
 
+@_state_after_policy
 def plan_remove_disk(session: Any, args: Args) -> Plan:
     """Plan detaching one disk by label ("Hard disk 2") or device key; ``delete_files`` also destroys it."""
     vm = _resolve_vm(session, args, "removing a disk")
@@ -1271,6 +1322,7 @@ _BULK_WORDS = {
 }
 
 
+@_state_after_policy
 def plan_bulk(session: Any, args: Args) -> Plan:
     """Plan one action over every VM whose whole name matches ``name_regex`` (optionally under ``folder``).
 
@@ -1288,6 +1340,7 @@ def plan_bulk(session: Any, args: Args) -> Plan:
     if not matches:
         raise errors.InvalidArgument("name_regex", f"matches no VM on target '{_target(session)}'{where} "
                                      "(the pattern must match the whole name)")
+    _note_resolved(*(m.ref for m in matches))
     _refuse_broken(session, [m.ref for m in matches], action.replace("_", " "))
     force = bool(args.get("force_power_off", False))
     unmet = _powered_on(session, [m.ref for m in matches]) if action == "delete_vm" and not force else ()
