@@ -80,9 +80,7 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
     )
     (home / "rules.yaml").write_text(yaml.safe_dump({"defaults": {"destructive": "allow"}}))
     with SqliteStore(home / "state.db") as store:
-        token, _ = create_token(
-            store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH
-        )
+        token, _ = create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
     cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
     first = run_serve(tmp_path, env, *https_argv(cert))
     try:
@@ -101,14 +99,11 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
 
         def claimed() -> bool:
             return any(
-                r.get("proposal_id") == proposal["proposal_id"]
-                for r in read_rows(log, phase="executing")
+                r.get("proposal_id") == proposal["proposal_id"] for r in read_rows(log, phase="executing")
             )
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(
-                call, base, token, cert.cert, "confirm_action", {"token": proposal["token"]}
-            )
+            tg.start_soon(call, base, token, cert.cert, "confirm_action", {"token": proposal["token"]})
             with anyio.fail_after(60):
                 while not claimed():
                     await anyio.sleep(0.05)
@@ -121,9 +116,7 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
             first.process.wait(30)
     with SqliteStore(home / "state.db") as store:
         left = store.get_proposal(proposal["proposal_id"])
-    assert left is not None and left.state == "executing" and left.executor, (
-        "the dead process's claim"
-    )
+    assert left is not None and left.state == "executing" and left.executor, "the dead process's claim"
 
     second = run_serve(tmp_path, env, *https_argv(cert))
     try:
@@ -132,20 +125,91 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
             settled = store.get_proposal(proposal["proposal_id"])
         assert settled is not None and settled.state == "outcome_unknown", "settled before serving"
         (row,) = [
-            r
-            for r in read_rows(log, phase="outcome_unknown")
-            if r["proposal_id"] == proposal["proposal_id"]
+            r for r in read_rows(log, phase="outcome_unknown") if r["proposal_id"] == proposal["proposal_id"]
         ]
         assert left.executor in row["reason"] and row["caller"] == "gateway"
         again = await call(base, token, cert.cert, "confirm_action", {"token": proposal["token"]})
         assert again.is_error
         assert json.loads(again.content[0].text)["error"]["code"] == "confirmation_invalid"
         executing = [
-            r
-            for r in read_rows(log, phase="executing")
-            if r.get("proposal_id") == proposal["proposal_id"]
+            r for r in read_rows(log, phase="executing") if r.get("proposal_id") == proposal["proposal_id"]
         ]
         assert len(executing) == 1, "claimed once, never executed twice"
+    finally:
+        code = second.stop()
+    assert code == 0, second.output()
+
+
+async def test_an_outcome_row_lost_with_a_killed_process_is_recovered_at_restart(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """The log turns immutable while a confirmed delete runs: the change finishes, its ``executed`` row
+    waits in memory, and the process is killed with it. The restarted gateway finds the proposal
+    final in the state store but its row missing from the log, and appends it (``recovered: true``)."""
+    from test_audit_first import _chattr
+
+    sim = make_simulator(vms=2)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim})
+    env.update(
+        {
+            "GATEWAY_HOME": str(home),
+            "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),
+            "GATEWAY_ENABLE_DESTRUCTIVE": "true",
+        }
+    )
+    (home / "rules.yaml").write_text(yaml.safe_dump({"defaults": {"destructive": "allow"}}))
+    with SqliteStore(home / "state.db") as store:
+        token, _ = create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    log = home / "audit.jsonl"
+    first = run_serve(tmp_path, env, *https_argv(cert))
+    frozen = False
+    try:
+        base = started(first)
+        made = await call(
+            base, token, cert.cert, "delete_vm", {"target": "vc1", "vm": VM, "force_power_off": True}
+        )
+        proposal = made.structured_content
+        pid = proposal["proposal_id"]
+        sim.control("/slow-task", {"method": "Destroy_Task", "seconds": 3, "count": 1})
+        answer: dict[str, Any] = {}
+
+        async def confirm() -> None:
+            answer["result"] = await call(
+                base, token, cert.cert, "confirm_action", {"token": proposal["token"]}
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(confirm)
+            with anyio.fail_after(60):
+                while not any(r.get("proposal_id") == pid for r in read_rows(log, phase="executing")):
+                    await anyio.sleep(0.05)
+            _chattr("+i", log)
+            frozen = True
+        assert not answer["result"].is_error, "the change ran and the caller is told so"
+        with SqliteStore(home / "state.db") as store:
+            done = store.get_proposal(pid)
+        assert done is not None and done.state == "executed"
+        os.kill(first.process.pid, signal.SIGKILL)
+        first.process.wait(30)
+    finally:
+        if frozen:
+            _chattr("-i", log)
+        if first.process.poll() is None:
+            first.process.kill()
+            first.process.wait(30)
+    assert [r for r in read_rows(log, phase="executed") if r.get("proposal_id") == pid] == [], (
+        "the outcome row died with the process"
+    )
+
+    second = run_serve(tmp_path, env, *https_argv(cert))
+    try:
+        started(second)
+        (row,) = [r for r in read_rows(log, phase="executed") if r.get("proposal_id") == pid]
+        assert row["recovered"] is True and row["outcome"] == "ok" and row["caller"] == "gateway"
+        assert len([r for r in read_rows(log, phase="executing") if r.get("proposal_id") == pid]) == 1
     finally:
         code = second.stop()
     assert code == 0, second.output()

@@ -70,7 +70,7 @@ from gateway.guard.decision import (
     token_state,
     tool_permitted,
 )
-from gateway.guard.lifecycle import OPEN_STATES
+from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, PolicyStore
 from gateway.guard.sanitize import clean
@@ -79,6 +79,7 @@ from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
+from gateway.store.audit_read import open_audit_reader
 from gateway.store.base import Proposal
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
@@ -252,6 +253,7 @@ class Gateway:
     async def start(self) -> None:
         await self.start_notifier()
         await asyncio.to_thread(self.settle_interrupted)
+        await asyncio.to_thread(self.recover_outcome_rows)
         self._sweeper = asyncio.create_task(self._sweep_forever())
         self.mirrors.start_eager()
 
@@ -301,6 +303,49 @@ class Gateway:
             if moved is not None:
                 settled.append(p.id)
         return settled
+
+    def recover_outcome_rows(self, limit: int = 1000) -> list[str]:
+        """Append the final move's row of every proposal whose row died with a process (it waited in
+        memory while the audit log could not take it). A proposal counts when the current log holds
+        rows of it since it was made (its intent, say) but none of the phase it ended in; the row is the usual move row
+        with ``recovered: true``, by the caller ``gateway``. Proposals with no row in the audit
+        (rotated away) are left alone: nothing there says a row is missing. Run at start, file or PostgreSQL audit."""
+        candidates = self.store.list_proposals(sorted(FINAL_STATES), limit=limit)
+        if not candidates:
+            return []
+        since = datetime.fromtimestamp(min(p.created_at for p in candidates), UTC)
+        try:
+            rows = open_audit_reader(self.settings, self.store).rows(since=since)
+        except Exception:
+            log.exception("cannot read the audit log to recover missing rows of proposal moves")
+            return []
+        phases: dict[str, set[str]] = {}
+        for row in rows:
+            pid = row.get("proposal_id")
+            if isinstance(pid, str):
+                phases.setdefault(pid, set()).add(str(row.get("phase")))
+        recovered = []
+        actor = Principal(name="gateway", role="-", surface="server")
+        for p in candidates:
+            seen = phases.get(p.id)
+            if seen is None or p.state in seen:
+                continue
+            if p.executor is not None and p.executor != self.instance.id and self.instance.alive(p.executor):
+                continue  # a live process that ran it still holds the row and will append it
+            row = self._transition_row(
+                p,
+                p.state,
+                actor=actor,
+                reason="recovered at start: the row of this move was not in the audit log (it waited "
+                "for the log when the process that made the move stopped)",
+                outcome=p.outcome,
+                error=p.error,
+            )
+            self._write_or_wait({**row, "recovered": True})
+            recovered.append(p.id)
+        if recovered:
+            log.warning("appended %d audit row(s) of proposal moves missing from the log", len(recovered))
+        return recovered
 
     async def close(self) -> None:
         self.draining = True
