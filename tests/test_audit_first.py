@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from simulator import MakeSimulator
-from test_pipeline import ADMIN, PERMISSIVE, VM0, Env
+from test_pipeline import ADMIN, PERMISSIVE, VM0, VM1, Env
 
 from gateway.errors import AuditUnavailable, InvalidArgument
 from gateway.guard.audit import read_rows
@@ -179,9 +179,7 @@ async def test_a_held_audit_lock_refuses_changes_while_health_answers(
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             assert not (await client.call_tool("list_targets", {})).is_error  # the log and its lock exist
             (listed,) = read_rows(gw.settings.audit_log, tool="list_targets")
-            assert listed["client"].startswith("mcp"), (
-                "the row names the MCP client's declared name/version"
-            )
+            assert listed["client"].startswith("mcp"), "the row names the MCP client's declared name/version"
             lock = os.open(f"{gw.settings.audit_log}.lock", os.O_RDWR)
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process holds the audit lock
             try:
@@ -244,3 +242,103 @@ async def test_a_fan_out_row_records_each_targets_own_outcome(
     assert row["outcomes"]["vc2"] == result["vc2"]["error"]["code"] != "ok"
     (denied,) = read_rows(tmp_path / "audit.jsonl", tool="list_vms", phase="denied")
     assert denied["target"] == "vc3" and denied["decision"]["rule"] == "rule:no-vc3"
+
+
+# ---------------------------------------------------------------- a full disk during a slow change
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MB tmpfs mounted for the audit log (root; fails, not skips, under CI=true if impossible)."""
+    mount = tmp_path / "auditfs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        reason = f"cannot mount a small tmpfs here: {done.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the filesystem refuses with ENOSPC; the file (remove it to free the disk)."""
+    import errno
+
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def use_up_the_logs_last_block(gw: Any) -> None:
+    """A full filesystem still takes appends into the free end of the log's last block: small reads
+    (each writes a row) use it up until the audit refuses one."""
+    for _ in range(100):
+        try:
+            await gw.call(ADMIN, "list_targets", {})
+        except AuditUnavailable:
+            return
+    pytest.fail("the audit log kept taking rows on a full filesystem")
+
+
+async def test_a_disk_filled_during_a_slow_change_keeps_intent_and_true_state(
+    env: Env, small_disk: Path
+) -> None:
+    """The audit log lives on a 1 MB filesystem that fills up while a confirmed delete runs: the change
+    had its ``executing`` row, so it finishes and the proposal says ``executed``; its outcome row
+    waits; a new change is refused with audit_unavailable and nothing of it reaches vSphere."""
+    log = small_disk / "audit.jsonl"
+    gw = env.build(audit_log=log)
+    proposal = await gw.call(ADMIN, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    env.sim.control("/slow-task", {"method": "Destroy_Task", "seconds": 5, "count": 1})
+    result: dict[str, Any] = {}
+    async with anyio.create_task_group() as tg:
+
+        async def confirm() -> None:
+            result.update(await gw.call(ADMIN, "confirm_action", {"token": proposal["token"]}))
+
+        tg.start_soon(confirm)
+        await wait_for(
+            lambda: any(
+                r.get("proposal_id") == proposal["proposal_id"] for r in read_rows(log, phase="executing")
+            ),
+            "intent row written",
+        )
+        filler = fill(small_disk)
+        await use_up_the_logs_last_block(gw)
+        assert not result, "the slow change was still running when the disk filled up"
+    assert result["state"] == "executed" and not env.vm_exists(VM0), "the claimed change ran"
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "executed", "the proposal keeps its true state"
+    assert read_rows(log, phase="executed") == [], "its row waits: the disk is full"
+    assert any("wait for the audit log" in r for r in gw.readiness())
+
+    with pytest.raises(AuditUnavailable):
+        await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM1, "guest_timeout_seconds": 0})
+    assert env.power_state(VM1) == "poweredOn", "no change without an executing row"
+    assert [r for r in read_rows(log, phase="executing") if r["tool"] == "power_off_vm"] == []
+
+    filler.unlink()
+    assert gw.flush_waiting() >= 2
+    (outcome,) = read_rows(log, phase="executed")
+    assert outcome["proposal_id"] == proposal["proposal_id"] and outcome["delayed"] is True
+    refused = read_rows(log, phase="refused")
+    assert [r["tool"] for r in refused] == ["power_off_vm"]
+    assert gw.readiness() == []
