@@ -35,7 +35,10 @@ async def test_healthz_answers_while_readiness_is_stuck(
     gw = real_gateway(make_simulator(vms=1), tmp_path)
     entered, release = threading.Event(), threading.Event()
 
+    calls: list[int] = []
+
     def stuck_store_ping_fault() -> bool:
+        calls.append(1)
         entered.set()
         release.wait(60)
         return True
@@ -62,6 +65,9 @@ async def test_healthz_answers_while_readiness_is_stuck(
                 assert health.status_code == 200
         assert answers["ready"].status_code == 503
         assert "did not answer" in " ".join(answers["ready"].json()["reasons"])
+        async with served.http() as http:
+            again = await http.get("/readyz", timeout=30)
+        assert again.status_code == 503 and calls == [1], "a later probe joins the stuck check"
     finally:
         release.set()
         served.stop()

@@ -19,6 +19,7 @@ in reverse order. ``self_check`` proves before binding that /mcp refuses unauthe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -132,23 +133,31 @@ def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    busy = threading.Event()  # a check still running: a stuck one is not joined by a thread per probe
+    running: list[concurrent.futures.Future[list[str]]] = []  # the check in flight, if any
 
-    def check() -> list[str]:
-        try:
-            return gateway.readiness()
-        finally:
-            busy.clear()
+    def begin_check() -> concurrent.futures.Future[list[str]]:
+        """One check at a time, on its own daemon thread: a stuck one is joined by later probes, not
+        duplicated, and never holds a pool thread or the interpreter's exit."""
+        if running and not running[0].done():
+            return running[0]
+        future: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
+
+        def check() -> None:
+            try:
+                future.set_result(gateway.readiness())
+            except BaseException as exc:  # handed to the probe, which logs it
+                future.set_exception(exc)
+
+        threading.Thread(target=check, name="readiness", daemon=True).start()
+        running[:] = [future]
+        return future
 
     async def readyz(_request: Request) -> Response:
         try:
-            if busy.is_set():
-                raise TimeoutError
-            busy.set()
             # off the event loop with a deadline: a stuck store or a slow audit disk makes this probe
             # answer "not ready", never stalls /healthz or the calls of others
-            with anyio.fail_after(READINESS_DEADLINE_SECONDS):
-                reasons = await anyio.to_thread.run_sync(check, abandon_on_cancel=True)
+            waiting = asyncio.shield(asyncio.wrap_future(begin_check()))
+            reasons = await asyncio.wait_for(waiting, READINESS_DEADLINE_SECONDS)
         except TimeoutError:
             log.error("the readiness check did not answer within %gs", READINESS_DEADLINE_SECONDS)
             reasons = [f"readiness check did not answer within {READINESS_DEADLINE_SECONDS:g}s"]
