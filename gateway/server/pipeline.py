@@ -306,10 +306,10 @@ class Gateway:
 
     def recover_outcome_rows(self, limit: int = 1000) -> list[str]:
         """Append the final move's row of every proposal whose row died with a process (it waited in
-        memory while the audit log could not take it). A proposal counts when the current log holds
-        rows of it since it was made (its intent, say) but none of the phase it ended in; the row is the usual move row
-        with ``recovered: true``, by the caller ``gateway``. Proposals with no row in the audit
-        (rotated away) are left alone: nothing there says a row is missing. Run at start, file or PostgreSQL audit."""
+        memory while the audit could not take it). A proposal counts when the audit (file or PostgreSQL)
+        holds rows of it since it was made (its intent, say) but none of the phase it ended in; the row
+        is the usual move row with ``recovered: true``, by the caller ``gateway``. Proposals with no row
+        in the audit (rotated away) are left alone: nothing says a row is missing. Run at start."""
         candidates = self.store.list_proposals(sorted(FINAL_STATES), limit=limit)
         if not candidates:
             return []
