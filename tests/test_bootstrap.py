@@ -28,6 +28,16 @@ def readme_quick_start() -> list[str]:
     return [command for command in commands if command]
 
 
+def make_plan(*argv: str) -> list[str]:
+    """What ``make -n`` would run, as a person typing it would see it: not as a sub-make of ``make test``
+    (which would print "Entering directory" lines and inherit the outer make's flags)."""
+    outer = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    done = subprocess.run(["make", "-n", *argv], cwd=REPO, capture_output=True, text=True, check=True,
+                          env=env)
+    return done.stdout.splitlines()
+
+
 def packages() -> list[str]:
     return subprocess.run(["bash", str(BOOTSTRAP), "--list"], check=True, capture_output=True,
                           text=True).stdout.split()
@@ -37,14 +47,12 @@ def test_the_readme_quick_start_is_two_make_commands_that_bootstrap_first() -> N
     commands = readme_quick_start()
     assert commands == ["make run", "make test"]
     for command in commands:
-        plan = subprocess.run([*command.split(), "-n"], cwd=REPO, capture_output=True, text=True, check=True)
-        first = plan.stdout.splitlines()[0]
+        first = make_plan(*command.split()[1:])[0]
         assert first == "bash deploy/bootstrap.sh", f"`{command}` starts with {first!r}"
 
 
 def test_make_run_takes_the_port() -> None:
-    plan = subprocess.run(["make", "-n", "run", "PORT=9443"], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.splitlines()
+    plan = make_plan("run", "PORT=9443")
     assert plan[-1].endswith("-m gateway.demo --port 9443"), plan
 
 
