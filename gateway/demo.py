@@ -321,19 +321,23 @@ def start_gateway(files: DemoFiles, env: Mapping[str, str], argv: list[str],
                                 pass_fds=() if lock_fd is None else (lock_fd,))
 
 
-def check_port_free(port: int, host: str = "127.0.0.1") -> None:
-    """Bind ``host:port`` once (as uvicorn will) and let go; DemoError naming the cause in one line."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise DemoError(f"port {port} is in use (Errno {exc.errno}): another program listens on "
-                                f"{host}:{port}; stop it or choose another port with --port N "
-                                "(make run PORT=N)") from None
-            raise DemoError(f"cannot listen on {host}:{port} (Errno {exc.errno}: {exc.strerror}); choose "
-                            "another port with --port N (make run PORT=N)") from None
+def reserve_port(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """Bind ``host:port`` (as uvicorn will) and hold it, so that nothing started meanwhile (the simulators
+    take ephemeral ports) can take it; the caller closes it just before the gateway binds. DemoError
+    naming the cause in one line when the port cannot be had."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((host, port))
+    except OSError as exc:
+        probe.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise DemoError(f"port {port} is in use (Errno {exc.errno}): another program listens on "
+                            f"{host}:{port}; stop it or choose another port with --port N "
+                            "(make run PORT=N)") from None
+        raise DemoError(f"cannot listen on {host}:{port} (Errno {exc.errno}: {exc.strerror}); choose "
+                        "another port with --port N (make run PORT=N)") from None
+    return probe
 
 
 def startup_cause(path: Path) -> str:
@@ -443,7 +447,7 @@ def _stop_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
 def run(folder: Path, port: int, binary: Path) -> int:
     """Start everything, print the banner, wait for Ctrl-C (or the gateway exiting); stop everything."""
     with contextlib.ExitStack() as stack:
-        check_port_free(port)
+        reservation = stack.enter_context(reserve_port(port))
         lock_fd = lock_folder(folder, stack)
         files = prepare_folder(folder)
         print(f"starting simulators ({', '.join(SIMULATORS)}) ...", flush=True)
@@ -454,6 +458,7 @@ def run(folder: Path, port: int, binary: Path) -> int:
         web = web_available()
         base = f"https://127.0.0.1:{port}"
         print(f"starting the gateway on {base} (log: {files.log}) ...", flush=True)
+        reservation.close()
         gateway = start_gateway(files, env, serve_argv(files, port, web), lock_fd)
         stack.callback(stop_process, gateway)
         # runs first when the stack unwinds: a second Ctrl-C must not cut the clean-up short
