@@ -185,7 +185,7 @@ func describe(e mo.Entity) inventoryItem {
 }
 
 func (c *controller) inflight(_ []byte) (interface{}, error) {
-	return map[string]interface{}{"calls": c.gate.calls()}, nil
+	return map[string]interface{}{"calls": c.gate.calls(), "zero_waits_at_once": fastZeroWaits.Load(), "changes": changes.count.Load()}, nil
 }
 
 func (c *controller) rules(_ []byte) (interface{}, error) {

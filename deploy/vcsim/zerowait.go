@@ -1,0 +1,115 @@
+package main
+
+// A zero-wait WaitForUpdatesEx answered at once when nothing changed.
+//
+// vSphere documents maxWaitSeconds=0 as "one update calculation, return at once". The simulator's
+// PropertyCollector only looks at its pending updates on a 250 ms ticker, so every zero-wait poll
+// costs a quarter of a second even when nothing changed (a real vCenter answers in a round trip).
+// The launcher counts every change the simulator makes to its inventory (a Registry handler, like the
+// collectors' own) and remembers, per session and collector, the count at the start of its last
+// WaitForUpdatesEx that returned normally: that call's tick drained every update made before it
+// started. A later zero-wait poll on the same collector, with a version and no change counted since,
+// has nothing pending and gets the simulator's own "no updates" answer (no returnval) at once. Any
+// change since, a first call (no version), a waiting call or a fault goes to the simulator unchanged,
+// so the updates themselves are always computed by the simulator.
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vmware/govmomi/simulator"
+	"github.com/vmware/govmomi/vim25/mo"
+	"github.com/vmware/govmomi/vim25/soap"
+	"github.com/vmware/govmomi/vim25/types"
+)
+
+// changeCounter counts the creations, property changes and removals the simulator dispatches.
+type changeCounter struct {
+	self  types.ManagedObjectReference
+	count atomic.Int64
+}
+
+var changes = &changeCounter{self: types.ManagedObjectReference{Type: "ChangeCounter", Value: "change-counter"}}
+
+func (c *changeCounter) Reference() types.ManagedObjectReference { return c.self }
+
+func (c *changeCounter) PutObject(mo.Reference) { c.count.Add(1) }
+
+func (c *changeCounter) UpdateObject(mo.Reference, []types.PropertyChange) { c.count.Add(1) }
+
+func (c *changeCounter) RemoveObject(types.ManagedObjectReference) { c.count.Add(1) }
+
+// drainedAt maps "session cookie/collector moid" to a change count: every update made before it has
+// been handed out by a WaitForUpdatesEx with a version (a first call, without one, drains nothing).
+var drainedAt = struct {
+	sync.Mutex
+	count map[string]int64
+}{count: map[string]int64{}}
+
+// fastZeroWaits counts the zero-wait polls answered without the ticker (GET /control/calls shows it).
+var fastZeroWaits atomic.Int64
+
+func collectorKey(r *http.Request, this types.ManagedObjectReference) string {
+	cookie, err := r.Cookie(soap.SessionCookieName)
+	if err != nil {
+		return ""
+	}
+	return cookie.Value + "/" + this.Value
+}
+
+func isZeroWait(req *types.WaitForUpdatesEx) bool {
+	return req.Options != nil && req.Options.MaxWaitSeconds != nil && *req.Options.MaxWaitSeconds == 0
+}
+
+// statusRecorder passes a reply through and keeps its status code.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// waitForUpdates serves one WaitForUpdatesEx; false when the body is not one (the caller serves it).
+func (g *interceptor) waitForUpdates(w http.ResponseWriter, r *http.Request, body []byte) bool {
+	method, err := simulator.UnmarshalBody(vimType, body)
+	if err != nil {
+		return false
+	}
+	req, ok := method.Body.(*types.WaitForUpdatesEx)
+	if !ok {
+		return false
+	}
+	key := collectorKey(r, method.This)
+	started := changes.count.Load()
+	if key != "" && req.Version != "" && isZeroWait(req) {
+		drainedAt.Lock()
+		drained, seen := drainedAt.count[key]
+		drainedAt.Unlock()
+		if seen && drained == started && g.sessionValid(r) {
+			fastZeroWaits.Add(1)
+			w.Header().Set("Content-Type", "text/xml; charset=utf-8")
+			w.WriteHeader(http.StatusOK)
+			fmt.Fprintf(w, `%s<WaitForUpdatesExResponse xmlns="urn:vim25"></WaitForUpdatesExResponse>%s`,
+				soapEnvelopeStart, soapEnvelopeEnd)
+			return true
+		}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	g.next.ServeHTTP(rec, r)
+	if key != "" && req.Version != "" && rec.status == http.StatusOK {
+		drainedAt.Lock() // keep the highest count: concurrent waits on one collector may end in any order
+		if previous, seen := drainedAt.count[key]; !seen || started > previous {
+			drainedAt.count[key] = started
+		}
+		drainedAt.Unlock()
+	}
+	return true
+}
