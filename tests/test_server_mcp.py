@@ -22,7 +22,15 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.auth.tokens import Principal
 from gateway.config import Target
-from gateway.server.mcp import AnswerAsJson, ProgressSink, build_mcp_server, success_result
+from gateway.server.mcp import (
+    AnswerAsJson,
+    ProgressSink,
+    _event_end,
+    build_mcp_server,
+    error_result,
+    success_result,
+    wire_result,
+)
 from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
 
 pytestmark = pytest.mark.anyio
@@ -198,3 +206,32 @@ def test_a_result_travels_once_as_text_and_once_structured_saying_the_same() -> 
     assert result.structured_content == {"at": "2024-01-02 00:00:00+00:00", "name": "wéb"}
     assert isinstance(result.content[0], types.TextContent)
     assert json.loads(result.content[0].text) == result.structured_content
+
+
+@pytest.mark.parametrize("result", [
+    success_result({"vms": [{"name": "web-1", "cpu": 2}], "count": 1}),
+    error_result({"code": "not_found", "message": "no VM named web-9"}),
+    types.CallToolResult(content=[types.TextContent(text="plain")]),
+    types.CallToolResult(content=[], structured_content={"a": [1, {"b": None}]}, is_error=False,
+                         meta={"k": "v"}),
+])
+def test_a_tool_result_leaves_as_the_sdk_would_dump_it_with_its_structured_block_not_copied(
+    result: types.CallToolResult,
+) -> None:
+    wire = wire_result(result)
+    assert wire == result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if result.structured_content is not None:
+        assert wire["structuredContent"] is result.structured_content
+
+
+@pytest.mark.parametrize(("stream", "found"), [
+    (b"event: message\r\ndata: {}\r\n\r\n", (24, 28)),
+    (b"event: message\ndata: {}\n\n", (23, 25)),
+    (b"event: message\rdata: {}\r\r", (23, 25)),
+    (b"data: a\n\ndata: b\r\n\r\n", (7, 9)),
+    (b"data: a\r\n\r\ndata: b\n\n", (7, 11)),
+    (b"event: message\r\ndata: {}\r\n", None),
+    (b"", None),
+])
+def test_the_first_event_ends_at_its_first_blank_line(stream: bytes, found: tuple[int, int] | None) -> None:
+    assert _event_end(stream) == found

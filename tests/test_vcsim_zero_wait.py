@@ -71,17 +71,22 @@ def test_zero_wait_without_change_is_answered_at_once_and_a_change_still_comes_t
 
 
 def test_zero_wait_at_once_is_per_collector(sim: Simulator, si: Any) -> None:
-    """A collector that has not yet drained its updates is not answered from another one's state."""
+    """A collector that has not yet handed out a change is not answered from another one's state."""
     vm = find_vm(si, "DC0_H0_VM1")
     spec = _PC.FilterSpec(objectSet=[_PC.ObjectSpec(obj=vm, skip=False)],
-                          propSet=[_PC.PropertySpec(type=vim.VirtualMachine, pathSet=["name"])])
+                          propSet=[_PC.PropertySpec(type=vim.VirtualMachine, pathSet=["runtime.powerState"])])
     one = si.content.propertyCollector.CreatePropertyCollector()
     two = si.content.propertyCollector.CreatePropertyCollector()
     one.CreateFilter(spec, True)
     two.CreateFilter(spec, True)
     v1 = _poll(one, "", wait=None).version
     v2 = _poll(two, "", wait=None).version
-    assert _poll(one, v1) is None
+    vm.PowerOffVM_Task()
+    seen = _poll(one, v1)
+    while seen is None:
+        seen = _poll(one, v1)
+    assert _power_states(seen) == ["poweredOff"]
+    assert _poll(one, seen.version) is None
     before = _at_once(sim)
-    assert _poll(two, v2) is None
-    assert _at_once(sim) == before  # two's first versioned poll went to the simulator
+    assert _power_states(_poll(two, v2)) == ["poweredOff"]
+    assert _at_once(sim) == before

@@ -8,10 +8,13 @@ package main
 // The launcher counts every change the simulator makes to its inventory (a Registry handler, like the
 // collectors' own) and remembers, per session and collector, the count at the start of its last
 // WaitForUpdatesEx that returned normally: that call's tick drained every update made before it
-// started. A later zero-wait poll on the same collector, with a version and no change counted since,
+// started (a collector's very first call, without a version, starts it listening with nothing
+// pending). A later zero-wait poll on the same collector, with a version and no change counted since,
 // has nothing pending and gets the simulator's own "no updates" answer (no returnval) at once. Any
-// change since, a first call (no version), a waiting call or a fault goes to the simulator unchanged,
-// so the updates themselves are always computed by the simulator.
+// change since, a first call, a waiting call or a fault goes to the simulator unchanged, so the
+// updates themselves are always computed by the simulator. (A change counted between two handler
+// calls of the simulator's own dispatch could in theory be missed only if that dispatch stalled for
+// the whole 250 ms between a wait's start and its tick.)
 
 import (
 	"bytes"
@@ -43,8 +46,8 @@ func (c *changeCounter) UpdateObject(mo.Reference, []types.PropertyChange) { c.c
 
 func (c *changeCounter) RemoveObject(types.ManagedObjectReference) { c.count.Add(1) }
 
-// drainedAt maps "session cookie/collector moid" to a change count: every update made before it has
-// been handed out by a WaitForUpdatesEx with a version (a first call, without one, drains nothing).
+// drainedAt maps "session cookie/collector moid" to a change count: no update made before it is still
+// pending on that collector.
 var drainedAt = struct {
 	sync.Mutex
 	count map[string]int64
@@ -104,9 +107,13 @@ func (g *interceptor) waitForUpdates(w http.ResponseWriter, r *http.Request, bod
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	g.next.ServeHTTP(rec, r)
-	if key != "" && req.Version != "" && rec.status == http.StatusOK {
-		drainedAt.Lock() // keep the highest count: concurrent waits on one collector may end in any order
-		if previous, seen := drainedAt.count[key]; !seen || started > previous {
+	if key != "" && rec.status == http.StatusOK {
+		drainedAt.Lock()
+		previous, seen := drainedAt.count[key]
+		// A first call (no version) on a collector never seen starts it listening with nothing pending;
+		// on one seen before it drains nothing, so it moves nothing. Concurrent waits on one collector
+		// may end in any order: the highest count stays.
+		if (req.Version != "" || !seen) && (!seen || started > previous) {
 			drainedAt.count[key] = started
 		}
 		drainedAt.Unlock()
