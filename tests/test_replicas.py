@@ -168,6 +168,32 @@ def test_round_robin_serves_an_agent_from_both_replicas(replicas: Replicas) -> N
     assert all(_served_mcp(log) > 0 for log in replicas.logs), "round-robin reached both replicas"
 
 
+def test_a_2025_11_25_session_is_served_by_both_replicas_with_plain_round_robin(replicas: Replicas) -> None:
+    """One 2025-11-25 client (initialize, then several calls) through nginx round-robin, no hash on
+    Mcp-Session-Id: in replica mode the gateway issues no session id, so every request stands alone and
+    whichever replica it reaches answers it."""
+    base = f"https://localhost:{replicas.balancer}"
+    session_ids: list[str] = []
+
+    async def record(response: httpx2.Response) -> None:
+        if "mcp-session-id" in response.headers:
+            session_ids.append(response.headers["mcp-session-id"])
+
+    async def agent() -> list[bool]:
+        http = _http(base, replicas.token, replicas.cert)
+        http.event_hooks["response"].append(record)
+        transport = streamable_http_client(f"{base}/mcp", http_client=http)
+        async with http, Client(transport, mode="legacy") as client:
+            assert client.protocol_version == "2025-11-25"
+            return [bool((await client.call_tool("list_vms", {"target": "vc1"})).is_error) for _ in range(6)]
+
+    before = [_served_mcp(log) for log in replicas.logs]
+    assert anyio.run(agent) == [False] * 6
+    assert session_ids == [], "replica mode issues no Mcp-Session-Id"
+    served = [_served_mcp(log) - b for log, b in zip(replicas.logs, before, strict=True)]
+    assert all(n > 0 for n in served), f"one client session reached both replicas: {served}"
+
+
 def test_proposal_on_one_replica_is_confirmed_on_the_other_exactly_once(replicas: Replicas) -> None:
     vm = "DC0_C0_RP0_VM1"
 

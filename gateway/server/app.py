@@ -1,7 +1,8 @@
 """The HTTP application: the edge (see ``gateway.server.edge``), then the routes.
 
     /mcp       streamable HTTP (2025-11-25 sessions bound to their token, idle expiry 30 min; and the
-               stateless 2026-07-28 revision), token required
+               stateless 2026-07-28 revision), token required; in replica mode (a shared database)
+               no session at all, so plain round-robin serves both revisions
     /healthz   GET/HEAD {"status": "ok"} for a load balancer: any Host, no token, nothing else revealed
     /readyz    200 when the gateway is ready, else 503 with short reasons: any Host, no token (the
                reasons name no target, path or secret)
@@ -205,6 +206,10 @@ def _idle_since(transport: StreamableHTTPServerTransport) -> float | None:
 class BoundedSessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager with a limit per token as well as in total.
 
+    The limits concern 2025-11-25 sessions kept in this process's memory, so they apply in embedded
+    mode only: in replica mode (``stateless``) no session is kept, each request is served on its own
+    (progress still streams within it) and there is nothing to bound.
+
     Admitting a session for a token already at ``max_per_token`` closes that token's session idle
     the longest; at the total limit, the session idle the longest of the token holding the most
     sessions is closed. A session serving a request is never closed: when nothing can be closed
@@ -253,11 +258,14 @@ class BoundedSessionManager(StreamableHTTPSessionManager):
 
 def build_app(
     gateway: AppGateway, config: EdgeConfig, *, version: str = "", web: ASGIApp | None = None,
-    audit: AuditWriter | None = None,
+    audit: AuditWriter | None = None, stateless: bool = False,
 ) -> Starlette:
     """The whole HTTP application for ``gateway``; ``app.state.in_flight`` counts tool calls running,
     ``app.state.drain`` is the gate a stop closes, ``app.state.refusals`` the refused-token audit
-    (rows go to ``audit``, by default ``gateway.audit`` when the gateway has one)."""
+    (rows go to ``audit``, by default ``gateway.audit`` when the gateway has one).
+
+    ``stateless`` (replica mode, with a shared database): no MCP session is kept and no Mcp-Session-Id
+    issued, so any replica serves any request of either revision; see ``BoundedSessionManager``."""
     if web is not None:
         config = replace(config, self_authenticating_prefixes=(*config.self_authenticating_prefixes, "/ui"))
     config = replace(config, open_paths=config.open_paths | OAUTH_DISCOVERY)
@@ -269,7 +277,7 @@ def build_app(
     gateway.metrics.add_collector("audit", lambda: audit_families(getattr(gateway, "audit", None)))
     server = build_mcp_server(gateway, edge.current_principal, version=version, in_flight=in_flight)
     manager = BoundedSessionManager(
-        app=server, json_response=False, stateless=False, security_settings=config.transport_security(),
+        app=server, json_response=False, stateless=stateless, security_settings=config.transport_security(),
         session_idle_timeout=config.session_idle_seconds, max_sessions=config.max_sessions,
         max_request_body_size=config.max_body_bytes, max_per_token=config.max_sessions_per_token,
         metrics=gateway.metrics,
