@@ -50,7 +50,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth.tokens import TOKEN_PREFIX, Principal, Verdict
-from gateway.errors import GatewayError, InvalidArgument
+from gateway.errors import GatewayError, InvalidArgument, StateUnavailable
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
@@ -625,9 +625,13 @@ class BearerAuthMiddleware:
             await refuse(scope, receive, send, 429, "rate_limited",
                          "too many failed authentications from this address with this token; wait before "
                          "retrying", headers=retry)
-        elif verdict.reason in ("busy", "unavailable"):
+        elif verdict.reason == "busy":
             await refuse(scope, receive, send, 503, "overloaded",
                          "tokens cannot be checked right now; retry shortly", headers=retry)
+        elif verdict.reason == "unavailable":
+            await refuse(scope, receive, send, 503, StateUnavailable.code,
+                         "the gateway's state store (its database) is unavailable, so the call was refused; "
+                         "retry shortly, and if it persists check the database (/readyz says)", headers=retry)
         else:
             log.debug("refused a token (%s) from %s (correlation id %s)", verdict.reason, client,
                       correlation_id_var.get())
