@@ -16,6 +16,7 @@ import pytest
 from postgres import PgServer, discard, start_postgres, wait_for
 
 from gateway.errors import AuditUnavailable
+from gateway.guard.audit_metrics import audit_families
 from gateway.settings import Settings
 from gateway.store import open_audit
 from gateway.store.audit_pg import PgAuditReader, PgAuditSink
@@ -40,6 +41,17 @@ def test_rows_chain_and_verify(store: PostgresStore) -> None:
     assert "result" not in second and second["result_size"] > 0
     report = PgAuditReader(store).verify()
     assert report.ok and (report.rows, report.first_seq, report.last_seq) == (2, 1, 2)
+
+
+def test_stats_feed_the_audit_metric_families(store: PostgresStore) -> None:
+    """/metrics shows the audit families on PostgreSQL too (counted by this process)."""
+    sink = PgAuditSink(store)
+    for _ in range(3):
+        sink.write({"phase": "call", "tool": "list_vms", "caller": "ann"})
+    families = {f.name: f.samples[0].value for f in audit_families(sink)}
+    assert families["gateway_audit_rows_written"] == 3
+    assert families["gateway_audit_lock_timeouts"] == 0
+    assert "gateway_audit_bytes" not in families, "no file size to report for a table"
 
 
 def test_secrets_are_redacted_before_the_row_reaches_the_table(store: PostgresStore, pg_url: str) -> None:

@@ -69,6 +69,7 @@ class PgAuditSink:
         self._clock = clock
         self._closed = False
         self._lock = threading.Lock()
+        self._stats: Counter[str] = Counter()
 
     def __enter__(self) -> PgAuditSink:
         return self
@@ -101,11 +102,24 @@ class PgAuditSink:
                     (row["seq"], row["ts"], *(_column(row.get(c)) for c in _FILTER_COLUMNS), row["hash"],
                      json.dumps(row, separators=(",", ":"))))
         except (psycopg.Error, StateUnavailable) as exc:
+            if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
+                with self._lock:
+                    self._stats["lock_timeouts"] += 1
             log.error("audit: cannot append to %s: %s", self.where, exc)
             raise AuditUnavailable(f"cannot append to {self.where} (the database does not answer or "
                                    "refuses the write); the row was not written. fix: check PostgreSQL and "
                                    "the gateway log") from None
+        with self._lock:
+            self._stats["rows_written"] += 1
         return row
+
+    def stats(self) -> dict[str, int]:
+        """Counters since this sink was made, as ``AuditSink.stats`` names them (for /metrics):
+        ``rows_written`` by this process and ``lock_timeouts`` (appends refused because the chain's
+        lock or the statement outlived the deadline). No ``bytes``: a table has no file size.
+        Reads nothing from the database."""
+        with self._lock:
+            return {name: self._stats[name] for name in ("rows_written", "lock_timeouts")}
 
     def writable(self) -> bool:
         """Whether an append could succeed now (for readiness): the database answers and lets this
