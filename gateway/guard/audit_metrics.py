@@ -49,7 +49,8 @@ def audit_families(sink: Any) -> list[Metric]:
         family.add_metric([], float(counters.get(key, 0)))
         families.append(family)
     if "bytes" in counters:  # files have a size; the PostgreSQL table reports none
-        size = GaugeMetricFamily("gateway_audit_bytes", "Size of the audit log and its rotated files (bytes).")
+        size = GaugeMetricFamily("gateway_audit_bytes",
+                                 "Size of the audit log and its rotated files (bytes).")
         size.add_metric([], float(counters["bytes"]))
         families.append(size)
     return families
