@@ -370,6 +370,95 @@ def test_losing_the_database_fails_closed_and_recovers_without_a_restart(make_si
         discard(server)
 
 
+@pytest.mark.postgres
+def test_restarting_the_database_under_load_fails_closed_on_both_replicas_and_recovers(
+        make_simulator: MakeSimulator, tmp_path: Path) -> None:
+    """Four agents keep calling through two replicas while PostgreSQL restarts: every call started while
+    it is down fails with a clear unavailable error, both replicas say state_unavailable, and every agent
+    is served again afterwards by the same replica processes (no gateway restart); the chain verifies."""
+    server = start_postgres()  # its own server: this test stops it
+    sim = make_simulator()
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        url = server.create_database()
+        with closing(PostgresStore(url)) as store:
+            token, _ = create_token(store, "agent", "admin", expires_in=None, now=time.time(),
+                                    hasher=FAST_HASH)
+        env = write_targets(tmp_path / "targets.yaml", {"vc1": sim})
+        env.update({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_DATABASE_URL": url,
+                    "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml")})
+        ports = (free_port(), free_port())
+        for name, port in zip("ab", ports, strict=True):
+            home = tmp_path / f"home-{name}"
+            home.mkdir(mode=0o700)
+            processes.append(_serve({**env, "GATEWAY_HOME": str(home)}, port, tmp_path / f"{name}.log"))
+        for process, port, name in zip(processes, ports, "ab", strict=True):
+            wait_for_port(port, process, tmp_path / f"{name}.log")
+        bases = [f"http://localhost:{port}" for port in ports]
+        phase = ["up"]
+        calls: list[tuple[int, str, bool, str]] = []  # (agent, phase, failed, error text)
+        done = threading.Event()
+
+        async def agent(index: int) -> None:
+            turn = index
+            while not done.is_set():
+                sent = phase[0]
+                try:
+                    failed, answer = await _call(bases[turn % 2], token, None, "list_vms", {"target": "vc1"})
+                    text = json.dumps(answer) if failed else ""
+                except Exception as exc:  # the transport refused: the HTTP answer is in the text
+                    failed, text = True, repr(exc)
+                # a call counts for the outage only if it was sent and answered while the database was down
+                calls.append((index, sent if phase[0] == sent else "between", failed, text))
+                turn += 1
+
+        async def agents() -> None:
+            async with anyio.create_task_group() as group:
+                for i in range(4):
+                    group.start_soon(agent, i)
+
+        def served(after: str) -> set[int]:
+            return {i for i, sent, failed, _ in list(calls) if sent == after and not failed}
+
+        runner = threading.Thread(target=anyio.run, args=(agents,))
+        runner.start()
+        try:
+            wait_until(lambda: served("up") == {0, 1, 2, 3}, timeout=60, interval=0.1,
+                       what="every agent served before the restart")
+            server.stop("fast")
+            phase[0] = "down"
+            wait_until(lambda: sum(1 for _, sent, _, _ in list(calls) if sent == "down") >= 8, timeout=60,
+                       interval=0.1, what="calls made while PostgreSQL is down")
+            for base in bases:
+                status, refused = _refusal(base, token)
+                assert status == 503 and refused["error"]["code"] == "state_unavailable", refused
+            phase[0] = "restarting"
+            server.start()
+            phase[0] = "back"
+            wait_until(lambda: served("back") == {0, 1, 2, 3}, timeout=90, interval=0.2,
+                       what="every agent served again after PostgreSQL came back")
+        finally:
+            done.set()
+            runner.join(120)
+        down = [(failed, text) for _, sent, failed, text in calls if sent == "down"]
+        assert all(failed for failed, _ in down), "a call was served while the database was down"
+        # a tool error names the unavailable part; an HTTP refusal reaches the SDK client only as
+        # "Server returned an error response" (its body, state_unavailable, is checked above by hand)
+        unclear = [text for _, text in down
+                   if "unavailable" not in text and "Server returned an error response" not in text]
+        assert not unclear, unclear[:3]
+        assert all(p.poll() is None for p in processes), "the replicas kept running (no restart)"
+        assert server.password not in "".join(text for _, text in down)
+        verified = subprocess.run([sys.executable, "-c", GATEWAY_MAIN, "audit", "verify"],
+                                  env={**env, "GATEWAY_HOME": str(tmp_path / "cli")}, cwd=REPO,
+                                  capture_output=True, text=True, timeout=120, check=False)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    finally:
+        for process in processes:
+            stop(process)
+        discard(server)
+
+
 def _refusal(base: str, token: str) -> tuple[int, Any]:
     """What an MCP request gets while the database is down: (HTTP status, JSON body)."""
     async def attempt() -> tuple[int, Any]:
