@@ -14,9 +14,11 @@ refuses the call (fail closed). Waiting is bounded by ``timeout`` (lock and stat
 whose one "file" is the table and whose line numbers are ``seq``). Verification reads one snapshot
 (REPEATABLE READ), so it is consistent while replicas keep appending.
 
+``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts; no size).
+
 What the file sink does that this one does not (yet): size rotation (the table grows; prune with a
 retention job that keeps the chain's continuity), torn-line repair (a transaction cannot tear) and
-signed checkpoints.
+signed checkpoints (so a cut tail or a consistently rewritten table is not detected yet).
 """
 
 from __future__ import annotations
