@@ -1,9 +1,11 @@
 """PostgreSQL against SQLite, one run, ratios printed (a real PostgreSQL is started for the run).
 
-    python bench/postgres.py [--checks 3000] [--rows 1500]
+    python bench/postgres.py [--checks 3000] [--rows 1500] [--reads 200]
 
 - cached token check: ``TokenAuthenticator.verify`` of a token already proven (the per-request path:
   it reads the token change counter from the store every time), per engine;
+- a small read over HTTPS: ``list_vms`` on a two-VM simulator through ``gateway serve --transport https``
+  with the SDK client (2026-07-28 revision), milliseconds per call, one server per engine;
 - audit appends per second into the PostgreSQL table from two processes at once (two replicas), and
   whether the chain verifies afterwards; the JSONL file's durable two-process rate beside it.
 Figures depend on the machine (shared, 2 cores here); compare the ratios, not the absolute values.
@@ -12,7 +14,10 @@ Figures depend on the machine (shared, 2 cores here); compare the ratios, not th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -23,11 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import anyio  # noqa: E402
+import httpx2  # noqa: E402
 from argon2 import PasswordHasher  # noqa: E402
+from mcp import Client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from postgres import discard, start_postgres  # noqa: E402
+from simulator import write_targets  # noqa: E402
 
 from gateway.auth.tokens import TokenAuthenticator, create_token  # noqa: E402
+from gateway.devsim import SimulatorProcess, start_simulator  # noqa: E402
 from gateway.guard.audit import verify  # noqa: E402
+from gateway.server.tls import create_certificate  # noqa: E402
 from gateway.store import SqliteStore, StateStore  # noqa: E402
 from gateway.store.audit_pg import PgAuditReader  # noqa: E402
 from gateway.store.postgres import PostgresStore  # noqa: E402
@@ -66,6 +78,62 @@ def token_checks(store: StateStore, checks: int) -> float:
     return (time.perf_counter() - start) / checks * 1e6
 
 
+GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"
+
+
+def https_reads(sim: SimulatorProcess, tmp: Path, url: str | None, calls: int) -> float:
+    """Milliseconds per small read (list_vms, two VMs) over HTTPS, on PostgreSQL when ``url`` is given,
+    else on SQLite; the server and the client's connection are warmed up outside the timing."""
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    env = write_targets(tmp / "targets.yaml", {"vc1": sim})
+    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp / "targets.yaml"),
+                "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)})
+    store: StateStore = SqliteStore(home / "state.db")
+    if url is not None:
+        env["GATEWAY_DATABASE_URL"] = url
+        store.close()
+        store = PostgresStore(url)
+    with store:
+        token, _ = create_token(store, "bench", "admin", expires_in=None, now=time.time(), hasher=HASH)
+    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["serve", "--transport", "https", "--cert", str(cert.cert), "--key", str(cert.key),
+            "--public-name", "localhost", "--host", "127.0.0.1", "--port", str(port)]
+    base = f"https://localhost:{port}"
+    tls = ssl.create_default_context(cafile=str(cert.cert))
+    with (tmp / "serve.log").open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=ROOT,
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError((tmp / "serve.log").read_text(errors="replace")[-2000:])
+            with contextlib.suppress(OSError, httpx2.TransportError), httpx2.Client(verify=tls) as probe_http:
+                if probe_http.get(f"{base}/readyz").status_code == 200:
+                    break
+            time.sleep(0.2)
+
+        async def timed() -> float:
+            http = httpx2.AsyncClient(verify=tls, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http),
+                                    mode="2026-07-28") as client:
+                for _ in range(5):
+                    assert not (await client.call_tool("list_vms", {"target": "vc1"})).is_error
+                start = time.perf_counter()
+                for _ in range(calls):
+                    assert not (await client.call_tool("list_vms", {"target": "vc1"})).is_error
+                return (time.perf_counter() - start) / calls * 1e3
+
+        return anyio.run(timed)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def two_appenders(rows: int, env: dict[str, str]) -> float:
     """Rows per second of two processes appending together."""
     full = {**os.environ, "ROOT": str(ROOT), "EVENT": EVENT, **env}
@@ -84,12 +152,18 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checks", type=int, default=3000)
     parser.add_argument("--rows", type=int, default=1500)
+    parser.add_argument("--reads", type=int, default=200)
     args = parser.parse_args()
     server = start_postgres()
+    sim = start_simulator()
     try:
         with tempfile.TemporaryDirectory() as tmp, SqliteStore(Path(tmp) / "state.db") as lite, \
                 PostgresStore(server.create_database()) as pg:
             sqlite_us, pg_us = token_checks(lite, args.checks), token_checks(pg, args.checks)
+            (Path(tmp) / "lite").mkdir()
+            (Path(tmp) / "pg").mkdir()
+            lite_ms = https_reads(sim, Path(tmp) / "lite", None, args.reads)
+            pg_ms = https_reads(sim, Path(tmp) / "pg", server.create_database(), args.reads)
             url = server.create_database()
             pg_rate = two_appenders(args.rows, {"STORE_AT": url})
             with PostgresStore(url) as check:
@@ -98,9 +172,12 @@ def main() -> None:
             file_rate = two_appenders(args.rows, {"AUDIT_FILE": str(audit_file)})
             file_ok = verify(audit_file).ok
     finally:
+        sim.stop()
         discard(server)
     print(f"cached token check: sqlite {sqlite_us:.0f} us, postgresql {pg_us:.0f} us "
           f"(+{pg_us - sqlite_us:.0f} us per call, x{pg_us / sqlite_us:.1f})")
+    print(f"small read over HTTPS (list_vms, 2 VMs): sqlite {lite_ms:.1f} ms, postgresql {pg_ms:.1f} ms "
+          f"(+{pg_ms - lite_ms:.1f} ms per call, x{pg_ms / lite_ms:.2f})")
     print(f"audit appends, 2 processes at once: postgresql {pg_rate:.0f} rows/s (chain verifies: "
           f"{report.ok}, {report.rows} rows); jsonl file (durable) {file_rate:.0f} rows/s "
           f"(verifies: {file_ok}); "
