@@ -6,6 +6,8 @@
   it reads the token change counter from the store every time), per engine;
 - a small read over HTTPS: ``list_vms`` on a two-VM simulator through ``gateway serve --transport https``
   with the SDK client (2026-07-28 revision), milliseconds per call, one server per engine;
+- throughput of 16 agents (each its own client, ``--calls`` list_vms calls) on 4 simulated targets through
+  Debian's nginx (deploy/nginx/gateway-replicas.conf), with one replica and with two, on PostgreSQL;
 - audit appends per second into the PostgreSQL table from two processes at once (two replicas), and
   whether the chain verifies afterwards; the JSONL file's durable two-process rate beside it.
 Figures depend on the machine (shared, 2 cores here); compare the ratios, not the absolute values.
@@ -134,6 +136,67 @@ def https_reads(sim: SimulatorProcess, tmp: Path, url: str | None, calls: int) -
         process.wait(30)
 
 
+def agents_through_nginx(sims: dict[str, SimulatorProcess], tmp: Path, url: str, token: str, replicas: int,
+                         agents: int, calls: int) -> float:
+    """Calls per second of ``agents`` concurrent agents spread over the targets, through nginx
+    round-robin in front of ``replicas`` (1 or 2) ``gateway serve --transport http`` on PostgreSQL."""
+    from test_deploy import NGINX_MAIN, free_port, need, stop, wait_for_port
+    from test_replicas import _serve, replicas_site
+
+    tmp.mkdir()
+    env = write_targets(tmp / "targets.yaml", sims)
+    env.update({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), "GATEWAY_DATABASE_URL": url,
+                "GATEWAY_TARGETS_FILE": str(tmp / "targets.yaml")})
+    ports = [free_port() for _ in range(replicas)]
+    processes = []
+    try:
+        for index, port in enumerate(ports):
+            home = tmp / f"home-{index}"
+            home.mkdir(mode=0o700)
+            processes.append(_serve({**env, "GATEWAY_HOME": str(home)}, port, tmp / f"{index}.log"))
+        for index, (process, port) in enumerate(zip(processes, ports, strict=True)):
+            wait_for_port(port, process, tmp / f"{index}.log")
+        listen = free_port()
+        cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
+        upstream = (ports[0], ports[-1])  # one replica: both upstream lines name it
+        (tmp / "gateway.conf").write_text(replicas_site(upstream, listen, cert.cert, cert.key))
+        (tmp / "nginx.conf").write_text(NGINX_MAIN.format(tmp=tmp))
+        proxy = subprocess.Popen([need("nginx", "nginx-light"), "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
+                                  "-e", str(tmp / "error.log")], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(listen, proxy, tmp / "error.log")
+            base = f"https://localhost:{listen}"
+            tls = ssl.create_default_context(cafile=str(cert.cert))
+            names = sorted(sims)
+
+            async def agent(index: int) -> None:
+                http = httpx2.AsyncClient(verify=tls, headers={"Authorization": f"Bearer {token}"},
+                                          timeout=120)
+                async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http),
+                                        mode="2026-07-28") as client:
+                    for _ in range(calls):
+                        result = await client.call_tool("list_vms", {"target": names[index % len(names)]})
+                        assert not result.is_error, result.content
+
+            async def run() -> float:
+                async with anyio.create_task_group() as warm:  # logins to every target outside the timing
+                    for i in range(len(names) * replicas):
+                        warm.start_soon(agent, i)
+                start = time.perf_counter()
+                async with anyio.create_task_group() as group:
+                    for i in range(agents):
+                        group.start_soon(agent, i)
+                return agents * calls / (time.perf_counter() - start)
+
+            return anyio.run(run)
+        finally:
+            stop(proxy)
+    finally:
+        for process in processes:
+            stop(process)
+
+
 def two_appenders(rows: int, env: dict[str, str]) -> float:
     """Rows per second of two processes appending together."""
     full = {**os.environ, "ROOT": str(ROOT), "EVENT": EVENT, **env}
@@ -153,6 +216,7 @@ def main() -> None:
     parser.add_argument("--checks", type=int, default=3000)
     parser.add_argument("--rows", type=int, default=1500)
     parser.add_argument("--reads", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=10, help="calls per agent in the throughput rows")
     args = parser.parse_args()
     server = start_postgres()
     sim = start_simulator()
@@ -164,6 +228,17 @@ def main() -> None:
             (Path(tmp) / "pg").mkdir()
             lite_ms = https_reads(sim, Path(tmp) / "lite", None, args.reads)
             pg_ms = https_reads(sim, Path(tmp) / "pg", server.create_database(), args.reads)
+            shared = server.create_database()
+            with PostgresStore(shared) as agents_store:
+                token, _ = create_token(agents_store, "agents", "admin", expires_in=None, now=time.time(),
+                                        hasher=HASH)
+            sims = {f"vc{i}": start_simulator() for i in range(1, 5)}
+            try:
+                rates = [agents_through_nginx(sims, Path(tmp) / f"r{n}", shared, token, n, 16, args.calls)
+                         for n in (1, 2)]
+            finally:
+                for each in sims.values():
+                    each.stop()
             url = server.create_database()
             pg_rate = two_appenders(args.rows, {"STORE_AT": url})
             with PostgresStore(url) as check:
@@ -178,6 +253,8 @@ def main() -> None:
           f"(+{pg_us - sqlite_us:.0f} us per call, x{pg_us / sqlite_us:.1f})")
     print(f"small read over HTTPS (list_vms, 2 VMs): sqlite {lite_ms:.1f} ms, postgresql {pg_ms:.1f} ms "
           f"(+{pg_ms - lite_ms:.1f} ms per call, x{pg_ms / lite_ms:.2f})")
+    print(f"16 agents on 4 targets through nginx: one replica {rates[0]:.1f} calls/s, two replicas "
+          f"{rates[1]:.1f} calls/s (x{rates[1] / rates[0]:.2f})")
     print(f"audit appends, 2 processes at once: postgresql {pg_rate:.0f} rows/s (chain verifies: "
           f"{report.ok}, {report.rows} rows); jsonl file (durable) {file_rate:.0f} rows/s "
           f"(verifies: {file_ok}); "
