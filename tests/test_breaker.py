@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,12 @@ def creds(name: str, user: str, password: str) -> dict[str, str]:
 
 def now(session: VSphereSession) -> Any:
     return session.si.CurrentTime()
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of ``pid`` from /proc (``T`` once a SIGSTOP has taken effect)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
 
 
 async def until(condition: Any, timeout: float = 30.0) -> None:
@@ -81,6 +88,7 @@ def test_a_stopped_simulator_opens_the_breaker_and_the_probe_closes_it(make_simu
     async def main() -> tuple[list[str], dict[str, Any], Any]:
         await scheduler.run("vc1", now, deadline=10)
         os.kill(sim.pid, signal.SIGSTOP)
+        await until(lambda: process_state(sim.pid) == "T")  # kill() only queues the stop
         codes = []
         try:
             for _ in range(3):
