@@ -307,6 +307,7 @@ func (c *controller) delay(body []byte) (interface{}, error) {
 	if req.Jitter != nil {
 		cfg.DelayJitter = *req.Jitter
 	}
+	noteDelays(*cfg)
 	return delayView{cfg.Delay, cfg.MethodDelay, cfg.DelayJitter}, nil
 }
 
@@ -367,6 +368,7 @@ func (c *controller) reset(_ []byte) (interface{}, error) {
 	c.model.DelayConfig.Delay = 0
 	c.model.DelayConfig.MethodDelay = map[string]int{}
 	c.model.DelayConfig.DelayJitter = 0
+	noteDelays(c.model.DelayConfig)
 	simulator.StatusSDK = http.StatusOK
 	return map[string]bool{"ok": true}, nil
 }

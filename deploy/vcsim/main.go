@@ -146,6 +146,7 @@ func newModel(o *options) *simulator.Model {
 	}
 	delays, _ := parseMethodDelay(o.methodDelay)
 	m.DelayConfig = simulator.DelayConfig{Delay: o.delay, MethodDelay: delays}
+	noteDelays(m.DelayConfig)
 	return m
 }
 

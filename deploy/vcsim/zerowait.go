@@ -53,6 +53,15 @@ var drainedAt = struct {
 	count map[string]int64
 }{count: map[string]int64{}}
 
+// waitsDelayed is true while a configured delay (-delay, -method-delay or the /delay hook) slows
+// WaitForUpdatesEx: the at-once answer then steps aside, so clients see the delay as configured.
+var waitsDelayed atomic.Bool
+
+// noteDelays records whether cfg slows WaitForUpdatesEx; call it whenever the delays change.
+func noteDelays(cfg simulator.DelayConfig) {
+	waitsDelayed.Store(cfg.Delay > 0 || cfg.MethodDelay["WaitForUpdatesEx"] > 0)
+}
+
 // fastZeroWaits counts the zero-wait polls answered without the ticker (GET /control/calls shows it).
 var fastZeroWaits atomic.Int64
 
@@ -91,7 +100,7 @@ func (g *interceptor) waitForUpdates(w http.ResponseWriter, r *http.Request, bod
 	}
 	key := collectorKey(r, method.This)
 	started := changes.count.Load()
-	if key != "" && req.Version != "" && isZeroWait(req) {
+	if key != "" && req.Version != "" && isZeroWait(req) && !waitsDelayed.Load() {
 		drainedAt.Lock()
 		drained, seen := drainedAt.count[key]
 		drainedAt.Unlock()
