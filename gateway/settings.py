@@ -88,10 +88,18 @@ class Settings:
     notifications_file: Path | None = None
     #: variables ending in _SECRET or _URL: notification channels' HMAC secrets and webhook URLs
     notify_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
+    #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
+    audit_signing_key_file: Path | None = None
 
     @property
     def state_db(self) -> Path:
         return self.home / "state.db"
+
+    @property
+    def signing_key_file(self) -> Path:
+        """The audit signing key's path: the setting when given, else ``<home>/audit-signing.key``."""
+        return self.audit_signing_key_file or self.home / "audit-signing.key"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **flags: Any) -> Settings:
@@ -135,11 +143,13 @@ class Settings:
             notifications_file=path("notifications", "GATEWAY_NOTIFICATIONS_FILE", "notifications.yaml"),
             notify_env={k: v for k, v in environ.items()
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
+            audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
+                                        "audit-signing.key"),
         )
         overrides = {
             k: v
             for k, v in flags.items()
             if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
-                                           "database_url"}
+                                           "database_url", "audit_signing_key_file"}
         }
         return replace(settings, **overrides) if overrides else settings

@@ -16,6 +16,7 @@ import pytest
 from postgres import PgServer, discard, start_postgres, wait_for
 
 from gateway.errors import AuditUnavailable
+from gateway.guard.audit import row_hash
 from gateway.guard.audit_metrics import audit_families
 from gateway.settings import Settings
 from gateway.store import open_audit
@@ -197,3 +198,52 @@ def test_audit_cli_reads_the_table(store: PostgresStore, pg_server: PgServer, pg
         conn.execute("UPDATE audit_rows SET body = replace(body, 'ann', 'eve') WHERE seq = 2")
     broken = _gateway("audit", "verify", env=env)
     assert broken.returncode == 1 and "BROKEN" in broken.stdout
+
+
+def _signed_table(store: PostgresStore, pg_url: str, tmp_path: Path, rows: int) -> dict[str, str]:
+    """``rows`` rows written by the sink a replica opens (``open_audit``), closed (a last checkpoint);
+    returns the environment `gateway audit` needs to read them with the same signing key."""
+    env = {"GATEWAY_HOME": str(tmp_path / "home"), "GATEWAY_DATABASE_URL": pg_url,
+           "GATEWAY_AUDIT_SIGNING_KEY_FILE": str(tmp_path / "secret" / "signing.key")}
+    sink = open_audit(Settings.from_env(env), store)
+    for i in range(rows):
+        sink.write({"phase": "call", "tool": "list_vms", "caller": "ann", "n": i})
+    sink.close()
+    return env
+
+
+def test_verify_checkpoint_passes_on_an_intact_table(store: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+    env = _signed_table(store, pg_url, tmp_path, 5)
+    verified = _gateway("audit", "verify", "--checkpoint", env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "checkpoints: OK" in verified.stdout and "newest seq 5" in verified.stdout
+    assert (tmp_path / "secret" / "signing.key").is_file(), "the key named by the setting signs"
+    assert not (tmp_path / "home" / "audit-signing.key").exists()
+
+
+def test_verify_checkpoint_detects_a_cut_tail(store: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+    env = _signed_table(store, pg_url, tmp_path, 5)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM audit_rows WHERE seq >= 4")  # the chain of rows 1..3 is still intact
+    assert _gateway("audit", "verify", env=env).returncode == 0, "the chain alone cannot see a cut tail"
+    verified = _gateway("audit", "verify", "--checkpoint", env=env)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert "cut_tail" in verified.stdout and "seq 5 was signed" in verified.stdout
+
+
+def test_verify_checkpoint_detects_a_rewritten_history(store: PostgresStore, pg_url: str,
+                                                      tmp_path: Path) -> None:
+    env = _signed_table(store, pg_url, tmp_path, 5)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # row 2 changed and every later row re-chained
+        prev = conn.execute("SELECT hash FROM audit_rows WHERE seq = 1").fetchone()[0]
+        for (body,) in conn.execute("SELECT body FROM audit_rows WHERE seq >= 2 ORDER BY seq").fetchall():
+            row = json.loads(body)
+            row["caller"] = "mallory" if row["seq"] == 2 else row["caller"]
+            row["prev"] = prev
+            row["hash"] = prev = row_hash(row)
+            conn.execute("UPDATE audit_rows SET body = %s, hash = %s, caller = %s WHERE seq = %s",
+                         (json.dumps(row), row["hash"], row["caller"], row["seq"]))
+    assert _gateway("audit", "verify", env=env).returncode == 0, "the chain alone cannot see a rewrite"
+    verified = _gateway("audit", "verify", "--checkpoint", env=env)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert "rewritten" in verified.stdout and "the row at seq 5 is not the one signed" in verified.stdout

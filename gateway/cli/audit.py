@@ -218,9 +218,8 @@ def _public_key(text: str) -> Ed25519PublicKey:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _state_key(home: Path) -> Ed25519PublicKey | None:
-    """The public half of the signing key in the state directory, when there is one to read."""
-    key_file = home / SIGNING_KEY_NAME
+def _state_key(key_file: Path) -> Ed25519PublicKey | None:
+    """The public half of the signing key (``Settings.signing_key_file``), when there is one to read."""
     if not key_file.is_file():
         return None
     try:
@@ -255,7 +254,7 @@ def run_verify(args: argparse.Namespace) -> int:
     path = settings.audit_log
     pinned: Ed25519PublicKey | None = args.public_key
     if args.checkpoint and pinned is None:
-        pinned = _state_key(settings.home)
+        pinned = _state_key(settings.signing_key_file)
     try:
         report = verify(path, checkpoints=args.checkpoint, public_key=pinned)
     except OSError as exc:
@@ -269,7 +268,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def show_key(args: argparse.Namespace) -> int:
-    key_file = settings_from(args).home / SIGNING_KEY_NAME
+    key_file = settings_from(args).signing_key_file
     if not key_file.is_file():
         print(f"gateway: no audit signing key at {key_file}; the gateway creates it on its first "
               "checkpoint (GATEWAY_HOME selects the state directory)", file=sys.stderr)

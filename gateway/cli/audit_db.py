@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from gateway.cli.audit import _row_limit, describe, render_stats, render_table
+from gateway.cli.audit import _row_limit, _state_key, describe, describe_checkpoints, render_stats, render_table
 from gateway.errors import AuditUnavailable
 from gateway.settings import Settings
 from gateway.store.audit_pg import PgAuditReader
@@ -57,9 +57,12 @@ def show_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_verify(args: argparse.Namespace, settings: Settings) -> int:
+    pinned = args.public_key
+    if args.checkpoint and pinned is None:
+        pinned = _state_key(settings.signing_key_file)
     store, reader = _reader(settings)
     try:
-        report = reader.verify()
+        report = reader.verify(checkpoints=args.checkpoint, public_key=pinned)
     except AuditUnavailable as exc:
         print(f"gateway: {exc.message}", file=sys.stderr)
         return 1
@@ -68,5 +71,5 @@ def run_verify(args: argparse.Namespace, settings: Settings) -> int:
     if not report.rows:
         print(f"no audit rows in {reader.where} (check GATEWAY_DATABASE_URL)", file=sys.stderr)
         return 1
-    print("\n".join(describe(report)))
+    print("\n".join(line for line in (*describe(report), *describe_checkpoints(report)) if line))
     return 0 if report.ok else 1

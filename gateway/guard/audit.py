@@ -743,7 +743,7 @@ class _SinkSettings(Protocol):
     @property
     def audit_max_bytes(self) -> int: ...
     @property
-    def home(self) -> Path: ...
+    def signing_key_file(self) -> Path: ...
 
 
 def _unavailable(path: Path, exc: OSError) -> AuditUnavailable:
@@ -799,9 +799,10 @@ class AuditSink:
     @classmethod
     def for_settings(cls, settings: _SinkSettings, **options: Any) -> AuditSink:
         """The sink a gateway process uses: ``settings.audit_log`` rotated at ``audit_max_bytes``,
-        checkpoints signed with the key in the state directory (``<home>/audit-signing.key``)."""
+        checkpoints signed with ``settings.signing_key_file`` (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
+        ``<home>/audit-signing.key``)."""
         return cls(settings.audit_log, max_bytes=settings.audit_max_bytes,
-                   key_file=settings.home / SIGNING_KEY_NAME, **options)
+                   key_file=settings.signing_key_file, **options)
 
     def __enter__(self) -> AuditSink:
         return self

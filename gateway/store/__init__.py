@@ -51,5 +51,5 @@ def open_audit(settings: Settings, store: StateStore) -> AuditWriter:
         from gateway.store.postgres import PostgresStore
 
         if isinstance(store, PostgresStore):
-            return PgAuditSink(store)
+            return PgAuditSink(store, key_file=settings.signing_key_file)
     return AuditSink.for_settings(settings)

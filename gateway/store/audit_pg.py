@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -36,10 +37,25 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import psycopg
 
 from gateway.errors import AuditUnavailable, StateUnavailable
-from gateway.guard.audit import GENESIS, LineFault, VerifyReport, format_ts, prepare_event, row_hash
+from gateway.guard.audit import (
+    DEFAULT_CHECKPOINT_ROWS,
+    DEFAULT_CHECKPOINT_SECONDS,
+    GENESIS,
+    LineFault,
+    VerifyReport,
+    _check_checkpoints,
+    _parse_checkpoints,
+    format_ts,
+    load_or_create_signing_key,
+    prepare_event,
+    row_hash,
+    sign_checkpoint,
+)
 from gateway.store.postgres import PROBE_SECONDS, PostgresStore
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
     from gateway.store.base import AuditWriter
 
 __all__ = ["AUDIT_LOCK", "PgAuditReader", "PgAuditSink"]
@@ -64,14 +80,24 @@ class PgAuditSink:
     """Appends stamped rows to ``audit_rows``; thread-safe, and safe across replicas."""
 
     def __init__(self, store: PostgresStore, *, timeout: float = 10.0,
-                 clock: Callable[[], datetime] = _utcnow) -> None:
+                 clock: Callable[[], datetime] = _utcnow, key_file: Path | None = None,
+                 checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS,
+                 checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS) -> None:
+        if checkpoint_rows < 1:
+            raise ValueError("checkpoint_rows must be positive")
         self.store = store
         self.where = f"the audit table of {store.where}"
         self.timeout = timeout
+        self.key_file = key_file
+        self.checkpoint_rows = checkpoint_rows
+        self.checkpoint_seconds = float(checkpoint_seconds)
         self._clock = clock
         self._closed = False
         self._lock = threading.Lock()
         self._stats: Counter[str] = Counter()
+        self._signer: Ed25519PrivateKey | None = None
+        self._checkpointed: tuple[int, float] = (0, time.monotonic())  # (seq, when) of the last one
+        self._last_written = 0  # the highest seq this process appended
 
     def __enter__(self) -> PgAuditSink:
         return self
@@ -113,15 +139,70 @@ class PgAuditSink:
                                    "the gateway log") from None
         with self._lock:
             self._stats["rows_written"] += 1
+            self._last_written = max(self._last_written, row["seq"])
+        if self.key_file is not None and self._checkpoint_due(row["seq"]):
+            self._try_checkpoint(row["seq"], row["hash"], limit)
         return row
+
+    # -- checkpoints (signed as the file sink signs them: ``gateway.guard.audit.sign_checkpoint``) -------
+
+    def _checkpoint_due(self, seq: int) -> bool:
+        with self._lock:
+            last_seq, when = self._checkpointed
+        return (seq - last_seq >= self.checkpoint_rows
+                or (seq > last_seq and time.monotonic() - when >= self.checkpoint_seconds))
+
+    def _try_checkpoint(self, seq: int, hash_: str, limit: float) -> None:
+        """A checkpoint after a row already committed: its failure is logged and counted, never raised
+        (the row stands; the next attempt comes after the usual interval)."""
+        try:
+            self._write_checkpoint(seq, hash_, limit)
+        except (OSError, ValueError, AuditUnavailable, psycopg.Error, StateUnavailable) as exc:
+            with self._lock:
+                self._checkpointed = (seq, time.monotonic())
+                self._stats["checkpoint_failures"] += 1
+            log.warning("could not write a signed checkpoint of %s (seq %d): %s", self.where, seq, exc)
+
+    def _write_checkpoint(self, seq: int, hash_: str, limit: float) -> dict[str, Any]:
+        assert self.key_file is not None
+        if self._signer is None:
+            self._signer = load_or_create_signing_key(self.key_file)
+        entry = sign_checkpoint(self._signer, {"seq": seq, "hash": hash_, "ts": format_ts(self._clock()),
+                                               "log": "audit_rows"})
+        with self.store.pool.connection(timeout=limit) as conn, conn.transaction():
+            conn.execute(f"SET LOCAL statement_timeout = {max(1, int(limit * 1000))}")
+            conn.execute("INSERT INTO audit_checkpoints (seq, body) VALUES (%s, %s)",
+                         (seq, json.dumps(entry, separators=(",", ":"), sort_keys=True)))
+        with self._lock:
+            self._checkpointed = (max(seq, self._checkpointed[0]), time.monotonic())
+            self._stats["checkpoints"] += 1
+        return entry
+
+    def checkpoint(self, *, timeout: float | None = None) -> dict[str, Any] | None:
+        """Sign the chain's head as it stands in the table now (whichever replica wrote it); None
+        without a ``key_file`` or rows. Raises ``AuditUnavailable`` when it cannot be written."""
+        limit = self.timeout if timeout is None else timeout
+        if self.key_file is None:
+            return None
+        try:
+            with self.store.pool.connection(timeout=limit) as conn:
+                found = conn.execute("SELECT seq, hash FROM audit_rows ORDER BY seq DESC LIMIT 1").fetchone()
+            head = cast("dict[str, Any] | None", found)
+            if head is None:
+                return None
+            return self._write_checkpoint(int(head["seq"]), str(head["hash"]), limit)
+        except (psycopg.Error, StateUnavailable, OSError, ValueError) as exc:
+            raise AuditUnavailable(f"cannot checkpoint {self.where}: {exc}; fix: check PostgreSQL, the "
+                                   "signing key file and the gateway log") from None
 
     def stats(self) -> dict[str, int]:
         """Counters since this sink was made, as ``AuditSink.stats`` names them (for /metrics):
-        ``rows_written`` by this process and ``lock_timeouts`` (appends refused because the chain's
-        lock or the statement outlived the deadline). No ``bytes``: a table has no file size.
-        Reads nothing from the database."""
+        ``rows_written`` by this process, ``lock_timeouts`` (appends refused because the chain's
+        lock or the statement outlived the deadline), ``checkpoints`` and ``checkpoint_failures``.
+        No ``bytes``: a table has no file size. Reads nothing from the database."""
         with self._lock:
-            return {name: self._stats[name] for name in ("rows_written", "lock_timeouts")}
+            return {name: self._stats[name] for name in ("rows_written", "lock_timeouts", "checkpoints",
+                                                          "checkpoint_failures")}
 
     def writable(self) -> bool:
         """Whether an append could succeed now (for readiness): the database answers and lets this
@@ -136,8 +217,20 @@ class PgAuditSink:
         return bool(row and next(iter(cast("dict[str, Any]", row).values())))
 
     def close(self) -> None:
-        """Later writes raise ``AuditUnavailable``; the connection pool belongs to the store."""
+        """Sign a last checkpoint when this process wrote rows since its previous one (a failure is
+        logged and counted); later writes raise ``AuditUnavailable``. The pool belongs to the store."""
+        if self._closed:
+            return
         self._closed = True
+        with self._lock:
+            pending = self._stats["rows_written"] > 0 and self._checkpointed[0] < self._last_written
+        if self.key_file is not None and pending:
+            try:
+                self.checkpoint()
+            except AuditUnavailable as exc:
+                with self._lock:
+                    self._stats["checkpoint_failures"] += 1
+                log.warning("could not write a closing checkpoint of %s: %s", self.where, exc)
 
 
 class PgAuditReader:
@@ -147,6 +240,7 @@ class PgAuditReader:
         self.store = store
         self.where = f"{store.where} (table audit_rows)"
         self.label = Path(store.where.removeprefix("postgresql://") + "#audit_rows")
+        self.checkpoint_label = Path(store.where.removeprefix("postgresql://") + "#audit_checkpoints")
 
     @contextmanager
     def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
@@ -215,14 +309,24 @@ class PgAuditReader:
                         for name, counter in counters.items()})
         return summary
 
-    def verify(self) -> VerifyReport:
-        """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot)."""
+    def verify(self, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None) -> VerifyReport:
+        """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot).
+
+        With ``checkpoints``, the signed heads in ``audit_checkpoints`` are checked in the same
+        snapshot by the file verifier's rules (``gateway.guard.audit.verify``): a table cut below a
+        signed seq (``cut_tail``) or rewritten and re-chained (``rewritten``) fails."""
         faults: list[LineFault] = []
         count = 0
         first_seq: int | None = None
         expected_seq: int | None = None
         expected_prev = GENESIS
+        entries: list[tuple[int, dict[str, Any]]] | None = None
+        hashes: dict[int, str] = {}
         with self._snapshot() as conn, conn.cursor(name="audit_verify") as cursor:
+            if checkpoints:
+                found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
+                entries = _parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
+            wanted = {entry["seq"] for _, entry in entries or () if type(entry.get("seq")) is int}
             cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
             for record in cursor:
                 seq = int(record["seq"])
@@ -232,10 +336,17 @@ class PgAuditReader:
                 first_seq = seq if first_seq is None else first_seq
                 count += 1
                 expected_seq, expected_prev = seq + 1, str(record["hash"])
+                if seq in wanted:
+                    hashes[seq] = str(record["hash"])
+        last_seq = None if expected_seq is None else expected_seq - 1
+        checkpoint = None
+        if entries is not None:
+            checkpoint = _check_checkpoints(self.checkpoint_label, entries, hashes, first_seq, last_seq,
+                                            public_key)
         return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
-                            last_seq=None if expected_seq is None else expected_seq - 1,
+                            last_seq=last_seq,
                             first_broken_line=faults[0] if faults else None, torn_last_line=None,
-                            problems=len(faults), starts_after_rotation=False)
+                            problems=len(faults), starts_after_rotation=False, checkpoint=checkpoint)
 
 
 def _problem(record: Mapping[str, Any], expected_seq: int | None,

@@ -137,8 +137,17 @@ _V2: Final = (
     tripped_until double precision NOT NULL DEFAULT 0
 )""",
 )
+_V3: Final = (
+    # signed heads of the audit chain (gateway.store.audit_pg): ``body`` is the checkpoint exactly as
+    # signed (``gateway.guard.audit.sign_checkpoint``), ``seq`` copies its seq for reading in order.
+    """CREATE TABLE audit_checkpoints (
+    id   bigserial PRIMARY KEY,
+    seq  bigint NOT NULL,
+    body text NOT NULL
+)""",
+)
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2))
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection
