@@ -212,7 +212,8 @@ def _signed_table(store: PostgresStore, pg_url: str, tmp_path: Path, rows: int) 
     return env
 
 
-def test_verify_checkpoint_passes_on_an_intact_table(store: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+def test_verify_checkpoint_passes_on_an_intact_table(store: PostgresStore, pg_url: str,
+                                                     tmp_path: Path) -> None:
     env = _signed_table(store, pg_url, tmp_path, 5)
     verified = _gateway("audit", "verify", "--checkpoint", env=env)
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -247,3 +248,58 @@ def test_verify_checkpoint_detects_a_rewritten_history(store: PostgresStore, pg_
     verified = _gateway("audit", "verify", "--checkpoint", env=env)
     assert verified.returncode == 1, verified.stdout + verified.stderr
     assert "rewritten" in verified.stdout and "the row at seq 5 is not the one signed" in verified.stdout
+
+
+def _checkpoint_seqs(pg_url: str) -> list[int]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return [int(r[0]) for r in conn.execute("SELECT seq FROM audit_checkpoints ORDER BY id").fetchall()]
+
+
+def test_sink_signs_every_n_rows_and_on_close(store: PostgresStore, pg_url: str, tmp_path: Path) -> None:
+    sink = PgAuditSink(store, key_file=tmp_path / "signing.key", checkpoint_rows=2, checkpoint_seconds=3600)
+    for i in range(5):
+        sink.write({"phase": "call", "caller": "ann", "n": i})
+    assert _checkpoint_seqs(pg_url) == [2, 4]
+    sink.close()
+    assert _checkpoint_seqs(pg_url) == [2, 4, 5]
+    assert sink.stats()["checkpoints"] == 3 and sink.stats()["checkpoint_failures"] == 0
+    report = PgAuditReader(store).verify(checkpoints=True)
+    assert report.ok and report.checkpoint is not None and report.checkpoint.checked == 3
+
+
+def test_a_failed_checkpoint_is_counted_and_never_fails_the_row(store: PostgresStore, pg_url: str,
+                                                               tmp_path: Path) -> None:
+    key_file = tmp_path / "signing.key"
+    key_file.write_text("not a key")
+    key_file.chmod(0o644)  # refused: readable by others
+    sink = PgAuditSink(store, key_file=key_file, checkpoint_rows=1)
+    assert sink.write({"phase": "call", "caller": "ann"})["seq"] == 1
+    assert sink.stats()["checkpoint_failures"] == 1 and _checkpoint_seqs(pg_url) == []
+    sink.close()
+    closing = PgAuditSink(store, key_file=key_file, checkpoint_rows=10)  # only the closing one is due
+    assert closing.write({"phase": "call", "caller": "ann"})["seq"] == 2
+    assert closing.stats()["checkpoint_failures"] == 0
+    closing.close()  # logged and counted, not raised
+    assert closing.stats()["checkpoint_failures"] == 1 and _checkpoint_seqs(pg_url) == []
+    report = PgAuditReader(store).verify(checkpoints=True)
+    assert report.rows == 2 and report.checkpoint is not None
+    assert report.checkpoint.first_fault is not None and report.checkpoint.first_fault.reason == "missing"
+
+
+def test_replicas_sharing_one_key_verify_against_it_pinned(store: PostgresStore, pg_url: str,
+                                                           tmp_path: Path) -> None:
+    from gateway.guard.audit import load_or_create_signing_key
+
+    key_file = tmp_path / "signing.key"
+    replicas = [PgAuditSink(store, key_file=key_file, checkpoint_rows=3) for _ in range(2)]
+    for i in range(6):
+        replicas[i % 2].write({"phase": "call", "caller": f"replica-{i % 2}"})
+    for sink in replicas:
+        sink.close()
+    pinned = load_or_create_signing_key(key_file).public_key()
+    report = PgAuditReader(store).verify(checkpoints=True, public_key=pinned)
+    assert report.ok and report.checkpoint is not None and report.checkpoint.checked >= 2
+    other = load_or_create_signing_key(tmp_path / "other.key").public_key()
+    wrong = PgAuditReader(store).verify(checkpoints=True, public_key=other)
+    assert wrong.checkpoint is not None and wrong.checkpoint.first_fault is not None
+    assert wrong.checkpoint.first_fault.reason == "key_mismatch"

@@ -7,7 +7,14 @@ import argparse
 import json
 import sys
 
-from gateway.cli.audit import _row_limit, _state_key, describe, describe_checkpoints, render_stats, render_table
+from gateway.cli.audit import (
+    _row_limit,
+    _state_key,
+    describe,
+    describe_checkpoints,
+    render_stats,
+    render_table,
+)
 from gateway.errors import AuditUnavailable
 from gateway.settings import Settings
 from gateway.store.audit_pg import PgAuditReader

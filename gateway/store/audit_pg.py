@@ -309,7 +309,8 @@ class PgAuditReader:
                         for name, counter in counters.items()})
         return summary
 
-    def verify(self, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None) -> VerifyReport:
+    def verify(self, *, checkpoints: bool = False,
+               public_key: Ed25519PublicKey | None = None) -> VerifyReport:
         """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot).
 
         With ``checkpoints``, the signed heads in ``audit_checkpoints`` are checked in the same
