@@ -271,7 +271,8 @@ def show_key(args: argparse.Namespace) -> int:
     key_file = settings_from(args).signing_key_file
     if not key_file.is_file():
         print(f"gateway: no audit signing key at {key_file}; the gateway creates it on its first "
-              "checkpoint (GATEWAY_HOME selects the state directory)", file=sys.stderr)
+              "checkpoint (GATEWAY_AUDIT_SIGNING_KEY_FILE names it; default in GATEWAY_HOME)",
+              file=sys.stderr)
         return 1
     try:
         key = load_or_create_signing_key(key_file)

@@ -14,11 +14,24 @@ refuses the call (fail closed). Waiting is bounded by ``timeout`` (lock and stat
 whose one "file" is the table and whose line numbers are ``seq``). Verification reads one snapshot
 (REPEATABLE READ), so it is consistent while replicas keep appending.
 
-``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts; no size).
+Signed checkpoints, as the file sink makes them and with its code (``sign_checkpoint``,
+``load_or_create_signing_key``, ``_check_checkpoints``): with a ``key_file`` (``Settings.
+signing_key_file``, GATEWAY_AUDIT_SIGNING_KEY_FILE: every replica mounts the same key), the sink
+signs the chain's head (Ed25519) into ``audit_checkpoints`` every ``checkpoint_rows`` rows or
+``checkpoint_seconds`` (the file sink's defaults), right after the row's transaction commits, and on
+``close`` (the head as the table holds it then). A failed checkpoint is logged and counted
+(``checkpoint_failures``), never fails the row, which is already durable. ``PgAuditReader.verify(
+checkpoints=True)`` reads the checkpoints in the rows' snapshot and reports a table cut below a
+signed seq (``cut_tail``) or rewritten and re-chained (``rewritten``), which the chain alone cannot.
+An attacker able to delete checkpoint rows as well as audit rows is caught only down to the newest
+checkpoint left (or by ``missing`` when none is); pin the public key (``--public-key``) so forged
+checkpoints by another key fail as ``key_mismatch``.
+
+``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts, checkpoints
+and checkpoint failures; no size).
 
 What the file sink does that this one does not (yet): size rotation (the table grows; prune with a
-retention job that keeps the chain's continuity), torn-line repair (a transaction cannot tear) and
-signed checkpoints (so a cut tail or a consistently rewritten table is not detected yet).
+retention job that keeps the chain's continuity) and torn-line repair (a transaction cannot tear).
 """
 
 from __future__ import annotations
