@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
 def store(pg_url: str) -> Iterator[PostgresStore]:
     with PostgresStore(pg_url) as s:
         yield s
@@ -332,3 +337,16 @@ def test_the_signing_key_setting(tmp_path: Path, environ: dict[str, str], expect
     env = {k: v.format(tmp=tmp_path) for k, v in environ.items()}
     settings = Settings.from_env({**env, "GATEWAY_HOME": str(tmp_path / "home")})
     assert settings.signing_key_file == tmp_path / expected
+
+
+@pytest.mark.anyio
+async def test_a_gateway_shutting_down_signs_the_head_on_postgres(pg_url: str, tmp_path: Path,
+                                                                anyio_backend: str) -> None:
+    """The closing checkpoint needs the database: the gateway closes its audit sink before its store."""
+    from gateway.server.pipeline import Gateway
+
+    (tmp_path / "targets.yaml").write_text("targets: []\n")
+    gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp_path), "GATEWAY_DATABASE_URL": pg_url}))
+    gw.audit.write({"phase": "call", "caller": "ann"})
+    await gw.close()
+    assert _checkpoint_seqs(pg_url)[-1:] == [1]

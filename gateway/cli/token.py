@@ -175,8 +175,8 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
     try:
         return gateway.revoke_token(name, by=Principal(name=cli_caller(), role="admin", surface="cli"))
     finally:
+        gateway.audit.close()  # first: its closing checkpoint may need the store's pool
         gateway.store.close()
-        gateway.audit.close()
         gateway.instance.close()
 
 

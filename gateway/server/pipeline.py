@@ -358,8 +358,8 @@ class Gateway:
         await asyncio.to_thread(self.flush_waiting)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
+        await asyncio.to_thread(self.audit.close)  # first: its closing checkpoint may need the store's pool
         self.store.close()
-        self.audit.close()
         self.instance.close()
         if self.sweep_leader is not None:
             self.sweep_leader.close()
