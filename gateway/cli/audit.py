@@ -140,7 +140,7 @@ def show_log(args: argparse.Namespace) -> int:
     if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
         from gateway.cli import audit_db
         return audit_db.show_log(args, shared)
-    path = settings_from(args).audit_log
+    path = shared.audit_log
     limit = _row_limit(args)
     try:
         rows = read_rows(path, last=limit, since=args.since, until=args.until,
@@ -148,13 +148,19 @@ def show_log(args: argparse.Namespace) -> int:
                          correlation_id=args.correlation_id)
     except OSError as exc:
         return _unreadable(path, exc)
+    return print_rows(rows, args, limit, where=path)
+
+
+def print_rows(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace, limit: int | None, *,
+               where: object) -> int:
+    """What ``gateway audit log`` prints for ``rows`` read from ``where`` (the file or the table)."""
     if args.json:
         for row in rows:
             print(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
     elif rows:
         print(render_table(rows))
     else:
-        print(f"no matching rows in {path}", file=sys.stderr)
+        print(f"no matching rows in {where}", file=sys.stderr)
     if args.last is None and limit is not None and len(rows) == limit:
         print(f"(the newest {limit} rows; --last 0 shows all)", file=sys.stderr)
     return 0
@@ -179,7 +185,7 @@ def show_stats(args: argparse.Namespace) -> int:
     if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
         from gateway.cli import audit_db
         return audit_db.show_stats(args, shared)
-    path = settings_from(args).audit_log
+    path = shared.audit_log
     try:
         summary = stats(path, since=args.since)
     except OSError as exc:
@@ -247,10 +253,9 @@ def describe_checkpoints(report: VerifyReport) -> list[str]:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
+    if (settings := settings_from(args)).database_url:  # the chain is in PostgreSQL
         from gateway.cli import audit_db
-        return audit_db.run_verify(args, shared)
-    settings = settings_from(args)
+        return audit_db.run_verify(args, settings)
     path = settings.audit_log
     pinned: Ed25519PublicKey | None = args.public_key
     if args.checkpoint and pinned is None:

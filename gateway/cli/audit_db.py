@@ -12,8 +12,8 @@ from gateway.cli.audit import (
     _state_key,
     describe,
     describe_checkpoints,
+    print_rows,
     render_stats,
-    render_table,
 )
 from gateway.errors import AuditUnavailable
 from gateway.settings import Settings
@@ -38,16 +38,7 @@ def show_log(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     finally:
         store.close()
-    if args.json:
-        for row in rows:
-            print(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
-    elif rows:
-        print(render_table(rows))
-    else:
-        print(f"no matching rows in {reader.where}", file=sys.stderr)
-    if args.last is None and limit is not None and len(rows) == limit:
-        print(f"(the newest {limit} rows; --last 0 shows all)", file=sys.stderr)
-    return 0
+    return print_rows(rows, args, limit, where=reader.where)
 
 
 def show_stats(args: argparse.Namespace, settings: Settings) -> int:
