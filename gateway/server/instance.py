@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import secrets
+import threading
 from pathlib import Path
 from typing import Final
 
@@ -27,22 +28,32 @@ class Instance:
         self.directory = Path(home) / _DIR
         self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
         self._fd: int | None = None
+        # Two confirms may take the lock for the first time at once, from two worker threads: a
+        # second flock on a second descriptor of the same file would conflict with the first.
+        self._holding = threading.Lock()
 
     def acquire(self) -> str:
-        """Hold the lock (idempotent); return the id to record on a claim."""
-        if self._fd is None:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.directory / f"{self.id}.lock", os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._fd = fd
+        """Hold the lock (idempotent, thread-safe); return the id to record on a claim."""
+        with self._holding:
+            if self._fd is None:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(self.directory / f"{self.id}.lock",
+                             os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
         return self.id
 
     def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.directory / f"{self.id}.lock")
-            os.close(self._fd)
-            self._fd = None
+        with self._holding:
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.directory / f"{self.id}.lock")
+                os.close(self._fd)
+                self._fd = None
 
     def alive(self, instance_id: str) -> bool:
         """Whether the process that recorded ``instance_id`` still holds its lock."""
