@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import ssl
 import subprocess
@@ -218,7 +219,7 @@ async def call_tool(server: Server, tool: str, args: dict[str, Any], timeout: fl
         return type(exc).__name__
     if not result.is_error:
         return "ok"
-    error = (result.structured_content or {}).get("error", {})
+    error = json.loads(result.content[0].text).get("error", {})  # the answer is one text block of JSON
     return str(error.get("code", "error"))
 
 

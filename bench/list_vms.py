@@ -133,8 +133,8 @@ async def call_list_vms(client: Client) -> int:
     result = await client.call_tool("list_vms", {"target": TARGET_NAME})
     if result.is_error:
         raise RuntimeError(f"list_vms failed: {json.dumps(str(result.content))[:300]}")
-    structured = result.structured_content or {}
-    return int(structured.get("count", -1))
+    answer = json.loads(result.content[0].text)  # the answer is one text block of JSON
+    return int(answer.get("count", -1))
 
 
 @contextlib.asynccontextmanager

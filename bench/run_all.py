@@ -240,7 +240,7 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> tuple[float, 
     elapsed = time.perf_counter() - started
     if not result.is_error:
         return elapsed, "ok"
-    error = (result.structured_content or {}).get("error", {})
+    error = json.loads(result.content[0].text).get("error", {})  # the answer is one text block of JSON
     return elapsed, str(error.get("code", result.content))
 
 

@@ -346,8 +346,10 @@ def test_no_secret_reaches_the_file(sink: AuditSink, path: Path) -> None:
 
 
 def test_a_result_is_stored_as_digest_and_size(sink: AuditSink, path: Path) -> None:
-    result = [{"name": f"vm-{i}", "power": "on", "password": "never-stored"} for i in range(5000)]
-    canonical = json.dumps(result, sort_keys=True, separators=(",", ":")).encode()
+    result = [{"name": f"vm-{i}", "power": "on", "password": "never-stored", "note": "ü"}
+              for i in range(5000)]
+    # the answer text the caller receives: compact, UTF-8, keys in the tool's order
+    canonical = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
 
     row = sink.write({"phase": "call", "tool": "list_vms", "result": result})
 

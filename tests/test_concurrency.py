@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from answers import answer_of
 from httpserver import Served, mcp_client, serve
 from simulator import MakeSimulator, credential_prefix, wait_until, write_targets
 
@@ -58,7 +59,7 @@ async def test_same_target_queues_in_order_and_other_targets_run_free(
         async with mcp_client(served, token, "legacy") as client:
             result = await client.call_tool("list_vms", {"target": target})
         if result.is_error:
-            errors[label] = str((result.structured_content or {}).get("error", {}).get("code"))
+            errors[label] = str(answer_of(result).get("error", {}).get("code"))
         finished.append(label)
 
     def lane(target: str) -> dict[str, int]:

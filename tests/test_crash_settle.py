@@ -17,6 +17,7 @@ import anyio
 import httpx2
 import pytest
 import yaml
+from answers import answer_of
 from httpserver import FAST_HASH
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -92,7 +93,7 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
             "delete_vm",
             {"target": "vc1", "vm": VM, "force_power_off": True},
         )
-        proposal = made.structured_content
+        proposal = answer_of(made)
         assert proposal["state"] == "pending", made.content
         sim.control("/slow-task", {"method": "Destroy_Task", "seconds": 30, "count": 1})
         log = home / "audit.jsonl"
@@ -171,7 +172,7 @@ async def test_an_outcome_row_lost_with_a_killed_process_is_recovered_at_restart
         made = await call(
             base, token, cert.cert, "delete_vm", {"target": "vc1", "vm": VM, "force_power_off": True}
         )
-        proposal = made.structured_content
+        proposal = answer_of(made)
         pid = proposal["proposal_id"]
         sim.control("/slow-task", {"method": "Destroy_Task", "seconds": 3, "count": 1})
         answer: dict[str, Any] = {}

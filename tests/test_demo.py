@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
+from answers import answer_of
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -129,8 +130,7 @@ async def call_over_https(demo_run: RunningDemo, token: str) -> tuple[list[str],
         tools = [tool.name for tool in (await client.list_tools()).tools]
         result = await client.call_tool("list_vms", {"target": "all"})
     assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return tools, result.structured_content
+    return tools, answer_of(result)
 
 
 async def call_over_stdio(demo_run: RunningDemo) -> dict[str, object]:
@@ -140,9 +140,7 @@ async def call_over_stdio(demo_run: RunningDemo) -> dict[str, object]:
     async with Client(params, mode="legacy") as client:
         result = await client.call_tool("list_vms", {"target": "esx-1"})
     assert not result.is_error, result.content
-    content: dict[str, object] | None = result.structured_content
-    assert content is not None
-    return content
+    return answer_of(result)
 
 
 def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo: RunningDemo) -> None:
@@ -308,8 +306,7 @@ def test_the_readme_stdio_snippet_works_as_printed_against_the_demo_folder(runni
         async with Client(params, mode="legacy") as client:
             result = await client.call_tool("list_vms", {"target": "all"})
         assert not result.is_error, result.content
-        assert result.structured_content is not None
-        return result.structured_content
+        return answer_of(result)
 
     listing = json.dumps(anyio.run(go))
     assert all(name in listing for name in ("vc-1", "vc-2", "esx-1", "ha-host_VM0"))

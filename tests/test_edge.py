@@ -21,6 +21,7 @@ from argon2 import PasswordHasher
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument
@@ -72,9 +73,9 @@ class StandInGateway:
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
         return []
 
-    async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None,
-                   **_: Any) -> dict[str, Any]:
-        return {}
+    async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None,
+                     **_: Any) -> Answer:
+        return Answer.of({})
 
     def role_of(self, principal: Principal) -> _Role:
         return _Role(principal.role == "admin")

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from answers import answer_of
 from httpserver import mcp_client, serve
 from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
@@ -173,6 +174,33 @@ def test_power_and_rename_show_in_the_next_read(mirrors: Mirrors, si: Any) -> No
     assert mirrored(mirrors, "vc1", "list_vms", power_state="poweredOff")["vms"][0]["name"] == "renamed-vm"
 
 
+def test_a_listing_is_shaped_once_per_change_of_the_inventory(sim: Simulator, si: Any) -> None:
+    shaped: list[dict[str, Any]] = []
+
+    def counting(view: Any, args: Any) -> dict[str, Any]:
+        shaped.append(dict(args))
+        return MIRROR_READS["list_vms"](view, args)
+
+    target = sim_target("vc1", sim)
+    built = Mirrors([target], credentials((target, sim)), {"list_vms": counting})
+    try:
+        assert answer(built, "vc1", "list_vms") is None
+        wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+        first = mirrored(built, "vc1", "list_vms")
+        first["added_by_a_caller"] = True  # a caller's copy: the kept answer does not change
+        second = mirrored(built, "vc1", "list_vms")
+        assert len(shaped) == 1, "an unchanged inventory is not shaped again"
+        assert "added_by_a_caller" not in second and names(second) == names(first)
+        mirrored(built, "vc1", "list_vms", power_state="poweredOff")
+        assert len(shaped) == 2, "other arguments are another answer"
+        _wait_task(find_vm(si, "DC0_H0_VM0").PowerOffVM_Task())
+        rows = {r["name"]: r for r in mirrored(built, "vc1", "list_vms")["vms"]}
+        assert len(shaped) == 3, "a change in vSphere makes the next read shape the listing again"
+        assert rows["DC0_H0_VM0"]["power_state"] == "poweredOff"
+    finally:
+        built.close()
+
+
 def test_new_and_destroyed_vms_show_in_the_next_read(mirrors: Mirrors, si: Any) -> None:
     source = find_vm(si, "DC0_H0_VM1")
     spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec(), powerOn=False, template=False)
@@ -283,7 +311,7 @@ async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
             await anyio.to_thread.run_sync(lambda: _wait_task(vm.Rename_Task("renamed-over-https")))
             result = await client.call_tool("list_vms", {"target": "vc1", "fields": ["name"]})
         assert not result.is_error, result.content
-        listed = [row["name"] for row in result.structured_content["vms"]]
+        listed = [row["name"] for row in answer_of(result)["vms"]]
         assert "renamed-over-https" in listed and "DC0_H0_VM1" not in listed
         stats = gateway.mirrors.stats()["vc1"]
         assert (stats.served, stats.swept) == (1, 1)

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from answers import answer_of
 from httpserver import FAST_HASH
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -165,4 +166,4 @@ async def test_healthz_answers_while_a_pathological_list_vms_runs(
     assert probes >= 1
     answer = results["list"]
     assert not answer.is_error, answer.content
-    assert "VM0" not in json.dumps(answer.structured_content)
+    assert "VM0" not in json.dumps(answer_of(answer))

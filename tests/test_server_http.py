@@ -7,6 +7,7 @@ cue (progress relay, an orderly stop around a call in progress) use a stand-in p
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -27,16 +28,19 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from answers import answer_of
 from httpserver import FAST_HASH, Served, mcp_client, serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import MakeSimulator, Simulator, wait_until, write_targets
 
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
 from gateway.cli import serve as serve_cli
 from gateway.cli import settings_from
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument, NotFound
+from gateway.guard.audit import read_rows
 from gateway.server.edge import EdgeConfig
 from gateway.server.mcp import ProgressSink
 from gateway.server.metrics import Metrics
@@ -89,8 +93,8 @@ class StandInGateway:
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
         return [READ, SLOW]
 
-    async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
-                   progress: ProgressSink | None = None, correlation_id: str | None = None) -> dict[str, Any]:
+    async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
+                     progress: ProgressSink | None = None, correlation_id: str | None = None) -> Answer:
         if name == "slow_read":
             self.entered.set()
             await anyio.to_thread.run_sync(self.release.wait, 30)
@@ -99,8 +103,8 @@ class StandInGateway:
         if progress is not None:
             await progress(0.5, "halfway")
         self.metrics.observe_call(name, "vc1", "ok", 0.01)
-        return {"caller": principal.name, "surface": principal.surface, "correlation_id": correlation_id,
-                "vms": ["vm-a", "vm-b"]}
+        return Answer.of({"caller": principal.name, "surface": principal.surface,
+                          "correlation_id": correlation_id, "vms": ["vm-a", "vm-b"]})
 
     def role_of(self, principal: Principal) -> _Role:
         return _Role()
@@ -165,7 +169,7 @@ async def test_client_lists_and_calls_in_both_protocol_revisions(
         result = await client.call_tool("list_vms", {"target": "vc1"})
     assert any(t.annotations and not t.annotations.read_only_hint for t in tools), "admin sees changes"
     assert not result.is_error, result.content
-    assert all(name in json.dumps(result.structured_content) for name in sim_vc1.vm_names())
+    assert all(name in json.dumps(answer_of(result)) for name in sim_vc1.vm_names())
     rows = [json.loads(line) for line in served.gateway.settings.audit_log.read_text().splitlines()]
     mine = [r for r in rows if r.get("correlation_id") == request_id]
     assert mine and mine[-1]["tool"] == "list_vms"
@@ -177,7 +181,7 @@ async def test_a_reader_is_offered_read_tools_only(served: Served) -> None:
         tools = (await reader.list_tools()).tools
         refused = await reader.call_tool("power_off_vm", {"target": "vc1", "vm": "DC0_H0_VM0"})
     assert tools and all(t.annotations and t.annotations.read_only_hint for t in tools)
-    assert refused.is_error and refused.structured_content["error"]["code"] == "not_found"
+    assert refused.is_error and answer_of(refused)["error"]["code"] == "not_found"
 
 
 async def test_target_addresses_are_shown_only_to_roles_with_every_target(
@@ -206,7 +210,7 @@ async def test_progress_reaches_the_client_in_both_revisions(tmp_path: Path, mod
         running.stop()
     assert not quiet.is_error and not result.is_error
     assert reported == [(0.5, 1.0, "halfway")]
-    assert result.structured_content is not None and result.structured_content["caller"] == "alice"
+    assert answer_of(result)["caller"] == "alice"
 
 
 async def _initialize(http: httpx2.AsyncClient) -> str:
@@ -381,7 +385,7 @@ async def test_stop_fails_readiness_first_and_lets_calls_finish(tmp_path: Path) 
                 anyio.create_task_group() as tg:
             async def slow_call() -> None:
                 outcome = await client.call_tool("slow_read", {"target": "vc1"})
-                result["value"] = outcome.structured_content
+                result["value"] = answer_of(outcome)
 
             # listed before the stop: the client validates a result against the listed output schema,
             # and a tools/list sent after the stop began would be a new request, refused with 503
@@ -547,7 +551,7 @@ async def test_serve_https_end_to_end_and_stop_on_sigterm(
             assert "list_vms" in {t.name for t in (await client.list_tools()).tools}
             result = await client.call_tool("list_vms", {"target": "vc1"})
         assert not result.is_error, result.content
-        assert all(name in json.dumps(result.structured_content) for name in sim_vc1.vm_names())
+        assert all(name in json.dumps(answer_of(result)) for name in sim_vc1.vm_names())
     finally:
         code = command.stop()
     assert code == 0, command.output()
@@ -569,7 +573,7 @@ async def test_an_answer_over_one_mebibyte_reaches_the_default_client(
     tmp_path: Path, make_simulator: MakeSimulator
 ) -> None:
     """The SDK client refuses server-sent events over 1 MiB: large answers must arrive as one JSON body."""
-    sim = make_simulator(clusters=1, hosts_per_cluster=2, vms=3000, startup_timeout=120)
+    sim = make_simulator(clusters=1, hosts_per_cluster=2, vms=6000, startup_timeout=240)
     running = serve(tmp_path, real_gateway(sim, tmp_path))
     try:
         async with mcp_client(running, running.tokens["alice"], "legacy") as client:
@@ -578,9 +582,27 @@ async def test_an_answer_over_one_mebibyte_reaches_the_default_client(
         running.stop()
         await running.gateway.close()
     assert not result.is_error, result.content
-    assert result.structured_content is not None and result.structured_content["count"] == 3000
+    assert answer_of(result)["count"] == 6000
     text = result.content[0].text  # type: ignore[union-attr]
-    assert len(json.dumps(result.structured_content)) + len(json.dumps(text)) > 1024 * 1024
+    assert len(json.dumps(text)) > 1024 * 1024, "the answer as one event would exceed the client's limit"
+
+
+async def test_the_audit_row_fingerprints_the_very_answer_the_client_received(
+    sim_vc1: Simulator, tmp_path: Path
+) -> None:
+    gateway = real_gateway(sim_vc1, tmp_path)
+    running = serve(tmp_path, gateway)
+    try:
+        async with mcp_client(running, running.tokens["alice"], "legacy") as client:
+            result = await client.call_tool("list_vms", {"target": "vc1"})
+    finally:
+        running.stop()
+        await running.gateway.close()
+    assert not result.is_error, result.content
+    received = result.content[0].text.encode()  # type: ignore[union-attr]
+    (row,) = [r for r in read_rows(gateway.settings.audit_log) if r.get("tool") == "list_vms"]
+    assert row["result_digest"] == hashlib.sha256(received).hexdigest()
+    assert row["result_size"] == len(received)
 
 
 def test_a_body_that_never_arrives_gets_408(sim_vc1: Simulator, tmp_path: Path) -> None:

@@ -16,10 +16,12 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
+from answers import answer_of
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.server.mcp import (
@@ -29,7 +31,6 @@ from gateway.server.mcp import (
     build_mcp_server,
     error_result,
     success_result,
-    wire_result,
 )
 from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
 
@@ -119,7 +120,7 @@ async def test_requests_and_answers_it_does_not_concern_pass_unchanged(app: Scri
 
 # ---------------------------------------------------------------------------- the SDK's own server
 
-ROWS = 6000  # about 1.3 MB as the answer travels: more than the SDK client's default 1 MiB per event
+ROWS = 9000  # about 1.2 MB as the answer travels: more than the SDK client's default 1 MiB per event
 BIG = ToolSpec("list_vms", "List VMs.", Category.READ, Risk.LOW, params=(TARGETS,), target_mode="fanout")
 
 
@@ -133,13 +134,13 @@ class BigGateway:
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
         return [BIG]
 
-    async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
-                   progress: ProgressSink | None = None, correlation_id: str | None = None) -> dict[str, Any]:
+    async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
+                     progress: ProgressSink | None = None, correlation_id: str | None = None) -> Answer:
         if progress is not None:
             await progress(0.5, "halfway")
         rows = [{"moid": f"vm-{i}", "name": f"web-{i:05d}", "power_state": "poweredOn", "cpu": 2,
                  "memory_mb": 4096, "guest_ip": f"10.0.{i // 250}.{i % 250}"} for i in range(ROWS)]
-        return {"vms": rows, "count": ROWS}
+        return Answer.of({"vms": rows, "count": ROWS})
 
     def role_of(self, principal: Principal) -> _Role:
         return _Role()
@@ -187,41 +188,32 @@ async def test_the_sdk_servers_large_answer_arrives_as_json_and_progress_still_s
     message = types.jsonrpc_message_adapter.validate_json(answer.content, by_name=False)
     assert isinstance(message, types.JSONRPCResponse) and message.id == 2
     result = types.CallToolResult.model_validate(message.result)
-    assert result.structured_content is not None and result.structured_content["count"] == ROWS
-    assert isinstance(result.content[0], types.TextContent)
-    assert json.loads(result.content[0].text) == result.structured_content
+    assert answer_of(result)["count"] == ROWS
 
 
 # ---------------------------------------------------------------------------- result building
 
 
-def test_a_result_travels_once_as_text_and_once_structured_saying_the_same() -> None:
-    plain = {"vms": [{"name": "web-1", "cpu": 2}], "count": 1}
-    result = success_result(plain)
-    assert result.structured_content is plain
-    assert isinstance(result.content[0], types.TextContent)
-    assert result.content[0].text == '{"vms":[{"name":"web-1","cpu":2}],"count":1}'
-    dated = {"at": datetime(2024, 1, 2, tzinfo=UTC), "name": "wéb"}
-    result = success_result(dated)
-    assert result.structured_content == {"at": "2024-01-02 00:00:00+00:00", "name": "wéb"}
-    assert isinstance(result.content[0], types.TextContent)
-    assert json.loads(result.content[0].text) == result.structured_content
+def test_a_result_is_its_answer_text_in_one_block() -> None:
+    answer = Answer.of({"vms": [{"name": "web-1", "cpu": 2}], "count": 1})
+    result = success_result(answer)
+    assert result.structured_content is None and not result.is_error
+    assert isinstance(result.content[0], types.TextContent) and len(result.content) == 1
+    assert result.content[0].text is answer.text == '{"vms":[{"name":"web-1","cpu":2}],"count":1}'
 
 
-@pytest.mark.parametrize("result", [
-    success_result({"vms": [{"name": "web-1", "cpu": 2}], "count": 1}),
-    error_result({"code": "not_found", "message": "no VM named web-9"}),
-    types.CallToolResult(content=[types.TextContent(text="plain")]),
-    types.CallToolResult(content=[], structured_content={"a": [1, {"b": None}]}, is_error=False,
-                         meta={"k": "v"}),
-])
-def test_a_tool_result_leaves_as_the_sdk_would_dump_it_with_its_structured_block_not_copied(
-    result: types.CallToolResult,
-) -> None:
-    wire = wire_result(result)
-    assert wire == result.model_dump(by_alias=True, mode="json", exclude_none=True)
-    if result.structured_content is not None:
-        assert wire["structuredContent"] is result.structured_content
+def test_an_answer_says_the_same_as_its_text_when_something_had_to_become_text() -> None:
+    dated = Answer.of({"at": datetime(2024, 1, 2, tzinfo=UTC), "name": "wéb"})
+    assert dated.value == {"at": "2024-01-02 00:00:00+00:00", "name": "wéb"}
+    assert json.loads(dated.text) == dated.value and "wéb" in dated.text  # UTF-8, not \u escapes
+    plain = {"a": [1, {"b": None}]}
+    assert Answer.of(plain).value is plain, "nothing converted: the value itself, not a copy"
+
+
+def test_an_error_result_is_the_error_object_as_text() -> None:
+    result = error_result({"code": "not_found", "message": "no VM named web-9"})
+    assert result.is_error and result.structured_content is None
+    assert answer_of(result) == {"error": {"code": "not_found", "message": "no VM named web-9"}}
 
 
 @pytest.mark.parametrize(("stream", "found"), [

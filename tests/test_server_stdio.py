@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from answers import answer_of
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from simulator import Simulator, write_targets
 
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import NotFound, PolicyDenied
@@ -61,8 +63,8 @@ class StandInPipeline:
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
         return [s for s in SPECS if principal.role == "admin" or s.category is Category.READ]
 
-    async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
-                   progress: ProgressSink | None = None, correlation_id: str | None = None) -> dict[str, Any]:
+    async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
+                     progress: ProgressSink | None = None, correlation_id: str | None = None) -> Answer:
         self.seen.append({"caller": principal.name, "tool": name, "progress": progress is not None,
                           "correlation_id": correlation_id})
         if name not in {s.name for s in self.tools_for(principal)}:
@@ -73,7 +75,8 @@ class StandInPipeline:
             raise PolicyDenied("denied by rule 'protect-prod'", decision={"rule": "protect-prod"})
         if progress is not None:
             await progress(0.5, "halfway")
-        return {"target": dict(args or {}).get("target"), "vms": [{"name": "web-1", "moid": "vm-1"}]}
+        target = dict(args or {}).get("target")
+        return Answer.of({"target": target, "vms": [{"name": "web-1", "moid": "vm-1"}]})
 
     def role_of(self, principal: Principal) -> _Role:
         return _Role(principal.role == "admin")
@@ -108,12 +111,13 @@ async def test_tools_are_listed_per_caller(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_success_carries_structured_content_and_the_same_json_as_text(mode: str) -> None:
+async def test_success_is_one_text_block_of_json_and_no_structured_copy(mode: str) -> None:
     async with connected(ADMIN, mode) as client:
         result = await client.call_tool("list_vms", {"target": "vc1"})
     assert not result.is_error
-    assert result.structured_content == {"target": "vc1", "vms": [{"name": "web-1", "moid": "vm-1"}]}
-    assert json.loads(result.content[0].text) == result.structured_content  # type: ignore[union-attr]
+    assert result.structured_content is None
+    assert result.content[0].text == '{"target":"vc1","vms":[{"name":"web-1","moid":"vm-1"}]}'  # type: ignore[union-attr]
+    assert answer_of(result) == {"target": "vc1", "vms": [{"name": "web-1", "moid": "vm-1"}]}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -123,8 +127,7 @@ async def test_expected_failure_is_a_tool_error_for_the_model(mode: str) -> None
     assert result.is_error
     denied = {"code": "policy_denied", "message": "denied by rule 'protect-prod'",
               "decision": {"rule": "protect-prod"}}
-    assert result.structured_content == {"error": denied}
-    assert json.loads(result.content[0].text) == result.structured_content  # type: ignore[union-attr]
+    assert answer_of(result) == {"error": denied}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -133,9 +136,9 @@ async def test_hidden_tool_answers_exactly_like_an_unknown_one(mode: str) -> Non
         hidden = await client.call_tool("power_off_vm", {"target": "vc1", "vm": "web-1"})
         unknown = await client.call_tool("no_such_tool", {})
     assert hidden.is_error and unknown.is_error
-    assert hidden.structured_content["error"]["code"] == "not_found"
-    assert hidden.structured_content["error"]["message"].replace("power_off_vm", "X") == (
-        unknown.structured_content["error"]["message"].replace("no_such_tool", "X"))
+    assert answer_of(hidden)["error"]["code"] == "not_found"
+    assert answer_of(hidden)["error"]["message"].replace("power_off_vm", "X") == (
+        answer_of(unknown)["error"]["message"].replace("no_such_tool", "X"))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -147,7 +150,7 @@ async def test_crash_is_a_generic_error_with_the_traceback_in_the_log(
         result = await client.call_tool("explode", {"target": "vc1"})
     correlation_id = pipeline.seen[-1]["correlation_id"]
     assert result.is_error and correlation_id
-    error = result.structured_content["error"]
+    error = answer_of(result)["error"]
     assert error == {"code": "internal", "correlation_id": correlation_id,
                      "message": f"internal error (see server log, correlation id {correlation_id})"}
     assert "hunter2" not in result.model_dump_json()
@@ -187,7 +190,7 @@ async def test_a_request_without_a_caller_is_refused(mode: str) -> None:
         result = await client.call_tool("list_vms", {"target": "vc1"})
         with pytest.raises(Exception, match="no authenticated caller"):
             await client.list_tools()
-    assert result.is_error and result.structured_content["error"]["code"] == "unauthorized"
+    assert result.is_error and answer_of(result)["error"]["code"] == "unauthorized"
     assert pipeline.seen == []
 
 
@@ -211,7 +214,7 @@ async def test_serve_over_stdio_lists_tools_and_reads_a_simulator(sim_vc1: Simul
         assert {"list_targets", "list_vms"} <= names
         result = await client.call_tool("list_vms", {"target": "vc1"})
     assert not result.is_error, result.content
-    found = json.dumps(result.structured_content)
+    found = json.dumps(answer_of(result))
     assert all(vm in found for vm in sim_vc1.vm_names())
     audit = (tmp_path / "home" / "audit.jsonl").read_text()
     assert '"surface": "stdio"' in audit or '"surface":"stdio"' in audit

@@ -37,6 +37,19 @@ class CountingHasher(PasswordHasher):
         return super().verify(hash, password)
 
 
+class HeldHasher(CountingHasher):
+    """``CountingHasher`` whose verifications wait until ``release`` is set (at most 10 s), so a test
+    decides when the first checks finish instead of racing them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def verify(self, hash: Any, password: Any) -> Literal[True]:
+        self.release.wait(10)
+        return super().verify(hash, password)
+
+
 class Clock:
     def __init__(self, now: float = 1_000_000.0) -> None:
         self.now = now
@@ -315,7 +328,8 @@ def test_beyond_the_waiting_room_requests_are_refused_as_busy(tmp_path: Path) ->
     # the authenticator's queueing, not the store: on SQLite only, whose reads are too quick to
     # reorder the six requests (a network round trip per read could let the first check finish first)
     store = SqliteStore(tmp_path / "state.db")
-    auth = TokenAuthenticator(store, hasher=CountingHasher(), max_verifications=1, max_waiting=2)
+    hasher = HeldHasher()
+    auth = TokenAuthenticator(store, hasher=hasher, max_verifications=1, max_waiting=2)
     tokens = [make(store, f"t{i}") for i in range(6)]
 
     async def main() -> list[str]:
@@ -324,6 +338,8 @@ def test_beyond_the_waiting_room_requests_are_refused_as_busy(tmp_path: Path) ->
         async def one(i: int) -> None:
             verdict = await auth.authenticate(tokens[i], "10.0.0.1")
             reasons[i] = "ok" if verdict.principal else verdict.reason
+            if reasons.count("busy") == 4:
+                hasher.release.set()  # the refusals are in: let the admitted checks finish
 
         async with anyio.create_task_group() as tg:
             for i in range(len(tokens)):

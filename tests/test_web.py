@@ -23,6 +23,7 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
+from answers import answer_of
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -203,7 +204,7 @@ async def mcp_call(
     transport = streamable_http_client(f"{server.origin}/mcp", http_client=http)
     async with http, Client(transport, mode="2026-07-28") as client:
         result = await client.call_tool(tool, dict(args))
-    return result.is_error, dict(result.structured_content or {})
+    return result.is_error, answer_of(result)
 
 
 async def propose_delete(server: WebServer, who: str, target: str, vm: str) -> dict[str, Any]:

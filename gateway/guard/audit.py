@@ -34,7 +34,7 @@ Contracts:
 - Secrets never reach the file: ``redact`` masks values under credential-like keys and
   credential-shaped text (well-known secret formats wherever they appear); correlation ids are never
   masked (unless one is a token of such a format); a ``result`` is stored only as ``result_digest`` +
-  ``result_size``.
+  ``result_size``: SHA-256 and length of the answer text the caller was sent (``gateway.answer``).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from gateway.answer import Answer, answer_bytes, encode_json
 from gateway.errors import AuditUnavailable
 
 log = logging.getLogger(__name__)
@@ -437,13 +438,15 @@ def row_hash(row: Mapping[str, Any]) -> str:
 
 
 def result_fingerprint(result: Any) -> tuple[str, int]:
-    """(sha256 hex, size in bytes) of a tool result's canonical JSON: what the log keeps of it."""
+    """(sha256 hex, size in bytes) of a tool result's answer text (``gateway.answer``): what the log
+    keeps of it. ``result`` may be the ``Answer`` the caller was sent, or its bytes."""
     if isinstance(result, bytes | bytearray):
         data = bytes(result)
+    elif isinstance(result, Answer):
+        data = result.data
     else:
         try:
-            data = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                              default=str).encode("utf-8", "surrogatepass")
+            data = answer_bytes(encode_json(result)[0])
         except (TypeError, ValueError):
             data = repr(result).encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest(), len(data)

@@ -108,6 +108,13 @@ def _nothing_to_clean(value: dict[Any, Any] | list[Any] | tuple[Any, ...], max_l
         text = json.dumps(value, ensure_ascii=False, default=_not_entered)
     except (TypeError, ValueError, RecursionError):  # keys of other types, cycles
         return False
+    return encoded_is_clean(text, max_len)
+
+
+def encoded_is_clean(text: str, max_len: int = DEFAULT_MAX_LEN) -> bool:
+    """True when ``text``, a JSON encoding made with ``ensure_ascii=False``, holds no string that
+    ``clean_text`` would change (see ``_nothing_to_clean``); False whenever unsure. One C-level scan
+    or three over the text: how a large answer already encoded is checked without a walk."""
     return (text.isascii() and "\\" not in text and "\x7f" not in text
             and _long_run(max_len).search(text) is None)
 

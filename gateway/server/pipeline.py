@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn, TypeVar
 
+from gateway.answer import Answer
 from gateway.auth.roles import Role, RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
 from gateway.config import Target, load_targets
@@ -473,7 +474,23 @@ class Gateway:
         correlation_id: str | None = None,
         client: str | None = None,
     ) -> dict[str, Any]:
+        """``answer`` as plain JSON values (the web page and the tests read these)."""
+        answer = await self.answer(principal, name, args, progress=progress, correlation_id=correlation_id,
+                                   client=client)
+        return answer.value
+
+    async def answer(
+        self,
+        principal: Principal,
+        name: str,
+        args: Mapping[str, Any] | None,
+        *,
+        progress: ProgressSink | None = None,
+        correlation_id: str | None = None,
+        client: str | None = None,
+    ) -> Answer:
         """Run one tool call for ``principal``; raises GatewayError subclasses for expected failures.
+        The answer is encoded once (``gateway.answer``): its text goes to the caller as is.
 
         ``client`` is the MCP client's declared ``name/version`` (from initialize), for audit rows."""
         spec = self.registry.get(name)
@@ -504,7 +521,7 @@ class Gateway:
                 await self._refused(ctx, args, exc)
             result = await self._handler_for(spec)(ctx, valid, progress)
             outcome = "ok"
-            return result
+            return result if isinstance(result, Answer) else Answer.cleaned(result)
         except GatewayError as exc:
             outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
             raise
@@ -554,7 +571,7 @@ class Gateway:
 
     def _handler_for(
         self, spec: ToolSpec
-    ) -> Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any]]]:
+    ) -> Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]:
         local = {
             "list_targets": self._list_targets,
             "list_pending_actions": self._list_pending,
@@ -597,7 +614,7 @@ class Gateway:
 
     async def _read(
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
-    ) -> dict[str, Any]:
+    ) -> Answer:
         assert ctx.spec.read is not None
         fn, ref = ctx.spec.read, args["target"]
         names, refused = await self._read_targets(ctx, args)
@@ -624,13 +641,13 @@ class Gateway:
                     n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
                     for n, r in result.items()
                 }
-            result = await asyncio.to_thread(clean, result)
+            answer = await asyncio.to_thread(Answer.cleaned, result)
         except GatewayError as exc:
             await self.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
         outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
-        await self.record(ctx.row("call", outcome=outcome, outcomes=outcomes, result=result, **row))
-        return result
+        await self.record(ctx.row("call", outcome=outcome, outcomes=outcomes, result=answer, **row))
+        return answer
 
     async def _rate_limit(
         self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category

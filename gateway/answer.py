@@ -1,0 +1,71 @@
+"""A tool's answer, encoded once: the JSON text the caller receives is the text the audit fingerprints.
+
+A listing of thousands of VMs is a megabyte of JSON. Encoding it is the largest cost of a read
+served from the mirror, so it happens once, in a worker thread, next to sanitizing: the MCP surface
+sends ``Answer.text`` as the result's one text block, and the audit row keeps the SHA-256 and size of
+the same bytes (``Answer.data``). Whoever holds an answer can check it against the audit log with
+``sha256sum``; nothing is re-encoded with different settings on the way.
+
+Every result becomes an answer through ``Answer.cleaned``: sanitized for the model that reads it
+(``gateway.guard.sanitize``), then encoded. The encoding: compact separators, UTF-8 (no ``\\u``
+escapes for non-ASCII), keys in the order the tool produced them; a value JSON has no type for (a
+date, say) becomes its ``str``, and the value is then re-read from the text so that ``value`` and
+``text`` never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.guard.sanitize import clean, encoded_is_clean
+
+
+def encode_json(value: Any) -> tuple[str, bool]:
+    """``value`` as the gateway's answer text, and whether something had to be turned into text."""
+    converted = False
+
+    def as_text(item: object) -> str:
+        nonlocal converted
+        converted = True
+        return str(item)
+
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=as_text)
+    return text, converted
+
+
+def answer_bytes(text: str) -> bytes:
+    """The UTF-8 bytes of an answer text (lone surrogates from vSphere strings kept, never an error)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A tool's result as plain JSON values (``value``) and as the text sent to the caller (``text``)."""
+
+    value: dict[str, Any]
+    text: str
+
+    @classmethod
+    def of(cls, value: dict[str, Any]) -> Answer:
+        """Encode ``value`` (blocking for a large value: call from a worker thread)."""
+        text, converted = encode_json(value)
+        return cls(json.loads(text) if converted else value, text)
+
+    @classmethod
+    def cleaned(cls, value: dict[str, Any]) -> Answer:
+        """``value`` sanitized (``gateway.guard.sanitize.clean``), then encoded: the one way a tool's
+        result becomes what a caller reads. Blocking for a large value: call from a worker thread.
+
+        The encoding is checked first: when it shows no string ``clean`` would change (plain ASCII
+        inventory, the usual case) it is the answer as it is, so a large result is encoded once and
+        never walked in Python."""
+        answer = cls.of(value)
+        if encoded_is_clean(answer.text):
+            return answer
+        return cls.of(clean(answer.value))
+
+    @property
+    def data(self) -> bytes:
+        return answer_bytes(self.text)
