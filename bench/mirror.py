@@ -11,6 +11,9 @@ pyVmomi floor   the same request and reply, decoded by pyVmomi (what a hand-writ
 2-property      the older floor: name and power state only, decoded by pyVmomi (labelled as such)
 mirror          list_vms over HTTPS answered from the mirror (fresh: one zero-wait WaitForUpdatesEx first)
 sweep           list_vms over HTTPS on the target without a mirror
+details         get_vm_details of one VM: bare pyVmomi sending the gateway's requests (a sweep of every
+                VM's name, then one retrieval; floor), over HTTPS with the VM named by the mirror (no
+                name sweep: the mirror's index, checked by the live read) and over HTTPS sweeping names
 
 Then, at ``--vms`` only: eight agents (``--agents``) each call list_vms once, concurrently, on a target
 reached through a counting TCP relay, with and without the mirror; the bytes the simulator sent are
@@ -41,8 +44,9 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(BENCH), str(REPO / "tests")]
 
+import floors  # noqa: E402
 import httpx2  # noqa: E402
 import yaml  # noqa: E402
 from mcp import Client  # noqa: E402
@@ -351,6 +355,9 @@ def measure(size: int, runs: int, agents: int, polling: bool) -> SizeResult:
                 def over_https(name: str) -> Callable[[], float]:
                     return lambda: asyncio.run_coroutine_threadsafe(list_vms(client, name), loop).result()
 
+                def details_over_https(name: str) -> Callable[[], float]:
+                    return lambda: asyncio.run_coroutine_threadsafe(vm_details(client, name), loop).result()
+
                 loop_columns = {
                     "mirror": over_https("mirror"), "stale": over_https("stale"),
                     "sweep": over_https("sweep"),
@@ -358,6 +365,9 @@ def measure(size: int, runs: int, agents: int, polling: bool) -> SizeResult:
                     "raw floor": lambda: pool.run(lambda s: _with_view(s, raw_floor)),
                     "pyVmomi floor": lambda: pool.run(lambda s: _with_view(s, pyvmomi_floor)),
                     "2-property floor": lambda: pool.run(lambda s: _with_view(s, two_property_floor)),
+                    "details floor": lambda: pool.run(lambda s: floors.vm_details(s, DETAILS_VM)),
+                    "details mirror": details_over_https("mirror"),
+                    "details sweep": details_over_https("sweep"),
                 }
                 medians = await asyncio.to_thread(interleaved, loop_columns, runs)
             bytes_per_minute = await poll_rows(served, relays, agents, sync_timeout) if polling else None
@@ -373,6 +383,18 @@ def measure(size: int, runs: int, agents: int, polling: bool) -> SizeResult:
         if polling:
             _count, result.mirror_bytes, result.sync_seconds = mirror_size(sim, sync_timeout)
         return result
+
+
+DETAILS_VM = "DC0_C0_RP0_VM0"
+
+
+async def vm_details(client: Client, target: str) -> float:
+    started = time.perf_counter()
+    result = await client.call_tool("get_vm_details", {"target": target, "vm": DETAILS_VM})
+    elapsed = time.perf_counter() - started
+    if result.is_error:
+        raise SystemExit(f"get_vm_details on {target} failed: {result.content}")
+    return elapsed
 
 
 def zero_wait_poll(session: VSphereSession) -> float:
@@ -452,6 +474,13 @@ def rows(results: list[SizeResult], agents: int) -> list[tuple[str, str, str]]:
                           ("over HTTPS from the mirror (max_staleness_seconds: no poll)", "stale"),
                           ("over HTTPS sweeping (mirror: off)", "sweep")):
             out.append((f"{label} {what}", ms(r.medians[key]), f"{r.medians[key] / raw:.2f}x"))
+        details = r.medians["details floor"]
+        out.append((f"{label} get_vm_details, bare pyVmomi with the gateway's requests (name sweep, one "
+                    "retrieval; floor)", ms(details), "1.00x"))
+        for what, key in (("get_vm_details over HTTPS, the VM named by the mirror (no name sweep)",
+                           "details mirror"),
+                          ("get_vm_details over HTTPS sweeping names (mirror: off)", "details sweep")):
+            out.append((f"{label} {what}", ms(r.medians[key]), f"{r.medians[key] / details:.2f}x"))
         out.append((f"{label} gateway RSS after these calls", f"{r.rss_mb:,.0f} MB", ""))
         if r.mirror_bytes is not None and r.sync_seconds is not None:
             out.append((f"{label} mirror size per 1,000 VMs (deep size of its objects)",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -58,14 +59,15 @@ sys.path[:0] = [str(REPO), str(BENCH)]
 import anyio  # noqa: E402
 import audit_append  # noqa: E402
 import event_loop  # noqa: E402
+import floors  # noqa: E402
 import httpx2  # noqa: E402
 import list_vms as floor_bench  # noqa: E402
+import mcp_floor  # noqa: E402
 import mirror as mirror_bench  # noqa: E402
 import token_check  # noqa: E402
 import yaml  # noqa: E402
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from pyVmomi import vim, vmodl  # noqa: E402
 
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token  # noqa: E402
 from gateway.config import Credentials, Target  # noqa: E402
@@ -74,8 +76,7 @@ from gateway.server.pipeline import Gateway  # noqa: E402
 from gateway.server.tls import create_certificate  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.sqlite import SqliteStore  # noqa: E402
-from gateway.vsphere.inventory import _VM_DETAIL_PATHS  # noqa: E402  (the same properties, on purpose)
-from gateway.vsphere.pool import SessionPool, VSphereSession  # noqa: E402
+from gateway.vsphere.pool import SessionPool  # noqa: E402
 
 GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"
 VM = "DC0_C0_RP0_VM0"
@@ -374,43 +375,53 @@ def peer_over_https(lab: Lab, env: dict[str, str], where: list[str], runs: int) 
 # ------------------------------------------------------------------------------------------- 2. small call
 
 
-def vm_details_floor(session: VSphereSession) -> int:
-    """get_vm_details' answer with bare pyVmomi: find the VM by name, then read its properties."""
-    pc: Any = vmodl.query.PropertyCollector
-    content: Any = session.content
-    view = content.viewManager.CreateContainerView(content.rootFolder, [vim.VirtualMachine], True)
-    try:
-        walk = pc.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)
-        names = content.propertyCollector.RetrievePropertiesEx([pc.FilterSpec(
-            objectSet=[pc.ObjectSpec(obj=view, skip=True, selectSet=[walk])],
-            propSet=[pc.PropertySpec(type=vim.VirtualMachine, pathSet=["name"])])], pc.RetrieveOptions())
-    finally:
-        view.DestroyView()
-    vm = next(o.obj for o in names.objects if o.propSet[0].val == VM)
-    paths = ["name", "parent", "resourcePool", "runtime.host", "runtime.powerState", *_VM_DETAIL_PATHS]
-    details = content.propertyCollector.RetrievePropertiesEx([pc.FilterSpec(
-        objectSet=[pc.ObjectSpec(obj=vm, skip=False)],
-        propSet=[pc.PropertySpec(type=vim.VirtualMachine, pathSet=paths)])], pc.RetrieveOptions())
-    return len(details.objects[0].propSet)
-
-
 def small_call_rows(lab: Lab, table: Table, samples: int) -> None:
+    """get_vm_details over HTTPS against its floors and against a tool that does nothing on the bare MCP
+    SDK over HTTPS (what any MCP call over HTTPS costs here), samples interleaved."""
     pool = pool_for(lab, "t0")
     try:
-        pool.run(vm_details_floor)
-        floor = []
-        for _ in range(samples):
-            started = time.perf_counter()
-            pool.run(vm_details_floor)
-            floor.append(time.perf_counter() - started)
+        found = anyio.run(_small_call_samples, lab, pool, samples)
     finally:
         pool.close()
-    https = anyio.run(https_samples, lab, "get_vm_details", {"target": "t0", "vm": VM}, samples)
     for q, label in ((0.5, "p50"), (0.99, "p99")):
-        base, ours = pct(floor, q), pct(https, q)
-        table.add(f"get_vm_details {label}: the same reads with bare pyVmomi", ms(base), "1.00x")
+        base = pct(found["floor"], q)
+        table.add(f"get_vm_details {label}: the same reads with bare pyVmomi (the gateway's requests)",
+                  ms(base), "1.00x")
+        fewer = pct(found["fewer"], q)
+        table.add(f"get_vm_details {label}: bare pyVmomi, older floor (the VM's own properties only)",
+                  ms(fewer), f"{fewer / base:.2f}x")
+        noop = pct(found["noop"], q)
+        table.add(f"get_vm_details {label}: a tool doing nothing, bare MCP SDK over HTTPS (no vSphere)",
+                  ms(noop), f"{noop / base:.2f}x")
+        ours = pct(found["https"], q)
         table.add(f"get_vm_details {label}: over HTTPS (adds {ms(ours - base)})", ms(ours),
                   f"{ours / base:.2f}x")
+
+
+async def _small_call_samples(lab: Lab, pool: SessionPool, samples: int) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {"floor": [], "fewer": [], "noop": [], "https": []}
+    args = {"target": "t0", "vm": VM}
+    with contextlib.ExitStack() as stack:
+        noop_url, noop_cert = mcp_floor.serve(stack, lab.tmp / "mcp-floor")
+        async with lab.session() as client, mcp_floor.client(noop_url, noop_cert) as bare:
+            for _ in range(5):  # warm-up: logins, first-sight token check
+                await call(client, "get_vm_details", args)
+                await bare.call_tool("noop", {})
+                pool.run(lambda session: floors.vm_details(session, VM))
+                pool.run(lambda session: floors.vm_details_fewer(session, VM))
+            for _ in range(samples):
+                for key, fn in (("floor", floors.vm_details), ("fewer", floors.vm_details_fewer)):
+                    started = time.perf_counter()
+                    pool.run(functools.partial(fn, name=VM))
+                    found[key].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await bare.call_tool("noop", {})
+                found["noop"].append(time.perf_counter() - started)
+                seconds, outcome = await call(client, "get_vm_details", args)
+                if outcome != "ok":
+                    raise SystemExit(f"get_vm_details {args} failed over HTTPS: {outcome}")
+                found["https"].append(seconds)
+    return found
 
 
 # ------------------------------------------------------------------------------------------- 3. isolation

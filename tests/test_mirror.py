@@ -25,12 +25,15 @@ from simulator import (
     MakeSimulator,
     Simulator,
     find_vm,
+    open_pool,
     pyvmomi_connect,
     sim_target,
     wait_until,
     write_targets,
 )
 
+from gateway import errors
+from gateway.auth.tokens import Principal
 from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
@@ -324,6 +327,84 @@ async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
         assert "# TYPE gateway_soap_decoder_fallbacks_total counter" in text
     finally:
         served.stop()
+
+
+# ------------------------------------------------------------------------------ names resolved by the mirror
+
+
+def test_a_name_hint_is_checked_live_and_a_wrong_one_falls_back_to_the_search(
+    sim: Simulator, si: Any,
+) -> None:
+    """get_vm_details trusts a lookup hint only when the VM read live still is ``ref``."""
+    renamed = find_vm(si, "DC0_H0_VM0")
+    other = find_vm(si, "DC0_H0_VM1")._moId
+    _wait_task(renamed.Rename_Task("renamed-behind-the-hint"))
+    pool = open_pool("vc1", sim)
+    searched: list[str] = []
+    real_find = inventory._find
+
+    def counting_find(session: Any, kind: Any, ref: str) -> str:
+        searched.append(ref)
+        return real_find(session, kind, ref)
+
+    def hinted(moid: str) -> inventory.Lookup:
+        return lambda vim_type, ref: moid
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(inventory, "_find", counting_find)
+            right = pool.run(lambda s: inventory.get_vm_details(s, "DC0_H0_VM1", hinted(other)))
+            assert (right["moid"], right["name"]) == (other, "DC0_H0_VM1")
+            assert searched == [], "a right hint: no search"
+            by_moid = pool.run(lambda s: inventory.get_vm_details(s, other, hinted(other)))
+            assert by_moid["name"] == "DC0_H0_VM1" and searched == []
+            # a stale hint: the VM it names was renamed since; the search says what a sweep would
+            with pytest.raises(errors.NotFound):
+                pool.run(lambda s: inventory.get_vm_details(s, "DC0_H0_VM0", hinted(renamed._moId)))
+            assert searched == ["DC0_H0_VM0"]
+            # a hint naming another VM, or one that no longer exists: searched, right answer
+            wrong = pool.run(lambda s: inventory.get_vm_details(s, "renamed-behind-the-hint", hinted(other)))
+            gone = pool.run(lambda s: inventory.get_vm_details(s, "DC0_H0_VM1", hinted("vm-999999")))
+            assert (wrong["moid"], gone["moid"]) == (renamed._moId, other)
+            assert searched == ["DC0_H0_VM0", "renamed-behind-the-hint", "DC0_H0_VM1"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.anyio
+async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search(
+    sim: Simulator, si: Any, tmp_path: Path,
+) -> None:
+    gateway = _gateway(sim, tmp_path)
+    caller = Principal("alice", "admin", surface="test")
+    searched: list[str] = []
+    real_find = inventory._find
+
+    def counting_find(session: Any, kind: Any, ref: str) -> str:
+        searched.append(ref)
+        return real_find(session, kind, ref)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(inventory, "_find", counting_find)
+            cold = await gateway.call(caller, "get_vm_details", {"target": "vc1", "vm": "DC0_H0_VM0"})
+            assert searched == ["DC0_H0_VM0"], "no mirror yet: the name is searched"
+            await gateway.call(caller, "list_vms", {"target": "vc1"})  # starts the mirror
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
+            warm = await gateway.call(caller, "get_vm_details", {"target": "vc1", "vm": "DC0_H0_VM0"})
+            assert searched == ["DC0_H0_VM0"], "a synced mirror names the VM: no search"
+            assert warm == cold
+            assert gateway.mirrors.stats()["vc1"].lookups == 1
+            assert 'gateway_mirror_lookups_total{target="vc1"} 1.0' in gateway.metrics.render()
+            vm = find_vm(si, "DC0_H0_VM0")
+            await anyio.to_thread.run_sync(lambda: _wait_task(vm.Rename_Task("renamed-live")))
+            with pytest.raises(errors.NotFound):  # whether or not the mirror has heard of the rename yet
+                await gateway.call(caller, "get_vm_details", {"target": "vc1", "vm": "DC0_H0_VM0"})
+            renamed = await gateway.call(caller, "get_vm_details", {"target": "vc1", "vm": "renamed-live"})
+            assert renamed["moid"] == vm._moId and renamed["power_state"] == cold["power_state"]
+    finally:
+        await gateway.close()
 
 
 # ------------------------------------------------------------------------------ a vCenter restart

@@ -185,7 +185,8 @@ func describe(e mo.Entity) inventoryItem {
 }
 
 func (c *controller) inflight(_ []byte) (interface{}, error) {
-	return map[string]interface{}{"calls": c.gate.calls(), "zero_waits_at_once": fastZeroWaits.Load(), "changes": changes.count.Load()}, nil
+	// zero_waits_at_once: WaitForUpdatesEx calls with maxWaitSeconds=0 computed at once (build.sh's overlay)
+	return map[string]interface{}{"calls": c.gate.calls(), "zero_waits_at_once": simulator.ZeroWaitsAtOnce.Load()}, nil
 }
 
 func (c *controller) rules(_ []byte) (interface{}, error) {
@@ -307,7 +308,6 @@ func (c *controller) delay(body []byte) (interface{}, error) {
 	if req.Jitter != nil {
 		cfg.DelayJitter = *req.Jitter
 	}
-	noteDelays(*cfg)
 	return delayView{cfg.Delay, cfg.MethodDelay, cfg.DelayJitter}, nil
 }
 
@@ -368,7 +368,6 @@ func (c *controller) reset(_ []byte) (interface{}, error) {
 	c.model.DelayConfig.Delay = 0
 	c.model.DelayConfig.MethodDelay = map[string]int{}
 	c.model.DelayConfig.DelayJitter = 0
-	noteDelays(c.model.DelayConfig)
 	simulator.StatusSDK = http.StatusOK
 	return map[string]bool{"ok": true}, nil
 }

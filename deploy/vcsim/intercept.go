@@ -92,9 +92,6 @@ func (g *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if name == "WaitForUpdatesEx" && g.waitForUpdates(w, r, body) {
-		return
-	}
 	if name == "CreateCollectorForTasks" && g.sessionValid(r) {
 		if method, err := simulator.UnmarshalBody(vimType, body); err == nil {
 			createTaskCollector(w, method)

@@ -146,7 +146,6 @@ func newModel(o *options) *simulator.Model {
 	}
 	delays, _ := parseMethodDelay(o.methodDelay)
 	m.DelayConfig = simulator.DelayConfig{Delay: o.delay, MethodDelay: delays}
-	noteDelays(m.DelayConfig)
 	return m
 }
 
@@ -197,7 +196,6 @@ func run(o *options) int {
 
 func serve(o *options, m *simulator.Model, signals <-chan os.Signal) error {
 	simulator.Map.AddHandler(recorder) // task history (taskhistory.go)
-	simulator.Map.AddHandler(changes)  // zero-wait polls answered at once when nothing changed (zerowait.go)
 	m.Service.TLS = new(tls.Config)
 	m.Service.Listen = &url.URL{Host: o.listen}
 	if o.username != "" {

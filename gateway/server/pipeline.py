@@ -73,7 +73,7 @@ from gateway.guard.decision import (
 )
 from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
-from gateway.guard.policy import Decision, PolicyStore
+from gateway.guard.policy import Decision, PolicyStore, TargetPolicy
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.server.instance import Instance
@@ -89,6 +89,7 @@ from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
 from gateway.vsphere.mirror import Mirrors
+from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -600,10 +601,10 @@ class Gateway:
             names = [ref] if isinstance(ref, str) else list(ref)
         refused: dict[str, dict[str, Any]] = {}
         for name in names:
-            facts = await self.off_loop(self.facts, Entry.READ, ctx.party, ctx.spec, args, target=name)
+            facts, limits = await self.off_loop(self._read_facts, ctx, args, name)
             try:
                 await self._check(ctx, facts, args, target=name)
-                await self._rate_limit(ctx, args, name, Category.READ)
+                await self._rate_limit(ctx, args, name, Category.READ, limits)
             except (PolicyDenied, RateLimited) as exc:
                 if single:
                     raise
@@ -612,11 +613,18 @@ class Gateway:
             raise PolicyDenied(f"the policy refuses this read on every target named: {', '.join(refused)}")
         return names, refused
 
+    def _read_facts(
+        self, ctx: CallContext, args: Mapping[str, Any], target: str
+    ) -> tuple[Facts, TargetPolicy]:
+        """A read's facts on ``target`` and the target's limits: one trip off the event loop for both."""
+        facts = self.facts(Entry.READ, ctx.party, ctx.spec, args, target=target)
+        return facts, self.policy.target_limits(target)
+
     async def _read(
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
     ) -> Answer:
-        assert ctx.spec.read is not None
-        fn, ref = ctx.spec.read, args["target"]
+        ref = args["target"]
+        fn = self._read_fn(ctx.spec, args)
         names, refused = await self._read_targets(ctx, args)
         row = {"target": _target_label(args), "args": _redact_args(ctx.spec, args)}
         try:
@@ -624,7 +632,7 @@ class Gateway:
                 target = self.targets[names[0]]
                 mirrored = await self.mirrors.answer(target.name, ctx.spec.name, args)
                 result = mirrored if mirrored is not None else await self.scheduler.run(
-                    target.name, lambda s: fn(s, args), deadline=target.timeout_seconds
+                    target.name, fn, deadline=target.timeout_seconds
                 )
                 outcomes = None
             else:
@@ -633,7 +641,7 @@ class Gateway:
                     ctx.spec.name,
                     args,
                     lambda rest: self.scheduler.fan_out(
-                        rest, lambda s: fn(s, args), deadline=self.settings.fanout_timeout_seconds
+                        rest, fn, deadline=self.settings.fanout_timeout_seconds
                     ),
                 )
                 result = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
@@ -641,18 +649,34 @@ class Gateway:
                     n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
                     for n, r in result.items()
                 }
-            answer = await asyncio.to_thread(Answer.cleaned, result)
         except GatewayError as exc:
             await self.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
         outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
-        await self.record(ctx.row("call", outcome=outcome, outcomes=outcomes, result=answer, **row))
-        return answer
+        return await self.record_answer(ctx.row("call", outcome=outcome, outcomes=outcomes, **row), result)
+
+    def _read_fn(self, spec: ToolSpec, args: Mapping[str, Any]) -> Callable[[VSphereSession], Any]:
+        """What a read runs on a target's worker thread: the tool's read, given the target's mirror as a
+        name index when the tool takes one (the answer is still read live)."""
+        with_lookup, read = spec.read_with_lookup, spec.read
+        if with_lookup is not None:
+            return lambda s: with_lookup(s, args, self.mirrors.lookup(s.target.name))
+        assert read is not None
+        return lambda s: read(s, args)
 
     async def _rate_limit(
-        self, ctx: CallContext, args: Mapping[str, Any], target: str, kind: Category
+        self,
+        ctx: CallContext,
+        args: Mapping[str, Any],
+        target: str,
+        kind: Category,
+        limits: TargetPolicy | None = None,
     ) -> None:
-        per_minute = (await self.off_loop(self.policy.target_limits, target)).rate_limit(kind)
+        """Refuse (audited) a call over ``target``'s rate limit for ``kind``; ``limits`` when the caller
+        already read the target's settings off the loop."""
+        if limits is None:
+            limits = await self.off_loop(self.policy.target_limits, target)
+        per_minute = limits.rate_limit(kind)
         try:
             self.rate_limiter.check(target, kind, per_minute, time.monotonic())
         except RateLimited as exc:
@@ -1440,8 +1464,23 @@ class Gateway:
     async def record(self, row: Mapping[str, Any]) -> None:
         """Append one audit row (every async audit write comes here): in a worker thread, within a
         deadline. Raises ``AuditUnavailable`` when it cannot be written: the call is refused."""
+        await self._audit_off_loop(lambda: self._write_row(row))
+
+    async def record_answer(self, row: Mapping[str, Any], result: Any) -> Answer:
+        """Encode ``result`` once (``Answer.cleaned``) and append ``row`` fingerprinting that answer, in
+        one worker thread (the encoding of a big listing never runs on the event loop); ``record``'s
+        deadline and refusal. Returns the answer to send."""
+
+        def encode_and_write() -> Answer:
+            answer = Answer.cleaned(result)
+            self._write_row({**row, "result": answer})
+            return answer
+
+        return await self._audit_off_loop(encode_and_write)
+
+    async def _audit_off_loop(self, write: Callable[[], T]) -> T:
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._write_row, row), AUDIT_DEADLINE_SECONDS + 1.0)
+            return await asyncio.wait_for(asyncio.to_thread(write), AUDIT_DEADLINE_SECONDS + 1.0)
         except TimeoutError:
             raise AuditUnavailable(
                 f"audit log {self.settings.audit_log} did not take the row within "

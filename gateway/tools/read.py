@@ -189,9 +189,11 @@ _LIST_VMS_PARAMS = (
 
 
 def _read_tool(name: str, description: str, read: ReadFn, *params: Param,
-               privileges: tuple[str, ...] = ("System.View",)) -> ToolSpec:
+               privileges: tuple[str, ...] = ("System.View",),
+               read_with_lookup: Callable[[Any, Mapping[str, Any], Any], Any] | None = None) -> ToolSpec:
     return ToolSpec(name=name, description=description, category=Category.READ, risk=Risk.LOW,
-                    params=(TARGETS, *params), target_mode="fanout", read=read, privileges=privileges)
+                    params=(TARGETS, *params), target_mode="fanout", read=read, privileges=privileges,
+                    read_with_lookup=read_with_lookup)
 
 
 READ_TOOLS: tuple[ToolSpec, ...] = (
@@ -203,7 +205,9 @@ READ_TOOLS: tuple[ToolSpec, ...] = (
     ),
     _read_tool("get_vm_details", "One VM in depth: placement (folder, pool, host, cluster), hardware, disks, "
                "NICs, CD-ROMs, guest information, storage use and snapshot pointer.",
-               _by("vm", inventory.get_vm_details), _VM),
+               _by("vm", inventory.get_vm_details), _VM,
+               read_with_lookup=lambda session, args, lookup: inventory.get_vm_details(session, args["vm"],
+                                                                                       lookup)),
     _read_tool("get_vm_performance", "Realtime CPU, memory, disk and network statistics of one VM (20-second "
                "samples): latest, average and maximum. Counters the target does not collect are listed as "
                "unavailable.", _vm_performance, _VM,

@@ -1283,18 +1283,47 @@ def _guest_nics(nets: Sequence[Any] | None) -> list[dict[str, Any]]:
              "ip_addresses": list(n.ipAddress or [])} for n in nets or []]
 
 
-def get_vm_details(session: Session, ref: str) -> dict[str, Any]:
-    """One VM in depth: identity, placement facts, hardware and devices, guest, storage, networks."""
+Lookup = Callable[[Any, str], str | None]
+"""``lookup(vim_type, ref)``: the moid the caller already knows ``ref`` names (a live inventory mirror's
+index), or None. A hint only: a read given one checks it against what it reads live and searches as
+usual when the object is gone or no longer carries that name."""
+
+
+def get_vm_details(session: Session, ref: str, lookup: Lookup | None = None) -> dict[str, Any]:
+    """One VM in depth: identity, placement facts, hardware and devices, guest, storage, networks.
+
+    With a ``lookup`` hint the name search (a sweep of every VM's name) is skipped when the hinted VM,
+    read live, still is ``ref`` (its moid or its current name)."""
+    hinted = lookup(vim.VirtualMachine, ref) if lookup is not None and ref else None
+    if hinted is not None:
+        details = _vm_details(session, hinted)
+        if details is not None and ref in (details["moid"], details["name"]):
+            return details
     # The name sweep, then ONE retrieval for both the placement facts and the details (they used to be
     # two round trips: resolve_vm's facts, then the details).
-    moid = _find(session, _VM, ref)
+    details = _vm_details(session, _find(session, _VM, ref))
+    if details is None:  # deleted between the two reads
+        raise _not_found(session, _VM, ref)
+    return details
+
+
+def vm_details_spec(session: Session, moid: str) -> Any:
+    """The one retrieval get_vm_details makes for VM ``moid``: its placement facts and details, and the
+    names of what they refer to (host, cluster, folders, datastores, networks)."""
     paths = {**_VM_FACT_PATHS, vim.Datastore: ("name",), vim.Network: ("name",)}
     paths[vim.VirtualMachine] = tuple(dict.fromkeys(_VM_FACT_PATHS[vim.VirtualMachine] + _VM_DETAIL_PATHS))
+    return object_spec(managed_object(session, vim.VirtualMachine, moid), paths,
+                       _VM_FACT_TRAVERSAL + _VM_DETAIL_TRAVERSAL)
+
+
+def _vm_details(session: Session, moid: str) -> dict[str, Any] | None:
+    """get_vm_details' answer for the VM ``moid``, read in one retrieval; None when it does not exist."""
     try:
-        objects = retrieve_objects(session, object_spec(managed_object(session, vim.VirtualMachine, moid),
-                                                        paths, _VM_FACT_TRAVERSAL + _VM_DETAIL_TRAVERSAL))
-    except vmodl.fault.ManagedObjectNotFound:  # deleted between the two reads
-        raise _not_found(session, _VM, ref) from None
+        objects = retrieve_objects(session, vm_details_spec(session, moid))
+    except vmodl.fault.ManagedObjectNotFound:
+        return None
+    if not any(o.moid == moid for o in objects):
+        return None
     vm = _vm_ref(session, moid, objects)
     p = _one(objects, vm.moid)
     networks = _names(objects, _NETWORK_TYPES)

@@ -30,6 +30,13 @@ Fallback, never mixed
     ``Mirrors.answer`` returns a whole answer computed under the mirror's lock from one state, or
     ``None`` (the caller sweeps as before): never part of each. Writes and confirm-time resolution do
     not come here; they always read live.
+
+Names for live reads
+    A read of one object in depth (``get_vm_details``) is still read live, but it no longer has to
+    sweep every VM's name to find the VM: ``Mirrors.lookup`` gives the moid the mirror knows for that
+    name (an index built once per change), and the read checks it against the name it reads live,
+    searching as before when the hint is wrong, gone, ambiguous or missing. Without a poll: a VM given
+    the same name within the mirror's lag is the only thing a search would see and the hint would not.
 """
 
 from __future__ import annotations
@@ -104,6 +111,7 @@ class MirrorStats:
     served: int
     swept: int
     last_error: str | None
+    lookups: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,10 @@ class Mirror:
         self._generation = 0
         self._answers: dict[tuple[MirrorRead, str], dict[str, Any]] = {}
         self._answers_generation = 0
+        #: (type, name) -> moids, built from ``_objects`` once per generation, for ``lookup``
+        self._names: dict[tuple[str, str], list[str]] = {}
+        self._names_generation = -1
+        self._lookups = 0
         self._synced = False
         self._healthy = False
         self._heard_at: float | None = None
@@ -225,6 +237,32 @@ class Mirror:
             self._answers[key] = shaped
         return shaped
 
+    def lookup(self, vim_type: Any, ref: str) -> str | None:
+        """The moid of the one ``vim_type`` object ``ref`` names in the mirror (a moid wins over names,
+        as in a search), or None (not synced, unknown, or several objects carry that name).
+
+        A hint for reads that then read the object live (``inventory.Lookup``): no freshness poll, as the
+        live read checks the name; blocking on the lock, so called on a worker thread."""
+        type_name = vim_type._wsdlName
+        with self._lock:
+            if not (self._synced and self._healthy):
+                return None
+            found = self._objects.get(ref)
+            if found is not None:
+                moid: str | None = ref if found.type == type_name else None
+            else:
+                if self._names_generation != self._generation:
+                    names: dict[tuple[str, str], list[str]] = {}
+                    for obj in self._objects.values():
+                        name = obj.props.get("name")
+                        if isinstance(name, str):
+                            names.setdefault((obj.type, name), []).append(obj.moid)
+                    self._names, self._names_generation = names, self._generation
+                moids = self._names.get((type_name, ref), [])
+                moid = moids[0] if len(moids) == 1 else None
+            self._lookups += moid is not None
+            return moid
+
     def count_swept(self) -> None:
         self._count(served=False)
 
@@ -238,7 +276,7 @@ class Mirror:
                 state = "synced" if self._synced else "syncing"
             lag = None if self._heard_at is None else max(0.0, self._clock() - self._heard_at)
             return MirrorStats(state, len(self._objects), self._version, lag, self._resyncs, self._updates,
-                               self._served, self._swept, self._last_error)
+                               self._served, self._swept, self._last_error, self._lookups)
 
     # ---------------------------------------------------------------- reads
 
@@ -489,6 +527,13 @@ class Mirrors:
         swept = await sweep(rest) if rest else {}
         return {n: mirrored[n] or swept[n] for n in names}
 
+    def lookup(self, target: str) -> inventory.Lookup | None:
+        """``target``'s mirror as a name index for live reads, when it has one that is synced (never
+        starts one); None otherwise. Called on the read's worker thread."""
+        with self._lock:
+            mirror = None if self._closed else self._mirrors.get(target)
+        return mirror.lookup if mirror is not None and mirror.ready else None
+
     def stats(self) -> dict[str, MirrorStats]:
         """Per target with a mirror: state, object count, version, lag, resyncs, served/swept reads."""
         with self._lock:
@@ -513,6 +558,9 @@ class Mirrors:
                  {**labels, "source": "mirror"}, float(s.served)),
                 ("gateway_mirror_reads_total", "counter", "Mirrorable reads by how they were answered.",
                  {**labels, "source": "sweep"}, float(s.swept)),
+                ("gateway_mirror_lookups_total", "counter",
+                 "Names the mirror resolved for a live read (get_vm_details skips its name search).",
+                 labels, float(s.lookups)),
             ]
         out.append(("gateway_soap_decoder_fallbacks_total", "counter",
                     "Sweep replies the fast scanner left to ElementTree.", {},
