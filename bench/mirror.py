@@ -474,13 +474,12 @@ def rows(results: list[SizeResult], agents: int) -> list[tuple[str, str, str]]:
                           ("over HTTPS from the mirror (max_staleness_seconds: no poll)", "stale"),
                           ("over HTTPS sweeping (mirror: off)", "sweep")):
             out.append((f"{label} {what}", ms(r.medians[key]), f"{r.medians[key] / raw:.2f}x"))
-        details = r.medians["details floor"]
-        out.append((f"{label} get_vm_details, bare pyVmomi with the gateway's requests (name sweep, one "
-                    "retrieval; floor)", ms(details), "1.00x"))
-        for what, key in (("get_vm_details over HTTPS, the VM named by the mirror (no name sweep)",
-                           "details mirror"),
-                          ("get_vm_details over HTTPS sweeping names (mirror: off)", "details sweep")):
-            out.append((f"{label} {what}", ms(r.medians[key]), f"{r.medians[key] / details:.2f}x"))
+        details, one = r.medians["details floor"], f"get_vm_details, {r.vms:,} VMs:"
+        out.append((f"{one} bare pyVmomi with the gateway's requests (name sweep, one retrieval; floor)",
+                    ms(details), "1.00x"))
+        for what, key in (("over HTTPS, the VM named by the mirror (no name sweep)", "details mirror"),
+                          ("over HTTPS sweeping names (mirror: off)", "details sweep")):
+            out.append((f"{one} {what}", ms(r.medians[key]), f"{r.medians[key] / details:.2f}x"))
         out.append((f"{label} gateway RSS after these calls", f"{r.rss_mb:,.0f} MB", ""))
         if r.mirror_bytes is not None and r.sync_seconds is not None:
             out.append((f"{label} mirror size per 1,000 VMs (deep size of its objects)",

@@ -10,7 +10,9 @@ https`` as a child process, the peer's server) and measures, in this order:
    (PyPI ``vmware-monitor``, in its own venv bench/.peer-venv): its listing function and its own MCP
    server over HTTPS. Medians of ``--runs``; ratios to the floor.
 2. A small call's latency: get_vm_details over HTTPS against the same reads made with bare pyVmomi
-   (a name sweep, then one read of the VM's properties), p50 and p99.
+   (the gateway's own requests: a name sweep, then its one retrieval; bench/floors.py), the older
+   smaller floor (labelled), and a tool doing nothing on the bare MCP SDK over HTTPS (bench/mcp_floor.py:
+   what any MCP call over HTTPS costs here), samples interleaved, p50 and p99.
 3. Isolation and fairness: a dozen clients, four on each of three targets (healthy; slowed with the
    simulator's method delay; hung: a socket that accepts and never answers). The healthy target's p50
    with such neighbours against alone, calls per client on the slow target, the hung target's outcome.
@@ -21,8 +23,9 @@ https`` as a child process, the peer's server) and measures, in this order:
 7. Event-loop responsiveness: /healthz p99 while a stuck audit lock, a pathological regex and eight
    full listings run, against idle (bench/event_loop.py; its own simulator and server).
 8. The live inventory mirror (bench/mirror.py): fair floors (the gateway's own RetrievePropertiesEx, raw
-   and pyVmomi-decoded), list_vms over HTTPS from the mirror and sweeping, SOAP bytes per minute with
-   eight agents polling, the mirror's size per 1,000 VMs, and scale rows at 300 / 3,000 / 30,000 VMs.
+   and pyVmomi-decoded), list_vms over HTTPS from the mirror and sweeping, get_vm_details with the VM
+   named by the mirror and sweeping names against its fair floor, SOAP bytes per minute with eight
+   agents polling, the mirror's size per 1,000 VMs, and scale rows at 300 / 3,000 / 30,000 VMs.
    The list_vms rows of section 1 are the sweeping path (every lab target has ``mirror: off``).
 
 The table goes to stdout and, unless ``--quick``, into bench/RESULTS.md with the date and core count.

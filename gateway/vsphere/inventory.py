@@ -234,9 +234,10 @@ def _scan(body: bytes) -> Page:
     kinds: dict[str, Callable[[str], Any] | None] = {}
     types: dict[str, str] = {}
     objects: list[ObjectProps] = []
+    plain = "&" not in text and "\r" not in text  # no references, no line ends to normalise: as is
     token, pos = _scan_token(text, head.end(), None)
     while (match := _OBJECT.match(text, pos)) is not None:
-        objects.append(_scan_object(match, scope, kinds, types))
+        objects.append(_scan_object(match, scope, kinds, types, plain))
         pos = match.end()
     token, pos = _scan_token(text, pos, token)
     epilogue = rf"</returnval></{response}>\s*</{re.escape(prefix)}Body>\s*</{re.escape(prefix)}Envelope>\s*"
@@ -283,20 +284,24 @@ def _declared(attrs: Mapping[str, str]) -> dict[str, str]:
 
 def _scan_object(
     match: re.Match[str], scope: Mapping[str, str], kinds: dict[str, Callable[[str], Any] | None],
-    types: dict[str, str],
+    types: dict[str, str], plain: bool,
 ) -> ObjectProps:
-    """One ``objects`` element; ``kinds`` and ``types`` remember the few distinct attribute strings."""
+    """One ``objects`` element; ``kinds`` and ``types`` remember the few distinct attribute strings.
+    ``plain``: the reply holds no reference and no carriage return, so text is taken as it is."""
     props: Props = {}
     for name, attrs, raw in _PROPERTY.findall(match[3]):
-        convert = kinds[attrs] if attrs in kinds else kinds.setdefault(attrs, _converter(attrs, scope))
-        if "&" in raw or "\r" in raw:
-            raw = _xml_text(raw)
-        if "&" in name or "\r" in name:
-            name = _xml_text(name)
-        props[name] = [] if convert is None else convert(raw)
+        convert = kinds.get(attrs, _UNSEEN)
+        if convert is _UNSEEN:
+            convert = kinds[attrs] = _converter(attrs, scope)
+        if not plain:
+            raw, name = _xml_text(raw), _xml_text(name)
+        props[name] = raw if convert is str else [] if convert is None else convert(raw)
     kind = match[1]
     return ObjectProps(types[kind] if kind in types else types.setdefault(kind, _attribute_value(kind)),
-                       _xml_text(match[2]), props)
+                       match[2] if plain else _xml_text(match[2]), props)
+
+
+_UNSEEN: Any = object()
 
 
 def _attribute_value(raw: str) -> str:
