@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import socket
 import ssl
 import statistics
 import subprocess
@@ -25,9 +24,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH.parent / "tests")]
+sys.path[:0] = [str(BENCH.parent), str(BENCH), str(BENCH.parent / "tests")]
 
 import httpx2  # noqa: E402
+import mirror as mirror_bench  # noqa: E402  (its free_port and stop_process)
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from simulator import wait_until  # type: ignore[import-not-found]  # noqa: E402
@@ -58,22 +58,11 @@ uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]
 def serve(stack: contextlib.ExitStack, tmp: Path) -> tuple[str, Path]:
     """Start the no-op server (stopped by ``stack``); its MCP URL and the certificate to trust."""
     cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"]).cert
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = mirror_bench.free_port()
     argv = [sys.executable, "-c", SERVER, str(port), str(cert), str(cert.with_name("key.pem"))]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-
-    def stop() -> None:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-
-    stack.callback(stop)
+    stack.callback(mirror_bench.stop_process, process)
     url = f"https://localhost:{port}/mcp"
     context = ssl.create_default_context(cafile=str(cert))
 

@@ -47,12 +47,18 @@ def _power_states(update: Any) -> list[Any]:
             for change in obj.changeSet if change.name == "runtime.powerState"]
 
 
-def test_a_zero_wait_poll_is_computed_at_once_with_or_without_a_change(sim: Simulator, si: Any) -> None:
-    vm = find_vm(si, "DC0_H0_VM0")
+def _power_state_collector(si: Any, vm: Any) -> Any:
+    """A collector of its own with one filter on ``vm``'s power state."""
     collector = si.content.propertyCollector.CreatePropertyCollector()
     collector.CreateFilter(_PC.FilterSpec(
         objectSet=[_PC.ObjectSpec(obj=vm, skip=False)],
         propSet=[_PC.PropertySpec(type=vim.VirtualMachine, pathSet=["runtime.powerState"])]), True)
+    return collector
+
+
+def test_a_zero_wait_poll_is_computed_at_once_with_or_without_a_change(sim: Simulator, si: Any) -> None:
+    vm = find_vm(si, "DC0_H0_VM0")
+    collector = _power_state_collector(si, vm)
     first = _poll(collector, "", wait=None)
     assert _power_states(first) == ["poweredOn"]
     before = _at_once(sim)
@@ -73,10 +79,7 @@ def test_a_zero_wait_poll_is_computed_at_once_with_or_without_a_change(sim: Simu
 def test_a_long_wait_still_waits_for_a_change(sim: Simulator, si: Any) -> None:
     """Only maxWaitSeconds=0 is patched: a wait with a limit returns with the change, not at once empty."""
     vm = find_vm(si, "DC0_H0_VM1")
-    collector = si.content.propertyCollector.CreatePropertyCollector()
-    collector.CreateFilter(_PC.FilterSpec(
-        objectSet=[_PC.ObjectSpec(obj=vm, skip=False)],
-        propSet=[_PC.PropertySpec(type=vim.VirtualMachine, pathSet=["runtime.powerState"])]), True)
+    collector = _power_state_collector(si, vm)
     version = _poll(collector, "", wait=None).version
     before = _at_once(sim)
     vm.PowerOffVM_Task()
@@ -87,12 +90,7 @@ def test_a_long_wait_still_waits_for_a_change(sim: Simulator, si: Any) -> None:
 def test_each_collector_gets_the_change_once(sim: Simulator, si: Any) -> None:
     """A collector that has not yet handed out a change still gets it after another one did."""
     vm = find_vm(si, "DC0_H0_VM1")
-    spec = _PC.FilterSpec(objectSet=[_PC.ObjectSpec(obj=vm, skip=False)],
-                          propSet=[_PC.PropertySpec(type=vim.VirtualMachine, pathSet=["runtime.powerState"])])
-    one = si.content.propertyCollector.CreatePropertyCollector()
-    two = si.content.propertyCollector.CreatePropertyCollector()
-    one.CreateFilter(spec, True)
-    two.CreateFilter(spec, True)
+    one, two = _power_state_collector(si, vm), _power_state_collector(si, vm)
     v1 = _poll(one, "", wait=None).version
     v2 = _poll(two, "", wait=None).version
     vm.PowerOffVM_Task()
