@@ -66,6 +66,18 @@ class Answer:
             return answer
         return cls.of(clean(answer.value))
 
+    def copy(self) -> Answer:
+        """The same answer with a shallow copy of its value (the text is immutable)."""
+        return Answer(dict(self.value), self.text)
+
+    def with_field(self, key: str, item: Any) -> Answer:
+        """This answer with one more top-level field, without encoding it again: the field's encoding is
+        appended to the text. ``key`` and ``item`` are the gateway's own (a name, a number)."""
+        if key in self.value or not self.value or not self.text.endswith("}"):
+            return Answer.cleaned({**self.value, key: item})
+        text, _ = encode_json({key: item})
+        return Answer({**self.value, key: item}, f"{self.text[:-1]},{text[1:]}")
+
     @property
     def data(self) -> bytes:
         return answer_bytes(self.text)

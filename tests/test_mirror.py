@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from simulator import (
 )
 
 from gateway import errors
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.pipeline import Gateway
@@ -60,7 +62,10 @@ def synced(mirrors: Mirrors, name: str, resyncs: int = 0) -> bool:
 
 
 def answer(mirrors: Mirrors, target: str, tool: str, **args: Any) -> dict[str, Any] | None:
-    return asyncio.run(mirrors.answer(target, tool, {"target": target, **args}))
+    got = asyncio.run(mirrors.answer(target, tool, {"target": target, **args}))
+    if got is not None:
+        assert json.loads(got.text) == got.value, "the text sent is the value the gateway holds"
+    return None if got is None else got.value
 
 
 def mirrored(mirrors: Mirrors, target: str, tool: str, **args: Any) -> dict[str, Any]:
@@ -194,6 +199,10 @@ def test_a_listing_is_shaped_once_per_change_of_the_inventory(sim: Simulator, si
         second = mirrored(built, "vc1", "list_vms")
         assert len(shaped) == 1, "an unchanged inventory is not shaped again"
         assert "added_by_a_caller" not in second and names(second) == names(first)
+        texts = [asyncio.run(built.answer("vc1", "list_vms", {"target": "vc1"})) for _ in range(2)]
+        assert texts[0] is not None and texts[1] is not None
+        assert texts[0].text is texts[1].text, "an unchanged inventory's answer is encoded once"
+        assert texts[0].value is not texts[1].value, "each caller gets its own copy of the value"
         mirrored(built, "vc1", "list_vms", power_state="poweredOff")
         assert len(shaped) == 2, "other arguments are another answer"
         _wait_task(find_vm(si, "DC0_H0_VM0").PowerOffVM_Task())
@@ -268,7 +277,7 @@ def test_a_slowed_target_does_not_delay_another(make_simulator: MakeSimulator) -
         wait_until(lambda: synced(built, "slow") and synced(built, "fast"), timeout=30, what="both synced")
         slow_sim.control("/delay", {"method_delay": {"WaitForUpdatesEx": 60_000}})
 
-        async def both() -> tuple[bool, dict[str, Any] | None]:
+        async def both() -> tuple[bool, Answer | None]:
             slow_read = asyncio.ensure_future(built.answer("slow", "list_vms", {"target": "slow"}))
             fast_result = await built.answer("fast", "list_vms", {"target": "fast"})
             slow_pending = not slow_read.done()
@@ -277,7 +286,7 @@ def test_a_slowed_target_does_not_delay_another(make_simulator: MakeSimulator) -
             return slow_pending, fast_result
 
         slow_pending, fast_result = asyncio.run(both())
-        assert fast_result is not None and fast_result["count"] >= 1
+        assert fast_result is not None and fast_result.value["count"] >= 1
         assert slow_pending, "the fast target's answer came only after the slow target's"
     finally:
         built.close()

@@ -1467,12 +1467,12 @@ class Gateway:
         await self._audit_off_loop(lambda: self._write_row(row))
 
     async def record_answer(self, row: Mapping[str, Any], result: Any) -> Answer:
-        """Encode ``result`` once (``Answer.cleaned``) and append ``row`` fingerprinting that answer, in
-        one worker thread (the encoding of a big listing never runs on the event loop); ``record``'s
-        deadline and refusal. Returns the answer to send."""
+        """Encode ``result`` once (``Answer.cleaned``; an ``Answer`` is already encoded) and append
+        ``row`` fingerprinting that answer, in one worker thread (the encoding of a big listing never
+        runs on the event loop); ``record``'s deadline and refusal. Returns the answer to send."""
 
         def encode_and_write() -> Answer:
-            answer = Answer.cleaned(result)
+            answer = result if isinstance(result, Answer) else Answer.cleaned(result)
             self._write_row({**row, "result": answer})
             return answer
 

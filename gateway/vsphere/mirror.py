@@ -55,6 +55,7 @@ from typing import Any
 from pyVmomi import vim, vmodl
 
 from gateway import errors
+from gateway.answer import Answer
 from gateway.config import Target
 from gateway.vsphere import inventory
 from gateway.vsphere.inventory import ObjectProps
@@ -126,6 +127,14 @@ class View:
 MirrorRead = Callable[[View, Mapping[str, Any]], dict[str, Any]]
 
 
+@dataclass
+class _Shaped:
+    """One read's result over one state of the mirror, and its answer once a reader encoded it."""
+
+    value: dict[str, Any]
+    answer: Answer | None = None
+
+
 class Mirror:
     """The mirror of one target (see the module docstring). Thread-safe; ``answer`` blocks."""
 
@@ -140,7 +149,7 @@ class Mirror:
         self._version: str | None = None
         #: bumped whenever ``_objects`` changes; the answers computed since are kept until it moves
         self._generation = 0
-        self._answers: dict[tuple[MirrorRead, str], dict[str, Any]] = {}
+        self._answers: dict[tuple[MirrorRead, str], _Shaped] = {}
         self._answers_generation = 0
         #: (type, name) -> moids, built from ``_objects`` once per generation, for ``lookup``
         self._names: dict[tuple[str, str], list[str]] = {}
@@ -196,8 +205,9 @@ class Mirror:
             return self._synced and self._healthy
 
     def answer(self, read: MirrorRead, args: Mapping[str, Any], max_staleness: float | None,
-               deadline: float = SYNC_DEADLINE_SECONDS) -> dict[str, Any] | None:
-        """``read`` over the mirrored state, brought up to date first; None when the mirror cannot answer.
+               deadline: float = SYNC_DEADLINE_SECONDS) -> Answer | None:
+        """``read`` over the mirrored state, brought up to date first, as the answer to send (encoded
+        once per change of the inventory); None when the mirror cannot answer.
 
         Blocking (run it off the event loop). Errors ``read`` raises (bad arguments, NotFound) propagate.
         """
@@ -212,18 +222,22 @@ class Mirror:
             if not (self._synced and self._healthy) or self._root is None:
                 self._swept += 1
                 return None
-            result = dict(self._shaped(read, args))  # the cached one stays as it is
+            shaped = self._shaped(read, args)
             self._served += 1
             heard = self._heard_at
+        if shaped.answer is None:  # encoded outside the lock; two readers at once may both encode it
+            shaped.answer = Answer.cleaned(shaped.value)
+        answer = shaped.answer.copy()  # a caller's changes to its value never reach the kept one
         if age is not None and heard is not None:
-            result["mirror_age_seconds"] = round(max(0.0, self._clock() - heard), 3)
-        return result
+            return answer.with_field("mirror_age_seconds", round(max(0.0, self._clock() - heard), 3))
+        return answer
 
-    def _shaped(self, read: MirrorRead, args: Mapping[str, Any]) -> dict[str, Any]:
+    def _shaped(self, read: MirrorRead, args: Mapping[str, Any]) -> _Shaped:
         """``read`` over the mirrored objects, computed once per change of them (called with the lock).
 
-        Agents polling the same listing find it already shaped until the inventory changes: the
-        generation moves with every applied update, so an answer is never older than the mirror."""
+        Agents polling the same listing find it already shaped (and, after the first, encoded) until
+        the inventory changes: the generation moves with every applied update, so an answer is never
+        older than the mirror."""
         if self._answers_generation != self._generation:
             self._answers.clear()
             self._answers_generation = self._generation
@@ -231,7 +245,7 @@ class Mirror:
         shaped = self._answers.get(key)
         if shaped is None:
             assert self._root is not None
-            shaped = read(View(self.target, list(self._objects.values()), self._root), args)
+            shaped = _Shaped(read(View(self.target, list(self._objects.values()), self._root), args))
             if len(self._answers) >= MAX_SHAPED_ANSWERS:
                 self._answers.pop(next(iter(self._answers)))
             self._answers[key] = shaped
@@ -507,7 +521,7 @@ class Mirrors:
                 if mirror is not None:
                     mirror.start()
 
-    async def answer(self, target: str, tool: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
+    async def answer(self, target: str, tool: str, args: Mapping[str, Any]) -> Answer | None:
         """The answer of read tool ``tool`` on ``target`` from its mirror, or None: sweep instead."""
         read = self._reads.get(tool)
         if read is None:
@@ -538,7 +552,7 @@ class Mirrors:
                 answer = await self.answer(name, tool, args)
             except errors.GatewayError as exc:
                 return {"error": exc.to_wire()}
-            return None if answer is None else {"ok": answer}
+            return None if answer is None else {"ok": answer.value}
 
         mirrored = dict(zip(names, await asyncio.gather(*(settle(n) for n in names)), strict=True))
         rest = [n for n in names if mirrored[n] is None]

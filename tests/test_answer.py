@@ -1,0 +1,55 @@
+"""gateway.answer: a tool's result encoded once; the text is always the encoding of the value."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.answer import Answer, encode_json
+
+
+def _encoded(value: object) -> str:
+    return encode_json(value)[0]
+
+
+def test_an_answer_is_compact_utf8_json_in_the_tool_s_key_order() -> None:
+    answer = Answer.cleaned({"vms": [{"name": "wéb", "cpu": 2}], "count": 1})
+    assert answer.text == '{"vms":[{"name":"wéb","cpu":2}],"count":1}'
+    assert answer.data == answer.text.encode("utf-8")
+
+
+def test_a_value_json_cannot_hold_is_sent_as_text_and_read_back_the_same() -> None:
+    answer = Answer.cleaned({"at": datetime(2026, 12, 1, tzinfo=UTC)})
+    assert answer.value == {"at": "2026-12-01 00:00:00+00:00"} == json.loads(answer.text)
+
+
+def test_a_string_the_model_should_not_see_raw_is_cleaned_in_value_and_text() -> None:
+    answer = Answer.cleaned({"name": "vm\x1b[31m"})
+    assert "\x1b" not in answer.text and json.loads(answer.text) == answer.value
+    assert answer.value["name"] != "vm\x1b[31m"
+
+
+@pytest.mark.parametrize("item", [0.125, 3, "two words", None])
+def test_a_field_added_is_appended_to_the_text_as_its_encoding(item: object) -> None:
+    base = Answer.cleaned({"vms": [{"name": "a"}], "count": 1})
+    added = base.with_field("mirror_age_seconds", item)
+    assert added.value == {"vms": [{"name": "a"}], "count": 1, "mirror_age_seconds": item}
+    assert added.text == _encoded(added.value)
+    assert "mirror_age_seconds" not in base.value, "the answer it came from is unchanged"
+
+
+@pytest.mark.parametrize("value", [{}, {"mirror_age_seconds": 1.0}])
+def test_a_field_on_an_empty_answer_or_over_an_existing_key_is_encoded_again(
+    value: dict[str, object],
+) -> None:
+    added = Answer.cleaned(value).with_field("mirror_age_seconds", 2.5)
+    assert added.value == {"mirror_age_seconds": 2.5} and added.text == _encoded(added.value)
+
+
+def test_a_copy_shares_the_text_not_the_value() -> None:
+    base = Answer.cleaned({"count": 1})
+    copy = base.copy()
+    copy.value["count"] = 2
+    assert base.value == {"count": 1} and copy.text is base.text
