@@ -569,18 +569,23 @@ def test_serve_refuses_to_start_without_a_token(
     assert "gateway token create NAME --role admin" in command.output()
 
 
+async def _list_vms_once(tmp_path: Path, gateway: Gateway) -> Any:
+    """One list_vms on vc1 over HTTPS from a fresh server on ``gateway`` (stopped and closed after)."""
+    running = serve(tmp_path, gateway)
+    try:
+        async with mcp_client(running, running.tokens["alice"], "legacy") as client:
+            return await client.call_tool("list_vms", {"target": "vc1"})
+    finally:
+        running.stop()
+        await running.gateway.close()
+
+
 async def test_an_answer_over_one_mebibyte_reaches_the_default_client(
     tmp_path: Path, make_simulator: MakeSimulator
 ) -> None:
     """The SDK client refuses server-sent events over 1 MiB: large answers must arrive as one JSON body."""
     sim = make_simulator(clusters=1, hosts_per_cluster=2, vms=6000, startup_timeout=240)
-    running = serve(tmp_path, real_gateway(sim, tmp_path))
-    try:
-        async with mcp_client(running, running.tokens["alice"], "legacy") as client:
-            result = await client.call_tool("list_vms", {"target": "vc1"})
-    finally:
-        running.stop()
-        await running.gateway.close()
+    result = await _list_vms_once(tmp_path, real_gateway(sim, tmp_path))
     assert not result.is_error, result.content
     assert answer_of(result)["count"] == 6000
     text = result.content[0].text  # type: ignore[union-attr]
@@ -591,13 +596,7 @@ async def test_the_audit_row_fingerprints_the_very_answer_the_client_received(
     sim_vc1: Simulator, tmp_path: Path
 ) -> None:
     gateway = real_gateway(sim_vc1, tmp_path)
-    running = serve(tmp_path, gateway)
-    try:
-        async with mcp_client(running, running.tokens["alice"], "legacy") as client:
-            result = await client.call_tool("list_vms", {"target": "vc1"})
-    finally:
-        running.stop()
-        await running.gateway.close()
+    result = await _list_vms_once(tmp_path, gateway)
     assert not result.is_error, result.content
     received = result.content[0].text.encode()  # type: ignore[union-attr]
     (row,) = [r for r in read_rows(gateway.settings.audit_log) if r.get("tool") == "list_vms"]

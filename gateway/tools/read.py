@@ -106,6 +106,12 @@ def _by(ref_param: str, fn: Callable[[Any, str], dict[str, Any]]) -> ReadFn:
     return lambda session, args: fn(session, args[ref_param])
 
 
+def _vm_details(session: Any, args: Mapping[str, Any],
+                lookup: inventory.Lookup | None = None) -> dict[str, Any]:
+    """get_vm_details; with a mirror's ``lookup`` it may skip the name sweep (``inventory.Lookup``)."""
+    return inventory.get_vm_details(session, args["vm"], lookup)
+
+
 def _list_hosts(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     return inventory.list_hosts(session, args.get("cluster"))
 
@@ -205,9 +211,7 @@ READ_TOOLS: tuple[ToolSpec, ...] = (
     ),
     _read_tool("get_vm_details", "One VM in depth: placement (folder, pool, host, cluster), hardware, disks, "
                "NICs, CD-ROMs, guest information, storage use and snapshot pointer.",
-               _by("vm", inventory.get_vm_details), _VM,
-               read_with_lookup=lambda session, args, lookup: inventory.get_vm_details(session, args["vm"],
-                                                                                       lookup)),
+               _vm_details, _VM, read_with_lookup=_vm_details),
     _read_tool("get_vm_performance", "Realtime CPU, memory, disk and network statistics of one VM (20-second "
                "samples): latest, average and maximum. Counters the target does not collect are listed as "
                "unavailable.", _vm_performance, _VM,

@@ -147,13 +147,10 @@ class Mirror:
         self._objects: dict[str, ObjectProps] = {}
         self._root: str | None = None
         self._version: str | None = None
-        #: bumped whenever ``_objects`` changes; the answers computed since are kept until it moves
-        self._generation = 0
+        #: what is derived from ``_objects``, kept until they change (``_changed`` drops both): the
+        #: shaped answers by (read, arguments), and the (type, name) -> moids index ``lookup`` reads
         self._answers: dict[tuple[MirrorRead, str], _Shaped] = {}
-        self._answers_generation = 0
-        #: (type, name) -> moids, built from ``_objects`` once per generation, for ``lookup``
-        self._names: dict[tuple[str, str], list[str]] = {}
-        self._names_generation = -1
+        self._names: dict[tuple[str, str], list[str]] | None = None
         self._lookups = 0
         self._synced = False
         self._healthy = False
@@ -236,11 +233,8 @@ class Mirror:
         """``read`` over the mirrored objects, computed once per change of them (called with the lock).
 
         Agents polling the same listing find it already shaped (and, after the first, encoded) until
-        the inventory changes: the generation moves with every applied update, so an answer is never
+        the inventory changes: every applied update drops the kept answers, so an answer is never
         older than the mirror."""
-        if self._answers_generation != self._generation:
-            self._answers.clear()
-            self._answers_generation = self._generation
         key = (read, json.dumps(args, sort_keys=True, default=str))
         shaped = self._answers.get(key)
         if shaped is None:
@@ -265,13 +259,12 @@ class Mirror:
             if found is not None:
                 moid: str | None = ref if found.type == type_name else None
             else:
-                if self._names_generation != self._generation:
-                    names: dict[tuple[str, str], list[str]] = {}
+                if self._names is None:
+                    self._names = {}
                     for obj in self._objects.values():
                         name = obj.props.get("name")
                         if isinstance(name, str):
-                            names.setdefault((obj.type, name), []).append(obj.moid)
-                    self._names, self._names_generation = names, self._generation
+                            self._names.setdefault((obj.type, name), []).append(obj.moid)
                 moids = self._names.get((type_name, ref), [])
                 moid = moids[0] if len(moids) == 1 else None
             self._lookups += moid is not None
@@ -430,7 +423,7 @@ class Mirror:
         with self._lock:
             resynced = self._root is not None
             self._objects = objects
-            self._generation += 1
+            self._changed()
             self._version = version
             self._root = content.rootFolder._moId
             self._session_key = session.key
@@ -440,6 +433,11 @@ class Mirror:
             self._resyncs += int(resynced)
             self._lock.notify_all()
         log.info("target %s: mirror synced (%d objects)", self.target.name, len(objects))
+
+    def _changed(self) -> None:
+        """``_objects`` changed (called with the lock): drop what was derived from them."""
+        self._answers.clear()
+        self._names = None
 
     def _drop_filter(self) -> None:
         for obj, method in ((self._filter, "DestroyPropertyFilter"), (self._view, "DestroyView")):
@@ -452,7 +450,7 @@ class Mirror:
         with self._lock:
             if update is not None:
                 self._updates += _apply_update(self._objects, update)
-                self._generation += 1
+                self._changed()
                 self._version = update.version
             self._heard_at = self._clock()
             if polled is not None:
