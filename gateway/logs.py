@@ -1,11 +1,12 @@
 """The process's log output: plain text for people, or one JSON object per line for log pipelines.
 
 ``configure_logging(format, level)`` installs one handler on the root logger (stderr by default, so
-the stdio transport keeps stdout for the protocol). Both formats pass every line through the audit
-log's ``redact_text``, so a token, password or private key that slipped into a message or a traceback
-is masked before it is written. A JSON line carries ``ts`` (UTC, ISO 8601, milliseconds), ``level``,
-``logger`` and ``message``, then any ``extra=`` fields of the call (redacted like audit rows: values
-under credential-like keys become ``"***"``), and ``exc`` with the traceback when there is one.
+the stdio transport keeps stdout for the protocol). Both formats pass every line through
+``gateway.guard.redact.redact_text``, so a token, password or private key that slipped into a message
+or a traceback is masked before it is written. A JSON line carries ``ts`` (UTC, ISO 8601,
+milliseconds), ``level``, ``logger`` and ``message``, then any ``extra=`` fields of the call (redacted
+like audit rows: values under credential-like keys become ``"***"``), and ``exc`` with the traceback
+when there is one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
 from gateway.errors import ConfigError
-from gateway.guard.audit import redact, redact_text
+from gateway.guard.redact import redact, redact_text
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
