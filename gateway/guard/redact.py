@@ -33,28 +33,44 @@ from datetime import date, datetime
 from enum import Enum
 from typing import Any
 
+from gateway.guard.sanitize import DEFAULT_MAX_LEN, clean_text
+
 MASK = "***"
 
 
 _SECRET_KEY_FRAGMENTS = (
     "password", "passwd", "passphrase", "pwd", "secret", "token", "api_key", "apikey", "authorization",
     "cookie", "credential", "private_key", "privatekey", "access_key", "session_key", "soap_session",
-    "license_key", "licensekey", "encryption_key",
+    "license_key", "licensekey", "encryption_key", "passcode", "passwort", "kennwort", "wachtwoord",
+    "contrase\u00f1a", "contrasena",
 )
+#: short words that name a credential only as a whole part of a key (``pin``, ``x_auth``; not ``ping``,
+#: ``author``): their values are masked, but a mapping under one (``auth: {user, password}``) is opened
+_SECRET_KEY_WORDS = frozenset({"pass", "auth", "pin", "pincode"})
 #: keys naming *about* a secret rather than holding one (``token_id``, ``secret_name``) stay readable
 _SAFE_KEY_SUFFIXES = ("_id", "_ids", "_name", "_names", "_count", "_at", "_kind", "_type", "_ttl",
-                      "_expires", "_role")
+                      "_expires", "_role", "_method", "_mode")
 _MAX_DEPTH = 32
 _KEY_SEPARATORS = re.compile(r"[\s.\-]")
+#: ``_key_strength``: not a credential, a short word (``pin``), a credential whatever its value holds
+_PLAIN, _WORD, _STRONG = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=4096)
-def is_secret_key(key: str) -> bool:
-    """True when a mapping key (or ``key=`` in text) names a credential; case-insensitive substrings."""
+def _key_strength(key: str) -> int:
     norm = _KEY_SEPARATORS.sub("_", key.lower())
     if norm.endswith(_SAFE_KEY_SUFFIXES):
-        return False
-    return any(fragment in norm for fragment in _SECRET_KEY_FRAGMENTS)
+        return _PLAIN
+    if any(fragment in norm for fragment in _SECRET_KEY_FRAGMENTS):
+        return _STRONG
+    return _WORD if not _SECRET_KEY_WORDS.isdisjoint(norm.split("_")) else _PLAIN
+
+
+def is_secret_key(key: str) -> bool:
+    """True when a mapping key (or ``key=`` in text) names a credential: case-insensitive substrings
+    (``password``, ``client_secret``, ``X-Auth-Token``), or a short word as a whole part of the key
+    (``pass``, ``auth``, ``pin``: ``x_auth`` but not ``author``)."""
+    return _key_strength(key) != _PLAIN
 
 
 _GATEWAY_TOKEN = re.compile(r"\bgwt_[^\s\"'`,;)}\]]+")
@@ -65,7 +81,7 @@ _URL_USERINFO = re.compile(r"(?i)(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]*://[^/\s:@]
 # key=value, key: value, "key": "value", and the same inside JSON quoted once more (\"key\": \"v\")
 _KEY_VALUE = re.compile(
     r"(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z0-9_.\-]+)(?P<sep>(?:\\?[\"'])?\s*[:=]\s*)"
-    r"(?P<scheme>(?:bearer|basic|digest|negotiate)\s+)?"
+    r"(?P<scheme>(?:bearer|basic|digest|negotiate)\s+)?(?!//)(?![{\[])"
     r"(?P<value>\\?\"[^\"]*\"|'[^']*'|[^\s\"',;&)}\]]+)",
     re.IGNORECASE,
 )
@@ -133,11 +149,53 @@ _JWT = re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{6,}\.eyJ[A-Za-z0-9_\-]{
 _GITHUB_TOKEN = re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")
 _SLACK_TOKEN = re.compile(r"(?<![A-Za-z0-9\-])xox[abposre]-[A-Za-z0-9\-]{10,}")
 _SLACK_WEBHOOK = re.compile(r"(?i)(https://hooks\.slack\.com/)[A-Za-z0-9/_\-]+")
-# "password is X", "root pw is X", "pw: X", "secret = X" (but not "password is required")
+# Credential phrasing: "password is X", "the password for root is X", "pw: X", "Passwort: X", "passwd X",
+# "secret X", "credentials X", a quoted value whole (but not "password is required", "the secret sauce").
+_PHRASE_WORDS = (
+    r"password|passwd|passphrase|passcode|passwort|kennwort|wachtwoord|contrase(?:\u00f1|n)a|senha"
+    r"|mot\s+de\s+passe|\u043f\u0430\u0440\u043e\u043b\u044c|pwd?|secret|credentials?")
 _PASSWORD_PHRASE = re.compile(
-    r"(?i)(?<![A-Za-z0-9_])(password|passwd|passphrase|pw|pwd|secret)(\s+(?:is|was)\s+|\s*[:=]\s*)"
-    r"(?!\*\*\*)(?!(?:required|wrong|incorrect|invalid|missing|empty|not|too|expired|changed|set|unset"
-    r"|the|a|an|needed|correct|ok)\b)([^\s\"',;]+)")
+    rf"(?i)(?<!\w)(?P<lead>(?P<word>{_PHRASE_WORDS})(?:\s+(?:for|of)\s+[^\s\"',;:=]{{1,64}})?)"
+    r"(?P<sep>\s+(?:is|was|ist|est|es)\s+|\s*[:=]\s*|\s+)"
+    r"(?P<value>\"[^\"\n]{0,256}\"|'[^'\n]{0,256}'|[^\s\"',;]+)")
+_PHRASE_NEEDLES = ("pass", "pw", "secret", "credential", "wort", "\u043f\u0430\u0440\u043e\u043b\u044c",
+                   "contrase", "senha", "wachtwoord")
+#: words after "password is" that say something about a password rather than being one
+_NOT_A_SECRET = frozenset({
+    "required", "wrong", "incorrect", "invalid", "missing", "empty", "not", "too", "expired", "changed",
+    "set", "unset", "the", "a", "an", "needed", "correct", "ok", "none", "null", "redacted", "hidden",
+})
+
+
+def _mask_phrase(match: re.Match[str]) -> str:
+    lead, word, sep, value = match.group("lead", "word", "sep", "value")
+    quote = value[0] if value[0] in "\"'" and len(value) > 1 and value[-1] == value[0] else ""
+    bare = value[1:-1] if quote else value
+    if bare.startswith(MASK) or (not quote and bare.rstrip(".!?:)").lower() in _NOT_A_SECRET):
+        return match.group(0)
+    # "passwd X", "secret X" without "is" or ":": only a value that is not a plain word ("the secret
+    # sauce", "password field"), and never after the short "pw"
+    if not sep.strip() and not quote and (bare.isalpha() or word.lower().startswith("pw")):
+        return match.group(0)
+    return f"{lead}{sep}{quote}{MASK}{quote}"
+
+
+# Webhook URLs that carry their secret in the path (Teams, Discord, Slack-style /hooks/) or the query.
+_WEBHOOK_PATH = re.compile(
+    r"(?i)(://[^\s/\"'<>]+(?:/[^\s/\"'<>?#]+)*?/(?:webhookb2|incomingwebhook|api/webhooks|hooks)/)"
+    r"[^\s\"'<>?#]+")
+_URL_QUERY = re.compile(r"(?<=[?&])(?P<key>[A-Za-z0-9_.\-]{1,64})=(?P<value>[^&\s\"'<>#]+)")
+#: query parameters that are a webhook's credential although their names are not credential words
+_URL_SECRET_PARAMETERS = frozenset({"sig", "signature", "code", "key", "hmac", "sp_sig"})
+
+
+def _mask_url_query(match: re.Match[str]) -> str:
+    key = match.group("key")
+    if match.group("value").startswith(MASK):
+        return match.group(0)
+    if key.lower() in _URL_SECRET_PARAMETERS or (is_secret_key(key) and not is_correlation_key(key)):
+        return f"{key}={MASK}"
+    return match.group(0)
 
 
 def _mask_aws_secret(match: re.Match[str]) -> str:
@@ -154,7 +212,9 @@ _TEXT_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str], 
     (_GATEWAY_TOKEN, _mask_gateway_token, ("gwt_",)),
     (_CONFIRMATION_TOKEN, f"gwc_{MASK}", ("gwc_",)),
     (_SLACK_WEBHOOK, rf"\1{MASK}", ("hooks.slack.com",)),
+    (_WEBHOOK_PATH, rf"\1{MASK}", ("webhook", "/hooks/")),
     (_URL_USERINFO, rf"\1:{MASK}@", ("://",)),
+    (_URL_QUERY, _mask_url_query, ("?",)),
     (_KEY_VALUE, _mask_key_value, (":", "=")),
     (_BEARER, rf"\1{MASK}", ("bearer",)),
     (_PEM_PRIVATE_KEY, rf"-----BEGIN \g<kind>PRIVATE KEY-----{MASK}-----END \g<kind>PRIVATE KEY-----",
@@ -163,7 +223,7 @@ _TEXT_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str], 
     (_JWT, MASK, ("eyj",)),
     (_GITHUB_TOKEN, MASK, ("gh", "github_pat_")),
     (_SLACK_TOKEN, MASK, ("xox",)),
-    (_PASSWORD_PHRASE, rf"\1\2{MASK}", ("pass", "pw", "secret")),
+    (_PASSWORD_PHRASE, _mask_phrase, _PHRASE_NEEDLES),
 )
 #: rules for shapes without a keyword to look for first; they run on any text this long
 _SHAPE_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
@@ -265,6 +325,20 @@ def bounded(value: Any) -> Any:
     return _Walk(_Budget(MAX_ROW_CHARS)).value(value, 0)
 
 
+def shown_text(text: str, max_len: int = DEFAULT_MAX_LEN) -> str:
+    """``text`` as people and models are shown it: redacted (``redact_text``), then hidden characters
+    escaped and the length bounded with a visible marker (``gateway.guard.sanitize.clean_text``).
+    Redacting first means a cut never leaves half a secret behind. Idempotent."""
+    return clean_text(redact_text(text), max_len)
+
+
+def shown(value: Any, max_len: int = DEFAULT_MAX_LEN) -> Any:
+    """``redact(value)`` with every string (keys too) bounded as ``shown_text`` bounds it: the form of
+    a proposal's summary and affected objects, the pending card, ``list_pending_actions`` and the
+    facts a notification carries. Idempotent."""
+    return _Walk(None, max_len).value(value, 0)
+
+
 #: audit rows keep strings up to this many characters whole
 MAX_STRING_CHARS = 1024
 #: of a longer string, this many leading characters are kept (with its size and digest)
@@ -303,11 +377,16 @@ def _bounded_key(key: str) -> str:
     return f"{key[:CUT_KEEP_CHARS]}...sha256:{digest}"
 
 
-class _Walk:
-    """One walk over a value: redaction always; with a budget, bounds on size as well."""
+_CONTAINERS = (Mapping, list, tuple, set, frozenset)
 
-    def __init__(self, budget: _Budget | None) -> None:
+
+class _Walk:
+    """One walk over a value: redaction always; with a budget, the audit row's bounds on size as well;
+    with ``shown_len``, the bounds of text shown to people (hidden characters escaped, a visible cut)."""
+
+    def __init__(self, budget: _Budget | None, shown_len: int | None = None) -> None:
         self.budget = budget
+        self.shown_len = shown_len
         self.max_depth = _MAX_DEPTH if budget is None else MAX_BOUNDED_DEPTH
 
     def value(self, value: Any, depth: int) -> Any:
@@ -317,7 +396,7 @@ class _Walk:
             return self.text(redact_text(value))
         if isinstance(value, float):
             return value if math.isfinite(value) else str(value)
-        if depth >= self.max_depth and isinstance(value, Mapping | list | tuple | set | frozenset):
+        if depth >= self.max_depth and isinstance(value, _CONTAINERS):
             return _TOO_DEEP
         if isinstance(value, Mapping):
             return self.mapping(value, depth)
@@ -326,7 +405,15 @@ class _Walk:
         return self.scalar(value, depth)
 
     def text(self, text: str) -> Any:
-        return text if self.budget is None else self.budget.text(text)
+        if self.budget is not None:
+            return self.budget.text(text)
+        return text if self.shown_len is None else clean_text(text, self.shown_len)
+
+    def key(self, key: Any) -> str:
+        name = str(key)
+        if self.budget is not None:
+            return _bounded_key(name)
+        return name if self.shown_len is None else clean_text(name, self.shown_len)
 
     def mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -334,8 +421,10 @@ class _Walk:
             if self.budget is not None and index >= MAX_ITEMS:
                 out[MORE_ITEMS] = len(value) - MAX_ITEMS
                 break
-            name = str(key) if self.budget is None else _bounded_key(str(key))
-            if is_secret_key(name) and item is not None and not isinstance(item, bool):
+            name = self.key(key)
+            strength = _key_strength(name)
+            if item is not None and not isinstance(item, bool) and (
+                    strength == _STRONG or (strength == _WORD and not isinstance(item, _CONTAINERS))):
                 out[name] = MASK
             elif isinstance(item, str) and is_correlation_key(name):
                 out[name] = self.text(redact_correlation_id(item))  # not masked as opaque; bounded
