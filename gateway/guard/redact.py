@@ -157,7 +157,7 @@ _PHRASE_WORDS = (
 _PASSWORD_PHRASE = re.compile(
     rf"(?i)(?<!\w)(?P<lead>(?P<word>{_PHRASE_WORDS})(?:\s+(?:for|of)\s+[^\s\"',;:=]{{1,64}})?)"
     r"(?P<sep>\s+(?:is|was|ist|est|es)\s+|\s*[:=]\s*|\s+)"
-    r"(?P<value>\"[^\"\n]{0,256}\"|'[^'\n]{0,256}'|[^\s\"',;]+)")
+    r"(?P<value>\"[^\"\n]{0,256}\"|'[^'\n]{0,256}'|[\"']?[^\s\"',;]+)")
 _PHRASE_NEEDLES = ("pass", "pw", "secret", "credential", "wort", "\u043f\u0430\u0440\u043e\u043b\u044c",
                    "contrase", "senha", "wachtwoord")
 #: words after "password is" that say something about a password rather than being one
