@@ -884,8 +884,8 @@ class Gateway:
             would = {
                 "dry_run": True,
                 "target": target.name,
-                "would": plan.summary,
-                "affected": [a.to_dict() for a in plan.affected],
+                "would": shown_text(plan.summary),
+                "affected": shown([a.to_dict() for a in plan.affected]),
             }
             await self.record(ctx.row("dry_run", outcome="ok", result=would, **base))
             if proposal is not None:
