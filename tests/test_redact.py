@@ -307,6 +307,10 @@ async def test_a_secret_in_name_regex_never_leaves_the_host_in_clear(
             process.send_signal(signal.SIGTERM)
             process.wait(60)
     assert "DC0_H0_VM0" in proposed["summary"], proposed  # the summary still names the VMs it acts on
+    pid = proposed["proposal_id"]
+    assert [p["proposal_id"] for p in pending["pending"]] == [pid], pending
+    assert pid in cards and pid in receiver.bodies("/hook")[0] and pid in receiver.bodies("/chat")[0]
+    assert row["plan_summary"] == proposed["summary"]
     # every column but ``args``: that is the call itself, which confirm and approve plan again from
     # (possibly in another process), so it holds name_regex as given
     stored = {key: row[key] for key in row.keys() if key != "args"}  # noqa: SIM118 (sqlite3.Row)
