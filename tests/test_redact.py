@@ -37,10 +37,13 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, wait_until, write_targets
 
+from gateway import notify
 from gateway.auth.tokens import create_token
 from gateway.guard.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.logs import configure_logging
+from gateway.server.pipeline import proposal_view
 from gateway.server.tls import create_certificate
+from gateway.store.base import Proposal
 from gateway.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,6 +160,35 @@ def test_redaction_of_long_adversarial_phrasing_completes(shape: str) -> None:
 def test_a_long_run_of_open_quotes_is_masked_in_linear_time() -> None:
     masked = redact_text('password is "' * 30_000)
     assert masked.startswith('password is "***"') and len(masked) < 30_000 * 13
+
+
+# ----------------------------------------------- every exit redacts, whatever the record holds (pure)
+
+
+def _stored_proposal(**changes: Any) -> Proposal:
+    """A proposal record as an older gateway (or a hand-edited database) may hold it: text in clear."""
+    fields: dict[str, Any] = dict(
+        id="p-1", token_hash="h", caller="agent-a", role="admin", surface="test", target="vc1",
+        target_host="10.0.0.1", tool="bulk_vm_action", args={}, args_digest="d",
+        plan_summary="Delete VMs matching '(?:password is Hunter2)?web'",
+        affected=[{"type": "vm", "name": "web pin=1234", "moid": "vm-1"}], plan_params={},
+        created_at=1_800_000_000.0, expires_at=1_800_001_800.0, require_web_approval=True, state="failed",
+        error={"code": "task_failed", "message": "vSphere said: secret Hunter2 refused"},
+    )
+    fields.update(changes)
+    return Proposal(**fields)
+
+
+def test_the_pending_view_and_notifications_redact_every_text_they_carry() -> None:
+    proposal = _stored_proposal()
+    facts = notify.proposal_facts(proposal)
+    texts = {
+        "view": json.dumps(proposal_view(proposal, 1_800_000_100.0)),
+        "facts": json.dumps(facts),
+        "chat": json.dumps(notify.chat_message("failed", facts, "https://gw/ui#proposal=p-1")),
+    }
+    assert {where: text for where, text in texts.items() if "Hunter2" in text or "1234" in text} == {}
+    assert "web pin=***" in texts["view"] and "password is ***" in texts["chat"]
 
 
 # ------------------------------------------------------------------ the HTTP client's log lines
