@@ -974,12 +974,14 @@ class Gateway:
     ) -> dict[str, Any]:
         await self.off_loop(self.expire_due)
         proposals = await self.off_loop(self.store.list_proposals, ["pending"])
-        rows = [
-            proposal_view(p, self.clock())
+        visible = [
+            p
             for p in proposals
             if ctx.role.permits_target(p.target)
             and (p.caller == ctx.principal.name or ctx.role.approve != "none")
         ]
+        now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
+        rows = await self.off_loop(lambda: [proposal_view(p, now) for p in visible])
         await self.record(
             ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
         )
