@@ -74,6 +74,7 @@ from gateway.guard.decision import (
 from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, PolicyStore, TargetPolicy
+from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.server.instance import Instance
@@ -800,8 +801,10 @@ class Gateway:
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
-        summary = clean(plan.summary)
-        affected = clean([a.to_dict() for a in plan.affected])
+        # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
+        # every notification then carry the same clean text
+        summary = shown_text(plan.summary)
+        affected = shown([a.to_dict() for a in plan.affected])
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
@@ -881,8 +884,8 @@ class Gateway:
             would = {
                 "dry_run": True,
                 "target": target.name,
-                "would": plan.summary,
-                "affected": [a.to_dict() for a in plan.affected],
+                "would": shown_text(plan.summary),
+                "affected": shown([a.to_dict() for a in plan.affected]),
             }
             await self.record(ctx.row("dry_run", outcome="ok", result=would, **base))
             if proposal is not None:
@@ -971,12 +974,14 @@ class Gateway:
     ) -> dict[str, Any]:
         await self.off_loop(self.expire_due)
         proposals = await self.off_loop(self.store.list_proposals, ["pending"])
-        rows = [
-            proposal_view(p, self.clock())
+        visible = [
+            p
             for p in proposals
             if ctx.role.permits_target(p.target)
             and (p.caller == ctx.principal.name or ctx.role.approve != "none")
         ]
+        now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
+        rows = await self.off_loop(lambda: [proposal_view(p, now) for p in visible])
         await self.record(
             ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
         )
@@ -1613,7 +1618,7 @@ def _redact_args(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
     before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
-    after = sorted((a["type"], a["moid"], a["name"]) for a in clean([a.to_dict() for a in plan.affected]))
+    after = sorted((a["type"], a["moid"], a["name"]) for a in shown([a.to_dict() for a in plan.affected]))
     if before != after:
         raise Stale(
             f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
@@ -1622,7 +1627,8 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans (sanitized text; never the token or its hash)."""
+    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
+    never the token or its hash)."""
     view = {
         "proposal_id": p.id,
         "state": p.state,
@@ -1639,4 +1645,4 @@ def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
         "outcome": p.outcome,
         "error": p.error,
     }
-    return clean(view)  # type: ignore[no-any-return]
+    return shown(view)  # type: ignore[no-any-return]

@@ -61,8 +61,10 @@ class TokenRecord:
 class Proposal:
     """A destructive call waiting for confirmation. Only the sha256 of its confirmation token is kept.
 
-    ``args`` is redacted for display; ``args_digest`` binds the proposal to the exact call;
-    ``plan_params`` holds everything needed to execute it later, possibly in another process.
+    ``args`` is the call as made: confirm and approve plan again from it, possibly in another process,
+    so it is kept as given and never shown (views leave it out, audit rows redact it); ``args_digest``
+    binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
+    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.guard.redact.shown``).
     """
 
     id: str
