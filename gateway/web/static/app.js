@@ -123,7 +123,7 @@
   function signInHint(role) {
     $("sign-in-hint").hidden = !role;
     // each word unbreakable (a line may end only between words, never inside "--role")
-    const words = role ? ["gateway", "token", "create", "alice", "--role", role] : [];
+    const words = role ? ["gateway", "token", "create", "alice", "--role", role, "--kind", "person"] : [];
     clear($("sign-in-command")).append(...words.flatMap((word, i) => [i ? " " : "", el("span", { class: "word", text: word })]));
   }
 
