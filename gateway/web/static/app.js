@@ -12,7 +12,7 @@
     failed: "Failed", denied: "Denied", expired: "Expired", cancelled: "Cancelled",
     stale: "Stale", outcome_unknown: "Outcome unknown",
   };
-  const APPROVE_LABELS = { any: "approves any proposal", others: "approves others' proposals", none: "cannot approve" };
+  const APPROVE_LABELS = { any: "approves others' proposals", others: "approves others' proposals", none: "cannot approve" };
 
   const state = {
     me: null, csrf: null, tab: null, pollTimer: null, tickTimer: null, busy: new Set(),
