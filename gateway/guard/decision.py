@@ -198,7 +198,10 @@ def proposal_rights(viewer: Party, proposed: Proposed) -> ProposalRights:
 
     See: a role covering the proposal's target, and either its proposer or a role with the approve
     right. Approve and deny: one who sees it, is a person, has the approve right, and did not
-    propose it (by any surface, whatever the role)."""
+    propose it (by any surface, whatever the role). The refusals are checked in that order, so the
+    first reason is the one reported. (N of M slots in here: ``Proposed`` gains who approved so far,
+    and a second approval by the same person or a role outside ``approver_roles`` is refused the same
+    way, with its own reason code.)"""
     role = viewer.role
     own = viewer.name == proposed.proposer
     see = role is not None and role.permits_target(proposed.target) and (own or role.approve != "none")
@@ -214,9 +217,9 @@ def _decider_refusal(viewer: Party, proposed: Proposed, *, see: bool, own: bool)
     if viewer.kind is not Kind.PERSON:
         return _refuse(
             "forbidden",
-            "only a person approves or denies a proposal, and this token is an agent's; a person signs "
-            "in with their own token (`gateway token create NAME --role ROLE --kind person`) or runs "
-            "`gateway pending` on the gateway's host",
+            "only a person approves or denies a proposal, and you are an agent (an agent's token, or the "
+            "stdio session); a person signs in to the page with their own token (`gateway token create "
+            "NAME --role ROLE --kind person`) or runs `gateway pending` on the gateway's host",
             "kind:agent", reason_code="not_a_person", proposal_id=proposed.id,
         )
     if role.approve == "none":
