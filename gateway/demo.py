@@ -45,6 +45,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from gateway.auth.local import os_person
 from gateway.auth.tokens import create_token
 from gateway.devsim import REPO, VCSIM_BIN, SimulatorProcess, start_simulator, write_targets
 from gateway.guard.audit import AuditSink
@@ -263,12 +264,13 @@ def create_tokens(files: DemoFiles) -> dict[str, str]:
     """One token per ``TOKENS`` entry (plaintext returned, only hashes stored), each audited."""
     files.home.mkdir(mode=0o700, exist_ok=True)
     tokens: dict[str, str] = {}
+    by = os_person()  # whoever runs the demo, as ``gateway token create`` names them
     with SqliteStore(files.home / "state.db") as store, AuditSink(files.audit_log) as audit:
         for name, (role, kind) in TOKENS.items():
             token, record = create_token(store, name, role, expires_in=None, now=time.time(), kind=kind)
-            audit.write({"phase": "token_created", "caller": "demo", "surface": "cli", "token_name": name,
-                         "token_id": record.token_id, "role": role, "token_kind": kind.value,
-                         "expires_at": None})
+            audit.write({"phase": "token_created", "caller": by.name, "kind": by.kind.value, "surface": "cli",
+                         "token_name": name, "token_id": record.token_id, "role": role,
+                         "token_kind": kind.value, "expires_at": None})
             tokens[name] = token
     return tokens
 

@@ -436,9 +436,13 @@ async def test_the_pending_command_is_a_human_approval_path(
     env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gateway.cli import main
+    from gateway.server.mcp import stdio_principal
 
     gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
-    proposal = await propose_delete(gw)
+    desktop = stdio_principal()  # the desktop user's agent session proposes; that user, a person, approves
+    proposal = await propose_delete(gw, who=desktop)
+    with pytest.raises(ApprovalRequired):
+        await gw.call(desktop, "confirm_action", {"token": proposal["token"]})
     for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim}).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "true")
@@ -451,6 +455,8 @@ async def test_the_pending_command_is_a_human_approval_path(
     assert not env.vm_exists(VM0)
     approved = env.rows(phase="approved")[-1]
     assert approved["surface"] == "cli" and approved["caller"].startswith("os:")
+    assert (approved["kind"], approved["requested_by"]) == ("person", desktop.name)
+    assert env.rows(phase="proposed")[-1]["kind"] == "agent"
 
 
 async def test_a_refused_human_approval_is_audited(env: Env) -> None:
