@@ -65,9 +65,11 @@ from gateway.guard.decision import (
     Entry,
     Facts,
     Party,
+    Proposed,
     TokenState,
     Verdict,
     authorize,
+    proposal_rights,
     token_state,
     tool_permitted,
 )
@@ -151,6 +153,7 @@ class CallContext:
             "tool": self.spec.name,
             "risk": self.spec.risk.value,
             "caller": self.principal.name,
+            "kind": self.party.kind.value,
             "role": self.party.role.name if self.party.role else self.principal.role,
             "surface": self.principal.surface,
             "client": self.client,
@@ -406,13 +409,15 @@ class Gateway:
 
     # ----------------------------------------------------------------- facts
     def party(self, principal: Principal) -> Party:
-        """The caller as the store says it is now: a token's current state and role (a principal
-        without a token, from stdio or the CLI, is the role its surface gave it)."""
+        """The caller as the store says it is now: a token's current state, role and kind (a principal
+        without a token, from stdio or the CLI, is the role and kind its surface gave it)."""
         if principal.token_id is None:
-            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role))
+            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind)
         record = self.store.token_by_id(principal.token_id)
-        role = self.roles.get(record.role) if record is not None else None
-        return Party(principal.name, token_state(record, self.clock()), role)
+        if record is None:
+            return Party(principal.name, TokenState.UNKNOWN, None)
+        state = token_state(record, self.clock())
+        return Party(principal.name, state, self.roles.get(record.role), record.kind)
 
     def owner(self, p: Proposal) -> Party:
         """The proposer as they are now (their token's current state and role)."""
@@ -498,6 +503,7 @@ class Gateway:
         spec = self.registry.get(name)
         client = client or mcp_client_var.get()
         actor = await self.off_loop(self.party, principal)
+        principal = replace(principal, kind=actor.kind)  # rows name the kind the store has now
         if spec is None:
             ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
             await self._refused(
@@ -564,6 +570,7 @@ class Gateway:
                 phase,
                 args=_redact_args(ctx.spec, args or {}),
                 error_code=exc.code,
+                reason_code=exc.details.get("reason_code"),
                 decision=exc.details.get("decision"),
                 error=_cut(exc.message, 512),
                 **fields,
@@ -974,14 +981,9 @@ class Gateway:
     ) -> dict[str, Any]:
         await self.off_loop(self.expire_due)
         proposals = await self.off_loop(self.store.list_proposals, ["pending"])
-        visible = [
-            p
-            for p in proposals
-            if ctx.role.permits_target(p.target)
-            and (p.caller == ctx.principal.name or ctx.role.approve != "none")
-        ]
+        seen = [p for p in proposals if proposal_rights(ctx.party, Proposed.of(p)).see]
         now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
-        rows = await self.off_loop(lambda: [proposal_view(p, now) for p in visible])
+        rows = await self.off_loop(lambda: [proposal_view(p, now) for p in seen])
         await self.record(
             ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
         )
@@ -1083,6 +1085,7 @@ class Gateway:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         spec = self.registry.get(proposal.tool) or _unknown_tool(proposal.tool)
         actor = self.party(human)
+        human = replace(human, kind=actor.kind)
         facts = self.facts(
             Entry.DENY,
             actor,
@@ -1102,6 +1105,7 @@ class Gateway:
                 requested_by=proposal.caller,
                 decision=verdict.to_dict(),
                 error_code=verdict.code,
+                reason_code=verdict.details.get("reason_code"),
                 via="deny",
             )
             self._write_row(row)
@@ -1133,6 +1137,7 @@ class Gateway:
             {
                 "phase": "token_revoked",
                 "caller": by.name,
+                "kind": by.kind.value,
                 "surface": by.surface,
                 "token_name": rec.name,
                 "token_id": rec.token_id,
@@ -1188,6 +1193,7 @@ class Gateway:
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
         party = await self.off_loop(self.party, actor)
+        actor = replace(actor, kind=party.kind)
         ctx = CallContext(
             actor,
             party,
@@ -1432,6 +1438,7 @@ class Gateway:
             "risk": spec.risk.value if spec else None,
             "target": proposal.target,
             "caller": actor.name,
+            "kind": actor.kind.value,
             "role": actor.role,
             "surface": actor.surface,
             "requested_by": proposal.caller,
