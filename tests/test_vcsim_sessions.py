@@ -13,16 +13,30 @@ Changes are made by a third session; watchers read them with long waits on the d
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
 from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
-from simulator import MakeSimulator, Simulator, find_vm, pyvmomi_connect, read_properties, wait_until
+from simulator import (
+    MakeSimulator,
+    Simulator,
+    credentials_env,
+    find_vm,
+    pyvmomi_connect,
+    read_properties,
+    sim_target,
+    wait_until,
+)
+
+from gateway.tools.read import MIRROR_READS
+from gateway.vsphere.mirror import Mirrors
 
 PC: Any = vmodl.query.PropertyCollector
 CONFIG_SPEC: Any = vim.vm.ConfigSpec
@@ -211,3 +225,33 @@ def test_a_reconfigured_vm_reports_its_new_memory_and_cpus(sessions: Callable[[]
     assert watcher.kinds(vm) and set(watcher.kinds(vm)) == {"modify"}
     assert read_properties(actor, vm, "config.hardware.memoryMB", "config.hardware.numCPU") == {
         "config.hardware.memoryMB": 3072, "config.hardware.numCPU": 3}
+
+
+def synced(mirrors: Mirrors) -> bool:
+    stats = mirrors.stats().get("vc1")
+    return stats is not None and stats.state == "synced"
+
+
+def test_two_gateway_mirrors_on_one_simulator_both_see_a_direct_power_off(
+    sim: Simulator, sessions: Callable[[], Any]
+) -> None:
+    """Two gateways (two ``Mirrors``, each with its own sessions) on one vCenter: the second one's
+    updates must not silence the first one's."""
+    target = sim_target("vc1", sim, mirror="eager")
+    gateways = [Mirrors([target], credentials_env({"vc1": sim}), MIRROR_READS) for _ in "ab"]
+    try:
+        for mirrors in gateways:
+            mirrors.start_eager()
+            wait_until(partial(synced, mirrors), timeout=30, what="mirror synced")
+        actor = sessions()
+        finished(actor, find_vm(actor, "DC0_H0_VM0").PowerOffVM_Task())
+
+        for mirrors in gateways:
+            served = mirrors.stats()["vc1"].served
+            got = asyncio.run(mirrors.answer("vc1", "list_vms", {"target": "vc1"}))
+            assert got is not None and mirrors.stats()["vc1"].served == served + 1, "the mirror answered"
+            power = {row["name"]: row["power_state"] for row in got.value["vms"]}
+            assert power["DC0_H0_VM0"] == "poweredOff", f"a mirror missed the power-off: {power}"
+    finally:
+        for mirrors in gateways:
+            mirrors.close()
