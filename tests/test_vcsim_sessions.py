@@ -186,6 +186,25 @@ def test_a_session_after_terminate_sessions_receives_updates(
     assert counts == [1, 0, 2], "an ended session's collector stops collecting; each live one collects"
 
 
+def test_a_destroyed_collector_and_a_logged_out_session_stop_listening(
+    sim: Simulator, sessions: Callable[[], Any]
+) -> None:
+    """The way the gateway waits for tasks: a private collector per wait, destroyed after it."""
+    watcher = Watcher(sessions()).start()
+    vm = find_vm(watcher.si, "DC0_H0_VM0")
+    private = watcher.si.content.propertyCollector.CreatePropertyCollector()
+    private.CreateFilter(PC.FilterSpec(
+        objectSet=[PC.ObjectSpec(obj=vm, skip=False)],
+        propSet=[PC.PropertySpec(type=vim.VirtualMachine, pathSet=["name"])]), partialUpdates=False)
+    private.WaitForUpdatesEx("", PC.WaitOptions(maxWaitSeconds=0))
+    counts = [listeners(sim)]
+    private.DestroyPropertyCollector()
+    counts.append(listeners(sim))
+    DISCONNECT(watcher.si)
+    counts.append(listeners(sim))
+    assert counts == [2, 1, 0]
+
+
 def test_a_moved_vm_is_kept_by_a_client_applying_updates_in_order(sessions: Callable[[], Any]) -> None:
     watcher = Watcher(sessions()).start()
     actor = sessions()
