@@ -45,6 +45,7 @@ from gateway.server.pipeline import proposal_view
 from gateway.server.tls import create_certificate
 from gateway.store.base import Proposal
 from gateway.store.sqlite import SqliteStore
+from gateway.vocabulary import Kind
 
 REPO = Path(__file__).resolve().parent.parent
 PAROL, SEKRET = "\u043f\u0430\u0440\u043e\u043b\u044c", "\u0441\u0435\u043a\u0440\u0435\u0442123"
@@ -290,8 +291,8 @@ def _home(tmp: Path, sim: Simulator, receiver: _Receiver) -> tuple[dict[str, str
         "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", ""),
     })
     with SqliteStore(home / "state.db") as store:
-        tokens = {name: create_token(store, name, "admin", expires_in=None, now=time.time(),
-                                     hasher=FAST_HASH)[0] for name in ("agent", "alice")}
+        tokens = {name: create_token(store, name, "admin", expires_in=None, now=time.time(), hasher=FAST_HASH,
+                                     kind=kind)[0] for name, kind in (("agent", Kind.AGENT), ("alice", Kind.PERSON))}
     return env, tokens
 
 
