@@ -291,8 +291,9 @@ def _home(tmp: Path, sim: Simulator, receiver: _Receiver) -> tuple[dict[str, str
         "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", ""),
     })
     with SqliteStore(home / "state.db") as store:
+        kinds = {"agent": Kind.AGENT, "alice": Kind.PERSON}
         tokens = {name: create_token(store, name, "admin", expires_in=None, now=time.time(), hasher=FAST_HASH,
-                                     kind=kind)[0] for name, kind in (("agent", Kind.AGENT), ("alice", Kind.PERSON))}
+                                     kind=kind)[0] for name, kind in kinds.items()}
     return env, tokens
 
 
