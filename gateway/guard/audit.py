@@ -66,6 +66,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from gateway.answer import Answer, answer_bytes, encode_json
 from gateway.errors import AuditUnavailable
+from gateway.guard.inputs import storable_text
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,8 @@ def bounded(value: Any) -> Any:
     or a ``"more_items"`` key (a mapping); nesting deeper than ``MAX_BOUNDED_DEPTH`` becomes
     ``"<nested too deep>"``; and once ``MAX_ROW_CHARS`` characters of text have been kept in one value,
     every further string is cut to its size and digest alone. So no caller can make a row large.
+    Every key and string has its NUL characters and lone surrogates escaped first
+    (``guard.inputs.storable_text``), so every engine can store the row.
     """
     return _Walk(_Budget(MAX_ROW_CHARS)).value(value, 0)
 
@@ -372,7 +375,7 @@ class _Walk:
         if value is None or isinstance(value, bool | int):
             return value
         if isinstance(value, str):
-            return self.text(redact_text(value))
+            return self.text(redact_text(storable_text(value)))
         if isinstance(value, float):
             return value if math.isfinite(value) else str(value)
         if depth >= self.max_depth and isinstance(value, Mapping | list | tuple | set | frozenset):
@@ -392,7 +395,8 @@ class _Walk:
             if self.budget is not None and index >= MAX_ITEMS:
                 out[MORE_ITEMS] = len(value) - MAX_ITEMS
                 break
-            name = str(key) if self.budget is None else _bounded_key(str(key))
+            name = storable_text(str(key))
+            name = name if self.budget is None else _bounded_key(name)
             if is_secret_key(name) and item is not None and not isinstance(item, bool):
                 out[name] = MASK
             elif isinstance(item, str) and is_correlation_key(name):
@@ -419,7 +423,7 @@ class _Walk:
             return value.isoformat()
         if isinstance(value, bytes | bytearray):
             return f"<{len(value)} bytes>"
-        return self.text(redact_text(str(value)))
+        return self.text(redact_text(storable_text(str(value))))
 
 
 # ---------------------------------------------------------------------------------------------------

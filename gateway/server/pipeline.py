@@ -59,7 +59,7 @@ from gateway.errors import (
     Stale,
     StateUnavailable,
 )
-from gateway.guard import confirm, names
+from gateway.guard import confirm, inputs, names
 from gateway.guard.decision import (
     PROPOSAL_TOOLS,
     Entry,
@@ -494,8 +494,9 @@ class Gateway:
         The answer is encoded once (``gateway.answer``): its text goes to the caller as is.
 
         ``client`` is the MCP client's declared ``name/version`` (from initialize), for audit rows."""
-        spec = self.registry.get(name)
         client = client or mcp_client_var.get()
+        await self._refuse_unstorable(principal, name, args, correlation_id, client)
+        spec = self.registry.get(name)
         actor = await self.off_loop(self.party, principal)
         if spec is None:
             ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
@@ -532,6 +533,24 @@ class Gateway:
                 "-" if target is None else target if target in self.targets or target == ALL else "unknown"
             )
             self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
+
+    async def _refuse_unstorable(
+        self,
+        principal: Principal,
+        name: str,
+        args: Mapping[str, Any] | None,
+        correlation_id: str | None,
+        client: str | None,
+    ) -> None:
+        """Before anything else: a call holding text no engine can store (``guard.inputs``) is an
+        invalid argument, audited with that text escaped (the audit's bounding step escapes it)."""
+        where = inputs.unstorable_field(name, args)
+        if where is None:
+            return
+        spec = self.registry.get(name) if where != "tool" else None
+        party = Party(principal.name, TokenState.USABLE, None)  # the row names the principal's role
+        ctx = CallContext(principal, party, spec or _unknown_tool(name), correlation_id, client)
+        await self._refused(ctx, args, InvalidArgument(where, inputs.UNSTORABLE_MESSAGE))
 
     async def _check(
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
