@@ -68,6 +68,7 @@ from gateway.guard.decision import (
     TokenState,
     Verdict,
     authorize,
+    authorize_resolved,
     token_state,
     tool_permitted,
 )
@@ -555,8 +556,13 @@ class Gateway:
     async def _check(
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
     ) -> Verdict:
-        """``authorize`` and, on a refusal, its audited error (the one place a verdict is enforced)."""
-        verdict = authorize(facts)
+        """``authorize`` and, on a refusal, its audited error."""
+        return await self._enforce(ctx, authorize(facts), facts, args, **row)
+
+    async def _enforce(
+        self, ctx: CallContext, verdict: Verdict, facts: Facts, args: Mapping[str, Any] | None, **row: Any
+    ) -> Verdict:
+        """A refused verdict as its audited error (the one place a verdict is enforced)."""
         if not verdict.allowed:
             row.setdefault("target", facts.target)
             try:
@@ -761,7 +767,8 @@ class Gateway:
         owner: Party | None = None,
         proposal: Proposal | None = None,
     ) -> Verdict:
-        """The full decision on a resolved call, then on each object of a bulk call as the tool it runs."""
+        """The whole decision on a resolved call, in ``authorize_resolved``'s order (the call, each object
+        as each tool the call reaches, then the preconditions), its refusal audited."""
         facts = await self.off_loop(
             self.facts,
             entry,
@@ -773,31 +780,11 @@ class Gateway:
             owner=owner,
             proposal=proposal,
         )
-        pid = proposal.id if proposal else None
-        # the state preconditions are answered last: after the policy on the call and on every object
-        verdict = await self._check(ctx, replace(facts, unmet=()), args, proposal_id=pid)
-        for name in ctx.spec.reaches(args):
-            reached = self.registry.get(name)
-            if reached is None:
-                continue
-            for obj in plan.affected:
-                one = replace(
-                    facts,
-                    entry=Entry.BULK_OBJECT,
-                    tool=name,
-                    category=reached.kind,
-                    risk=reached.risk,
-                    affected=(obj,),
-                    object_count=1,
-                    reaches=(),
-                    proposal_problem=None,
-                    unmet=(),
-                )
-                if entry in (Entry.CONFIRM, Entry.APPROVE) and owner is not None:
-                    one = replace(one, actor=owner, owner=None)
-                await self._check(ctx, one, args, proposal_id=pid)
-        if facts.unmet:
-            verdict = await self._check(ctx, facts, args, proposal_id=pid)
+        reached = tuple(
+            (name, s.kind, s.risk) for name in ctx.spec.reaches(args) if (s := self.registry.get(name))
+        )
+        verdict = authorize_resolved(facts, reached)
+        await self._enforce(ctx, verdict, facts, args, proposal_id=proposal.id if proposal else None)
         return verdict
 
     def _decision(self, verdict: Verdict, target: Target) -> Decision:

@@ -124,9 +124,15 @@ def _note_resolved(*vms: VmRef) -> None:
         seen.extend(vms)
 
 
+#: errors a plan raises about what it found on resolved VMs (their disks, snapshots, devices, hosts)
+_ABOUT_RESOLVED = (errors.InvalidArgument, errors.Ambiguous, errors.NotFound)
+
+
 def _state_after_policy(fn: PlanFn) -> PlanFn:
     """Run a plan function; an ``errors.InvalidState`` it raises becomes ``Plan.unmet`` on the VMs it
-    had resolved, so the state is answered after the policy decided on those objects (never before)."""
+    had resolved, so the state is answered after the policy decided on those objects (never before).
+    So does a bad argument found once a VM was resolved (a disk or snapshot the VM does not have, a
+    datastore its host does not mount: messages that list what the VM has), with its own code."""
 
     @functools.wraps(fn)
     def plan(*args: Any, **kwargs: Any) -> Plan:
@@ -134,12 +140,14 @@ def _state_after_policy(fn: PlanFn) -> PlanFn:
         token = _resolved.set(seen)
         try:
             return fn(*args, **kwargs)
-        except errors.InvalidState as exc:
+        except (errors.InvalidState, *_ABOUT_RESOLVED) as exc:
+            if isinstance(exc, _ABOUT_RESOLVED) and not seen:
+                raise  # about the arguments alone: nothing of a VM to hide from the policy
             vms = list({vm.moid: vm for vm in seen}.values())
             names = ", ".join(_label(vm) for vm in vms[:_SUMMARY_NAMES]) or "the named objects"
             return Plan(f"Change {names} (not possible in their current state)",
                         tuple(vm_affected(vm) for vm in vms), {}, object_count=len(vms) or None,
-                        unmet=(Precondition(exc.message, dict(exc.details)),))
+                        unmet=(Precondition(exc.message, dict(exc.details), exc.code),))
         finally:
             _resolved.reset(token)
 
