@@ -738,6 +738,7 @@ class Gateway:
         gate = self.facts(Entry.WRITE, ctx.party, spec, args, target=ref, resolved=False)
         await self._check(ctx, gate, args)
         target = self.targets[ref]
+        await self._refuse_unless_audit_writable(ctx, args, target=target.name)
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
             self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
@@ -1221,13 +1222,14 @@ class Gateway:
             resolved=False,
         )
         await self._check(ctx, gate, {}, proposal_id=proposal.id)
+        await self._refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
         verdict = await self._authorize_plan(
             ctx, entry, party, proposal.args, target, plan, owner, proposal
         )
         decision = self._decision(verdict, target)
         if approved:
-            proposal = await self.move(
+            moved = await self.move(
                 proposal,
                 ["pending"],
                 "approved",
@@ -1235,16 +1237,23 @@ class Gateway:
                 correlation_id=ctx.correlation_id,
                 approved_by=actor.name,
                 decided_at=self.clock(),
-            ) or _raced(proposal)
+            )
+            if moved is None:
+                await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent")
+            assert moved is not None
+            proposal = moved
         claimed = await self.claim(ctx, proposal, decision)
         result = await self._execute(ctx, target, plan, decision, proposal.args, progress, proposal=claimed)
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
-        """Claim the proposal for this process (``executing``). Its audit row is the intent, written
-        durably BEFORE the claim and anything reaching vSphere: if it cannot be written, the change is
-        refused and the proposal stays as it was."""
+        """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
+        the claim's row, the intent, durably before anything reaches vSphere. Of racing confirms only
+        the winner writes ``executing``; each loser writes one ``claim_lost`` row and is refused. If
+        the intent cannot be written the change is refused and the claimed proposal ends ``failed``
+        (nothing was sent to vSphere), its row waiting for the audit like any outcome."""
         instance = await asyncio.to_thread(self.instance.acquire)
+        fields: dict[str, Any] = {"decided_at": self.clock(), "executor": instance}
         row = self._transition_row(
             proposal,
             "executing",
@@ -1254,27 +1263,35 @@ class Gateway:
             args=_redact_args(ctx.spec, proposal.args),
             decision=decision.to_dict(),
         )
-        await self.intent(row)
-        claimed = await self.move(
-            proposal,
-            ["pending", "approved"],
-            "executing",
-            actor=ctx.principal,
-            audited=True,
-            decided_at=self.clock(),
-            executor=instance,
-        )
-        if claimed is None:
-            await self.record_outcome(
-                {
-                    **row,
-                    "phase": "claim_lost",
-                    "reason": "another caller moved the proposal first; nothing was sent",
-                }
+        if not await self.off_loop(self.store.transition, proposal.id, ["pending", "approved"], "executing",
+                                   **fields):
+            await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent",
+                             executor=instance, args=row.get("args"), decision=row.get("decision"))
+        claimed = replace(proposal, state="executing", **fields)
+        try:
+            await self.intent(row)
+        except AuditUnavailable as exc:
+            await self.move(
+                claimed,
+                ["executing"],
+                "failed",
+                actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
+                outcome=exc.code,
+                error=exc.to_wire(),
+                reason="the intent row could not be written; nothing was sent to vSphere",
             )
-            _raced(proposal)
-        assert claimed is not None
+            raise
+        self._notify("executing", claimed)
         return claimed
+
+    async def _lost(self, ctx: CallContext, proposal: Proposal, reason: str, **fields: Any) -> NoReturn:
+        """The one row of an attempt that lost a race for ``proposal`` (``claim_lost``), then its refusal."""
+        error = ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
+        row = self._transition_row(proposal, "claim_lost", actor=ctx.principal,
+                                   correlation_id=ctx.correlation_id, reason=reason, **fields)
+        await self.record({**row, "error_code": error.code})
+        raise error
 
     async def _replan(
         self,
@@ -1283,29 +1300,38 @@ class Gateway:
         plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
         proposal: Proposal,
     ) -> Plan:
-        """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
+        """Resolve the proposal's objects again; anything that no longer matches makes it stale (the move
+        is this attempt's row; an attempt that loses that move to another caller writes ``claim_lost``).
+        Any other failure (the target unreachable, say) is this attempt's refused row; the proposal
+        stays as it was."""
         try:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
             _check_not_stale(proposal, plan)
-        except (NotFound, Ambiguous, Stale) as exc:
+        except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
             error = Stale(
                 f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
                 "proposal and check it again",
                 proposal_id=proposal.id,
             )
-            await self.move(
+            moved = await self.move(
                 proposal,
                 OPEN_STATES,
                 "stale",
                 actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
                 outcome="stale",
                 error=error.to_wire(),
                 decided_at=self.clock(),
                 reason=_cut(exc.message, 512),
             )
+            if moved is None:
+                await self._lost(ctx, proposal, f"found stale ({_cut(exc.message, 256)}) after another "
+                                 "caller had moved the proposal; nothing was sent")
             raise error from exc
+        except GatewayError as exc:
+            await self._refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
         return plan
 
     def expire_due(self) -> None:
@@ -1494,6 +1520,23 @@ class Gateway:
                 "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
             ) from None
 
+    async def _refuse_unless_audit_writable(
+        self, ctx: CallContext, args: Mapping[str, Any], **fields: Any
+    ) -> None:
+        """Refuse a change before its first vSphere read while the audit cannot take rows (what
+        ``readiness`` reports: the sink says it is not writable, or too many rows wait): its intent
+        could not be written anyway. The ``refused`` row waits for the audit, like an intent's."""
+        if len(self._waiting) < MAX_WAITING_OUTCOMES and await self.off_loop(self.audit.writable):
+            return
+        exc = AuditUnavailable(
+            f"audit log {self.settings.audit_log} cannot take rows now (/readyz says why); nothing was "
+            "read from or sent to vSphere. Retry once the audit is writable again"
+        )
+        reason = "the audit was not writable; nothing was read from or sent to vSphere"
+        self._wait(ctx.row("refused", args=_redact_args(ctx.spec, args), error_code=exc.code, reason=reason,
+                           **fields))
+        raise exc
+
     async def intent(self, row: Mapping[str, Any]) -> None:
         """The durable row a change writes before its vSphere call. If it cannot be written the change is
         refused (``AuditUnavailable``), and a ``refused`` row waits to say so once the audit is back.
@@ -1591,10 +1634,6 @@ def _entry(spec: ToolSpec) -> Entry:
 
 def _forbidden(message: str) -> GatewayError:
     return Forbidden(message)
-
-
-def _raced(proposal: Proposal) -> Proposal:
-    raise ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
 
 
 def _unknown_tool(name: str) -> ToolSpec:
