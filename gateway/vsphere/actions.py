@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import pyVmomi
 
 from gateway import errors
+from gateway.guard import datastore_path
 from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.vocabulary import AffectedObject, Plan, Precondition, ProgressFn
 from gateway.vsphere import faults, inventory
@@ -706,13 +707,10 @@ def execute_reconfigure(call: Execution) -> dict[str, Any]:
 
 
 def parse_iso_path(value: str) -> tuple[str, str]:
-    """``"[datastore] folder/image.iso"`` -> (datastore, path); InvalidArgument("iso_path") otherwise."""
-    match = _DATASTORE_PATH.match(value.strip())
-    if match is None or not match.group("path").lower().endswith(".iso"):
-        raise errors.InvalidArgument("iso_path", "expected a datastore path like '[ds1] isos/image.iso'")
-    if any(ord(ch) < 32 for ch in value):
-        raise errors.InvalidArgument("iso_path", "must not contain control characters")
-    return match.group("datastore"), match.group("path").strip()
+    """``"[datastore] folder/image.iso"`` -> (datastore, canonical path inside it), by
+    ``guard.datastore_path`` (no ``..`` out of the datastore); InvalidArgument("iso_path") otherwise."""
+    found = datastore_path.iso_path(value)
+    return found.datastore, found.path
 
 
 def _cdroms(devices: Sequence[Any]) -> list[Any]:
