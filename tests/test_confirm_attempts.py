@@ -116,3 +116,40 @@ def test_refused_confirms_each_write_one_row(make_simulator: MakeSimulator, tmp_
     ran, late = anyio.run(scenario)
     assert [r["phase"] for r in _attempt_rows(gateway, ran)] == ["denied", "executing", "denied"]
     assert [r["phase"] for r in _attempt_rows(gateway, late)] == ["denied"]
+
+
+def test_a_claim_whose_intent_cannot_be_written_ends_failed_with_nothing_sent(
+    make_simulator: MakeSimulator, tmp_path: Path
+) -> None:
+    """The compare-and-set comes first, so a claim that then cannot write its intent (another process
+    holds the audit lock past the deadline) is settled ``failed``: never left ``executing``, never run."""
+    import fcntl
+    import os
+
+    sim = make_simulator()
+    gateway = build_gateway(tmp_path, sim)
+
+    async def scenario() -> tuple[str, str | None, int]:
+        try:
+            args = {"target": "vc1", "vm": VM, "force_power_off": True}
+            proposal = await gateway.call(ADMIN, "delete_vm", args)
+            lock = os.open(f"{gateway.settings.audit_log}.lock", os.O_RDWR)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with pytest.raises(GatewayError) as caught:
+                    await gateway.call(ADMIN, "confirm_action", {"token": proposal["token"]})
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                os.close(lock)
+            found = gateway.store.get_proposal(proposal["proposal_id"])
+            return caught.value.code, found.state if found else None, gateway.flush_waiting()
+        finally:
+            await gateway.close()
+
+    code, state, flushed = anyio.run(scenario)
+    assert (code, state) == ("audit_unavailable", "failed")
+    si = pyvmomi_connect(sim)
+    find_vm(si, VM)  # still there: nothing was sent
+    assert flushed == 2
+    phases = [r["phase"] for r in audit_rows(gateway) if r.get("delayed")]
+    assert phases == ["refused", "failed"]
