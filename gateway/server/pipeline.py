@@ -784,7 +784,7 @@ class Gateway:
         reached = tuple(
             (name, s.kind, s.risk) for name in ctx.spec.reaches(args) if (s := self.registry.get(name))
         )
-        verdict = authorize_resolved(facts, reached)
+        verdict = await self.off_loop(authorize_resolved, facts, reached)  # a bulk call: many objects
         await self._enforce(ctx, verdict, facts, args, proposal_id=proposal.id if proposal else None)
         return verdict
 
