@@ -75,3 +75,26 @@ def test_a_vm_the_policy_allows_hears_what_it_has(
     assert error["code"] == "invalid_argument", error
     assert error["field"] in ("disk", "snapshot")
     assert secrets[0] in error["message"] and secrets[2] in error["message"]
+
+
+def test_a_name_two_vms_carry_is_judged_on_both_before_the_candidates_are_named(
+    make_simulator: MakeSimulator, tmp_path: Path
+) -> None:
+    from pyVmomi import vim
+
+    sim = make_simulator()
+    si = pyvmomi_connect(sim)
+    for name in (PROTECTED, OPEN):  # the simulator, like vCenter in other folders, allows a second one
+        vm = find_vm(si, name)
+        vm.CloneVM_Task(folder=vm.parent, name=name, spec=vim.vm.CloneSpec(location=vim.vm.RelocateSpec()))
+    served = serve(tmp_path, build_gateway(tmp_path, sim, RULES))
+    try:
+        error = _call(served, "delete_vm", {"vm": PROTECTED, "force_power_off": True})
+        assert error["code"] == "policy_denied", error
+        assert "candidates" not in error and "moid" not in error["message"], error
+        error = _call(served, "delete_vm", {"vm": OPEN, "force_power_off": True})
+        assert error["code"] == "ambiguous", error
+        assert len(error["candidates"]) == 2
+    finally:
+        served.stop()
+        anyio.run(served.gateway.close)

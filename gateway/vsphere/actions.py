@@ -171,9 +171,24 @@ def require_usable(session: Any, vm: VmRef, doing: str) -> None:
             target=_target(session), vm=vm.name, moid=vm.moid, connection_state=state)
 
 
-def _resolve_vm(session: Any, args: Args, doing: str) -> VmRef:
-    vm = inventory.resolve_vm(session, str(args["vm"]))
+def _vm_named(session: Any, ref: str) -> VmRef:
+    """The VM ``ref`` names, noted as resolved. A name several VMs carry notes every candidate before
+    ``Ambiguous`` (their moids) is raised, so the policy judges them all before the caller hears it."""
+    try:
+        vm = inventory.resolve_vm(session, ref)
+    except errors.Ambiguous as exc:
+        for moid in list(exc.details.get("candidates") or ())[:_SUMMARY_NAMES]:
+            try:
+                _note_resolved(inventory.vm_facts(session, moid))
+            except pyVmomi.vmodl.fault.ManagedObjectNotFound:
+                continue  # gone meanwhile: nothing to judge
+        raise
     _note_resolved(vm)
+    return vm
+
+
+def _resolve_vm(session: Any, args: Args, doing: str) -> VmRef:
+    vm = _vm_named(session, str(args["vm"]))
     require_usable(session, vm, doing)
     return vm
 
@@ -1183,8 +1198,7 @@ def execute_delete_vm(call: Execution) -> dict[str, Any]:
 @_state_after_policy
 def plan_unregister_vm(session: Any, args: Args) -> Plan:
     """Plan removing a VM from the inventory while keeping its files (works on orphaned VMs too)."""
-    vm = inventory.resolve_vm(session, str(args["vm"]))
-    _note_resolved(vm)
+    vm = _vm_named(session, str(args["vm"]))
     if vm.power_state == "poweredOn" and vm.connection_state not in BROKEN_CONNECTION_STATES:
         raise errors.InvalidState(f"{_label(vm)} is powered on; power it off first (power_off_vm)",
                                   moid=vm.moid)
