@@ -153,3 +153,32 @@ def test_a_claim_whose_intent_cannot_be_written_ends_failed_with_nothing_sent(
     assert flushed == 2
     phases = [r["phase"] for r in audit_rows(gateway) if r.get("delayed")]
     assert phases == ["refused", "failed"]
+
+
+def test_racing_cancels_write_one_row_each(make_simulator: MakeSimulator, tmp_path: Path) -> None:
+    gateway = build_gateway(tmp_path, make_simulator())
+    outcomes: list[str] = []
+
+    async def scenario() -> str:
+        try:
+            args = {"target": "vc1", "vm": VM, "force_power_off": True}
+            proposal = await gateway.call(ADMIN, "delete_vm", args)
+
+            async def cancel() -> None:
+                try:
+                    await gateway.call(ADMIN, "cancel_action", {"token": proposal["token"]})
+                    outcomes.append("cancelled")
+                except GatewayError as exc:
+                    outcomes.append(exc.code)
+
+            async with anyio.create_task_group() as group:
+                for _ in range(4):
+                    group.start_soon(cancel)
+            return str(proposal["proposal_id"])
+        finally:
+            await gateway.close()
+
+    pid = anyio.run(scenario)
+    assert sorted(outcomes) == ["cancelled"] + ["confirmation_invalid"] * 3
+    phases = [r["phase"] for r in _attempt_rows(gateway, pid)]
+    assert phases.count("cancelled") == 1 and len(phases) == 4, phases

@@ -1041,7 +1041,7 @@ class Gateway:
             reason="cancelled by its caller",
         )
         if moved is None:
-            raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
+            await self._lost(ctx, proposal, "the proposal was no longer pending; nothing to cancel")
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
