@@ -3,17 +3,21 @@
 How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``)::
 
     Gateway.call(principal, tool, args)
+      -> text no engine can store (NUL, lone surrogates: guard.inputs) refused first, audited escaped
       -> facts about the caller as the store says *now* (token state, current role)
       -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
       -> runaway breaker, rate limit per target x category (reads too)
+      -> a change while the audit cannot take rows (readiness says so): refused, nothing read
       -> resolve on the target (a Plan: objects + facts, nothing changes)
-      -> authorize again with the objects: token -> role -> policy -> state preconditions
+      -> authorize again with the objects (decision.authorize_resolved): the call, each object as
+         each tool it reaches, then the state preconditions; the first refusal wins
       -> read: answer (per-target outcomes in the row)
          write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
          destructive: persist a proposal; confirm_action / a human's approval re-run authorize on the
          state at that moment (the proposer's current token and role, current rules, re-resolved
-         objects), then claim it (``executing``, naming this process) and run it
+         objects), then claim it by compare-and-set, then write ``executing`` (naming this
+         process) and run it; every losing attempt is one row
       -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
          unready) and is appended as soon as the audit is writable again
 
