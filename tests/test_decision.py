@@ -16,6 +16,7 @@ from gateway.guard.decision import (
     Proposed,
     TokenState,
     authorize,
+    authorize_resolved,
     proposal_rights,
     token_state,
     tool_permitted,
@@ -345,3 +346,68 @@ def test_authorize_asks_proposal_rights_for_approve_and_deny() -> None:
     with pytest.raises(Forbidden) as caught:
         verdict.raise_if_refused()
     assert caught.value.to_wire()["reason_code"] == "own_proposal"
+# ------------------------------------------------------------------ the order on a resolved call
+
+DB = AffectedObject("vm", "db-01", "vm-2")
+NO_DISK = (Precondition("disk: VM 'vcsa-01' has no disk 'Hard disk 9'; its disks: Hard disk 1 (key 2000)",
+                        {"field": "disk"}, "invalid_argument"),)
+TWO_SNAPSHOTS = (
+    Precondition("2 snapshots of VM 'web-01' are named 'a'", {"field": "snapshot"}, "ambiguous"),
+)
+BULK_DELETE = {"tool": "bulk_vm_action", "reaches": (("delete_vm", Category.DESTRUCTIVE),)}
+REACHED_DELETE = (("delete_vm", Category.DESTRUCTIVE, Risk.CRITICAL),)
+NOT_MALLORY = parse_policy_text(
+    "defaults: {destructive: allow}\n"
+    "rules: [{name: not-mallory, action: deny, match: {tools: [delete_vm], callers: [mallory]}}]\n",
+    "rules.yaml",
+)
+
+# (case, facts, reached tools, expected code (None: allowed), rule the verdict names)
+RESOLVED: list[tuple[str, Facts, tuple[tuple[str, Category, Risk], ...], str | None, str | None]] = [
+    ("allowed call, no preconditions", facts(), (), None, "defaults"),
+    ("protected object before a missing disk", facts(affected=(PROTECTED,), unmet=NO_DISK), (),
+     "policy_denied", "protected:appliances"),
+    ("missing disk once the policy allows", facts(unmet=NO_DISK), (), "invalid_argument", "state"),
+    ("ambiguous snapshot once the policy allows", facts(unmet=TWO_SNAPSHOTS), (), "ambiguous", "state"),
+    ("powered on once the policy allows", facts(unmet=POWERED_ON), (), "invalid_state", "state"),
+    ("role lacking the reached tool before the objects", facts(actor=party(role=BULKER), affected=(DB,),
+     unmet=POWERED_ON, **BULK_DELETE), REACHED_DELETE, "forbidden", "role:bulker"),
+    ("object as the reached tool before preconditions", facts(affected=(VM, DB), unmet=POWERED_ON,
+     **BULK_DELETE), REACHED_DELETE, "policy_denied", "rule:no-bulk-deletes-of-db"),
+    ("objects as the reached tool all allowed, then preconditions", facts(affected=(VM,), unmet=POWERED_ON,
+     **BULK_DELETE), REACHED_DELETE, "invalid_state", "state"),
+    ("at approval objects are judged as the proposer", facts(Entry.APPROVE, actor=person("alice"),
+     owner=party("mallory"), rules=NOT_MALLORY, **BULK_DELETE), REACHED_DELETE, "policy_denied",
+     "rule:not-mallory"),
+    ("the approver's own name does not matter", facts(Entry.APPROVE, actor=person("mallory"),
+     owner=party("bob"), rules=NOT_MALLORY, **BULK_DELETE), REACHED_DELETE, None, "defaults"),
+    ("proposal state before preconditions", facts(Entry.CONFIRM, proposal_problem=("confirmation_expired",
+     "this proposal expired"), unmet=NO_DISK), (), "confirmation_expired", "proposal:state"),
+]
+
+
+@pytest.mark.parametrize(
+    ("f", "reached", "code", "rule"), [c[1:] for c in RESOLVED], ids=[c[0] for c in RESOLVED]
+)
+def test_authorize_resolved_decides_call_then_objects_then_preconditions(
+    f: Facts, reached: tuple[tuple[str, Category, Risk], ...], code: str | None, rule: str | None
+) -> None:
+    verdict = authorize_resolved(f, reached)
+    assert verdict.code == code, verdict.reason
+    assert verdict.allowed is (code is None)
+    assert verdict.rule == rule, verdict.reason
+
+
+def test_a_denied_caller_never_hears_about_disks() -> None:
+    verdict = authorize_resolved(facts(affected=(PROTECTED,), unmet=NO_DISK))
+    assert "disk" not in verdict.reason.lower()
+
+
+def test_a_precondition_on_an_argument_raises_invalid_argument_naming_its_field() -> None:
+    from gateway.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as caught:
+        authorize_resolved(facts(unmet=NO_DISK)).raise_if_refused()
+    assert caught.value.details["field"] == "disk"
+    assert caught.value.message == NO_DISK[0].message
+    assert caught.value.details["decision"]["rule"] == "state"

@@ -127,11 +127,13 @@ class _Candidate:
 @dataclass(frozen=True)
 class Verdict:
     """What ``authenticate`` found: the principal, or why not (``reason``: malformed, unknown_token,
-    invalid, throttled, busy) and, when throttled or busy, the seconds to wait."""
+    invalid, revoked, expired, throttled, busy) and, when throttled or busy, the seconds to wait;
+    ``token_id`` names the refused token when its id is a stored one (never its secret)."""
 
     principal: Principal | None
     reason: str = ""
     retry_after: float | None = None
+    token_id: str | None = None
 
 
 _Key = tuple[str, str | None]  # (client, token id); None: malformed tokens and unknown ids
@@ -261,7 +263,7 @@ class TokenAuthenticator:
         if record is None:
             return self._refuse((client, None), "unknown_token")
         if not record.usable(now):
-            return self._refuse((client, token_id), "invalid")
+            return self._refuse((client, token_id), "revoked" if record.revoked else "expired")
         if proven:
             self._touch(record, now)
             return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id,
@@ -277,7 +279,7 @@ class TokenAuthenticator:
         if wait is not None:
             return Verdict(None, "throttled", wait)
         self._fail(key)
-        return Verdict(None, reason)
+        return Verdict(None, reason, token_id=key[1])
 
     def _sync(self) -> None:
         """Reload the token records if any process changed a token since they were loaded.

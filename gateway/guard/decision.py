@@ -18,7 +18,11 @@ The order is fixed, so a caller learns nothing it may not know:
             bulk limits, windows, approval requirement. A broken rules file lets reads through and
             denies everything else. An agent's confirm of a call that now needs a human is refused.
 4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
-            not meet (a powered-on VM to delete): only a caller the guard let through hears of them.
+            not meet (a powered-on VM to delete, a disk or snapshot the VM does not have): only a
+            caller the guard let through hears of them.
+
+On a resolved call ``authorize_resolved`` runs that order over the call, then over each affected
+object as each tool the call reaches, then the preconditions: the first refusal wins.
 
 Facts are plain values (``Party``, ``Facts``); the answer is a ``Verdict`` with a stable error code.
 
@@ -31,7 +35,7 @@ proposer (whatever the role: ``approve: any`` is any proposal but one's own); a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -39,11 +43,13 @@ from typing import Any, Final
 
 from gateway.auth.roles import Role
 from gateway.errors import (
+    Ambiguous,
     ApprovalRequired,
     ConfirmationExpired,
     ConfirmationInvalid,
     Forbidden,
     GatewayError,
+    InvalidArgument,
     InvalidState,
     NotFound,
     PolicyDenied,
@@ -168,6 +174,11 @@ class Verdict:
         if self.allowed:
             return
         kind = _ERRORS.get(self.code or "", Forbidden)
+        if kind is InvalidArgument:  # a precondition on an argument: its message names the field already
+            field_name = str(self.details.get("field", "arguments"))
+            error: GatewayError = InvalidArgument(field_name, self.reason.removeprefix(f"{field_name}: "))
+            error.details.update({**self.details, "decision": self.to_dict()})
+            raise error
         raise kind(self.reason, decision=self.to_dict(), **self.details)
 
 
@@ -179,6 +190,8 @@ _ERRORS: Final[Mapping[str, type[GatewayError]]] = {
     "confirmation_invalid": ConfirmationInvalid,
     "confirmation_expired": ConfirmationExpired,
     "invalid_state": InvalidState,
+    "invalid_argument": InvalidArgument,
+    "ambiguous": Ambiguous,
     "stale": Stale,
 }
 #: entry points that run a change (the policy is consulted) and those that act on a proposal
@@ -266,6 +279,37 @@ def authorize(facts: Facts) -> Verdict:
     if not verdict.allowed:
         return verdict
     return _state(facts, verdict) or verdict
+
+
+def authorize_resolved(facts: Facts, reached: Sequence[tuple[str, Category, Risk]] = ()) -> Verdict:
+    """The whole decision on a resolved call, in its fixed order; the first refusal wins. Pure.
+
+    1. the call itself (``authorize`` without the preconditions): token, role, policy;
+    2. each affected object as each tool the call ``reached`` runs on it (``bulk_vm_action`` with
+       ``action=delete_vm`` is judged on every VM as ``delete_vm``), by the proposer at execution;
+    3. the preconditions vSphere's state does not meet (``facts.unmet``), answered last, so a caller
+       any earlier step refuses never hears about power state, disks or snapshots.
+
+    Returns the call's verdict (step 1) when everything allows it."""
+    verdict = authorize(replace(facts, unmet=()))
+    if not verdict.allowed:
+        return verdict
+    for one in _as_reached(facts, reached):
+        refused = authorize(one)
+        if not refused.allowed:
+            return refused
+    return _state(facts, verdict) or verdict
+
+
+def _as_reached(facts: Facts, reached: Sequence[tuple[str, Category, Risk]]) -> Iterator[Facts]:
+    """The facts of each affected object as each reached tool, in order."""
+    for tool, category, risk in reached:
+        for obj in facts.affected:
+            one = replace(facts, entry=Entry.BULK_OBJECT, tool=tool, category=category, risk=risk,
+                          affected=(obj,), object_count=1, reaches=(), proposal_problem=None, unmet=())
+            if facts.entry in _EXECUTING_ENTRIES and facts.owner is not None:
+                one = replace(one, actor=facts.owner, owner=None)
+            yield one
 
 
 def _token(f: Facts) -> Verdict | None:
@@ -427,7 +471,7 @@ def _state(f: Facts, verdict: Verdict) -> Verdict | None:
         return replace(
             verdict,
             allowed=False,
-            code="invalid_state",
+            code=first.code,
             reason=first.message,
             rule="state",
             details=dict(first.details),

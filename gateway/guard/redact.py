@@ -33,6 +33,7 @@ from datetime import date, datetime
 from enum import Enum
 from typing import Any
 
+from gateway.guard.inputs import storable_text
 from gateway.guard.sanitize import DEFAULT_MAX_LEN, clean_text
 
 MASK = "***"
@@ -321,6 +322,8 @@ def bounded(value: Any) -> Any:
     or a ``"more_items"`` key (a mapping); nesting deeper than ``MAX_BOUNDED_DEPTH`` becomes
     ``"<nested too deep>"``; and once ``MAX_ROW_CHARS`` characters of text have been kept in one value,
     every further string is cut to its size and digest alone. So no caller can make a row large.
+    Every key and string has its NUL characters and lone surrogates escaped first
+    (``guard.inputs.storable_text``), so every engine can store the row.
     """
     return _Walk(_Budget(MAX_ROW_CHARS)).value(value, 0)
 
@@ -393,7 +396,7 @@ class _Walk:
         if value is None or isinstance(value, bool | int):
             return value
         if isinstance(value, str):
-            return self.text(redact_text(value))
+            return self.text(redact_text(storable_text(value)))
         if isinstance(value, float):
             return value if math.isfinite(value) else str(value)
         if depth >= self.max_depth and isinstance(value, _CONTAINERS):
@@ -410,7 +413,7 @@ class _Walk:
         return text if self.shown_len is None else clean_text(text, self.shown_len)
 
     def key(self, key: Any) -> str:
-        name = str(key)
+        name = storable_text(str(key))
         if self.budget is not None:
             return _bounded_key(name)
         return name if self.shown_len is None else clean_text(name, self.shown_len)
@@ -450,6 +453,6 @@ class _Walk:
             return value.isoformat()
         if isinstance(value, bytes | bytearray):
             return f"<{len(value)} bytes>"
-        return self.text(redact_text(str(value)))
+        return self.text(redact_text(storable_text(str(value))))
 
 

@@ -3,17 +3,21 @@
 How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``)::
 
     Gateway.call(principal, tool, args)
+      -> text no engine can store (NUL, lone surrogates: guard.inputs) refused first, audited escaped
       -> facts about the caller as the store says *now* (token state, current role)
       -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
       -> runaway breaker, rate limit per target x category (reads too)
+      -> a change while the audit cannot take rows (readiness says so): refused, nothing read
       -> resolve on the target (a Plan: objects + facts, nothing changes)
-      -> authorize again with the objects: token -> role -> policy -> state preconditions
+      -> authorize again with the objects (decision.authorize_resolved): the call, each object as
+         each tool it reaches, then the state preconditions; the first refusal wins
       -> read: answer (per-target outcomes in the row)
          write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
          destructive: persist a proposal; confirm_action / a human's approval re-run authorize on the
          state at that moment (the proposer's current token and role, current rules, re-resolved
-         objects), then claim it (``executing``, naming this process) and run it
+         objects), then claim it by compare-and-set, then write ``executing`` (naming this
+         process) and run it; every losing attempt is one row
       -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
          unready) and is appended as soon as the audit is writable again
 
@@ -59,7 +63,7 @@ from gateway.errors import (
     Stale,
     StateUnavailable,
 )
-from gateway.guard import confirm, names
+from gateway.guard import confirm, inputs, names
 from gateway.guard.decision import (
     PROPOSAL_TOOLS,
     Entry,
@@ -69,6 +73,7 @@ from gateway.guard.decision import (
     TokenState,
     Verdict,
     authorize,
+    authorize_resolved,
     proposal_rights,
     token_state,
     tool_permitted,
@@ -500,8 +505,9 @@ class Gateway:
         The answer is encoded once (``gateway.answer``): its text goes to the caller as is.
 
         ``client`` is the MCP client's declared ``name/version`` (from initialize), for audit rows."""
-        spec = self.registry.get(name)
         client = client or mcp_client_var.get()
+        await self._refuse_unstorable(principal, name, args, correlation_id, client)
+        spec = self.registry.get(name)
         actor = await self.off_loop(self.party, principal)
         principal = replace(principal, kind=actor.kind)  # rows name the kind the store has now
         if spec is None:
@@ -540,11 +546,34 @@ class Gateway:
             )
             self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
 
+    async def _refuse_unstorable(
+        self,
+        principal: Principal,
+        name: str,
+        args: Mapping[str, Any] | None,
+        correlation_id: str | None,
+        client: str | None,
+    ) -> None:
+        """Before anything else: a call holding text no engine can store (``guard.inputs``) is an
+        invalid argument, audited with that text escaped (the audit's bounding step escapes it)."""
+        where = inputs.unstorable_field(name, args)
+        if where is None:
+            return
+        spec = self.registry.get(name) if where != "tool" else None
+        party = Party(principal.name, TokenState.USABLE, None)  # the row names the principal's role
+        ctx = CallContext(principal, party, spec or _unknown_tool(name), correlation_id, client)
+        await self._refused(ctx, args, InvalidArgument(where, inputs.UNSTORABLE_MESSAGE))
+
     async def _check(
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
     ) -> Verdict:
-        """``authorize`` and, on a refusal, its audited error (the one place a verdict is enforced)."""
-        verdict = authorize(facts)
+        """``authorize`` and, on a refusal, its audited error."""
+        return await self._enforce(ctx, authorize(facts), facts, args, **row)
+
+    async def _enforce(
+        self, ctx: CallContext, verdict: Verdict, facts: Facts, args: Mapping[str, Any] | None, **row: Any
+    ) -> Verdict:
+        """A refused verdict as its audited error (the one place a verdict is enforced)."""
         if not verdict.allowed:
             row.setdefault("target", facts.target)
             try:
@@ -721,6 +750,7 @@ class Gateway:
         gate = self.facts(Entry.WRITE, ctx.party, spec, args, target=ref, resolved=False)
         await self._check(ctx, gate, args)
         target = self.targets[ref]
+        await self._refuse_unless_audit_writable(ctx, args, target=target.name)
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
             self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
@@ -750,7 +780,8 @@ class Gateway:
         owner: Party | None = None,
         proposal: Proposal | None = None,
     ) -> Verdict:
-        """The full decision on a resolved call, then on each object of a bulk call as the tool it runs."""
+        """The whole decision on a resolved call, in ``authorize_resolved``'s order (the call, each object
+        as each tool the call reaches, then the preconditions), its refusal audited."""
         facts = await self.off_loop(
             self.facts,
             entry,
@@ -762,31 +793,11 @@ class Gateway:
             owner=owner,
             proposal=proposal,
         )
-        pid = proposal.id if proposal else None
-        # the state preconditions are answered last: after the policy on the call and on every object
-        verdict = await self._check(ctx, replace(facts, unmet=()), args, proposal_id=pid)
-        for name in ctx.spec.reaches(args):
-            reached = self.registry.get(name)
-            if reached is None:
-                continue
-            for obj in plan.affected:
-                one = replace(
-                    facts,
-                    entry=Entry.BULK_OBJECT,
-                    tool=name,
-                    category=reached.kind,
-                    risk=reached.risk,
-                    affected=(obj,),
-                    object_count=1,
-                    reaches=(),
-                    proposal_problem=None,
-                    unmet=(),
-                )
-                if entry in (Entry.CONFIRM, Entry.APPROVE) and owner is not None:
-                    one = replace(one, actor=owner, owner=None)
-                await self._check(ctx, one, args, proposal_id=pid)
-        if facts.unmet:
-            verdict = await self._check(ctx, facts, args, proposal_id=pid)
+        reached = tuple(
+            (name, s.kind, s.risk) for name in ctx.spec.reaches(args) if (s := self.registry.get(name))
+        )
+        verdict = await self.off_loop(authorize_resolved, facts, reached)  # a bulk call: many objects
+        await self._enforce(ctx, verdict, facts, args, proposal_id=proposal.id if proposal else None)
         return verdict
 
     def _decision(self, verdict: Verdict, target: Target) -> Decision:
@@ -1041,7 +1052,7 @@ class Gateway:
             reason="cancelled by its caller",
         )
         if moved is None:
-            raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
+            await self._lost(ctx, proposal, "the proposal was no longer pending; nothing to cancel")
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
@@ -1226,13 +1237,14 @@ class Gateway:
             resolved=False,
         )
         await self._check(ctx, gate, {}, proposal_id=proposal.id)
+        await self._refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
         verdict = await self._authorize_plan(
             ctx, entry, party, proposal.args, target, plan, owner, proposal
         )
         decision = self._decision(verdict, target)
         if approved:
-            proposal = await self.move(
+            moved = await self.move(
                 proposal,
                 ["pending"],
                 "approved",
@@ -1240,16 +1252,23 @@ class Gateway:
                 correlation_id=ctx.correlation_id,
                 approved_by=actor.name,
                 decided_at=self.clock(),
-            ) or _raced(proposal)
+            )
+            if moved is None:
+                await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent")
+            assert moved is not None
+            proposal = moved
         claimed = await self.claim(ctx, proposal, decision)
         result = await self._execute(ctx, target, plan, decision, proposal.args, progress, proposal=claimed)
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
-        """Claim the proposal for this process (``executing``). Its audit row is the intent, written
-        durably BEFORE the claim and anything reaching vSphere: if it cannot be written, the change is
-        refused and the proposal stays as it was."""
+        """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
+        the claim's row, the intent, durably before anything reaches vSphere. Of racing confirms only
+        the winner writes ``executing``; each loser writes one ``claim_lost`` row and is refused. If
+        the intent cannot be written the change is refused and the claimed proposal ends ``failed``
+        (nothing was sent to vSphere), its row waiting for the audit like any outcome."""
         instance = await asyncio.to_thread(self.instance.acquire)
+        fields: dict[str, Any] = {"decided_at": self.clock(), "executor": instance}
         row = self._transition_row(
             proposal,
             "executing",
@@ -1259,27 +1278,35 @@ class Gateway:
             args=_redact_args(ctx.spec, proposal.args),
             decision=decision.to_dict(),
         )
-        await self.intent(row)
-        claimed = await self.move(
-            proposal,
-            ["pending", "approved"],
-            "executing",
-            actor=ctx.principal,
-            audited=True,
-            decided_at=self.clock(),
-            executor=instance,
-        )
-        if claimed is None:
-            await self.record_outcome(
-                {
-                    **row,
-                    "phase": "claim_lost",
-                    "reason": "another caller moved the proposal first; nothing was sent",
-                }
+        if not await self.off_loop(self.store.transition, proposal.id, ["pending", "approved"], "executing",
+                                   **fields):
+            await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent",
+                             executor=instance, args=row.get("args"), decision=row.get("decision"))
+        claimed = replace(proposal, state="executing", **fields)
+        try:
+            await self.intent(row)
+        except AuditUnavailable as exc:
+            await self.move(
+                claimed,
+                ["executing"],
+                "failed",
+                actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
+                outcome=exc.code,
+                error=exc.to_wire(),
+                reason="the intent row could not be written; nothing was sent to vSphere",
             )
-            _raced(proposal)
-        assert claimed is not None
+            raise
+        self._notify("executing", claimed)
         return claimed
+
+    async def _lost(self, ctx: CallContext, proposal: Proposal, reason: str, **fields: Any) -> NoReturn:
+        """The one row of an attempt that lost a race for ``proposal`` (``claim_lost``), then its refusal."""
+        error = ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
+        row = self._transition_row(proposal, "claim_lost", actor=ctx.principal,
+                                   correlation_id=ctx.correlation_id, reason=reason, **fields)
+        await self.record({**row, "error_code": error.code})
+        raise error
 
     async def _replan(
         self,
@@ -1288,29 +1315,38 @@ class Gateway:
         plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
         proposal: Proposal,
     ) -> Plan:
-        """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
+        """Resolve the proposal's objects again; anything that no longer matches makes it stale (the move
+        is this attempt's row; an attempt that loses that move to another caller writes ``claim_lost``).
+        Any other failure (the target unreachable, say) is this attempt's refused row; the proposal
+        stays as it was."""
         try:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
             _check_not_stale(proposal, plan)
-        except (NotFound, Ambiguous, Stale) as exc:
+        except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
             error = Stale(
                 f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
                 "proposal and check it again",
                 proposal_id=proposal.id,
             )
-            await self.move(
+            moved = await self.move(
                 proposal,
                 OPEN_STATES,
                 "stale",
                 actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
                 outcome="stale",
                 error=error.to_wire(),
                 decided_at=self.clock(),
                 reason=_cut(exc.message, 512),
             )
+            if moved is None:
+                await self._lost(ctx, proposal, f"found stale ({_cut(exc.message, 256)}) after another "
+                                 "caller had moved the proposal; nothing was sent")
             raise error from exc
+        except GatewayError as exc:
+            await self._refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
         return plan
 
     def expire_due(self) -> None:
@@ -1500,6 +1536,23 @@ class Gateway:
                 "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
             ) from None
 
+    async def _refuse_unless_audit_writable(
+        self, ctx: CallContext, args: Mapping[str, Any], **fields: Any
+    ) -> None:
+        """Refuse a change before its first vSphere read while the audit cannot take rows (what
+        ``readiness`` reports: the sink says it is not writable, or too many rows wait): its intent
+        could not be written anyway. The ``refused`` row waits for the audit, like an intent's."""
+        if len(self._waiting) < MAX_WAITING_OUTCOMES and await self.off_loop(self.audit.writable):
+            return
+        exc = AuditUnavailable(
+            f"audit log {self.settings.audit_log} cannot take rows now (/readyz says why); nothing was "
+            "read from or sent to vSphere. Retry once the audit is writable again"
+        )
+        reason = "the audit was not writable; nothing was read from or sent to vSphere"
+        self._wait(ctx.row("refused", args=_redact_args(ctx.spec, args), error_code=exc.code, reason=reason,
+                           **fields))
+        raise exc
+
     async def intent(self, row: Mapping[str, Any]) -> None:
         """The durable row a change writes before its vSphere call. If it cannot be written the change is
         refused (``AuditUnavailable``), and a ``refused`` row waits to say so once the audit is back.
@@ -1597,10 +1650,6 @@ def _entry(spec: ToolSpec) -> Entry:
 
 def _forbidden(message: str) -> GatewayError:
     return Forbidden(message)
-
-
-def _raced(proposal: Proposal) -> Proposal:
-    raise ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
 
 
 def _unknown_tool(name: str) -> ToolSpec:
