@@ -4,9 +4,11 @@ Sections of the file, all optional (``rules.example.yaml`` shows each one):
 
 - ``defaults``: allow / deny / require_approval per category (read, write, destructive), flags
   (require_web_approval, auto_snapshot_before_destroy, dry_run) and limits (max_bulk_objects,
-  max_calls_per_minute per category) for every target. Whatever it leaves out keeps the built-in
+  max_calls_per_minute per caller and category, target_max_calls_per_minute for all callers together)
+  for every target. Whatever it leaves out keeps the built-in
   strict value: destructive calls denied, reads and writes allowed, no web approval, safety snapshots
-  on, no dry run, 20 objects per bulk call, 30 writes and 10 destructive calls per minute per target.
+  on, no dry run, 20 objects per bulk call, 30 writes and 10 destructive calls per minute per caller
+  on each target.
 - ``protected``: objects that destructive calls may never touch.
 - ``rules``: ordered; the first rule whose ``match`` fits a call decides it.
 - ``targets``: settings for one target (exact name) or several (glob), layered over ``defaults``.
@@ -307,6 +309,8 @@ class MaintenanceWindow:
 
 _FLAGS = ("require_web_approval", "auto_snapshot_before_destroy", "dry_run")
 _RATE = "max_calls_per_minute"
+#: the target-wide ceiling every caller's calls count against together
+_CEILING = "target_max_calls_per_minute"
 
 #: the strict values every key falls back to, flat: "<category>", flags, "max_calls_per_minute.<category>"
 BUILTIN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
@@ -314,6 +318,7 @@ BUILTIN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "require_web_approval": False, "auto_snapshot_before_destroy": True, "dry_run": False,
     "max_bulk_objects": 20,
     f"{_RATE}.read": None, f"{_RATE}.write": 30, f"{_RATE}.destructive": 10,
+    f"{_CEILING}.read": None, f"{_CEILING}.write": None, f"{_CEILING}.destructive": None,
 })
 
 
@@ -342,6 +347,9 @@ class TargetPolicy:
     #: keyed by category; Category is a str, so "write" and Category.WRITE find the same entry
     max_calls_per_minute: Mapping[str, int | None]
     origins: Mapping[str, str]
+    #: per category, the calls per minute of every caller together (None: no ceiling)
+    target_max_calls_per_minute: Mapping[str, int | None] = field(
+        default_factory=lambda: MappingProxyType(dict.fromkeys(Category)))
 
     @classmethod
     def build(cls, target: str, values: Mapping[str, Any], origins: Mapping[str, str]) -> TargetPolicy:
@@ -354,11 +362,17 @@ class TargetPolicy:
             max_bulk_objects=values["max_bulk_objects"],
             max_calls_per_minute=MappingProxyType({c: values[f"{_RATE}.{c.value}"] for c in Category}),
             origins=MappingProxyType(dict(origins)),
+            target_max_calls_per_minute=MappingProxyType(
+                {c: values.get(f"{_CEILING}.{c.value}") for c in Category}),
         )
 
     def rate_limit(self, category: Category) -> int | None:
-        """Calls per minute allowed for ``category`` on this target (None: unlimited)."""
+        """Calls per minute one caller may make for ``category`` on this target (None: unlimited)."""
         return self.max_calls_per_minute[category]
+
+    def target_rate_limit(self, category: Category) -> int | None:
+        """Calls per minute of every caller together for ``category`` on this target (None: no ceiling)."""
+        return self.target_max_calls_per_minute[category]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -368,6 +382,7 @@ class TargetPolicy:
             "dry_run": self.dry_run,
             "max_bulk_objects": self.max_bulk_objects,
             _RATE: {str(c): n for c, n in self.max_calls_per_minute.items()},
+            _CEILING: {str(c): n for c, n in self.target_max_calls_per_minute.items()},
             "set_by": dict(self.origins),
         }
 
@@ -646,7 +661,7 @@ def _suggest(word: str, choices: Collection[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-_SETTINGS_KEYS = (*_CATEGORY_NAMES, *_FLAGS, "max_bulk_objects", _RATE)
+_SETTINGS_KEYS = (*_CATEGORY_NAMES, *_FLAGS, "max_bulk_objects", _RATE, _CEILING)
 
 
 def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
@@ -662,7 +677,7 @@ def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
             out[key] = r.limit(raw, where)
         else:
             for category, limit in r.mapping(raw, where, _CATEGORY_NAMES).items():
-                out[f"{_RATE}.{category}"] = r.limit(limit, f"{where}.{category}")
+                out[f"{key}.{category}"] = r.limit(limit, f"{where}.{category}")
     return out
 
 

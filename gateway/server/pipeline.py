@@ -6,7 +6,7 @@ How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``
       -> facts about the caller as the store says *now* (token state, current role)
       -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
-      -> runaway breaker, rate limit per target x category (reads too)
+      -> runaway breaker, rate limit per caller x target x category (reads too), target-wide ceiling
       -> resolve on the target (a Plan: objects + facts, nothing changes)
       -> authorize again with the objects: token -> role -> policy -> state preconditions
       -> read: answer (per-target outcomes in the row)
@@ -676,9 +676,10 @@ class Gateway:
         already read the target's settings off the loop."""
         if limits is None:
             limits = await self.off_loop(self.policy.target_limits, target)
-        per_minute = limits.rate_limit(kind)
+        per_minute, ceiling = limits.rate_limit(kind), limits.target_rate_limit(kind)
         try:
-            self.rate_limiter.check(target, kind, per_minute, time.monotonic())
+            await self.off_loop(self.rate_limiter.check, target, kind, per_minute, time.monotonic(),
+                                caller=ctx.principal.name, target_limit=ceiling)  # PostgreSQL: a DB call
         except RateLimited as exc:
             await self._refused(ctx, args, exc, target=target)
 
