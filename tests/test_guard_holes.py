@@ -233,8 +233,10 @@ async def test_protected_powered_on_vm_delete_gets_the_policy_denial(env: Env) -
 
 
 async def test_broken_rules_file_answers_with_the_policy_error(env: Env) -> None:
-    gw = env.build()
+    first = env.build()
     (env.tmp / "rules.yaml").write_text("defaults: [this is not\n")
+    gw = Gateway.build(first.settings)  # broken at its start: no good rules to keep
+    env.gateways.append(gw)
     with pytest.raises(PolicyDenied, match="policy file") as caught:
         await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM1})
     assert "power" not in caught.value.message.lower()

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from simulator import Simulator, write_targets
+from simulator import Simulator, complete_rules_text, write_targets
 
 from gateway.config import NameKind, NameRef
 from gateway.guard.names import KnownNames, unknown_names
@@ -67,8 +67,8 @@ def test_the_server_warns_at_load_and_keeps_running(
     env = write_targets(tmp_path / "targets.yaml", {"vc-2": sim_vc1})
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
-    (home / "rules.yaml").write_text("defaults: {destructive: allow}\n"
-                                     "targets:\n  vc2: {require_web_approval: true}\n")
+    (home / "rules.yaml").write_text(complete_rules_text("defaults: {destructive: allow}\n"
+                                                         "targets:\n  vc2: {require_web_approval: true}\n"))
     settings = Settings.from_env(env, home=str(home), targets=str(tmp_path / "targets.yaml"))
     with caplog.at_level(logging.WARNING, logger="gateway.guard.names"):
         gateway = Gateway.build(settings)

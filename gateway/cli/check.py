@@ -19,7 +19,7 @@ from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
-from gateway.guard.policy import PolicyStore
+from gateway.guard.policy_store import PolicyStore
 
 
 def register(sub: Any) -> None:

@@ -14,8 +14,9 @@ The order is fixed, so a caller learns nothing it may not know:
             from the proposer itself; an approve or deny from a role with the approve right; and at
             execution the proposer's *current* role still holds tool, reach and target.
 3. policy   ``rules.yaml`` as it is now (``guard.policy.evaluate``): deny rules, protected objects,
-            bulk limits, windows, approval requirement. A broken rules file lets reads through and
-            denies everything else. An agent's confirm of a call that now needs a human is refused.
+            bulk limits, windows, approval requirement. With no usable rules (a broken file at start;
+            a bad reload keeps the last good rules) every call here is refused, reads included. An
+            agent's confirm of a call that now needs a human is refused.
 4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
             not meet (a powered-on VM to delete): only a caller the guard let through hears of them.
 
@@ -289,15 +290,11 @@ def _policy(f: Facts) -> Verdict:
     if f.entry not in _POLICY_ENTRIES:
         return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
     who = f.owner if f.entry in _EXECUTING_ENTRIES and f.owner is not None else f.actor
-    if f.rules is None:
+    if f.rules is None:  # no usable rules were ever loaded (a bad reload keeps the last good ones)
         why = f.rules_error or "the rules file cannot be used"
-        if f.category is Category.READ:
-            return Verdict(
-                True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error"
-            )
         return _refuse(
             "policy_denied",
-            f"{why}; every write and destructive call is denied until it is "
+            f"{why}; every call the policy decides, reads included, is denied until it is "
             "fixed (`gateway policy show` lists the problems)",
             "policy:error",
         )
@@ -315,9 +312,7 @@ def _policy(f: Facts) -> Verdict:
     )
     try:
         decision = evaluate(call, f.rules, f.now)
-    except Exception:  # a bug in the engine denies, it never lets through
-        if f.category is Category.READ:
-            return Verdict(True, "the policy engine failed on this read; reads continue", "policy:error")
+    except Exception:  # a bug in the engine denies, it never lets through (reads too: rules filter them)
         return _refuse(
             "policy_denied", "the policy engine failed on this call (see the gateway log)", "policy:error"
         )

@@ -27,7 +27,7 @@ from gateway.vocabulary import Category
 
 if TYPE_CHECKING:
     from gateway.auth.roles import RoleBook
-    from gateway.guard.policy import PolicyStore
+    from gateway.guard.policy_store import PolicyStore
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,8 @@ Effective settings of a target: built-in values, then ``defaults``, then every g
 ``targets`` matching the name (in file order), then the entry naming it exactly. Each layer replaces
 only the keys it sets (``max_calls_per_minute`` per category).
 
-``PolicyStore`` reads the file on every call and re-parses it when its bytes change. A file that
-does not parse is never replaced by the last good one: writes and destructive calls are denied
-with the parse error until it is fixed, reads go on. A missing or empty file means the built-in
-strict defaults.
+Reading the file (every section required, the last good rules kept on a bad reload) is
+``gateway.guard.policy_store``; this module only parses and decides.
 """
 
 from __future__ import annotations
@@ -55,20 +53,16 @@ import difflib
 import fnmatch
 import logging
 import re
-import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, time, timedelta
 from enum import StrEnum
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gateway.config import ConfigProblems, NameKind, NameRef, Target, load_yaml, located, position
-from gateway.errors import ConfigError
 from gateway.guard.limits import bulk_denial
-from gateway.guard.names import KnownNames, UnknownName, unknown_names
 from gateway.vocabulary import AffectedObject, Category, Risk
 
 log = logging.getLogger(__name__)
@@ -78,10 +72,6 @@ class Action(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
     REQUIRE_APPROVAL = "require_approval"
-
-
-class PolicyUnavailable(ConfigProblems):
-    """The rules file exists but cannot be used; the pipeline denies writes with this message."""
 
 
 # --------------------------------------------------------------------------- the call and the answer
@@ -882,164 +872,3 @@ def parse_policy_text(text: str, source: str) -> Policy:
     """Parse the YAML text of a rules file (``gateway.config.load_yaml``: duplicate keys are errors,
     positions kept) into a ``Policy``."""
     return parse_policy(load_yaml(text, source), source)
-
-
-# --------------------------------------------------------------------------- the live store
-
-
-class PolicyStore:
-    """The policy behind one rules file, re-read on every call; it fails closed and never goes stale.
-
-    The file is small, so every ``current()`` reads its bytes and re-parses only when they differ
-    from the last read: a rewrite is noticed even when it keeps the size and the modification time.
-    """
-
-    def __init__(self, path: Path, on_load: Callable[[Policy], None] | None = None) -> None:
-        self.path = Path(path)
-        #: called with every newly parsed valid policy (the server logs names that match nothing)
-        self.on_load = on_load
-        self._lock = threading.Lock()
-        self._raw: bytes | None = None
-        self._loaded: Policy | ConfigProblems | None = None
-
-    def current(self) -> Policy:
-        """The policy in force; raise ``PolicyUnavailable`` while the file cannot be read or parsed."""
-        raw = self._read()
-        with self._lock:
-            if self._loaded is None or raw != self._raw:
-                self._loaded = self._parse(raw)
-                self._raw = raw
-            loaded = self._loaded
-        if isinstance(loaded, ConfigProblems):
-            raise PolicyUnavailable(loaded.problems)
-        return loaded
-
-    def decide(self, facts: CallFacts, now: datetime) -> Decision:
-        """``evaluate`` against the current file. Never raises: any failure denies writes, keeps reads."""
-        try:
-            policy = self.current()
-        except ConfigError as exc:
-            return _unusable(facts, f"policy file {self.path} is unusable: {exc.message}")
-        except Exception:
-            log.exception("reading the policy file %s failed", self.path)
-            return _unusable(facts, f"policy file {self.path} could not be read (see the gateway log)")
-        try:
-            return evaluate(facts, policy, now)
-        except Exception:
-            log.exception("policy evaluation failed for %s on target %s", facts.tool, facts.target)
-            return _unusable(facts, "the policy engine failed on this call (see the gateway log)")
-
-    def snapshot(self) -> tuple[Policy | None, str | None]:
-        """The policy in force and None, or None and why the file cannot be used (for
-        ``guard.decision.authorize``, which denies writes and lets reads through meanwhile). Never raises."""
-        try:
-            return self.current(), None
-        except ConfigError as exc:
-            return None, f"policy file {self.path} is unusable: {exc.message}"
-        except Exception:
-            log.exception("reading the policy file %s failed", self.path)
-            return None, f"policy file {self.path} could not be read (see the gateway log)"
-
-    def target_limits(self, target: str) -> TargetPolicy:
-        """The effective settings (limits, flags) for ``target``. Never raises: while the file is
-        unusable it gives the built-in strict values (``decide`` denies every write meanwhile)."""
-        try:
-            return self.current().target_settings(target)
-        except Exception:
-            return Policy(str(self.path)).target_settings(target)
-
-    def describe(self, targets: Sequence[Target], known: KnownNames | None = None) -> dict[str, Any]:
-        """The effective policy per target, or why the file cannot be used (for ``gateway policy show``).
-        With ``known``, entries naming a target, tool, role or tag that matches nothing are marked."""
-        try:
-            policy = self.current()
-        except ConfigError as exc:
-            problems = exc.details.get("problems") or [exc.message]
-            return {"file": str(self.path), "status": "error", "errors": problems,
-                    "effect": "writes and destructive calls are denied until it is fixed; reads continue"}
-        unknown = unknown_names(policy.refs, known) if known is not None else []
-        return _describe(policy, self.path, targets, unknown)
-
-    def _read(self) -> bytes | None:
-        try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise PolicyUnavailable([
-                f"{self.path}: cannot read the rules file ({exc.strerror}); fix its permissions, or point "
-                "GATEWAY_RULES_FILE / --rules at a readable file"]) from exc
-
-    def _parse(self, raw: bytes | None) -> Policy | ConfigProblems:
-        source = str(self.path)
-        if raw is None:
-            note = f"no rules file at {source}: the built-in strict defaults apply"
-            log.info("%s", note)
-            return Policy(source, builtin=True, note=note)
-        try:
-            policy = parse_policy_text(raw.decode("utf-8"), source)
-        except UnicodeDecodeError as exc:
-            broken = ConfigProblems([f"{source}: not UTF-8 text (byte {exc.start}); save it as UTF-8"])
-        except ConfigProblems as exc:
-            broken = exc
-        else:
-            log.info("policy loaded from %s: %d rules, %d protected, %d target entries, %d windows", source,
-                     len(policy.rules), len(policy.protected), len(policy.targets),
-                     len(policy.maintenance_windows))
-            if self.on_load is not None:
-                self.on_load(policy)
-            return policy
-        log.warning("policy file %s is unusable; writes are denied until it is fixed: %s", source, broken)
-        return broken
-
-
-def _unusable(facts: CallFacts, why: str) -> Decision:
-    if facts.category is Category.READ:
-        return Decision(True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error")
-    return Decision(False, f"{why}; every write and destructive call is denied until it is fixed "
-                           "(`gateway policy show` lists the problems)", "policy:error")
-
-
-def _describe(policy: Policy, path: Path, targets: Sequence[Target],
-              unknown: Sequence[UnknownName] = ()) -> dict[str, Any]:
-    def warnings(prefix: str) -> list[str]:
-        return [u.message for u in unknown if u.ref.path == prefix or u.ref.path.startswith(f"{prefix}.")]
-
-    def marked(entry: dict[str, Any], prefix: str) -> dict[str, Any]:
-        found = warnings(prefix)
-        return {**entry, "warnings": found} if found else entry
-
-    per_target = {}
-    for target in targets:
-        settings = policy.target_settings(target.name).to_dict()
-        settings["tags"] = list(target.tags)
-        settings["rules"] = [rule.name for rule in policy.rules if rule.may_apply_to(target)]
-        settings["protected"] = [p.name for p in policy.protected
-                                 if not p.targets or _glob(target.name, p.targets)]
-        settings["maintenance_windows"] = [w.name for w in policy.maintenance_windows
-                                           if not w.targets or _glob(target.name, w.targets)]
-        per_target[target.name] = settings
-    out: dict[str, Any] = {
-        "file": str(path),
-        "status": "builtin" if policy.builtin else "ok",
-        "defaults": policy.default_settings().to_dict(),
-        "protected": [marked(p.to_dict(), f"protected[{i}]") for i, p in enumerate(policy.protected)],
-        "rules": [marked(r.to_dict(), f"rules[{i}]") for i, r in enumerate(policy.rules)],
-        "maintenance_windows": [marked(w.to_dict(), f"maintenance_windows[{i}]")
-                                for i, w in enumerate(policy.maintenance_windows)],
-        "target_entries": {},
-        "targets": per_target,
-    }
-    for entry in policy.targets:
-        names = [t.name for t in targets if _glob(t.name, (entry.pattern,))]
-        shown: dict[str, Any] = {"matches": names,
-                                 "settings": {k: getattr(v, "value", v) for k, v in entry.values.items()}}
-        found = warnings(f"targets.{entry.pattern}")
-        if found:
-            shown["warning"] = "; ".join(found)
-        out["target_entries"][entry.pattern] = shown
-    if unknown:
-        out["warnings"] = [str(u) for u in unknown]
-    if policy.note:
-        out["note"] = policy.note
-    return out

@@ -73,9 +73,11 @@ from gateway.guard.decision import (
 )
 from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
-from gateway.guard.policy import Decision, PolicyStore, TargetPolicy
+from gateway.guard.policy import Decision, TargetPolicy
+from gateway.guard.policy_store import PolicyStore
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
+from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
@@ -124,6 +126,14 @@ _DENIAL_CODES = frozenset(
         "confirmation_expired",
     }
 )
+
+
+def _write_quietly(audit: AuditWriter, row: Mapping[str, Any]) -> None:
+    """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
+    try:
+        audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+    except AuditUnavailable:
+        log.error("the audit log could not record the load of %s", row.get("path"))
 
 
 @dataclass
@@ -200,10 +210,11 @@ class Gateway:
         self._token_generation = -1
         # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
-        if settings.notifications_file is not None:
-            self.notifier = notifier_for(
-                settings.notifications_file, settings.notify_env, audit.write, [self]
-            )
+        path = settings.notifications_file
+        if path is not None:
+            self.notifier = reloads.load_audited(
+                "notifications", path, lambda: notifier_for(path, settings.notify_env, audit.write, [self]),
+                lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
         self._sweeper: asyncio.Task[None] | None = None
         #: with replicas on PostgreSQL only the leader sweeps expired proposals (see gateway.store.slots)
         self.sweep_leader: PgLeader | None = (
@@ -215,27 +226,22 @@ class Gateway:
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
         """Load configuration and open the stores; raises ConfigError on anything fatal."""
-        targets = load_targets(settings.targets_file, settings.credentials)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         store = open_store(settings)
         audit = open_audit(settings, store)
-
-        def audit_roles_reload(sha256: str, names: list[str]) -> None:
-            with contextlib.suppress(AuditUnavailable):
-                audit.write(
-                    {
-                        "phase": "roles_reload",
-                        "caller": "gateway",
-                        "surface": "server",
-                        "roles_sha256": sha256,
-                        "roles": names,
-                    }
-                )
-
-        policy = PolicyStore(settings.rules_file)
-        roles = RoleBook(settings.roles_file, on_reload=audit_roles_reload)
-        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
+        # every configuration load is an audit row (gateway.server.reloads), through the gateway's
+        # own audit path once it exists; targets.yaml is read before, straight into the sink
+        targets = reloads.load_audited(
+            "targets", settings.targets_file,
+            lambda: load_targets(settings.targets_file, settings.credentials),
+            reloads.targets_summary, lambda row: _write_quietly(audit, row))
+        built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
+        policy = PolicyStore(settings.rules_file,
+                             on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
+        role_rows = reloads.RolesReloads(settings.roles_file, lambda row: built[0].config_row(row))
+        roles = RoleBook(settings.roles_file, on_reload=role_rows.loaded)
+        roles.on_refused = role_rows.refused
         gateway = cls(
             settings,
             targets,
@@ -247,6 +253,8 @@ class Gateway:
             policy=policy,
             roles=roles,
         )
+        built.append(gateway)
+        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
         if isinstance(store, PostgresStore):  # replicas count rate limits and repeats together
             gateway.rate_limiter = PgRateLimiter(store)
             gateway.breaker = PgRunawayBreaker(store)
@@ -365,6 +373,11 @@ class Gateway:
         self.instance.close()
         if self.sweep_leader is not None:
             self.sweep_leader.close()
+
+    def config_row(self, row: Mapping[str, Any]) -> None:
+        """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
+        cannot take it. Blocking: the stores call it from the thread that read the file."""
+        self._write_or_wait(row)
 
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
