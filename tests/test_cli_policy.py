@@ -268,3 +268,15 @@ def test_check_refuses_a_rules_file_cut_at_a_section_boundary(
     assert main(["check", *flags]) == 1
     err = capsys.readouterr().err
     assert "missing section" in err or "has no value" in err or "holds no section" in err
+
+
+@pytest.mark.usefixtures("credentials")
+def test_check_refuses_a_rule_that_can_never_apply_to_the_tools_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = ("rules:\n  - name: hide-db-hosts\n    action: deny\n"
+             "    match: {roles: [reader], tools: [list_hosts], vm_patterns: [\"db-*\"]}\n")
+    assert main(["check", *_files(tmp_path, rules)]) == 1
+    err = capsys.readouterr().err
+    assert (f"{tmp_path / 'rules.yaml'}:2:5: rules[0].match.vm_patterns: can never apply: list_hosts shows "
+            "no VM") in err

@@ -44,6 +44,7 @@ from gateway.errors import (
     Stale,
 )
 from gateway.guard.policy import CallFacts, Decision, Policy, evaluate
+from gateway.guard.read_filter import ReadFilter, read_filter
 from gateway.vocabulary import AffectedObject, Category, Precondition, Risk
 
 
@@ -286,19 +287,10 @@ def _owner(f: Facts) -> Verdict | None:
     return None
 
 
-def _policy(f: Facts) -> Verdict:
-    if f.entry not in _POLICY_ENTRIES:
-        return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
+def call_facts(f: Facts) -> CallFacts:
+    """What the policy sees of ``f``: at execution the proposer's name and role, else the actor's."""
     who = f.owner if f.entry in _EXECUTING_ENTRIES and f.owner is not None else f.actor
-    if f.rules is None:  # no usable rules were ever loaded (a bad reload keeps the last good ones)
-        why = f.rules_error or "the rules file cannot be used"
-        return _refuse(
-            "policy_denied",
-            f"{why}; every call the policy decides, reads included, is denied until it is "
-            "fixed (`gateway policy show` lists the problems)",
-            "policy:error",
-        )
-    call = CallFacts(
+    return CallFacts(
         tool=f.tool,
         category=f.category,
         risk=f.risk,
@@ -310,8 +302,28 @@ def _policy(f: Facts) -> Verdict:
         override=f.override,
         object_count=f.object_count,
     )
+
+
+def read_rules(f: Facts) -> ReadFilter | None:
+    """What a read authorized on ``f`` may show (``guard.read_filter``), or None: everything."""
+    if f.entry is not Entry.READ:
+        return None
+    return read_filter(f.rules, call_facts(f), f.now)
+
+
+def _policy(f: Facts) -> Verdict:
+    if f.entry not in _POLICY_ENTRIES:
+        return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
+    if f.rules is None:  # no usable rules were ever loaded (a bad reload keeps the last good ones)
+        why = f.rules_error or "the rules file cannot be used"
+        return _refuse(
+            "policy_denied",
+            f"{why}; every call the policy decides, reads included, is denied until it is "
+            "fixed (`gateway policy show` lists the problems)",
+            "policy:error",
+        )
     try:
-        decision = evaluate(call, f.rules, f.now)
+        decision = evaluate(call_facts(f), f.rules, f.now)
     except Exception:  # a bug in the engine denies, it never lets through (reads too: rules filter them)
         return _refuse(
             "policy_denied", "the policy engine failed on this call (see the gateway log)", "policy:error"

@@ -35,9 +35,12 @@ into a proposal that a human approves).
 Matching: every pattern is a glob (``*``, ``?``, ``[...]``) compared case-insensitively. Fields of a
 ``match`` are ANDed, the items of one field ORed, absent fields match anything. ``tools`` holds
 category names (read, write, destructive) or tool names. ``vm_patterns`` (names of affected VMs),
-``folders`` and ``resource_pools`` look at the affected objects: for deny and require_approval rules
-one matching object is enough, so a bulk call touching one matching VM is caught; for allow rules
-every relevant object must match, so an allow never reaches a VM it does not name.
+``folders``, ``resource_pools`` and ``names`` (names or moids of affected objects of any type) look
+at the affected objects: for deny and require_approval rules one matching object is enough, so a
+bulk call touching one matching VM is caught; for allow rules every relevant object must match, so
+an allow never reaches a VM it does not name. On reads the objects are those the read would show:
+each is decided as if it were the call's one affected object (``gateway.guard.read_filter``), and a
+denied one is withheld from a listing, or refuses a read about it.
 
 Effective settings of a target: built-in values, then ``defaults``, then every glob entry under
 ``targets`` matching the name (in file order), then the entry naming it exactly. Each layer replaces
@@ -150,20 +153,23 @@ _CALL_FIELDS: Mapping[str, Callable[[CallFacts, Sequence[str]], bool]] = {
     "roles": lambda f, p: _glob(f.role, p),
 }
 
-_ObjectField = tuple[Callable[[AffectedObject], bool], Callable[[AffectedObject], str | None]]
-#: match fields answered by the affected objects: (which objects count, which value of theirs)
+_ObjectField = tuple[Callable[[AffectedObject], bool], Callable[[AffectedObject], tuple[str | None, ...]]]
+#: match fields answered by the affected objects: (which objects count, which values of theirs)
 _OBJECT_FIELDS: Mapping[str, _ObjectField] = {
-    "vm_patterns": (_is_vm, lambda o: o.name),
-    "folders": (lambda o: True, lambda o: o.folder),
-    "resource_pools": (lambda o: True, lambda o: o.resource_pool),
+    "vm_patterns": (_is_vm, lambda o: (o.name,)),
+    "folders": (lambda o: True, lambda o: (o.folder,)),
+    "resource_pools": (lambda o: True, lambda o: (o.resource_pool,)),
+    "names": (lambda o: True, lambda o: (o.name, o.moid)),
 }
+#: the match fields answered by the affected objects (on reads: the objects a read shows)
+OBJECT_FIELDS = tuple(_OBJECT_FIELDS)
 _MATCH_FIELDS = (*_CALL_FIELDS, *_OBJECT_FIELDS)
 
 
 def _objects_fit(affected: Sequence[AffectedObject], spec: _ObjectField, patterns: Sequence[str],
                  every: bool) -> bool:
-    relevant, value_of = spec
-    hits = [(value := value_of(o)) is not None and _glob(value, patterns) for o in affected if relevant(o)]
+    relevant, values_of = spec
+    hits = [any(v is not None and _glob(v, patterns) for v in values_of(o)) for o in affected if relevant(o)]
     return (bool(hits) and all(hits)) if every else any(hits)
 
 
@@ -175,16 +181,22 @@ class Match:
     min_risk_level: Risk | None = None
 
     def fits(self, facts: CallFacts, *, every_object: bool) -> bool:
+        if not self.fits_call(facts):
+            return False
+        return all(_objects_fit(facts.affected, _OBJECT_FIELDS[name], patterns, every_object)
+                   for name, patterns in self.fields.items() if name in _OBJECT_FIELDS)
+
+    def fits_call(self, facts: CallFacts) -> bool:
+        """Whether the fields answered by the call itself (not its objects) fit ``facts``."""
         if self.min_risk_level is not None and facts.risk.rank < self.min_risk_level.rank:
             return False
-        for name, patterns in self.fields.items():
-            if name in _CALL_FIELDS:
-                ok = _CALL_FIELDS[name](facts, patterns)
-            else:
-                ok = _objects_fit(facts.affected, _OBJECT_FIELDS[name], patterns, every_object)
-            if not ok:
-                return False
-        return True
+        return all(_CALL_FIELDS[name](facts, patterns)
+                   for name, patterns in self.fields.items() if name in _CALL_FIELDS)
+
+    @property
+    def object_fields(self) -> tuple[str, ...]:
+        """The fields this match answers from the affected objects."""
+        return tuple(name for name in self.fields if name in _OBJECT_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: list(patterns) for name, patterns in self.fields.items()}
@@ -200,6 +212,8 @@ class Rule:
     match: Match = field(default_factory=Match)
     unless_override: bool = False
     reason: str | None = None
+    #: ``file:line:column`` of the rule (for problems found after parsing)
+    where: str = field(default="", compare=False)
 
     def matches(self, facts: CallFacts) -> bool:
         return self.match.fits(facts, every_object=self.action is Action.ALLOW)
@@ -710,6 +724,7 @@ def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
         match=r.optional(entry, "match", path, lambda v, p: _parse_match(r, v, p), Match()),
         unless_override=unless,
         reason=r.optional(entry, "reason", path, r.text, None),
+        where=r.where(path),
     )
     return rule if action else None
 

@@ -68,6 +68,7 @@ from gateway.guard.decision import (
     TokenState,
     Verdict,
     authorize,
+    read_rules,
     token_state,
     tool_permitted,
 )
@@ -75,11 +76,13 @@ from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, TargetPolicy
 from gateway.guard.policy_store import PolicyStore
+from gateway.guard.read_filter import Filtered, ReadFilter, read_args
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
+from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.audit_read import open_audit_reader
@@ -220,6 +223,10 @@ class Gateway:
         self.sweep_leader: PgLeader | None = (
             PgLeader(settings.database_url, "expiry-sweeper") if settings.database_url else None)
         self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
+        list_vms = registry.get("list_vms")
+        assert list_vms is not None and list_vms.read is not None
+        #: what each read may show (read rules), applied after the mirror or the sweep answered
+        self.read_rules = ReadRules(self.mirrors, scheduler, self.targets, list_vms.read)
         self.metrics.add_collector("mirrors", lambda: sample_families(self.mirrors.samples()))
 
     # ----------------------------------------------------------------- lifecycle
@@ -599,11 +606,12 @@ class Gateway:
     # -- reads
     async def _read_targets(
         self, ctx: CallContext, args: dict[str, Any]
-    ) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, ReadFilter | None]]:
         """The targets a read goes to, each authorized (role, policy) and rate limited, every refusal
-        audited. A single target's refusal is raised; in a fan-out a target the policy or a rate limit
-        refuses answers its own error, and the others still answer (a target outside the role is refused
-        for the whole call, like an unknown one)."""
+        audited, with what the read may show on each (read rules). A single target's refusal is
+        raised; in a fan-out a target the policy or a rate limit refuses answers its own error, and the
+        others still answer (a target outside the role is refused for the whole call, like an unknown
+        one)."""
         ref = args["target"]
         single = isinstance(ref, str) and ref != ALL
         if ref == ALL:
@@ -613,8 +621,10 @@ class Gateway:
         else:
             names = [ref] if isinstance(ref, str) else list(ref)
         refused: dict[str, dict[str, Any]] = {}
+        filters: dict[str, ReadFilter | None] = {}
         for name in names:
             facts, limits = await self.off_loop(self._read_facts, ctx, args, name)
+            filters[name] = read_rules(facts)
             try:
                 await self._check(ctx, facts, args, target=name)
                 await self._rate_limit(ctx, args, name, Category.READ, limits)
@@ -624,7 +634,7 @@ class Gateway:
                 refused[name] = {"error": {k: v for k, v in exc.to_wire().items() if k != "decision"}}
         if not single and len(refused) == len(names):
             raise PolicyDenied(f"the policy refuses this read on every target named: {', '.join(refused)}")
-        return names, refused
+        return names, refused, filters
 
     def _read_facts(
         self, ctx: CallContext, args: Mapping[str, Any], target: str
@@ -637,26 +647,34 @@ class Gateway:
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
     ) -> Answer:
         ref = args["target"]
-        fn = self._read_fn(ctx.spec, args)
-        names, refused = await self._read_targets(ctx, args)
+        names, refused, filters = await self._read_targets(ctx, args)
+        # read rules: list_vms is read so that what is hidden can be told and left out (read_args)
+        wanted, shaping = read_args(ctx.spec.name, args, any(f is not None for f in filters.values()))
+        fn = self._read_fn(ctx.spec, wanted)
         row = {"target": _target_label(args), "args": _redact_args(ctx.spec, args)}
+        hidden: Filtered | None = None
         try:
             if isinstance(ref, str) and ref != ALL:
                 target = self.targets[names[0]]
-                mirrored = await self.mirrors.answer(target.name, ctx.spec.name, args)
+                mirrored = await self.mirrors.answer(target.name, ctx.spec.name, wanted)
                 result = mirrored if mirrored is not None else await self.scheduler.run(
                     target.name, fn, deadline=target.timeout_seconds
                 )
+                if filters[target.name] is not None or shaping.changes:
+                    shown = await self.read_rules.shown(
+                        ctx.spec.name, target.name, result, filters[target.name], shaping)
+                    hidden, result = (shown, None) if shown.answer is None else (None, shown.answer)
                 outcomes = None
             else:
                 answered = await self.mirrors.fan_out(
                     [n for n in names if n not in refused],
                     ctx.spec.name,
-                    args,
+                    wanted,
                     lambda rest: self.scheduler.fan_out(
                         rest, fn, deadline=self.settings.fanout_timeout_seconds
                     ),
                 )
+                answered = await self.read_rules.fan_out(ctx.spec.name, answered, filters, shaping)
                 result = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
                 outcomes = {
                     n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
@@ -665,6 +683,8 @@ class Gateway:
         except GatewayError as exc:
             await self.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
+        if hidden is not None:  # read rules hide the one object this read is about
+            await self._refused(ctx, args, denial(ctx.spec.name, names[0], hidden), target=names[0])
         outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
         return await self.record_answer(ctx.row("call", outcome=outcome, outcomes=outcomes, **row), result)
 
