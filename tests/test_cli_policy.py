@@ -280,3 +280,13 @@ def test_check_refuses_a_rule_that_can_never_apply_to_the_tools_it_names(
     err = capsys.readouterr().err
     assert (f"{tmp_path / 'rules.yaml'}:2:5: rules[0].match.vm_patterns: can never apply: list_hosts shows "
             "no VM") in err
+
+
+def test_policy_show_marks_a_rule_that_can_never_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rules = "rules:\n  - {name: r, action: deny, match: {tools: [list_datastores], folders: [x]}}\n"
+    assert main(["policy", "show", "--json", *_home(tmp_path, monkeypatch, rules=rules)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "can never apply" in report["rules"][0]["warnings"][0]
+    assert any("rules[0].match.folders" in w for w in report["warnings"])

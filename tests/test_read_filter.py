@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from gateway.guard.policy import CallFacts, Policy, parse_policy_text
+from gateway.guard.policy import CallFacts, Policy, evaluate, parse_policy_text
 from gateway.guard.read_filter import (
     ReadFilter,
     Shaping,
+    Subject,
     VmFacts,
     filter_answer,
     read_args,
@@ -187,3 +189,29 @@ def test_unreachable_rules(match: str, expected: list[str]) -> None:
     assert len(problems) == len(expected), problems
     for want, got in zip(expected, problems, strict=True):
         assert got.startswith("rules.yaml:2:5: ") and want in got
+
+
+EQUIVALENCE_RULES = RULES + """
+  - name: readers-see-nothing-else
+    match: {roles: [auditor], tools: [read]}
+    action: deny
+  - name: web-is-fine
+    match: {roles: [reader], vm_patterns: ["web-*"]}
+    action: allow
+"""
+
+
+@pytest.mark.parametrize("role", ["reader", "admin", "auditor"])
+@pytest.mark.parametrize("tool", ["list_vms", "get_vm_details", "get_events"])
+def test_the_filter_decides_each_object_as_the_whole_policy_would(role: str, tool: str) -> None:
+    """The filter evaluates objects over the rules that can matter only; each verdict is the one the
+    whole policy gives a call affecting that one object (when the read itself is allowed)."""
+    policy = parse_policy_text(textwrap.dedent(EQUIVALENCE_RULES), "rules.yaml")
+    call = CallFacts(tool=tool, category=Category.READ, risk=Risk.LOW, target="vc1", target_tags=(),
+                     affected=(), caller="someone", role=role)
+    read_allowed = evaluate(call, policy, NOW).allowed
+    rules = read_filter(policy, call, NOW)
+    for subject in [*VMS.by_moid.values(), Subject("host", "esx-9", "host-1"), Subject("vm", None)]:
+        whole = evaluate(replace(call, affected=(subject.affected(),)), policy, NOW).allowed
+        if read_allowed:
+            assert (rules is not None and rules.hides(subject) is not None) == (not whole), subject

@@ -31,6 +31,7 @@ from gateway.config import ConfigProblems, Target, load_yaml, located
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, UnknownName, unknown_names
 from gateway.guard.policy import CallFacts, Decision, Policy, TargetPolicy, _glob, evaluate, parse_policy
+from gateway.guard.read_filter import unreachable_rules
 from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,15 @@ class PolicyStore:
                       "every call the policy decides is denied until it is fixed (no good rules loaded)")
             return {"file": str(self.path), "status": "error", "errors": problems, "effect": effect}
         unknown = unknown_names(policy.refs, known) if known is not None else []
-        return _describe(policy, self.path, targets, unknown)
+        shown = _describe(policy, self.path, targets, unknown)
+        unreachable = unreachable_rules(policy, known.tools) if known is not None else []
+        for index, rule in enumerate(shown["rules"]):
+            found = [p for p in unreachable if f": rules[{index}]." in p]
+            if found:
+                rule["warnings"] = [*rule.get("warnings", []), *found]
+        if unreachable:
+            shown["warnings"] = [*shown.get("warnings", []), *unreachable]
+        return shown
 
     def _refresh(self) -> tuple[Policy | ConfigProblems, Policy | None]:
         """Read the file; parse it when its bytes changed. Returns the latest parse and the rules in force."""

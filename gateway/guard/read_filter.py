@@ -139,10 +139,20 @@ def read_filter(policy: Policy | None, call: CallFacts, now: datetime) -> ReadFi
     shows everything it found). Pure."""
     if policy is None or call.category is not Category.READ:
         return None
-    active = [r for r in policy.rules if r.match.object_fields and r.match.fits_call(call)]
-    if not active:
+    # Only rules whose call fields fit this read can match one of its objects, and none after the
+    # first of them without object fields (it matches every object). The objects are then decided
+    # by ``evaluate`` over those rules alone: the read itself was allowed, so no rule matching means
+    # shown, as under the whole policy; the reduced policy only saves time per object.
+    active: list[Rule] = []
+    for rule in policy.rules:
+        if rule.match.fits_call(call):
+            active.append(rule)
+            if not rule.match.object_fields:
+                break
+    if not any(rule.match.object_fields for rule in active):
         return None
-    return ReadFilter(policy, call, now, needs_vm_facts="vm" in read_subjects(call.tool))
+    reduced = Policy(policy.source, rules=tuple(active))
+    return ReadFilter(reduced, call, now, needs_vm_facts="vm" in read_subjects(call.tool))
 
 
 @dataclass(frozen=True)
