@@ -210,7 +210,7 @@ def filter_answer(tool: str, answer: Mapping[str, Any], rules: ReadFilter | None
         if isinstance(answer.get("vms"), list):  # the VM names of host and datastore details
             kept, withheld = _keep(answer["vms"], lambda n: rules.hides_any(facts.vms(None, n)))
             return Filtered({**answer, "vms": kept, "withheld": withheld}, withheld)
-        return Filtered({**answer, "withheld": 0})
+        return Filtered(dict(answer))
     if tool in LISTINGS:
         key, kind = LISTINGS[tool]
         rows = answer.get(key) or []
