@@ -22,6 +22,15 @@ class Category(StrEnum):
     DESTRUCTIVE = "destructive"
 
 
+class Kind(StrEnum):
+    """Who a principal is. Only a person approves or denies a proposal (and never their own); an agent
+    calls tools. Tokens are agents' unless created ``--kind person``; the OS user running the CLI on
+    the host is a person, the stdio caller (a desktop user's agent session) an agent."""
+
+    PERSON = "person"
+    AGENT = "agent"
+
+
 class Risk(StrEnum):
     LOW = "low"
     MEDIUM = "medium"

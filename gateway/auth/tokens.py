@@ -39,6 +39,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from gateway.errors import InvalidArgument, StateUnavailable
 from gateway.store.base import ID_LENGTH, StateStore, TokenRecord, new_id
+from gateway.vocabulary import Kind
 
 __all__ = [
     "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
@@ -64,12 +65,15 @@ STORE_SECONDS: Final = 5.0
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface."""
+    """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface,
+    and whether a person or an agent holds it (``kind``; for a token, the store's record at each
+    request is what decisions use, see ``Gateway.party``)."""
 
     name: str
     role: str
     token_id: str | None = None
     surface: str = "https"
+    kind: Kind = Kind.AGENT
 
 
 def parse_token_id(token: str) -> str | None:
@@ -89,11 +93,12 @@ def parse_expiry(text: str) -> float:
 
 def create_token(
     store: StateStore, name: str, role: str, *, expires_in: float | None, now: float,
-    hasher: PasswordHasher | None = None,
+    hasher: PasswordHasher | None = None, kind: Kind = Kind.AGENT,
 ) -> tuple[str, TokenRecord]:
     """Create and store a token; return its plaintext (shown once, never stored) and its record.
 
     ``role`` is stored as given: whether it is defined is the caller's check (``RoleBook.get``).
+    ``kind``: an agent's token (the default) or a person's (who may sign in to the page and approve).
     """
     if not _NAME_RE.fullmatch(name):
         raise InvalidArgument("name", f"{name!r} is not a token name; use 1-64 letters, digits, '.', '_', "
@@ -105,7 +110,8 @@ def create_token(
     token_id = new_id()
     token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
     rec = TokenRecord(token_id=token_id, name=name, role=role, hash=(hasher or PasswordHasher()).hash(token),
-                      created_at=now, expires_at=None if expires_in is None else now + expires_in)
+                      created_at=now, expires_at=None if expires_in is None else now + expires_in,
+                      kind=Kind(kind))
     store.add_token(rec)
     return token, rec
 
@@ -258,7 +264,8 @@ class TokenAuthenticator:
             return self._refuse((client, token_id), "invalid")
         if proven:
             self._touch(record, now)
-            return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id))
+            return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id,
+                                     kind=record.kind))
         wait = self._throttle_wait((client, token_id))
         if wait is not None:
             return Verdict(None, "throttled", wait)

@@ -65,9 +65,11 @@ from gateway.guard.decision import (
     Entry,
     Facts,
     Party,
+    Proposed,
     TokenState,
     Verdict,
     authorize,
+    proposal_rights,
     read_rules,
     token_state,
     tool_permitted,
@@ -77,6 +79,7 @@ from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, TargetPolicy
 from gateway.guard.policy_store import PolicyStore
 from gateway.guard.read_filter import Filtered, ReadFilter, read_args
+from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
@@ -163,6 +166,7 @@ class CallContext:
             "tool": self.spec.name,
             "risk": self.spec.risk.value,
             "caller": self.principal.name,
+            "kind": self.party.kind.value,
             "role": self.party.role.name if self.party.role else self.principal.role,
             "surface": self.principal.surface,
             "client": self.client,
@@ -425,13 +429,15 @@ class Gateway:
 
     # ----------------------------------------------------------------- facts
     def party(self, principal: Principal) -> Party:
-        """The caller as the store says it is now: a token's current state and role (a principal
-        without a token, from stdio or the CLI, is the role its surface gave it)."""
+        """The caller as the store says it is now: a token's current state, role and kind (a principal
+        without a token, from stdio or the CLI, is the role and kind its surface gave it)."""
         if principal.token_id is None:
-            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role))
+            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind)
         record = self.store.token_by_id(principal.token_id)
-        role = self.roles.get(record.role) if record is not None else None
-        return Party(principal.name, token_state(record, self.clock()), role)
+        if record is None:
+            return Party(principal.name, TokenState.UNKNOWN, None)
+        state = token_state(record, self.clock())
+        return Party(principal.name, state, self.roles.get(record.role), record.kind)
 
     def owner(self, p: Proposal) -> Party:
         """The proposer as they are now (their token's current state and role)."""
@@ -517,6 +523,7 @@ class Gateway:
         spec = self.registry.get(name)
         client = client or mcp_client_var.get()
         actor = await self.off_loop(self.party, principal)
+        principal = replace(principal, kind=actor.kind)  # rows name the kind the store has now
         if spec is None:
             ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
             await self._refused(
@@ -583,6 +590,7 @@ class Gateway:
                 phase,
                 args=_redact_args(ctx.spec, args or {}),
                 error_code=exc.code,
+                reason_code=exc.details.get("reason_code"),
                 decision=exc.details.get("decision"),
                 error=_cut(exc.message, 512),
                 **fields,
@@ -661,9 +669,9 @@ class Gateway:
                     target.name, fn, deadline=target.timeout_seconds
                 )
                 if filters[target.name] is not None or shaping.changes:
-                    shown = await self.read_rules.shown(
+                    filtered = await self.read_rules.shown(
                         ctx.spec.name, target.name, result, filters[target.name], shaping)
-                    hidden, result = (shown, None) if shown.answer is None else (None, shown.answer)
+                    hidden, result = (filtered, None) if filtered.answer is None else (None, filtered.answer)
                 outcomes = None
             else:
                 answered = await self.mirrors.fan_out(
@@ -834,8 +842,10 @@ class Gateway:
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
-        summary = clean(plan.summary)
-        affected = clean([a.to_dict() for a in plan.affected])
+        # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
+        # every notification then carry the same clean text
+        summary = shown_text(plan.summary)
+        affected = shown([a.to_dict() for a in plan.affected])
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
@@ -915,8 +925,8 @@ class Gateway:
             would = {
                 "dry_run": True,
                 "target": target.name,
-                "would": plan.summary,
-                "affected": [a.to_dict() for a in plan.affected],
+                "would": shown_text(plan.summary),
+                "affected": shown([a.to_dict() for a in plan.affected]),
             }
             await self.record(ctx.row("dry_run", outcome="ok", result=would, **base))
             if proposal is not None:
@@ -1005,12 +1015,9 @@ class Gateway:
     ) -> dict[str, Any]:
         await self.off_loop(self.expire_due)
         proposals = await self.off_loop(self.store.list_proposals, ["pending"])
-        rows = [
-            proposal_view(p, self.clock())
-            for p in proposals
-            if ctx.role.permits_target(p.target)
-            and (p.caller == ctx.principal.name or ctx.role.approve != "none")
-        ]
+        seen = [p for p in proposals if proposal_rights(ctx.party, Proposed.of(p)).see]
+        now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
+        rows = await self.off_loop(lambda: [proposal_view(p, now) for p in seen])
         await self.record(
             ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
         )
@@ -1112,6 +1119,7 @@ class Gateway:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         spec = self.registry.get(proposal.tool) or _unknown_tool(proposal.tool)
         actor = self.party(human)
+        human = replace(human, kind=actor.kind)
         facts = self.facts(
             Entry.DENY,
             actor,
@@ -1131,6 +1139,7 @@ class Gateway:
                 requested_by=proposal.caller,
                 decision=verdict.to_dict(),
                 error_code=verdict.code,
+                reason_code=verdict.details.get("reason_code"),
                 via="deny",
             )
             self._write_row(row)
@@ -1162,6 +1171,7 @@ class Gateway:
             {
                 "phase": "token_revoked",
                 "caller": by.name,
+                "kind": by.kind.value,
                 "surface": by.surface,
                 "token_name": rec.name,
                 "token_id": rec.token_id,
@@ -1217,6 +1227,7 @@ class Gateway:
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
         party = await self.off_loop(self.party, actor)
+        actor = replace(actor, kind=party.kind)
         ctx = CallContext(
             actor,
             party,
@@ -1461,6 +1472,7 @@ class Gateway:
             "risk": spec.risk.value if spec else None,
             "target": proposal.target,
             "caller": actor.name,
+            "kind": actor.kind.value,
             "role": actor.role,
             "surface": actor.surface,
             "requested_by": proposal.caller,
@@ -1647,7 +1659,7 @@ def _redact_args(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
     before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
-    after = sorted((a["type"], a["moid"], a["name"]) for a in clean([a.to_dict() for a in plan.affected]))
+    after = sorted((a["type"], a["moid"], a["name"]) for a in shown([a.to_dict() for a in plan.affected]))
     if before != after:
         raise Stale(
             f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
@@ -1656,7 +1668,8 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans (sanitized text; never the token or its hash)."""
+    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
+    never the token or its hash)."""
     view = {
         "proposal_id": p.id,
         "state": p.state,
@@ -1673,4 +1686,4 @@ def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
         "outcome": p.outcome,
         "error": p.error,
     }
-    return clean(view)  # type: ignore[no-any-return]
+    return shown(view)  # type: ignore[no-any-return]

@@ -1353,8 +1353,9 @@ def plan_bulk(session: Any, args: Args) -> Plan:
               "timeout_seconds": float(args.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS),
               "vms": [{"moid": m.ref.moid, "name": m.ref.name, "snapshot": m.current_snapshot}
                       for m in chosen]}
-    summary = (f"{_BULK_WORDS[action].format(n=len(chosen))} matching '{args['name_regex']}'{where}: "
-               f"{_names_text([m.ref.name for m in chosen])}")
+    # the pattern itself is not quoted (a secret can hide in it); the VMs it matched are listed
+    summary = (f"{_BULK_WORDS[action].format(n=len(chosen))} whose whole name matches the given "
+               f"name_regex{where}: {_names_text([m.ref.name for m in chosen])}")
     if skipped:
         summary += f" (skipping {len(skipped)} without snapshots: {_names_text(skipped)})"
     return Plan(_on(session, summary), tuple(vm_affected(m.ref) for m in chosen), params,
