@@ -149,6 +149,30 @@ def test_host_details_leave_hidden_vm_names_out() -> None:
     assert filtered.answer is not None and filtered.answer["vms"] == ["web-1"] and filtered.withheld == 2
 
 
+NESTED_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], int]] = [
+    ("cluster-hosts", "get_cluster_details",
+     {"moid": "domain-c1", "name": "C0", "datastores": ["ds1"],
+      "hosts": [{"moid": "host-1", "name": "esx-1"}, {"moid": "host-77", "name": "esx-2"}]},
+     {"hosts": [{"moid": "host-1", "name": "esx-1"}], "datastores": ["ds1"]}, 1),
+    ("datastore-mounts-and-vms", "get_datastore_details",
+     {"moid": "datastore-1", "name": "ds1", "hosts": [{"host": "esx-9"}, {"host": "esx-1"}],
+      "vms": ["db-1", "web-1"]},
+     {"hosts": [{"host": "esx-1"}], "vms": ["web-1"]}, 2),
+    ("vm-details-lists", "get_vm_details",
+     {"moid": "vm-1", "name": "web-1", "datastores": ["ds1"], "networks": ["VM Network"]},
+     {"datastores": ["ds1"], "networks": ["VM Network"]}, 0),
+]
+
+
+@pytest.mark.parametrize(("tool", "answer", "kept", "withheld"), [c[1:] for c in NESTED_CASES],
+                         ids=[c[0] for c in NESTED_CASES])
+def test_lists_inside_details_leave_hidden_objects_out(tool: str, answer: dict[str, Any],
+                                                       kept: dict[str, Any], withheld: int) -> None:
+    filtered = filter_answer(tool, answer, rules_for("reader", tool), VMS)
+    assert filtered.answer is not None and filtered.withheld == withheld
+    assert {k: filtered.answer[k] for k in kept} == kept and filtered.answer["withheld"] == withheld
+
+
 def test_events_and_tasks_about_hidden_objects_are_withheld() -> None:
     events = {"events": [{"key": 1, "vm": "app-1", "vm_moid": "vm-3"}, {"key": 2, "vm": "web-1"},
                          {"key": 3, "host": "esx-9"}, {"key": 4, "message": "no entity"}],

@@ -50,6 +50,12 @@ SINGLES: Final[Mapping[str, tuple[str, str, str]]] = {
     "get_cluster_details": ("cluster", "moid", "name"),
     "get_datastore_details": ("datastore", "moid", "name"),
 }
+#: lists inside answers about one object that name other objects: key -> (kind, key of the name in
+#: a row, or None for a list of names)
+NESTED: Final[Mapping[str, tuple[str, str | None]]] = {
+    "vms": ("vm", None), "datastores": ("datastore", None), "networks": ("network", None),
+    "hosts": ("host", "name"),
+}
 #: event fields naming an entity, and its kind (``vm`` also carries ``vm_moid``)
 _EVENT_ENTITIES: Final = (("vm", "vm"), ("host", "host"), ("compute_resource", "cluster"),
                           ("datastore", "datastore"), ("datacenter", "datacenter"), ("network", "network"),
@@ -207,10 +213,7 @@ def filter_answer(tool: str, answer: Mapping[str, Any], rules: ReadFilter | None
         rule = rules.hides_any(about)
         if rule is not None:
             return Filtered(None, denied=rule, subject=about[0])
-        if isinstance(answer.get("vms"), list):  # the VM names of host and datastore details
-            kept, withheld = _keep(answer["vms"], lambda n: rules.hides_any(facts.vms(None, n)))
-            return Filtered({**answer, "vms": kept, "withheld": withheld}, withheld)
-        return Filtered(dict(answer))
+        return _nested(answer, rules, facts)
     if tool in LISTINGS:
         key, kind = LISTINGS[tool]
         rows = answer.get(key) or []
@@ -228,6 +231,29 @@ def filter_answer(tool: str, answer: Mapping[str, Any], rules: ReadFilter | None
                 out[counter] = max(answer[counter] - withheld, 0)
         return Filtered(out, withheld)
     return Filtered(dict(answer))
+
+
+def _nested(answer: Mapping[str, Any], rules: ReadFilter, facts: VmFacts) -> Filtered:
+    """An answer about one shown object, with the objects its lists name (a host's VMs, a cluster's
+    hosts, a datastore's mounts) filtered too; ``withheld`` when it has such lists."""
+    out, withheld, lists = dict(answer), 0, False
+    for key, (kind, name_key) in NESTED.items():
+        items = answer.get(key)
+        if not isinstance(items, list):
+            continue
+        lists = True
+
+        def hidden(item: Any, kind: str = kind, name_key: str | None = name_key) -> str | None:
+            if isinstance(item, Mapping):
+                name = item.get(name_key or "name", item.get(kind))
+                return rules.hides_any(_row_subjects(kind, {"name": name, "moid": item.get("moid")}, facts))
+            return rules.hides_any(facts.vms(None, item) if kind == "vm" else (Subject(kind, str(item)),))
+
+        out[key], cut = _keep(items, hidden)
+        withheld += cut
+    if lists:
+        out["withheld"] = withheld
+    return Filtered(out, withheld)
 
 
 def _finish(tool: str, answer: Mapping[str, Any], shaping: Shaping) -> dict[str, Any]:
