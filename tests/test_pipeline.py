@@ -369,6 +369,8 @@ async def test_a_broken_rules_file_at_start_fails_closed(env: Env) -> None:
     with pytest.raises(PolicyDenied, match="policy file"):
         await fresh.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0})
     assert env.power_state(VM0) == "poweredOn"
+    assert "no usable rules file (`gateway check` shows why)" in fresh.readiness()
+    assert gw.readiness() == []  # the first gateway keeps its last good rules: ready
 
 
 async def test_an_unwritable_audit_log_refuses_the_call_before_vsphere(env: Env) -> None:

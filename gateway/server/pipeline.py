@@ -401,6 +401,8 @@ class Gateway:
             reasons.append("audit log not writable")
         if not self.store.ping():
             reasons.append("state store not answering")
+        if self.policy.snapshot()[0] is None:  # no good rules ever loaded: every call is refused
+            reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
 
     # ----------------------------------------------------------------- listing
