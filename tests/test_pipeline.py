@@ -590,10 +590,15 @@ async def test_every_configuration_load_is_an_audit_row(env: Env) -> None:
     assert "approve" in roles[1]["error"]
 
 
-async def test_a_refused_targets_file_at_start_is_an_audit_row(env: Env) -> None:
+@pytest.mark.parametrize(("file", "text", "problem"), [
+    ("targets", "targets:\n  - {name: vc1}\n", "host"),
+    ("notifications", "notifications:\n  channels:\n    - {name: x, kind: carrier-pigeon}\n", "kind"),
+])
+async def test_a_file_refused_at_start_is_an_audit_row(env: Env, file: str, text: str, problem: str) -> None:
     gw = env.build()
-    (env.tmp / "targets.yaml").write_text("targets:\n  - {name: vc1}\n")
+    (env.tmp / f"{file}.yaml").write_text(text)
     with pytest.raises(ConfigError):
         Gateway.build(gw.settings)
-    (row,) = [r for r in config_rows(env, "targets") if r["outcome"] == "refused"]
-    assert "host" in row["error"] and row["effect"] == "the gateway did not start"
+    (row,) = [r for r in config_rows(env, file) if r["outcome"] == "refused"]
+    assert problem in row["error"] and row["effect"] == "the gateway did not start"
+    assert row["sha256"] == sha256_of(env.tmp / f"{file}.yaml")
