@@ -68,7 +68,8 @@ async def main(calls: int) -> list[dict[str, Any]]:
     try:
         env = write_targets(tmp / "targets.yaml", {"vc1": sim})
         (tmp / "rules.yaml").write_text(
-            yaml.safe_dump({"defaults": {"write": "allow", "max_calls_per_minute": {"write": 100_000}}})
+            yaml.safe_dump({"defaults": {"write": "allow", "max_calls_per_minute": {"write": 100_000}},
+                            "protected": [], "rules": [], "targets": {}, "maintenance_windows": []})
         )
         gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp), **env}))
         # alternating identical writes are the benchmark, not a runaway: give the breaker a wide budget

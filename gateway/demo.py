@@ -74,7 +74,8 @@ TARGET_TAGS: Final = {"vc-1": ["env:lab"], "vc-2": ["env:staging"], "esx-1": ["e
 TARGET_EXTRA: Final[dict[str, dict[str, Any]]] = {"vc-2": {"proposal_ttl_seconds": 900}}
 
 RULES: Final = """\
-# Demo policy (the full syntax is in rules.example.yaml).
+# Demo policy (the full syntax is in rules.example.yaml). Every section is present, empty ones as []
+# or {}: a file cut at a section boundary is refused instead of read as fewer rules.
 # Reads and writes are allowed everywhere. Destructive calls are allowed too, but each one is first
 # proposed and must be confirmed with confirm_action; on vc-2 a person must also approve it on the
 # web page before it can be confirmed.
@@ -86,9 +87,11 @@ protected:
   - name: demo-protected-vm
     vm_patterns: ["DC0_H0_VM0"]
     reason: shows a protected VM; no destructive call may touch it
+rules: []
 targets:
   vc-2:
     require_web_approval: true
+maintenance_windows: []
 """
 
 ROLES: Final = """\

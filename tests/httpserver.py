@@ -109,21 +109,25 @@ def build_gateway(
 
     import yaml
 
+    from simulator import complete_rules
+
     from gateway.devsim import write_targets
     from gateway.server.pipeline import Gateway
     from gateway.settings import Settings
 
     env = write_targets(tmp / "targets.yaml", {"vc1": sim}, {"vc1": dict(target or {})})
     allow = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow"}}
-    (tmp / "rules.yaml").write_text(yaml.safe_dump(dict(rules if rules is not None else allow)))
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(complete_rules(rules if rules is not None else allow)))
     if database_url is not None:
         env["GATEWAY_DATABASE_URL"] = database_url
     base = Settings.from_env({"GATEWAY_HOME": str(tmp), **env})
     return Gateway.build(replace(base, **{"enable_destructive": True, **settings}))
 
 
-def audit_rows(gateway: Any) -> list[dict[str, Any]]:
-    """Every audit row the gateway's engine holds (the file or the PostgreSQL table), oldest first."""
+def audit_rows(gateway: Any, *, config_loads: bool = False) -> list[dict[str, Any]]:
+    """Every audit row the gateway's engine holds (the file or the PostgreSQL table), oldest first; the
+    rows of its configuration loads (``config_reload``) only with ``config_loads``."""
     from gateway.store.audit_read import open_audit_reader
 
-    return list(open_audit_reader(gateway.settings, gateway.store).rows())
+    rows = open_audit_reader(gateway.settings, gateway.store).rows()
+    return [row for row in rows if config_loads or row.get("phase") != "config_reload"]

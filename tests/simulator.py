@@ -12,7 +12,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gateway.config import Credentials, Target
@@ -199,3 +199,31 @@ class CountingRelay:
         with self._lock:
             for s in self._sockets:
                 s.close()
+# --------------------------------------------------------------------------------------------------
+# rules.yaml for tests: every section present, as the gateway requires of a rules file
+
+RULES_SECTIONS: dict[str, Any] = {
+    "defaults": {}, "protected": [], "rules": [], "targets": {}, "maintenance_windows": [],
+}
+
+
+def complete_rules(rules: Mapping[str, Any]) -> dict[str, Any]:
+    """``rules`` with every section a rules file must hold (the missing ones empty)."""
+    return {**RULES_SECTIONS, **rules}
+
+
+def complete_rules_text(text: str) -> str:
+    """The YAML ``text`` of a rules file with the sections it lacks appended, empty (positions of what
+    ``text`` holds are unchanged)."""
+    import yaml
+
+    try:
+        present = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return text  # a test of a broken file: left as it is
+    if not isinstance(present, dict):
+        return text
+    missing = [name for name in RULES_SECTIONS if name not in present]
+    body = text if text.endswith("\n") or not text else text + "\n"
+    return body + "".join(f"{name}: {'{}' if isinstance(RULES_SECTIONS[name], dict) else '[]'}\n"
+                          for name in missing)

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from simulator import MakeSimulator
+from simulator import MakeSimulator, complete_rules, complete_rules_text
 from test_pipeline import ADMIN, PERMISSIVE, VM0, VM1, Env
 
 from gateway.errors import AuditUnavailable, InvalidArgument
@@ -172,7 +172,7 @@ async def test_a_held_audit_lock_refuses_changes_while_health_answers(
 
     sim = make_simulator(vms=2)
     gw = real_gateway(sim, tmp_path)
-    (tmp_path / "home" / "rules.yaml").write_text("defaults: {write: allow}\n")
+    (tmp_path / "home" / "rules.yaml").write_text(complete_rules_text("defaults: {write: allow}\n"))
     gw.policy.current()  # loaded now (a reload audits roles too), not under the held lock below
     served = serve(tmp_path, gw)
     try:
@@ -227,7 +227,7 @@ async def test_a_fan_out_row_records_each_targets_own_outcome(
         **PERMISSIVE,
         "rules": [{"name": "no-vc3", "action": "deny", "match": {"targets": ["vc3"], "tools": ["read"]}}],
     }
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(complete_rules(rules)))
     gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp_path), **env_vars}))
     sims["vc2"].stop()
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from simulator import complete_rules_text
 
 from gateway.cli import main
 from gateway.store.base import Proposal
@@ -41,7 +42,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "targets.yaml").write_text(yaml.safe_dump(
         {"targets": [{"name": "vc1", "host": "127.0.0.1", "port": 1443, "credential_env_prefix": "VC1",
                       "insecure": True}]}))
-    (tmp_path / "rules.yaml").write_text("defaults: {read: allow, write: allow, destructive: allow}\n")
+    (tmp_path / "rules.yaml").write_text(
+        complete_rules_text("defaults: {read: allow, write: allow, destructive: allow}\n"))
     with SqliteStore(tmp_path / "state.db") as store:
         store.add_proposal(proposal("p-waiting", "pending"))
         store.add_proposal(proposal("p-done", "pending"))

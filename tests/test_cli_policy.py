@@ -7,15 +7,16 @@ import re
 from pathlib import Path
 
 import pytest
+from simulator import complete_rules_text
 
 from gateway.cli import main
 
 
-def _files(tmp_path: Path, rules: str) -> list[str]:
+def _files(tmp_path: Path, rules: str, *, complete: bool = True) -> list[str]:
     (tmp_path / "targets.yaml").write_text(
         "targets:\n  - {name: vc1, host: h, credential_env_prefix: VC1, tags: [env:prod]}\n"
     )
-    (tmp_path / "rules.yaml").write_text(rules)
+    (tmp_path / "rules.yaml").write_text(complete_rules_text(rules) if complete else rules)
     return ["--home", str(tmp_path)]
 
 
@@ -75,7 +76,7 @@ def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rules: str | None = N
     monkeypatch.delenv("GATEWAY_LOG_FORMAT", raising=False)
     (tmp_path / "targets.yaml").write_text(targets)
     if rules is not None:
-        (tmp_path / "rules.yaml").write_text(rules)
+        (tmp_path / "rules.yaml").write_text(complete_rules_text(rules))
     if roles is not None:
         (tmp_path / "roles.yaml").write_text(roles)
         (tmp_path / "roles.yaml").chmod(0o600)
@@ -213,3 +214,79 @@ def test_roles_check_refuses_a_target_that_does_not_exist(
     flags = _home(tmp_path, monkeypatch, roles=roles)
     assert main(["roles", "check", *flags]) == 1
     assert "roles.yaml:2:72: roles.ops.targets[0]: no target is named 'vc-3'" in capsys.readouterr().out
+
+
+COMPLETE_RULES = """\
+# every section present: a cut anywhere between them loses one
+defaults:
+  destructive: allow
+protected:
+  - name: keep-db
+    vm_patterns: ["db-*"]
+rules:
+  - name: deletes-need-a-human
+    match: {tools: [delete_vm]}
+    action: require_approval
+targets:
+  vc1:
+    require_web_approval: true
+maintenance_windows: []
+"""
+
+
+def section_cuts(text: str) -> list[int]:
+    """Offsets where a file cut at a section boundary ends: before each top-level key, and right
+    after each one's ``key:`` line (the section cut off before its first entry)."""
+    cuts: list[int] = []
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        if re.match(r"^[a-z_]+:", line):
+            cuts.append(offset)
+            if line.rstrip().endswith(":"):
+                cuts.append(offset + len(line))
+        offset += len(line)
+    return cuts
+
+
+@pytest.fixture
+def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VC1_USER", "u")
+    monkeypatch.setenv("VC1_PASSWORD", "p")
+
+
+@pytest.mark.usefixtures("credentials")
+def test_check_accepts_the_complete_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *_files(tmp_path, COMPLETE_RULES)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("credentials")
+@pytest.mark.parametrize("cut", section_cuts(COMPLETE_RULES))
+def test_check_refuses_a_rules_file_cut_at_a_section_boundary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cut: int
+) -> None:
+    flags = _files(tmp_path, COMPLETE_RULES[:cut], complete=False)
+    assert main(["check", *flags]) == 1
+    err = capsys.readouterr().err
+    assert "missing section" in err or "has no value" in err or "holds no section" in err
+
+
+@pytest.mark.usefixtures("credentials")
+def test_check_refuses_a_rule_that_can_never_apply_to_the_tools_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rules = ("rules:\n  - name: hide-db-hosts\n    action: deny\n"
+             "    match: {roles: [reader], tools: [list_hosts], vm_patterns: [\"db-*\"]}\n")
+    assert main(["check", *_files(tmp_path, rules)]) == 1
+    err = capsys.readouterr().err
+    assert (f"{tmp_path / 'rules.yaml'}:2:5: rules[0].match.vm_patterns: can never apply: list_hosts shows "
+            "no VM") in err
+
+
+def test_policy_show_marks_a_rule_that_can_never_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rules = "rules:\n  - {name: r, action: deny, match: {tools: [list_datastores], folders: [x]}}\n"
+    assert main(["policy", "show", "--json", *_home(tmp_path, monkeypatch, rules=rules)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "can never apply" in report["rules"][0]["warnings"][0]
+    assert any("rules[0].match.folders" in w for w in report["warnings"])

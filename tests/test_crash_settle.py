@@ -21,7 +21,7 @@ from answers import answer_of
 from httpserver import FAST_HASH
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import MakeSimulator, wait_until, write_targets
+from simulator import MakeSimulator, complete_rules, wait_until, write_targets
 from test_server_http import Command, https_argv, run_serve
 
 from gateway.auth.tokens import create_token
@@ -79,7 +79,7 @@ async def test_kill_9_during_a_confirmed_delete_is_settled_at_restart(
             "GATEWAY_ENABLE_DESTRUCTIVE": "true",
         }
     )
-    (home / "rules.yaml").write_text(yaml.safe_dump({"defaults": {"destructive": "allow"}}))
+    (home / "rules.yaml").write_text(yaml.safe_dump(complete_rules({"defaults": {"destructive": "allow"}})))
     with SqliteStore(home / "state.db") as store:
         token, _ = create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
     cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
@@ -160,7 +160,7 @@ async def test_an_outcome_row_lost_with_a_killed_process_is_recovered_at_restart
             "GATEWAY_ENABLE_DESTRUCTIVE": "true",
         }
     )
-    (home / "rules.yaml").write_text(yaml.safe_dump({"defaults": {"destructive": "allow"}}))
+    (home / "rules.yaml").write_text(yaml.safe_dump(complete_rules({"defaults": {"destructive": "allow"}})))
     with SqliteStore(home / "state.db") as store:
         token, _ = create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
     cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])

@@ -200,7 +200,7 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
         "policy_denied",
         "rule:no-reads-for-watcher",
     ),
-    ("read under broken rules", facts(Entry.READ, **READ, **BROKEN), None, "policy:error"),
+    ("read under broken rules", facts(Entry.READ, **READ, **BROKEN), "policy_denied", "policy:error"),
     ("write under broken rules", facts(**BROKEN), "policy_denied", "policy:error"),
     ("agent confirms a gated call", facts(Entry.CONFIRM, rules=GATED), "approval_required", None),
     ("human approves a gated call", facts(Entry.APPROVE, actor=person("alice"), rules=GATED), None, None),

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from argon2 import PasswordHasher
-from simulator import Simulator, write_targets
+from simulator import Simulator, complete_rules_text, write_targets
 
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal, create_token
@@ -89,9 +89,13 @@ class Rig:
     gw: Gateway
     home: Path
     serial: int = 0
+    #: the rules in force: a broken file keeps the last good ones (gateway.guard.policy_store)
+    in_force: str = "builtin"
 
     def rules(self, name: str) -> None:
-        (self.home / "rules.yaml").write_text(POLICIES[name])
+        (self.home / "rules.yaml").write_text(complete_rules_text(POLICIES[name]))
+        if name != "broken":
+            self.in_force = name
 
     def token(self, role: str) -> Principal:
         self.serial += 1
@@ -141,9 +145,8 @@ def expected(
     changes: tuple[tuple[str, Category], ...] = (),
 ) -> Verdict:
     category, risk, _, reaches = TOOLS[tool]
-    rules, error = None, "broken"
-    if policy != "broken":
-        rules, error = parse_policy_text(POLICIES[policy], "rules.yaml"), None
+    assert policy != "broken", "pass the rules in force (Rig.in_force)"
+    rules = parse_policy_text(POLICIES.get(policy, ""), "rules.yaml")
     owner = Party("agent", TokenState.USABLE, role_of(role))
     acting = owner if approver is None else Party(actor, TokenState.USABLE, approver)
     return authorize(
@@ -158,7 +161,6 @@ def expected(
             target_known=target == "vc1",
             reaches=reaches,
             rules=rules,
-            rules_error=error,
             owner=owner if entry in (Entry.CONFIRM, Entry.CANCEL, Entry.APPROVE, Entry.DENY) else None,
             change_tools=changes,
         )
@@ -190,7 +192,7 @@ async def test_every_call_reaches_the_decisions_verdict(rig: Rig) -> None:
             role,
             tool,
             target,
-            policy,
+            rig.in_force,
             changes=rig.gw.change_tools,
         )
         if got != want.code:
@@ -237,7 +239,7 @@ async def test_every_proposal_entry_point_reaches_the_decisions_verdict(rig: Rig
             role,
             tool,
             "vc1",
-            policy,
+            rig.in_force,
             actor="alice" if human_acts else "agent",
             approver=human if human_acts else None,
             changes=rig.gw.change_tools,

@@ -198,6 +198,29 @@ async def test_read_rate_limit_is_enforced(env: Env) -> None:
         await gw.call(reader, "list_vms", {"target": "vc1"})
 
 
+async def test_one_callers_reads_never_spend_another_callers_budget(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"max_calls_per_minute": {"read": 3}}}})
+    reader = Principal(name="watcher", role="reader", surface="test")
+    for _ in range(3):
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+    with pytest.raises(RateLimited) as spent:
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+    assert (await gw.call(HUMAN, "list_vms", {"target": "vc1"}))["count"] >= 2  # alice's own budget
+    assert "caller 'watcher'" in spent.value.message
+
+
+async def test_the_target_wide_ceiling_counts_every_caller_together(env: Env) -> None:
+    limits = {"max_calls_per_minute": {"read": 5}, "target_max_calls_per_minute": {"read": 3}}
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": limits}})
+    callers = [Principal(name=f"agent-{i}", role="reader", surface="test") for i in range(3)]
+    for caller in callers:
+        await gw.call(caller, "list_vms", {"target": "vc1"})
+    with pytest.raises(RateLimited, match=r"target_max_calls_per_minute\.read"):
+        await gw.call(HUMAN, "list_vms", {"target": "vc1"})
+    (row,) = env.rows(phase="denied", tool="list_vms")
+    assert row["caller"] == "alice" and row["error_code"] == "rate_limited"
+
+
 # ---------------------------------------------------------------- order: policy before state
 
 
@@ -211,8 +234,10 @@ async def test_protected_powered_on_vm_delete_gets_the_policy_denial(env: Env) -
 
 
 async def test_broken_rules_file_answers_with_the_policy_error(env: Env) -> None:
-    gw = env.build()
+    first = env.build()
     (env.tmp / "rules.yaml").write_text("defaults: [this is not\n")
+    gw = Gateway.build(first.settings)  # broken at its start: no good rules to keep
+    env.gateways.append(gw)
     with pytest.raises(PolicyDenied, match="policy file") as caught:
         await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM1})
     assert "power" not in caught.value.message.lower()

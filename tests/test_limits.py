@@ -48,6 +48,36 @@ def test_rate_limiter(calls: Sequence[RateCall], expected: Sequence[object]) -> 
     assert outcomes(RateLimiter(), calls) == expected
 
 
+CallerCall = tuple[str | None, int | None, int | None, float]
+"""(caller, per-caller limit, target-wide ceiling, now) of a write on target 'a'."""
+
+CALLER_CASES: list[tuple[str, Sequence[CallerCall], Sequence[object]]] = [
+    ("callers-count-apart", [("r", 2, None, 0.0), ("r", 2, None, 1.0), ("r", 2, None, 2.0),
+                             ("admin", 2, None, 3.0)], ["ok", "ok", 58.0, "ok"]),
+    ("ceiling-counts-all", [("r", 5, 2, 0.0), ("admin", 5, 2, 1.0), ("x", 5, 2, 2.0)], ["ok", "ok", 58.0]),
+    ("ceiling-refusal-spends-no-caller-budget", [("r", 1, 1, 0.0), ("s", 1, 1, 1.0), ("s", 1, None, 2.0)],
+     ["ok", 59.0, "ok"]),
+    ("caller-refusal-spends-no-ceiling", [("r", 1, 2, 0.0), ("r", 1, 2, 1.0), ("s", 1, 2, 2.0)],
+     ["ok", 59.0, "ok"]),
+    ("ceiling-alone", [("r", None, 1, 0.0), ("s", None, 1, 1.0)], ["ok", 59.0]),
+]
+
+
+@pytest.mark.parametrize(("calls", "expected"), [c[1:] for c in CALLER_CASES],
+                         ids=[c[0] for c in CALLER_CASES])
+def test_rate_limits_per_caller_and_target_ceiling(calls: Sequence[CallerCall],
+                                                   expected: Sequence[object]) -> None:
+    limiter = RateLimiter()
+    out: list[object] = []
+    for caller, limit, ceiling, now in calls:
+        try:
+            limiter.check("a", W, limit, now, caller=caller, target_limit=ceiling)
+            out.append("ok")
+        except RateLimited as exc:
+            out.append(round(exc.retry_after, 3))
+    assert out == expected
+
+
 def test_rate_limited_error_names_the_limit_and_fix() -> None:
     limiter = RateLimiter()
     limiter.check("prod", W, 1, 0.0)

@@ -21,6 +21,20 @@ def replicas(pg_url: str) -> Iterator[tuple[PostgresStore, PostgresStore]]:
     b.close()
 
 
+def test_a_per_caller_limit_counts_each_caller_apart_on_every_replica(
+        replicas: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = (PgRateLimiter(s) for s in replicas)
+    a.check("vc1", Category.READ, 2, caller="reader", target_limit=4)
+    b.check("vc1", Category.READ, 2, caller="reader", target_limit=4)
+    with pytest.raises(RateLimited, match="caller 'reader'"):
+        a.check("vc1", Category.READ, 2, caller="reader", target_limit=4)
+    b.check("vc1", Category.READ, 2, caller="admin", target_limit=4)  # the admin's budget is its own
+    a.check("vc1", Category.READ, 2, caller="admin", target_limit=4)
+    with pytest.raises(RateLimited, match=r"target_max_calls_per_minute\.read"):
+        b.check("vc1", Category.READ, 2, caller="third", target_limit=4)  # 4 reads of all callers: ceiling
+    b.check("vc1", Category.READ, 2, caller="third")  # the refusal above spent nothing of third's budget
+
+
 def test_a_rate_limit_counts_the_calls_of_every_replica(
         replicas: tuple[PostgresStore, PostgresStore]) -> None:
     a, b = (PgRateLimiter(s) for s in replicas)

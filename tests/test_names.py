@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from simulator import Simulator, write_targets
+from simulator import Simulator, complete_rules_text, write_targets
 
 from gateway.config import NameKind, NameRef
 from gateway.guard.names import KnownNames, unknown_names
@@ -67,8 +67,10 @@ def test_the_server_warns_at_load_and_keeps_running(
     env = write_targets(tmp_path / "targets.yaml", {"vc-2": sim_vc1})
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
-    (home / "rules.yaml").write_text("defaults: {destructive: allow}\n"
-                                     "targets:\n  vc2: {require_web_approval: true}\n")
+    (home / "rules.yaml").write_text(complete_rules_text(
+        "defaults: {destructive: allow}\n"
+        "targets:\n  vc2: {require_web_approval: true}\n"
+        "rules:\n  - {name: hosts-by-vm, action: deny, match: {tools: [list_hosts], vm_patterns: [x]}}\n"))
     settings = Settings.from_env(env, home=str(home), targets=str(tmp_path / "targets.yaml"))
     with caplog.at_level(logging.WARNING, logger="gateway.guard.names"):
         gateway = Gateway.build(settings)
@@ -76,6 +78,8 @@ def test_the_server_warns_at_load_and_keeps_running(
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert any(f"{home / 'rules.yaml'}:3:3: targets.vc2: no target is named 'vc2'" in w
                    and "did you mean 'vc-2'?" in w for w in warnings), warnings
+        assert any(f"{home / 'rules.yaml'}:5:5: rules[0].match.vm_patterns: can never apply: list_hosts "
+                   "shows no VM" in w for w in warnings), warnings
         assert gateway.policy.current().targets[0].pattern == "vc2"  # the file is in force, not refused
     finally:
         gateway.store.close()

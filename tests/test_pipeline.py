@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -14,6 +15,7 @@ import yaml
 from simulator import (
     MakeSimulator,
     Simulator,
+    complete_rules,
     find_vm,
     pyvmomi_connect,
     read_properties,
@@ -25,6 +27,7 @@ from gateway.auth.tokens import Principal
 from gateway.errors import (
     ApprovalRequired,
     AuditUnavailable,
+    ConfigError,
     ConfirmationExpired,
     ConfirmationInvalid,
     Forbidden,
@@ -87,7 +90,7 @@ class Env:
         return gw
 
     def write_rules(self, rules: Mapping[str, Any]) -> None:
-        (self.tmp / "rules.yaml").write_text(yaml.safe_dump(dict(rules)))
+        (self.tmp / "rules.yaml").write_text(yaml.safe_dump(complete_rules(rules)))
 
     def rows(self, **filters: Any) -> list[dict[str, Any]]:
         return read_rows(self.tmp / "audit.jsonl", **filters)
@@ -316,14 +319,58 @@ async def test_rate_limit_per_target_and_category(env: Env) -> None:
 # ---------------------------------------------------------------- fail closed
 
 
-async def test_a_broken_rules_file_denies_writes_but_serves_reads(env: Env) -> None:
-    gw = env.build()
+async def test_a_broken_rules_file_keeps_the_last_good_rules(env: Env) -> None:
+    no_power_off = {"name": "no-power-off", "match": {"tools": ["power_off_vm"]}, "action": "deny"}
+    gw = env.build(rules={**PERMISSIVE, "rules": [no_power_off]})
     (env.tmp / "rules.yaml").write_text("defaults: {write: allow\n")
-    with pytest.raises(PolicyDenied, match=r"rules\.yaml"):
+    with pytest.raises(PolicyDenied, match="no-power-off"):
         await gw.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0})
     assert env.power_state(VM0) == "poweredOn"
     listing = await gw.call(ADMIN, "list_vms", {"target": "vc1"})
     assert listing["count"] >= 2
+
+
+def rules_cuts(text: str) -> list[int]:
+    """Where a rules file cut at a section boundary ends: before each top-level key, and right after a
+    ``key:`` line whose entries follow on the next lines."""
+    cuts, offset = [], 0
+    for line in text.splitlines(keepends=True):
+        if not line.startswith((" ", "-", "#")):
+            cuts.append(offset)
+            if line.rstrip().endswith(":"):
+                cuts.append(offset + len(line))
+        offset += len(line)
+    return cuts
+
+
+async def test_a_rules_file_cut_at_a_section_boundary_keeps_every_gate(env: Env) -> None:
+    rules = {**PERMISSIVE, "protected": [{"name": "keep-vm0", "vm_patterns": [VM0]}],
+             "targets": {"vc1": {"require_web_approval": True}}}
+    gw = env.build(rules=rules)
+    full = (env.tmp / "rules.yaml").read_text()
+    for index, cut in enumerate(rules_cuts(full)):
+        (env.tmp / "rules.yaml").write_text(full[:cut])
+        agent = Principal(name=f"agent-{index}", role="admin", surface="test")  # no runaway breaker trip
+        with pytest.raises(PolicyDenied, match="keep-vm0"):
+            await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+        proposal = await propose_delete(gw, VM1, agent)
+        assert proposal["requires_human_approval"] is True, full[:cut]
+        await gw.call(agent, "cancel_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0) and env.vm_exists(VM1)
+
+
+async def test_a_broken_rules_file_at_start_fails_closed(env: Env) -> None:
+    gw = env.build()
+    (env.tmp / "rules.yaml").write_text("defaults: {read: allow}\nprotected:\n")
+    fresh = Gateway.build(gw.settings)
+    env.gateways.append(fresh)
+    with pytest.raises(PolicyDenied, match=r"missing section 'rules'"):
+        await fresh.call(ADMIN, "list_vms", {"target": "vc1"})
+    with pytest.raises(PolicyDenied, match="policy file"):
+        await fresh.call(ADMIN, "power_off_vm", {"target": "vc1", "vm": VM0})
+    assert env.power_state(VM0) == "poweredOn"
+    assert "no usable rules file (`gateway check` shows why)" in fresh.readiness()
+    assert gw.readiness() == []  # the first gateway keeps its last good rules: ready
 
 
 async def test_an_unwritable_audit_log_refuses_the_call_before_vsphere(env: Env) -> None:
@@ -490,3 +537,68 @@ async def test_every_proposal_move_is_audited_then_announced_to_listeners(env: E
     assert [e for e, _, _ in seen] == moves
     assert [s for e, s, _ in seen if e != "proposed"] == [m for m in moves if m != "proposed"]
     assert all(rows >= 1 for _, _, rows in seen), "each move's row is written before listeners hear of it"
+
+
+# ---------------------------------------------------------------- configuration loads are audited
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def config_rows(env: Env, file: str) -> list[dict[str, Any]]:
+    return [row for row in env.rows(phase="config_reload") if row["file"] == file]
+
+
+async def test_every_configuration_load_is_an_audit_row(env: Env) -> None:
+    (env.tmp / "notifications.yaml").write_text(
+        "notifications:\n  channels:\n    - {name: team, kind: chat, url_env: TEAM_CHAT_URL}\n")
+    gw = env.build(rules={**PERMISSIVE, "protected": [{"name": "keep-vm0", "vm_patterns": [VM0]}]},
+                   notify_env={"TEAM_CHAT_URL": "https://chat.example.com/hook"})
+    rows = {row["file"]: row for row in env.rows(phase="config_reload")}
+    assert rows["targets"]["sha256"] == sha256_of(env.tmp / "targets.yaml")
+    assert rows["targets"]["counts"] == {"targets": 1} and rows["targets"]["outcome"] == "loaded"
+    assert rows["notifications"]["counts"] == {"channels": 1}
+    assert rows["rules"]["sha256"] == sha256_of(env.tmp / "rules.yaml") and rows["rules"]["at_start"]
+    assert rows["rules"]["counts"]["protected"] == 1 and rows["rules"]["caller"] == "gateway"
+
+    env.write_rules({**PERMISSIVE, "rules": [{"name": "no-vc2", "action": "deny",
+                                              "match": {"targets": ["vc1"], "tools": ["delete_vm"]}}]})
+    await gw.call(ADMIN, "list_vms", {"target": "vc1"})
+    changed = config_rows(env, "rules")[-1]
+    assert changed["outcome"] == "loaded" and changed["sha256"] == sha256_of(env.tmp / "rules.yaml")
+    assert changed["changed"]["rules"] == {"added": 1} and changed["changed"]["protected"] == {"removed": 1}
+
+    cut = (env.tmp / "rules.yaml").read_text().split("rules:")[0]
+    (env.tmp / "rules.yaml").write_text(cut)
+    await gw.call(ADMIN, "list_vms", {"target": "vc1"})
+    await gw.call(ADMIN, "list_vms", {"target": "vc1"})  # the same content: no second row
+    refused = config_rows(env, "rules")
+    assert len(refused) == 3 and refused[-1]["outcome"] == "refused"
+    assert "missing section 'rules'" in refused[-1]["error"] and "last good" in refused[-1]["effect"]
+    assert refused[-1]["sha256"] == sha256_of(env.tmp / "rules.yaml")
+
+    (env.tmp / "roles.yaml").write_text(yaml.safe_dump({"roles": {"ops": {
+        "tools": "read", "allow_write": [], "allow_destructive": [], "targets": "*", "approve": "none"}}}))
+    os.chmod(env.tmp / "roles.yaml", 0o600)
+    assert "ops" in gw.roles.roles()
+    (env.tmp / "roles.yaml").write_text("roles: {ops: {tools: read}}\n")
+    assert "ops" not in gw.roles.roles()
+    roles = config_rows(env, "roles")
+    assert [r["outcome"] for r in roles] == ["loaded", "refused"]
+    assert roles[0]["counts"] == {"roles": 1} and roles[0]["sha256"] != roles[1]["sha256"]
+    assert "approve" in roles[1]["error"]
+
+
+@pytest.mark.parametrize(("file", "text", "problem"), [
+    ("targets", "targets:\n  - {name: vc1}\n", "host"),
+    ("notifications", "notifications:\n  channels:\n    - {name: x, kind: carrier-pigeon}\n", "kind"),
+])
+async def test_a_file_refused_at_start_is_an_audit_row(env: Env, file: str, text: str, problem: str) -> None:
+    gw = env.build()
+    (env.tmp / f"{file}.yaml").write_text(text)
+    with pytest.raises(ConfigError):
+        Gateway.build(gw.settings)
+    (row,) = [r for r in config_rows(env, file) if r["outcome"] == "refused"]
+    assert problem in row["error"] and row["effect"] == "the gateway did not start"
+    assert row["sha256"] == sha256_of(env.tmp / f"{file}.yaml")

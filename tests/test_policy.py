@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -11,6 +12,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from simulator import complete_rules_text
 
 from gateway.config import ConfigProblems, Target
 from gateway.errors import ConfigError
@@ -18,12 +20,11 @@ from gateway.guard.policy import (
     CallFacts,
     Decision,
     Policy,
-    PolicyStore,
-    PolicyUnavailable,
     evaluate,
     parse_policy,
     parse_policy_text,
 )
+from gateway.guard.policy_store import SECTIONS, PolicyStore, PolicyUnavailable, RulesLoad, section_problems
 from gateway.tools.spec import AffectedObject, Category, Risk
 
 REPO = Path(__file__).resolve().parent.parent
@@ -473,8 +474,8 @@ def test_rules_example_is_valid_and_means_what_it_says() -> None:
 
 # --------------------------------------------------------------------------- the live store
 
-GOOD = "defaults: {write: allow}  # padding\n"
-SAME_SIZE = "defaults: {write: deny}   # padding\n"
+GOOD = complete_rules_text("defaults: {write: allow}  # padding\n")
+SAME_SIZE = complete_rules_text("defaults: {write: deny}   # padding\n")
 
 
 def test_store_without_file_uses_builtin_defaults(tmp_path: Path) -> None:
@@ -499,44 +500,97 @@ def test_store_notices_same_size_rewrite_with_old_mtime(tmp_path: Path) -> None:
     assert (decision.allowed, decision.rule) == (False, "defaults")
 
 
-def test_store_fails_closed_keeps_reads_and_recovers(tmp_path: Path) -> None:
+def test_store_keeps_the_last_good_rules_on_a_bad_reload_and_recovers(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
-    path.write_text("defaults: {destructive: allow}\n")
-    store = PolicyStore(path)
+    loads: list[RulesLoad] = []
+    path.write_text(complete_rules_text("defaults: {destructive: allow}\n"))
+    store = PolicyStore(path, on_reload=loads.append)
     assert store.decide(call(**DESTROY), NOW).allowed
-    path.write_text("defaults: {destructive: allow, dry_rn: true}\n")
-    for changes in ({}, DESTROY):
-        denied = store.decide(call(**changes), NOW)
-        assert (denied.allowed, denied.rule) == (False, "policy:error")
-        assert f"policy file {path} is unusable" in denied.reason
-        assert "defaults.dry_rn: unknown key; did you mean 'dry_run'?" in denied.reason
-    read = store.decide(call(**READ), NOW)
-    assert (read.allowed, read.rule) == (True, "policy:error")
+    path.write_text(complete_rules_text("defaults: {destructive: allow, dry_rn: true}\n"))
+    kept = store.decide(call(**DESTROY), NOW)
+    assert (kept.allowed, kept.rule) == (True, "defaults")  # the last good rules, not the broken ones
     with pytest.raises(PolicyUnavailable) as info:
         store.current()
-    assert isinstance(info.value, ConfigError) and info.value.problems
+    assert isinstance(info.value, ConfigError) and "dry_rn" in info.value.problems[0]
     shown = store.describe([])
-    assert shown["status"] == "error" and "dry_rn" in shown["errors"][0]
-    path.write_text("defaults: {destructive: allow, dry_run: true}\n")
+    assert shown["status"] == "error" and "dry_rn" in shown["errors"][0] and "last good" in shown["effect"]
+    path.write_text(complete_rules_text("defaults: {destructive: allow, dry_run: true}\n"))
     recovered = store.decide(call(**DESTROY), NOW)
     assert (recovered.allowed, recovered.dry_run) == (True, True)
+    assert [(load.policy is not None, bool(load.problems), load.first) for load in loads] == [
+        (True, False, True), (False, True, False), (True, False, False)]
+    assert loads[1].previous is loads[0].policy and loads[1].sha256 is not None
 
 
-@pytest.mark.parametrize("setup", ["directory", "not-utf8", "yaml"])
-def test_store_unusable_files(tmp_path: Path, setup: str) -> None:
+@pytest.mark.parametrize("setup", ["directory", "not-utf8", "yaml", "cut"])
+def test_store_without_good_rules_fails_closed_reads_included(tmp_path: Path, setup: str) -> None:
     path = tmp_path / "rules.yaml"
     if setup == "directory":
         path.mkdir()
     elif setup == "not-utf8":
         path.write_bytes(b"defaults: {write: \xff}\n")
-    else:
+    elif setup == "yaml":
         path.write_text("defaults: [\n")
+    else:
+        path.write_text("defaults: {read: allow}\nprotected:\n")
     store = PolicyStore(path)
     with pytest.raises(PolicyUnavailable):
         store.current()
-    assert store.decide(call(), NOW).rule == "policy:error"
-    assert not store.decide(call(), NOW).allowed
-    assert store.decide(call(**READ), NOW).allowed
+    for changes in ({}, READ, DESTROY):
+        refused = store.decide(call(**changes), NOW)
+        assert (refused.allowed, refused.rule) == (False, "policy:error")
+    assert store.snapshot()[0] is None and "unusable" in (store.snapshot()[1] or "")
+    assert "no good rules" in store.describe([])["effect"]
+
+
+EXAMPLE = (REPO / "rules.example.yaml").read_text()
+
+
+def example_cuts() -> list[int]:
+    """Offsets where rules.example.yaml, cut at a section boundary, would end: before each top-level
+    key, and right after each one's ``key:`` line."""
+    cuts, offset = [], 0
+    for line in EXAMPLE.splitlines(keepends=True):
+        if re.match(r"^[a-z_]+:", line):
+            cuts += [offset, offset + len(line)]
+        offset += len(line)
+    return cuts
+
+
+@pytest.mark.parametrize("cut", example_cuts())
+def test_a_rules_file_cut_at_a_section_boundary_never_loses_a_gate(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(EXAMPLE)
+    store = PolicyStore(path)
+    appliance = call(target="lab", affected=(vm("vcsa-01"),), **DESTROY)
+    prod_delete = call(target="prod-vc2", affected=(vm("web-1"),), **{**DESTROY, "risk": Risk.MEDIUM})
+    assert store.decide(appliance, NOW).rule == "protected:management-plane"
+    assert store.decide(prod_delete, NOW).require_approval
+    path.write_text(EXAMPLE[:cut])
+    with pytest.raises(PolicyUnavailable) as info:
+        store.current()
+    assert re.search(r"missing section|has no value|holds no section", str(info.value.problems))
+    assert store.decide(appliance, NOW).rule == "protected:management-plane"
+    assert store.decide(prod_delete, NOW).require_approval
+
+
+SECTION_CASES: list[tuple[str, Any, list[str]]] = [
+    ("complete", {name: [] for name in SECTIONS}, []),
+    ("empty-file", None, ["rules.yaml: the file holds no section"]),
+    ("no-mapping", {}, ["rules.yaml: the file holds no section"]),
+    ("one-missing", {name: [] for name in SECTIONS if name != "rules"}, ["missing section 'rules'"]),
+    ("cut-after-key", {**{name: [] for name in SECTIONS}, "protected": None},
+     ["protected: has no value (was the file cut off after 'protected:'?); write 'protected: []'"]),
+    ("not-a-mapping", ["a"], []),  # parse_policy names that problem
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), [c[1:] for c in SECTION_CASES],
+                         ids=[c[0] for c in SECTION_CASES])
+def test_section_problems(data: Any, expected: list[str]) -> None:
+    problems = section_problems(data, "rules.yaml")
+    assert len(problems) == len(expected)
+    assert all(want in got for want, got in zip(expected, problems, strict=True))
 
 
 def test_store_decide_never_raises_on_engine_errors(tmp_path: Path) -> None:
@@ -545,7 +599,7 @@ def test_store_decide_never_raises_on_engine_errors(tmp_path: Path) -> None:
     write = store.decide(call(), naive)
     assert (write.allowed, write.rule) == (False, "policy:error")
     assert "policy engine failed" in write.reason
-    assert store.decide(call(**READ), naive).allowed
+    assert not store.decide(call(**READ), naive).allowed  # fail closed: rules filter reads too
 
 
 def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> None:
@@ -564,12 +618,16 @@ def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> Non
 
 
 
-def test_store_target_limits_fall_back_to_builtin_while_broken(tmp_path: Path) -> None:
+def test_store_target_limits_keep_the_last_good_rules_while_broken(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
-    path.write_text("targets: {prod: {max_bulk_objects: 2, max_calls_per_minute: {write: 5}}}\n")
+    path.write_text(complete_rules_text(
+        "targets: {prod: {max_bulk_objects: 2, max_calls_per_minute: {write: 5}}}\n"))
     store = PolicyStore(path)
     limits = store.target_limits("prod")
     assert (limits.max_bulk_objects, limits.max_calls_per_minute["write"]) == (2, 5)
-    path.write_text("targets: {prod: {max_bulk_objects: two}}\n")
+    path.write_text(complete_rules_text("targets: {prod: {max_bulk_objects: two}}\n"))
     limits = store.target_limits("prod")
-    assert (limits.max_bulk_objects, limits.rate_limit(Category.WRITE)) == (20, 30)
+    assert (limits.max_bulk_objects, limits.rate_limit(Category.WRITE)) == (2, 5)
+    fresh = PolicyStore(path)  # no good rules ever loaded: the built-in strict values
+    assert (fresh.target_limits("prod").max_bulk_objects, fresh.target_limits("prod").rate_limit(
+        Category.WRITE)) == (20, 30)

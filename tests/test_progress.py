@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from httpserver import mcp_client, serve
-from simulator import MakeSimulator, find_vm, pyvmomi_connect, read_properties, write_targets
+from simulator import MakeSimulator, complete_rules, find_vm, pyvmomi_connect, read_properties, write_targets
 
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
@@ -28,7 +28,7 @@ async def test_a_slow_task_reports_progress_to_the_client(
     env = write_targets(tmp_path / "targets.yaml", {"vc1": sim})
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
-    (home / "rules.yaml").write_text(yaml.safe_dump({"defaults": {"write": "allow"}}))
+    (home / "rules.yaml").write_text(yaml.safe_dump(complete_rules({"defaults": {"write": "allow"}})))
     gateway = Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp_path / "targets.yaml")))
     served = serve(tmp_path, gateway)
     seen: list[float] = []

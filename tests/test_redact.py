@@ -35,7 +35,7 @@ from answers import answer_of
 from httpserver import FAST_HASH
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import Simulator, wait_until, write_targets
+from simulator import Simulator, complete_rules, wait_until, write_targets
 
 from gateway import notify
 from gateway.auth.tokens import create_token
@@ -276,9 +276,9 @@ def _home(tmp: Path, sim: Simulator, receiver: _Receiver) -> tuple[dict[str, str
     home = tmp / "home"
     home.mkdir(mode=0o700)
     env = write_targets(tmp / "targets.yaml", {"vc1": sim})
-    (tmp / "rules.yaml").write_text(yaml.safe_dump({
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(complete_rules({
         "defaults": {"read": "allow", "write": "allow", "destructive": "allow"},
-        "targets": {"vc1": {"require_web_approval": True}}}))
+        "targets": {"vc1": {"require_web_approval": True}}})))
     (home / "notifications.yaml").write_text(yaml.safe_dump({"notifications": {"channels": [
         {"name": "ops", "kind": "webhook", "url": f"{receiver.url}/hook", "secret_env": "HOOK_SECRET",
          "events": ["approval_needed"]},

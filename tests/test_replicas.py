@@ -34,7 +34,7 @@ from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from postgres import PgServer, discard, start_postgres
-from simulator import MakeSimulator, Simulator, wait_until, write_targets
+from simulator import MakeSimulator, Simulator, complete_rules_text, wait_until, write_targets
 from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, stop, wait_for_port
 
 from gateway.auth.roles import load_roles
@@ -94,7 +94,8 @@ def replicas(make_simulator: MakeSimulator, pg_server: PgServer, pg_url: str,
         token, _ = create_token(store, "agent", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
     # pool_size 1: at most one vSphere call at a time on vc1, across both replicas together
     env = write_targets(tmp_path / "targets.yaml", {"vc1": sim}, {"vc1": {"pool_size": 1}})
-    (tmp_path / "rules.yaml").write_text("defaults:\n  read: allow\n  write: allow\n  destructive: allow\n")
+    (tmp_path / "rules.yaml").write_text(
+        complete_rules_text("defaults:\n  read: allow\n  write: allow\n  destructive: allow\n"))
     # the database URL (with its password) travels in the environment, never on a command line
     env.update({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_DATABASE_URL": pg_url,
                 "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),

@@ -92,6 +92,9 @@ defaults:
 targets:
   "prod-*":
     require_web_approval: true
+protected: []
+rules: []
+maintenance_windows: []
 """
 #: token name -> role
 PEOPLE = {"agent": "agent", "alice": "admin", "rita": "reader", "olga": "lead", "lara": "lab-approver",

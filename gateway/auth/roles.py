@@ -305,6 +305,8 @@ class RoleBook:
         self._on_reload = on_reload
         #: called with the names (tools, targets) of every newly loaded valid file
         self.on_refs: Callable[[list[NameRef]], None] | None = None
+        #: called with the sha256 (None: unreadable) and the problems of every new content refused
+        self.on_refused: Callable[[str | None, list[str]], None] | None = None
         self._lock = threading.RLock()
         self._custom: dict[str, Role] = {}
         self._signature: tuple[int, ...] | None = None
@@ -376,6 +378,8 @@ class RoleBook:
             for problem in problems:
                 log.error("custom roles disabled until fixed (built-in roles keep working): %s", problem)
             roles = {}
+            if self.on_refused is not None:
+                self.on_refused(digest, problems)
         elif digest is None and self._custom:
             log.warning("%s is gone: custom roles are off, built-in roles keep working", self.path)
         elif self._on_reload is not None and digest is not None:

@@ -2,7 +2,8 @@
 
 Each problem is one line on stderr, ``file:line:column: where in the file: what is wrong; the fix``,
 in the order of the files (targets.yaml, rules.yaml, roles.yaml), then the names one file uses for
-what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``).
+what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``), and
+the rules whose object fields can never apply to the tools they name (``gateway.guard.read_filter``).
 A short summary of each good file goes to stdout. Exit 1 on any problem.
 """
 
@@ -19,7 +20,8 @@ from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
-from gateway.guard.policy import PolicyStore
+from gateway.guard.policy_store import PolicyStore
+from gateway.guard.read_filter import unreachable_rules
 
 
 def register(sub: Any) -> None:
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             policy = PolicyStore(settings.rules_file).current()
             refs += policy.refs
+            problems += unreachable_rules(policy, KnownNames.of(targets, ()).tools)
             summary.append((settings.rules_file, f"rules: {settings.rules_file} ok"))
         except ConfigError as exc:
             problems += exc.details.get("problems") or [exc.message]

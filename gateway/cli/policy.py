@@ -16,7 +16,7 @@ from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames
-from gateway.guard.policy import PolicyStore
+from gateway.guard.policy_store import PolicyStore
 
 
 def register(sub: Any) -> None:

@@ -15,8 +15,9 @@ The order is fixed, so a caller learns nothing it may not know:
             the proposer, whose role has the approve right and the target); and at execution the
             proposer's *current* role still holds tool, reach and target.
 3. policy   ``rules.yaml`` as it is now (``guard.policy.evaluate``): deny rules, protected objects,
-            bulk limits, windows, approval requirement. A broken rules file lets reads through and
-            denies everything else. An agent's confirm of a call that now needs a human is refused.
+            bulk limits, windows, approval requirement. With no usable rules (a broken file at start;
+            a bad reload keeps the last good rules) every call here is refused, reads included. An
+            agent's confirm of a call that now needs a human is refused.
 4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
             not meet (a powered-on VM to delete, a disk or snapshot the VM does not have): only a
             caller the guard let through hears of them.
@@ -56,6 +57,7 @@ from gateway.errors import (
     Stale,
 )
 from gateway.guard.policy import CallFacts, Decision, Policy, evaluate
+from gateway.guard.read_filter import ReadFilter, read_filter
 from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 
 
@@ -397,23 +399,10 @@ def _owner(f: Facts) -> Verdict | None:
     return None
 
 
-def _policy(f: Facts) -> Verdict:
-    if f.entry not in _POLICY_ENTRIES:
-        return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
+def call_facts(f: Facts) -> CallFacts:
+    """What the policy sees of ``f``: at execution the proposer's name and role, else the actor's."""
     who = f.owner if f.entry in _EXECUTING_ENTRIES and f.owner is not None else f.actor
-    if f.rules is None:
-        why = f.rules_error or "the rules file cannot be used"
-        if f.category is Category.READ:
-            return Verdict(
-                True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error"
-            )
-        return _refuse(
-            "policy_denied",
-            f"{why}; every write and destructive call is denied until it is "
-            "fixed (`gateway policy show` lists the problems)",
-            "policy:error",
-        )
-    call = CallFacts(
+    return CallFacts(
         tool=f.tool,
         category=f.category,
         risk=f.risk,
@@ -425,11 +414,29 @@ def _policy(f: Facts) -> Verdict:
         override=f.override,
         object_count=f.object_count,
     )
+
+
+def read_rules(f: Facts) -> ReadFilter | None:
+    """What a read authorized on ``f`` may show (``guard.read_filter``), or None: everything."""
+    if f.entry is not Entry.READ:
+        return None
+    return read_filter(f.rules, call_facts(f), f.now)
+
+
+def _policy(f: Facts) -> Verdict:
+    if f.entry not in _POLICY_ENTRIES:
+        return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
+    if f.rules is None:  # no usable rules were ever loaded (a bad reload keeps the last good ones)
+        why = f.rules_error or "the rules file cannot be used"
+        return _refuse(
+            "policy_denied",
+            f"{why}; every call the policy decides, reads included, is denied until it is "
+            "fixed (`gateway policy show` lists the problems)",
+            "policy:error",
+        )
     try:
-        decision = evaluate(call, f.rules, f.now)
-    except Exception:  # a bug in the engine denies, it never lets through
-        if f.category is Category.READ:
-            return Verdict(True, "the policy engine failed on this read; reads continue", "policy:error")
+        decision = evaluate(call_facts(f), f.rules, f.now)
+    except Exception:  # a bug in the engine denies, it never lets through (reads too: rules filter them)
         return _refuse(
             "policy_denied", "the policy engine failed on this call (see the gateway log)", "policy:error"
         )

@@ -1,4 +1,5 @@
-"""Call-volume limits: rate per target and category, objects per bulk call, and the runaway breaker.
+"""Call-volume limits: rate per caller, target and category (and a target-wide ceiling), objects per
+bulk call, and the runaway breaker.
 
 All state lives in this process and every ``check`` takes the clock as a plain float (seconds from
 ``time.monotonic()`` in production, any number in tests), so behaviour is a function of the calls
@@ -46,43 +47,81 @@ def check_bulk(count: int, limit: int | None, target: str) -> None:
         raise PolicyDenied(reason, rule="limits:max_bulk_objects", target=target, count=count, limit=limit)
 
 
-def rate_refusal(target: str, category: Category, limit: int, retry_after: float) -> RateLimited:
-    """The error of a call over its target's per-minute limit (this process's or all replicas')."""
-    return RateLimited(
-        f"rate limit reached on target '{target}': at most {limit} {category} calls per "
-        f"minute; retry in {retry_after:.1f} s, or raise max_calls_per_minute.{category} for "
-        "this target in rules.yaml",
-        retry_after,
-    )
+def rate_refusal(target: str, category: Category, limit: int, retry_after: float,
+                 caller: str | None = None) -> RateLimited:
+    """The error of a call over a per-minute budget (this process's or all replicas'): the caller's own
+    on ``target`` when ``caller`` is given, else the target-wide ceiling every caller shares."""
+    if caller is not None:
+        what = (f"rate limit reached for caller '{caller}' on target '{target}': at most {limit} {category} "
+                f"calls per minute per caller; retry in {retry_after:.1f} s, or raise "
+                f"max_calls_per_minute.{category} for this target in rules.yaml")
+    else:
+        what = (f"rate limit reached on target '{target}': at most {limit} {category} calls per minute "
+                f"from all callers together; retry in {retry_after:.1f} s, or raise "
+                f"target_max_calls_per_minute.{category} for this target in rules.yaml")
+    return RateLimited(what, retry_after)
+
+
+@dataclass(frozen=True)
+class RateBudget:
+    """One per-minute budget a call spends: a caller's on a target and category, or (``caller`` None)
+    the target-wide ceiling all callers share."""
+
+    target: str
+    category: Category
+    limit: int
+    caller: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The budget's key in a store (the unit separator cannot occur in a name from a config file)."""
+        scope = () if self.caller is None else (self.caller,)
+        return "\x1f".join((self.target, str(self.category), *scope))
+
+    def refusal(self, retry_after: float) -> RateLimited:
+        return rate_refusal(self.target, self.category, self.limit, retry_after, self.caller)
+
+
+def budgets(target: str, category: Category, limit: int | None, caller: str | None,
+            target_limit: int | None) -> list[RateBudget]:
+    """The budgets one call spends: the caller's ``limit`` (target-wide when ``caller`` is None) and the
+    ``target_limit`` ceiling; a None limit is no budget. Pure."""
+    out = [] if limit is None else [RateBudget(target, category, limit, caller)]
+    if target_limit is not None and caller is not None:
+        out.append(RateBudget(target, category, target_limit))
+    return out
 
 
 class RateLimiter:
-    """At most ``limit`` calls per rolling minute for each (target, category) pair."""
+    """At most ``limit`` calls per rolling minute for each (caller, target, category), and at most
+    ``target_limit`` for each (target, category) from every caller together."""
 
     def __init__(self, window: float = RATE_WINDOW_SECONDS) -> None:
         self._window = window
         self._lock = threading.Lock()
-        self._calls: dict[tuple[str, Category], deque[float]] = {}
+        self._calls: dict[str, deque[float]] = {}
         self._checks = 0
 
-    def check(self, target: str, category: Category, limit: int | None, now: float) -> None:
-        """Record the call, or raise ``RateLimited`` (with ``retry_after``) when the window is full.
-
-        ``limit=None`` means unlimited: nothing is recorded.
-        """
-        if limit is None:
+    def check(self, target: str, category: Category, limit: int | None, now: float, *,
+              caller: str | None = None, target_limit: int | None = None) -> None:
+        """Record the call in every budget it spends, or raise ``RateLimited`` (with ``retry_after``)
+        for the first one that is full, recording nothing. ``caller=None`` counts ``limit`` for the
+        target as a whole; a None limit is unlimited (nothing recorded)."""
+        spent = budgets(target, category, limit, caller, target_limit)
+        if not spent:
             return
         with self._lock:
             self._maybe_sweep(now)
-            calls = self._calls.setdefault((target, category), deque())
-            _prune(calls, now - self._window)
-            if len(calls) >= limit:
-                raise rate_refusal(target, category, limit,
-                                   max(calls[len(calls) - limit] + self._window - now, 0.0))
-            calls.append(now)
+            queues = [self._calls.setdefault(b.key, deque()) for b in spent]
+            for budget, calls in zip(spent, queues, strict=True):
+                _prune(calls, now - self._window)
+                if len(calls) >= budget.limit:
+                    raise budget.refusal(max(calls[len(calls) - budget.limit] + self._window - now, 0.0))
+            for calls in queues:
+                calls.append(now)
 
     def tracked_keys(self) -> int:
-        """How many (target, category) pairs hold state (for tests and metrics)."""
+        """How many budgets hold state (for tests and metrics)."""
         with self._lock:
             return len(self._calls)
 

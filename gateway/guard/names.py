@@ -27,7 +27,8 @@ from gateway.vocabulary import Category
 
 if TYPE_CHECKING:
     from gateway.auth.roles import RoleBook
-    from gateway.guard.policy import PolicyStore
+    from gateway.guard.policy import Policy
+    from gateway.guard.policy_store import PolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +119,20 @@ def log_unknown_names(refs: Iterable[NameRef], known: KnownNames) -> None:
 
 
 def watch(policy: PolicyStore, roles: RoleBook, targets: Sequence[Target]) -> None:
-    """Log names that match nothing whenever ``policy`` or ``roles`` loads a new valid file (for the
-    server: a warning at load). The rules file is read now; roles.yaml on its first lookup (its
-    loading writes a roles_reload audit row, which belongs to the running server)."""
-    policy.on_load = lambda loaded: log_unknown_names(loaded.refs, KnownNames.of(targets, roles.roles()))
+    """Log names that match nothing, and rules whose object fields can never apply to the tools they
+    name, whenever ``policy`` or ``roles`` loads a new valid file (for the server: a warning at load).
+    The rules file is read now; roles.yaml on its first lookup (its loading writes a config_reload
+    audit row, which belongs to the running server)."""
+    # read_filter imports policy, which imports this module: imported here, when the server starts
+    from gateway.guard.read_filter import unreachable_rules
+
+    def loaded(policy: Policy) -> None:
+        known = KnownNames.of(targets, roles.roles())
+        log_unknown_names(policy.refs, known)
+        for problem in unreachable_rules(policy, known.tools):
+            log.warning("%s (the gateway keeps running; `gateway check` reports it as an error)", problem)
+
+    policy.on_load = loaded
     roles.on_refs = lambda refs: log_unknown_names(refs, KnownNames.of(targets, ()))
     with contextlib.suppress(ConfigError):
         policy.current()

@@ -4,9 +4,11 @@ Sections of the file, all optional (``rules.example.yaml`` shows each one):
 
 - ``defaults``: allow / deny / require_approval per category (read, write, destructive), flags
   (require_web_approval, auto_snapshot_before_destroy, dry_run) and limits (max_bulk_objects,
-  max_calls_per_minute per category) for every target. Whatever it leaves out keeps the built-in
+  max_calls_per_minute per caller and category, target_max_calls_per_minute for all callers together)
+  for every target. Whatever it leaves out keeps the built-in
   strict value: destructive calls denied, reads and writes allowed, no web approval, safety snapshots
-  on, no dry run, 20 objects per bulk call, 30 writes and 10 destructive calls per minute per target.
+  on, no dry run, 20 objects per bulk call, 30 writes and 10 destructive calls per minute per caller
+  on each target.
 - ``protected``: objects that destructive calls may never touch.
 - ``rules``: ordered; the first rule whose ``match`` fits a call decides it.
 - ``targets``: settings for one target (exact name) or several (glob), layered over ``defaults``.
@@ -33,18 +35,19 @@ into a proposal that a human approves).
 Matching: every pattern is a glob (``*``, ``?``, ``[...]``) compared case-insensitively. Fields of a
 ``match`` are ANDed, the items of one field ORed, absent fields match anything. ``tools`` holds
 category names (read, write, destructive) or tool names. ``vm_patterns`` (names of affected VMs),
-``folders`` and ``resource_pools`` look at the affected objects: for deny and require_approval rules
-one matching object is enough, so a bulk call touching one matching VM is caught; for allow rules
-every relevant object must match, so an allow never reaches a VM it does not name.
+``folders``, ``resource_pools`` and ``names`` (names or moids of affected objects of any type) look
+at the affected objects: for deny and require_approval rules one matching object is enough, so a
+bulk call touching one matching VM is caught; for allow rules every relevant object must match, so
+an allow never reaches a VM it does not name. On reads the objects are those the read would show:
+each is decided as if it were the call's one affected object (``gateway.guard.read_filter``), and a
+denied one is withheld from a listing, or refuses a read about it.
 
 Effective settings of a target: built-in values, then ``defaults``, then every glob entry under
 ``targets`` matching the name (in file order), then the entry naming it exactly. Each layer replaces
 only the keys it sets (``max_calls_per_minute`` per category).
 
-``PolicyStore`` reads the file on every call and re-parses it when its bytes change. A file that
-does not parse is never replaced by the last good one: writes and destructive calls are denied
-with the parse error until it is fixed, reads go on. A missing or empty file means the built-in
-strict defaults.
+Reading the file (every section required, the last good rules kept on a bad reload) is
+``gateway.guard.policy_store``; this module only parses and decides.
 """
 
 from __future__ import annotations
@@ -53,20 +56,16 @@ import difflib
 import fnmatch
 import logging
 import re
-import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, time, timedelta
 from enum import StrEnum
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gateway.config import ConfigProblems, NameKind, NameRef, Target, load_yaml, located, position
-from gateway.errors import ConfigError
 from gateway.guard.limits import bulk_denial
-from gateway.guard.names import KnownNames, UnknownName, unknown_names
 from gateway.vocabulary import AffectedObject, Category, Risk
 
 log = logging.getLogger(__name__)
@@ -76,10 +75,6 @@ class Action(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
     REQUIRE_APPROVAL = "require_approval"
-
-
-class PolicyUnavailable(ConfigProblems):
-    """The rules file exists but cannot be used; the pipeline denies writes with this message."""
 
 
 # --------------------------------------------------------------------------- the call and the answer
@@ -158,20 +153,23 @@ _CALL_FIELDS: Mapping[str, Callable[[CallFacts, Sequence[str]], bool]] = {
     "roles": lambda f, p: _glob(f.role, p),
 }
 
-_ObjectField = tuple[Callable[[AffectedObject], bool], Callable[[AffectedObject], str | None]]
-#: match fields answered by the affected objects: (which objects count, which value of theirs)
+_ObjectField = tuple[Callable[[AffectedObject], bool], Callable[[AffectedObject], tuple[str | None, ...]]]
+#: match fields answered by the affected objects: (which objects count, which values of theirs)
 _OBJECT_FIELDS: Mapping[str, _ObjectField] = {
-    "vm_patterns": (_is_vm, lambda o: o.name),
-    "folders": (lambda o: True, lambda o: o.folder),
-    "resource_pools": (lambda o: True, lambda o: o.resource_pool),
+    "vm_patterns": (_is_vm, lambda o: (o.name,)),
+    "folders": (lambda o: True, lambda o: (o.folder,)),
+    "resource_pools": (lambda o: True, lambda o: (o.resource_pool,)),
+    "names": (lambda o: True, lambda o: (o.name, o.moid)),
 }
+#: the match fields answered by the affected objects (on reads: the objects a read shows)
+OBJECT_FIELDS = tuple(_OBJECT_FIELDS)
 _MATCH_FIELDS = (*_CALL_FIELDS, *_OBJECT_FIELDS)
 
 
 def _objects_fit(affected: Sequence[AffectedObject], spec: _ObjectField, patterns: Sequence[str],
                  every: bool) -> bool:
-    relevant, value_of = spec
-    hits = [(value := value_of(o)) is not None and _glob(value, patterns) for o in affected if relevant(o)]
+    relevant, values_of = spec
+    hits = [any(v is not None and _glob(v, patterns) for v in values_of(o)) for o in affected if relevant(o)]
     return (bool(hits) and all(hits)) if every else any(hits)
 
 
@@ -183,16 +181,22 @@ class Match:
     min_risk_level: Risk | None = None
 
     def fits(self, facts: CallFacts, *, every_object: bool) -> bool:
+        if not self.fits_call(facts):
+            return False
+        return all(_objects_fit(facts.affected, _OBJECT_FIELDS[name], patterns, every_object)
+                   for name, patterns in self.fields.items() if name in _OBJECT_FIELDS)
+
+    def fits_call(self, facts: CallFacts) -> bool:
+        """Whether the fields answered by the call itself (not its objects) fit ``facts``."""
         if self.min_risk_level is not None and facts.risk.rank < self.min_risk_level.rank:
             return False
-        for name, patterns in self.fields.items():
-            if name in _CALL_FIELDS:
-                ok = _CALL_FIELDS[name](facts, patterns)
-            else:
-                ok = _objects_fit(facts.affected, _OBJECT_FIELDS[name], patterns, every_object)
-            if not ok:
-                return False
-        return True
+        return all(_CALL_FIELDS[name](facts, patterns)
+                   for name, patterns in self.fields.items() if name in _CALL_FIELDS)
+
+    @property
+    def object_fields(self) -> tuple[str, ...]:
+        """The fields this match answers from the affected objects."""
+        return tuple(name for name in self.fields if name in _OBJECT_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: list(patterns) for name, patterns in self.fields.items()}
@@ -208,6 +212,8 @@ class Rule:
     match: Match = field(default_factory=Match)
     unless_override: bool = False
     reason: str | None = None
+    #: ``file:line:column`` of the rule (for problems found after parsing)
+    where: str = field(default="", compare=False)
 
     def matches(self, facts: CallFacts) -> bool:
         return self.match.fits(facts, every_object=self.action is Action.ALLOW)
@@ -307,6 +313,8 @@ class MaintenanceWindow:
 
 _FLAGS = ("require_web_approval", "auto_snapshot_before_destroy", "dry_run")
 _RATE = "max_calls_per_minute"
+#: the target-wide ceiling every caller's calls count against together
+_CEILING = "target_max_calls_per_minute"
 
 #: the strict values every key falls back to, flat: "<category>", flags, "max_calls_per_minute.<category>"
 BUILTIN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
@@ -314,6 +322,7 @@ BUILTIN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "require_web_approval": False, "auto_snapshot_before_destroy": True, "dry_run": False,
     "max_bulk_objects": 20,
     f"{_RATE}.read": None, f"{_RATE}.write": 30, f"{_RATE}.destructive": 10,
+    f"{_CEILING}.read": None, f"{_CEILING}.write": None, f"{_CEILING}.destructive": None,
 })
 
 
@@ -342,6 +351,9 @@ class TargetPolicy:
     #: keyed by category; Category is a str, so "write" and Category.WRITE find the same entry
     max_calls_per_minute: Mapping[str, int | None]
     origins: Mapping[str, str]
+    #: per category, the calls per minute of every caller together (None: no ceiling)
+    target_max_calls_per_minute: Mapping[str, int | None] = field(
+        default_factory=lambda: MappingProxyType(dict.fromkeys(Category)))
 
     @classmethod
     def build(cls, target: str, values: Mapping[str, Any], origins: Mapping[str, str]) -> TargetPolicy:
@@ -354,11 +366,17 @@ class TargetPolicy:
             max_bulk_objects=values["max_bulk_objects"],
             max_calls_per_minute=MappingProxyType({c: values[f"{_RATE}.{c.value}"] for c in Category}),
             origins=MappingProxyType(dict(origins)),
+            target_max_calls_per_minute=MappingProxyType(
+                {c: values.get(f"{_CEILING}.{c.value}") for c in Category}),
         )
 
     def rate_limit(self, category: Category) -> int | None:
-        """Calls per minute allowed for ``category`` on this target (None: unlimited)."""
+        """Calls per minute one caller may make for ``category`` on this target (None: unlimited)."""
         return self.max_calls_per_minute[category]
+
+    def target_rate_limit(self, category: Category) -> int | None:
+        """Calls per minute of every caller together for ``category`` on this target (None: no ceiling)."""
+        return self.target_max_calls_per_minute[category]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -368,6 +386,7 @@ class TargetPolicy:
             "dry_run": self.dry_run,
             "max_bulk_objects": self.max_bulk_objects,
             _RATE: {str(c): n for c, n in self.max_calls_per_minute.items()},
+            _CEILING: {str(c): n for c, n in self.target_max_calls_per_minute.items()},
             "set_by": dict(self.origins),
         }
 
@@ -646,7 +665,7 @@ def _suggest(word: str, choices: Collection[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-_SETTINGS_KEYS = (*_CATEGORY_NAMES, *_FLAGS, "max_bulk_objects", _RATE)
+_SETTINGS_KEYS = (*_CATEGORY_NAMES, *_FLAGS, "max_bulk_objects", _RATE, _CEILING)
 
 
 def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
@@ -662,7 +681,7 @@ def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
             out[key] = r.limit(raw, where)
         else:
             for category, limit in r.mapping(raw, where, _CATEGORY_NAMES).items():
-                out[f"{_RATE}.{category}"] = r.limit(limit, f"{where}.{category}")
+                out[f"{key}.{category}"] = r.limit(limit, f"{where}.{category}")
     return out
 
 
@@ -705,6 +724,7 @@ def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
         match=r.optional(entry, "match", path, lambda v, p: _parse_match(r, v, p), Match()),
         unless_override=unless,
         reason=r.optional(entry, "reason", path, r.text, None),
+        where=r.where(path),
     )
     return rule if action else None
 
@@ -867,164 +887,3 @@ def parse_policy_text(text: str, source: str) -> Policy:
     """Parse the YAML text of a rules file (``gateway.config.load_yaml``: duplicate keys are errors,
     positions kept) into a ``Policy``."""
     return parse_policy(load_yaml(text, source), source)
-
-
-# --------------------------------------------------------------------------- the live store
-
-
-class PolicyStore:
-    """The policy behind one rules file, re-read on every call; it fails closed and never goes stale.
-
-    The file is small, so every ``current()`` reads its bytes and re-parses only when they differ
-    from the last read: a rewrite is noticed even when it keeps the size and the modification time.
-    """
-
-    def __init__(self, path: Path, on_load: Callable[[Policy], None] | None = None) -> None:
-        self.path = Path(path)
-        #: called with every newly parsed valid policy (the server logs names that match nothing)
-        self.on_load = on_load
-        self._lock = threading.Lock()
-        self._raw: bytes | None = None
-        self._loaded: Policy | ConfigProblems | None = None
-
-    def current(self) -> Policy:
-        """The policy in force; raise ``PolicyUnavailable`` while the file cannot be read or parsed."""
-        raw = self._read()
-        with self._lock:
-            if self._loaded is None or raw != self._raw:
-                self._loaded = self._parse(raw)
-                self._raw = raw
-            loaded = self._loaded
-        if isinstance(loaded, ConfigProblems):
-            raise PolicyUnavailable(loaded.problems)
-        return loaded
-
-    def decide(self, facts: CallFacts, now: datetime) -> Decision:
-        """``evaluate`` against the current file. Never raises: any failure denies writes, keeps reads."""
-        try:
-            policy = self.current()
-        except ConfigError as exc:
-            return _unusable(facts, f"policy file {self.path} is unusable: {exc.message}")
-        except Exception:
-            log.exception("reading the policy file %s failed", self.path)
-            return _unusable(facts, f"policy file {self.path} could not be read (see the gateway log)")
-        try:
-            return evaluate(facts, policy, now)
-        except Exception:
-            log.exception("policy evaluation failed for %s on target %s", facts.tool, facts.target)
-            return _unusable(facts, "the policy engine failed on this call (see the gateway log)")
-
-    def snapshot(self) -> tuple[Policy | None, str | None]:
-        """The policy in force and None, or None and why the file cannot be used (for
-        ``guard.decision.authorize``, which denies writes and lets reads through meanwhile). Never raises."""
-        try:
-            return self.current(), None
-        except ConfigError as exc:
-            return None, f"policy file {self.path} is unusable: {exc.message}"
-        except Exception:
-            log.exception("reading the policy file %s failed", self.path)
-            return None, f"policy file {self.path} could not be read (see the gateway log)"
-
-    def target_limits(self, target: str) -> TargetPolicy:
-        """The effective settings (limits, flags) for ``target``. Never raises: while the file is
-        unusable it gives the built-in strict values (``decide`` denies every write meanwhile)."""
-        try:
-            return self.current().target_settings(target)
-        except Exception:
-            return Policy(str(self.path)).target_settings(target)
-
-    def describe(self, targets: Sequence[Target], known: KnownNames | None = None) -> dict[str, Any]:
-        """The effective policy per target, or why the file cannot be used (for ``gateway policy show``).
-        With ``known``, entries naming a target, tool, role or tag that matches nothing are marked."""
-        try:
-            policy = self.current()
-        except ConfigError as exc:
-            problems = exc.details.get("problems") or [exc.message]
-            return {"file": str(self.path), "status": "error", "errors": problems,
-                    "effect": "writes and destructive calls are denied until it is fixed; reads continue"}
-        unknown = unknown_names(policy.refs, known) if known is not None else []
-        return _describe(policy, self.path, targets, unknown)
-
-    def _read(self) -> bytes | None:
-        try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise PolicyUnavailable([
-                f"{self.path}: cannot read the rules file ({exc.strerror}); fix its permissions, or point "
-                "GATEWAY_RULES_FILE / --rules at a readable file"]) from exc
-
-    def _parse(self, raw: bytes | None) -> Policy | ConfigProblems:
-        source = str(self.path)
-        if raw is None:
-            note = f"no rules file at {source}: the built-in strict defaults apply"
-            log.info("%s", note)
-            return Policy(source, builtin=True, note=note)
-        try:
-            policy = parse_policy_text(raw.decode("utf-8"), source)
-        except UnicodeDecodeError as exc:
-            broken = ConfigProblems([f"{source}: not UTF-8 text (byte {exc.start}); save it as UTF-8"])
-        except ConfigProblems as exc:
-            broken = exc
-        else:
-            log.info("policy loaded from %s: %d rules, %d protected, %d target entries, %d windows", source,
-                     len(policy.rules), len(policy.protected), len(policy.targets),
-                     len(policy.maintenance_windows))
-            if self.on_load is not None:
-                self.on_load(policy)
-            return policy
-        log.warning("policy file %s is unusable; writes are denied until it is fixed: %s", source, broken)
-        return broken
-
-
-def _unusable(facts: CallFacts, why: str) -> Decision:
-    if facts.category is Category.READ:
-        return Decision(True, f"{why}; reads continue, writes are denied until it is fixed", "policy:error")
-    return Decision(False, f"{why}; every write and destructive call is denied until it is fixed "
-                           "(`gateway policy show` lists the problems)", "policy:error")
-
-
-def _describe(policy: Policy, path: Path, targets: Sequence[Target],
-              unknown: Sequence[UnknownName] = ()) -> dict[str, Any]:
-    def warnings(prefix: str) -> list[str]:
-        return [u.message for u in unknown if u.ref.path == prefix or u.ref.path.startswith(f"{prefix}.")]
-
-    def marked(entry: dict[str, Any], prefix: str) -> dict[str, Any]:
-        found = warnings(prefix)
-        return {**entry, "warnings": found} if found else entry
-
-    per_target = {}
-    for target in targets:
-        settings = policy.target_settings(target.name).to_dict()
-        settings["tags"] = list(target.tags)
-        settings["rules"] = [rule.name for rule in policy.rules if rule.may_apply_to(target)]
-        settings["protected"] = [p.name for p in policy.protected
-                                 if not p.targets or _glob(target.name, p.targets)]
-        settings["maintenance_windows"] = [w.name for w in policy.maintenance_windows
-                                           if not w.targets or _glob(target.name, w.targets)]
-        per_target[target.name] = settings
-    out: dict[str, Any] = {
-        "file": str(path),
-        "status": "builtin" if policy.builtin else "ok",
-        "defaults": policy.default_settings().to_dict(),
-        "protected": [marked(p.to_dict(), f"protected[{i}]") for i, p in enumerate(policy.protected)],
-        "rules": [marked(r.to_dict(), f"rules[{i}]") for i, r in enumerate(policy.rules)],
-        "maintenance_windows": [marked(w.to_dict(), f"maintenance_windows[{i}]")
-                                for i, w in enumerate(policy.maintenance_windows)],
-        "target_entries": {},
-        "targets": per_target,
-    }
-    for entry in policy.targets:
-        names = [t.name for t in targets if _glob(t.name, (entry.pattern,))]
-        shown: dict[str, Any] = {"matches": names,
-                                 "settings": {k: getattr(v, "value", v) for k, v in entry.values.items()}}
-        found = warnings(f"targets.{entry.pattern}")
-        if found:
-            shown["warning"] = "; ".join(found)
-        out["target_entries"][entry.pattern] = shown
-    if unknown:
-        out["warnings"] = [str(u) for u in unknown]
-    if policy.note:
-        out["note"] = policy.note
-    return out

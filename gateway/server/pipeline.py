@@ -7,7 +7,7 @@ How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``
       -> facts about the caller as the store says *now* (token state, current role)
       -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
-      -> runaway breaker, rate limit per target x category (reads too)
+      -> runaway breaker, rate limit per caller x target x category (reads too), target-wide ceiling
       -> a change while the audit cannot take rows (readiness says so): refused, nothing read
       -> resolve on the target (a Plan: objects + facts, nothing changes)
       -> authorize again with the objects (decision.authorize_resolved): the call, each object as
@@ -75,17 +75,22 @@ from gateway.guard.decision import (
     authorize,
     authorize_resolved,
     proposal_rights,
+    read_rules,
     token_state,
     tool_permitted,
 )
 from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
-from gateway.guard.policy import Decision, PolicyStore, TargetPolicy
+from gateway.guard.policy import Decision, TargetPolicy
+from gateway.guard.policy_store import PolicyStore
+from gateway.guard.read_filter import Filtered, ReadFilter, read_args
 from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
+from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
+from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.audit_read import open_audit_reader
@@ -132,6 +137,14 @@ _DENIAL_CODES = frozenset(
         "confirmation_expired",
     }
 )
+
+
+def _write_quietly(audit: AuditWriter, row: Mapping[str, Any]) -> None:
+    """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
+    try:
+        audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+    except AuditUnavailable:
+        log.error("the audit log could not record the load of %s", row.get("path"))
 
 
 @dataclass
@@ -209,42 +222,42 @@ class Gateway:
         self._token_generation = -1
         # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
-        if settings.notifications_file is not None:
-            self.notifier = notifier_for(
-                settings.notifications_file, settings.notify_env, audit.write, [self]
-            )
+        path = settings.notifications_file
+        if path is not None:
+            self.notifier = reloads.load_audited(
+                "notifications", path, lambda: notifier_for(path, settings.notify_env, audit.write, [self]),
+                lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
         self._sweeper: asyncio.Task[None] | None = None
         #: with replicas on PostgreSQL only the leader sweeps expired proposals (see gateway.store.slots)
         self.sweep_leader: PgLeader | None = (
             PgLeader(settings.database_url, "expiry-sweeper") if settings.database_url else None)
         self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
+        list_vms = registry.get("list_vms")
+        assert list_vms is not None and list_vms.read is not None
+        #: what each read may show (read rules), applied after the mirror or the sweep answered
+        self.read_rules = ReadRules(self.mirrors, scheduler, self.targets, list_vms.read)
         self.metrics.add_collector("mirrors", lambda: sample_families(self.mirrors.samples()))
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
         """Load configuration and open the stores; raises ConfigError on anything fatal."""
-        targets = load_targets(settings.targets_file, settings.credentials)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         store = open_store(settings)
         audit = open_audit(settings, store)
-
-        def audit_roles_reload(sha256: str, names: list[str]) -> None:
-            with contextlib.suppress(AuditUnavailable):
-                audit.write(
-                    {
-                        "phase": "roles_reload",
-                        "caller": "gateway",
-                        "surface": "server",
-                        "roles_sha256": sha256,
-                        "roles": names,
-                    }
-                )
-
-        policy = PolicyStore(settings.rules_file)
-        roles = RoleBook(settings.roles_file, on_reload=audit_roles_reload)
-        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
+        # every configuration load is an audit row (gateway.server.reloads), through the gateway's
+        # own audit path once it exists; targets.yaml is read before, straight into the sink
+        targets = reloads.load_audited(
+            "targets", settings.targets_file,
+            lambda: load_targets(settings.targets_file, settings.credentials),
+            reloads.targets_summary, lambda row: _write_quietly(audit, row))
+        built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
+        policy = PolicyStore(settings.rules_file,
+                             on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
+        role_rows = reloads.RolesReloads(settings.roles_file, lambda row: built[0].config_row(row))
+        roles = RoleBook(settings.roles_file, on_reload=role_rows.loaded)
+        roles.on_refused = role_rows.refused
         gateway = cls(
             settings,
             targets,
@@ -256,6 +269,8 @@ class Gateway:
             policy=policy,
             roles=roles,
         )
+        built.append(gateway)
+        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
         if isinstance(store, PostgresStore):  # replicas count rate limits and repeats together
             gateway.rate_limiter = PgRateLimiter(store)
             gateway.breaker = PgRunawayBreaker(store)
@@ -375,6 +390,11 @@ class Gateway:
         if self.sweep_leader is not None:
             self.sweep_leader.close()
 
+    def config_row(self, row: Mapping[str, Any]) -> None:
+        """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
+        cannot take it. Blocking: the stores call it from the thread that read the file."""
+        self._write_or_wait(row)
+
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
         reasons = []
@@ -386,6 +406,8 @@ class Gateway:
             reasons.append("audit log not writable")
         if not self.store.ping():
             reasons.append("state store not answering")
+        if self.policy.snapshot()[0] is None:  # no good rules ever loaded: every call is refused
+            reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
 
     # ----------------------------------------------------------------- listing
@@ -623,11 +645,12 @@ class Gateway:
     # -- reads
     async def _read_targets(
         self, ctx: CallContext, args: dict[str, Any]
-    ) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, ReadFilter | None]]:
         """The targets a read goes to, each authorized (role, policy) and rate limited, every refusal
-        audited. A single target's refusal is raised; in a fan-out a target the policy or a rate limit
-        refuses answers its own error, and the others still answer (a target outside the role is refused
-        for the whole call, like an unknown one)."""
+        audited, with what the read may show on each (read rules). A single target's refusal is
+        raised; in a fan-out a target the policy or a rate limit refuses answers its own error, and the
+        others still answer (a target outside the role is refused for the whole call, like an unknown
+        one)."""
         ref = args["target"]
         single = isinstance(ref, str) and ref != ALL
         if ref == ALL:
@@ -637,8 +660,10 @@ class Gateway:
         else:
             names = [ref] if isinstance(ref, str) else list(ref)
         refused: dict[str, dict[str, Any]] = {}
+        filters: dict[str, ReadFilter | None] = {}
         for name in names:
             facts, limits = await self.off_loop(self._read_facts, ctx, args, name)
+            filters[name] = read_rules(facts)
             try:
                 await self._check(ctx, facts, args, target=name)
                 await self._rate_limit(ctx, args, name, Category.READ, limits)
@@ -648,7 +673,7 @@ class Gateway:
                 refused[name] = {"error": {k: v for k, v in exc.to_wire().items() if k != "decision"}}
         if not single and len(refused) == len(names):
             raise PolicyDenied(f"the policy refuses this read on every target named: {', '.join(refused)}")
-        return names, refused
+        return names, refused, filters
 
     def _read_facts(
         self, ctx: CallContext, args: Mapping[str, Any], target: str
@@ -661,26 +686,34 @@ class Gateway:
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
     ) -> Answer:
         ref = args["target"]
-        fn = self._read_fn(ctx.spec, args)
-        names, refused = await self._read_targets(ctx, args)
+        names, refused, filters = await self._read_targets(ctx, args)
+        # read rules: list_vms is read so that what is hidden can be told and left out (read_args)
+        wanted, shaping = read_args(ctx.spec.name, args, any(f is not None for f in filters.values()))
+        fn = self._read_fn(ctx.spec, wanted)
         row = {"target": _target_label(args), "args": _redact_args(ctx.spec, args)}
+        hidden: Filtered | None = None
         try:
             if isinstance(ref, str) and ref != ALL:
                 target = self.targets[names[0]]
-                mirrored = await self.mirrors.answer(target.name, ctx.spec.name, args)
+                mirrored = await self.mirrors.answer(target.name, ctx.spec.name, wanted)
                 result = mirrored if mirrored is not None else await self.scheduler.run(
                     target.name, fn, deadline=target.timeout_seconds
                 )
+                if filters[target.name] is not None or shaping.changes:
+                    filtered = await self.read_rules.shown(
+                        ctx.spec.name, target.name, result, filters[target.name], shaping)
+                    hidden, result = (filtered, None) if filtered.answer is None else (None, filtered.answer)
                 outcomes = None
             else:
                 answered = await self.mirrors.fan_out(
                     [n for n in names if n not in refused],
                     ctx.spec.name,
-                    args,
+                    wanted,
                     lambda rest: self.scheduler.fan_out(
                         rest, fn, deadline=self.settings.fanout_timeout_seconds
                     ),
                 )
+                answered = await self.read_rules.fan_out(ctx.spec.name, answered, filters, shaping)
                 result = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
                 outcomes = {
                     n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
@@ -689,6 +722,8 @@ class Gateway:
         except GatewayError as exc:
             await self.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
+        if hidden is not None:  # read rules hide the one object this read is about
+            await self._refused(ctx, args, denial(ctx.spec.name, names[0], hidden), target=names[0])
         outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
         return await self.record_answer(ctx.row("call", outcome=outcome, outcomes=outcomes, **row), result)
 
@@ -713,9 +748,10 @@ class Gateway:
         already read the target's settings off the loop."""
         if limits is None:
             limits = await self.off_loop(self.policy.target_limits, target)
-        per_minute = limits.rate_limit(kind)
+        per_minute, ceiling = limits.rate_limit(kind), limits.target_rate_limit(kind)
         try:
-            self.rate_limiter.check(target, kind, per_minute, time.monotonic())
+            await self.off_loop(self.rate_limiter.check, target, kind, per_minute, time.monotonic(),
+                                caller=ctx.principal.name, target_limit=ceiling)  # PostgreSQL: a DB call
         except RateLimited as exc:
             await self._refused(ctx, args, exc, target=target)
 

@@ -14,7 +14,7 @@ from typing import Any, Final, cast
 import psycopg
 
 from gateway.errors import RateLimited
-from gateway.guard.limits import RATE_WINDOW_SECONDS, RateLimiter, RunawayBreaker, rate_refusal
+from gateway.guard.limits import RATE_WINDOW_SECONDS, RateLimiter, RunawayBreaker, budgets
 from gateway.store.postgres import PostgresStore
 from gateway.store.slots import lock_key
 from gateway.tools.spec import Category
@@ -35,29 +35,36 @@ def _clock(db: psycopg.Connection[Any]) -> float:
 
 
 class PgRateLimiter(RateLimiter):
-    """At most ``limit`` calls per rolling minute for each (target, category), across all replicas."""
+    """At most ``limit`` calls per rolling minute for each (caller, target, category), and
+    ``target_limit`` for each (target, category), across all replicas."""
 
     def __init__(self, store: PostgresStore, window: float = RATE_WINDOW_SECONDS) -> None:
         super().__init__(window)
         self.store = store
 
-    def check(self, target: str, category: Category, limit: int | None, now: float = 0.0) -> None:
-        """Record the call, or raise ``RateLimited`` when the window is full (``now`` is ignored)."""
-        if limit is None:
+    def check(self, target: str, category: Category, limit: int | None, now: float = 0.0, *,
+              caller: str | None = None, target_limit: int | None = None) -> None:
+        """Record the call in every budget it spends, or raise ``RateLimited`` for the first full one,
+        recording nothing (``now`` is ignored: the database's clock counts)."""
+        spent = budgets(target, category, limit, caller, target_limit)
+        if not spent:
             return
-        key = f"{target}\x1f{category}"
+        refusal: RateLimited | None = None
         with self.store._write("check a rate limit") as db:
-            db.execute("SELECT pg_advisory_xact_lock(%s, %s)", (RATE_SPACE, lock_key("rate", key)))
+            for lock in sorted({lock_key("rate", b.key) for b in spent}):  # one order: no deadlock
+                db.execute("SELECT pg_advisory_xact_lock(%s, %s)", (RATE_SPACE, lock))
             t = _clock(db)
-            db.execute("DELETE FROM rate_events WHERE key = %s AND at <= %s", (key, t - self._window))
-            times = [float(cast("dict[str, Any]", r)["at"]) for r in
-                     db.execute("SELECT at FROM rate_events WHERE key = %s ORDER BY at", (key,)).fetchall()]
-            if len(times) >= limit:
-                refusal: RateLimited | None = rate_refusal(
-                    target, category, limit, max(times[len(times) - limit] + self._window - t, 0.0))
+            for budget in spent:
+                db.execute("DELETE FROM rate_events WHERE key = %s AND at <= %s",
+                           (budget.key, t - self._window))
+                times = [float(cast("dict[str, Any]", r)["at"]) for r in db.execute(
+                    "SELECT at FROM rate_events WHERE key = %s ORDER BY at", (budget.key,)).fetchall()]
+                if len(times) >= budget.limit:
+                    refusal = budget.refusal(max(times[len(times) - budget.limit] + self._window - t, 0.0))
+                    break
             else:
-                refusal = None
-                db.execute("INSERT INTO rate_events (key, at) VALUES (%s, %s)", (key, t))
+                for budget in spent:
+                    db.execute("INSERT INTO rate_events (key, at) VALUES (%s, %s)", (budget.key, t))
         if refusal is not None:
             raise refusal
 

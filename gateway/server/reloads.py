@@ -1,0 +1,159 @@
+"""Every load of a configuration file is an audit row: ``phase: config_reload``.
+
+rules.yaml and roles.yaml are re-read while the gateway runs (each new content is one row, the first
+load at start included); targets.yaml and notifications.yaml are read once, at start. A row names the
+file (``file``: rules, roles, targets, notifications; ``path``), the SHA-256 of the bytes read
+(``sha256``; null when there is no file), and either ``outcome: loaded`` with what the file holds
+(``counts``) and what changed since the content before (``changed``: per section, how many entries
+were added, removed or changed) or ``outcome: refused`` with the problems (``error``) and what stays
+in force (``effect``).
+
+The rows are built here by pure functions and written by the gateway through its one audit path
+(``Gateway._write_or_wait``: a row the audit cannot take yet waits in memory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from gateway.config import Target
+from gateway.errors import ConfigError
+from gateway.guard.policy import Policy
+from gateway.guard.policy_store import RulesLoad
+
+PHASE: Final = "config_reload"
+#: at most this many problems are kept in a refusal row (the audit bounds each string on its own)
+MAX_PROBLEMS: Final = 20
+
+#: a configuration as sections of named entries, each entry as a fingerprint of its content
+Summary = Mapping[str, Mapping[str, str]]
+T = TypeVar("T")
+
+
+def fingerprint(value: Any) -> str:
+    """A short digest of a JSON-able entry: equal contents, equal fingerprints."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rules_summary(policy: Policy | None) -> dict[str, dict[str, str]]:
+    """rules.yaml's named entries by section (None: no rules)."""
+    if policy is None:
+        return {}
+    return {
+        "rules": {r.name: fingerprint(r.to_dict()) for r in policy.rules},
+        "protected": {p.name: fingerprint(p.to_dict()) for p in policy.protected},
+        "targets": {t.pattern: fingerprint({k: getattr(v, "value", v) for k, v in t.values.items()})
+                    for t in policy.targets},
+        "maintenance_windows": {w.name: fingerprint(w.to_dict()) for w in policy.maintenance_windows},
+        "defaults": {k: fingerprint(getattr(v, "value", v)) for k, v in policy.defaults.items()},
+    }
+
+
+def names_summary(section: str, names: Iterable[str]) -> dict[str, dict[str, str]]:
+    """A file known only by the names it defines (roles.yaml through ``RoleBook``)."""
+    return {section: dict.fromkeys(sorted(names), "")}
+
+
+def targets_summary(targets: Sequence[Target]) -> dict[str, dict[str, str]]:
+    return {"targets": {t.name: fingerprint([t.host, t.port, list(t.tags)]) for t in targets}}
+
+
+def counts(summary: Summary) -> dict[str, int]:
+    """How many entries each section holds."""
+    return {section: len(entries) for section, entries in summary.items()}
+
+
+def changes(before: Summary | None, after: Summary) -> dict[str, dict[str, int]]:
+    """Per section, how many entries were added, removed and changed from ``before`` to ``after``
+    (sections without a change left out; ``before`` None: everything is added). Pure."""
+    out: dict[str, dict[str, int]] = {}
+    for section in dict.fromkeys([*(before or {}), *after]):
+        old, new = (before or {}).get(section, {}), after.get(section, {})
+        moved = {
+            "added": sum(1 for name in new if name not in old),
+            "removed": sum(1 for name in old if name not in new),
+            "changed": sum(1 for name in new if name in old and old[name] != new[name]),
+        }
+        if any(moved.values()):
+            out[section] = {k: v for k, v in moved.items() if v}
+    return out
+
+
+def loaded_row(file: str, path: Path, sha256: str | None, summary: Summary,
+               before: Summary | None, *, first: bool) -> dict[str, Any]:
+    """The row of a file loaded and in force. Pure."""
+    return {**_base(file, path, sha256, first), "outcome": "loaded", "counts": counts(summary),
+            "changed": changes(before, summary)}
+
+
+def refused_row(file: str, path: Path, sha256: str | None, problems: Sequence[str], effect: str,
+                *, first: bool) -> dict[str, Any]:
+    """The row of a file that could not be used. Pure."""
+    kept = list(problems[:MAX_PROBLEMS])
+    return {**_base(file, path, sha256, first), "outcome": "refused", "error": "; ".join(kept),
+            "problems": len(problems), "effect": effect}
+
+
+def _base(file: str, path: Path, sha256: str | None, first: bool) -> dict[str, Any]:
+    return {"phase": PHASE, "caller": "gateway", "surface": "server", "file": file, "path": str(path),
+            "sha256": sha256, "at_start": first}
+
+
+def rules_row(load: RulesLoad) -> dict[str, Any]:
+    """The row of one new content of rules.yaml (``PolicyStore.on_reload``)."""
+    if load.policy is None:
+        effect = ("the last good rules stay in force until it is fixed" if load.previous is not None
+                  else "no good rules loaded: every call the policy decides is refused until it is fixed")
+        return refused_row("rules", load.path, load.sha256, load.problems, effect, first=load.first)
+    before = None if load.previous is None else rules_summary(load.previous)
+    return loaded_row("rules", load.path, load.sha256, rules_summary(load.policy), before, first=load.first)
+
+
+def file_sha256(path: Path | None) -> str | None:
+    """The SHA-256 of the file's bytes; None when it does not exist or cannot be read."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def load_audited(file: str, path: Path, load: Callable[[], T], summary: Callable[[T], Summary],
+                 write: Callable[[dict[str, Any]], None]) -> T:
+    """``load()`` a file read once at start, writing its row; a refusal is written, then raised
+    (the gateway does not start)."""
+    sha = file_sha256(path)
+    try:
+        value = load()
+    except ConfigError as exc:
+        problems = exc.details.get("problems") or [exc.message]
+        write(refused_row(file, path, sha, problems, "the gateway did not start", first=True))
+        raise
+    write(loaded_row(file, path, sha, summary(value), None, first=True))
+    return value
+
+
+class RolesReloads:
+    """Rows of roles.yaml's loads, remembering the names of the content before (``RoleBook`` hooks)."""
+
+    def __init__(self, path: Path, write: Callable[[dict[str, Any]], None]) -> None:
+        self.path = path
+        self.write = write
+        self._before: Summary | None = None
+        self._first = True
+
+    def loaded(self, sha256: str, names: list[str]) -> None:
+        summary = names_summary("roles", names)
+        self.write(loaded_row("roles", self.path, sha256, summary, self._before, first=self._first))
+        self._before, self._first = summary, False
+
+    def refused(self, sha256: str | None, problems: list[str]) -> None:
+        effect = "custom roles are off until it is fixed; the built-in roles reader and admin keep working"
+        self.write(refused_row("roles", self.path, sha256, problems, effect, first=self._first))
+        self._before, self._first = None, False
