@@ -108,7 +108,6 @@ def build_gateway(
     from dataclasses import replace
 
     import yaml
-
     from simulator import complete_rules
 
     from gateway.devsim import write_targets
