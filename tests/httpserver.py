@@ -130,12 +130,14 @@ class Command:
         return f"https://localhost:{found.group(1)}"
 
 
-def run_serve(tmp: Path, env: Mapping[str, str], *argv: str) -> Command:
+def run_serve(tmp: Path, env: Mapping[str, str], *argv: str, umask: int = -1) -> Command:
+    """``gateway serve ARGV`` in a child process (with ``umask`` when given), logging to tmp/serve.log."""
     log = tmp / "serve.log"
     with log.open("wb") as sink:
         process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, "serve", *argv], cwd=REPO,
                                    env={**env, "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "")},
-                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                   umask=umask)
     return Command(process, log)
 
 

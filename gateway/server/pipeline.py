@@ -76,6 +76,7 @@ from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, PolicyStore, TargetPolicy
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
+from gateway.private_files import make_private_dirs
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.settings import Settings
@@ -217,7 +218,7 @@ class Gateway:
         """Load configuration and open the stores; raises ConfigError on anything fatal."""
         targets = load_targets(settings.targets_file, settings.credentials)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
-        settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(settings.home)
         store = open_store(settings)
         audit = open_audit(settings, store)
 
