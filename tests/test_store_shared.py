@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import ssl
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -44,9 +45,40 @@ BUSY: Final = re.compile(r"^gateway: state_unavailable: the state store cannot .
 MADE_UP_PROPOSAL: Final = "p" * 12
 
 
+#: the byte of ``-shm`` that SQLite's unix VFS keeps read-locked while a process uses the shared-memory
+#: index (os_unix.c ``UNIX_SHM_DMS``); a process that can write-lock it rebuilds (truncates) the index
+SHM_DMS_BYTE: Final = 128
+_TRY_DMS: Final = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, int(sys.argv[2]))
+except OSError:
+    sys.exit(1)
+"""
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def index_free_for_another_process(db: Path) -> bool:
+    """Whether another process could take ``db``'s shared-memory index as unused and rebuild it."""
+    done = subprocess.run([sys.executable, "-c", _TRY_DMS, f"{db}-shm", str(SHM_DMS_BYTE)], timeout=60,
+                          check=False)
+    return done.returncode == 0
+
+
+def test_opening_the_store_again_in_a_process_keeps_its_locks(tmp_path: Path) -> None:
+    db = tmp_path / "home" / "state.db"
+    with SqliteStore(db) as first:
+        first.token_generation()
+        assert not index_free_for_another_process(db), "opening the store dropped this process's locks"
+        with SqliteStore(db) as second:  # the CLI and the server each do this; tests do it many times
+            second.token_generation()
+            assert not index_free_for_another_process(db), "opening the store dropped this process's locks"
+        first.token_generation()
 
 
 @dataclass(frozen=True)
