@@ -2,7 +2,8 @@
 
 It starts two simulated vCenters and one simulated ESXi host on loopback (``gateway.devsim``), writes a
 working configuration into a demo folder (``demo/`` at the repository root by default), makes a
-self-signed certificate, creates an admin token and a reader token, and runs ``gateway serve
+self-signed certificate, creates tokens (``TOKENS``: an agent's admin token and an agent's reader token
+for MCP clients, a person's approver token for the web page), and runs ``gateway serve
 --transport https --web`` on ``https://127.0.0.1:PORT``. It prints the tokens (once), the web page's
 address and client configuration to paste, then a line starting with ``Ready:``. Ctrl-C (or SIGTERM)
 stops the gateway and the simulators; nothing it started outlives it, not even a SIGKILL of the demo
@@ -44,12 +45,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from gateway.auth.local import os_person
 from gateway.auth.tokens import create_token
 from gateway.devsim import REPO, VCSIM_BIN, SimulatorProcess, start_simulator, write_targets
 from gateway.guard.audit import AuditSink
 from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs, open_private, write_private
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
+from gateway.vocabulary import Kind
 
 DEFAULT_PORT: Final = 8443
 MARKER: Final = ".gateway-demo"
@@ -103,12 +106,20 @@ roles:
     allow_write: []
     allow_destructive: []
     targets: "*"
-    approve: others
+    approve: any          # any proposal but the approver's own (nobody approves their own)
     audit: all
 """
 
-#: token name -> role, created on every run
-TOKENS: Final = {"demo-admin": "admin", "demo-reader": "reader"}
+#: token name -> (role, kind), created on every run: MCP clients get agents' tokens, which can never
+#: approve (not even through the page: it signs in people only); the page gets a person's token
+TOKENS: Final[Mapping[str, tuple[str, Kind]]] = {
+    "demo-admin": ("admin", Kind.AGENT),
+    "demo-reader": ("reader", Kind.AGENT),
+    "demo-person": ("approver", Kind.PERSON),
+}
+#: what each kind of demo token is for, in the banner
+_USES: Final = {Kind.AGENT: "an agent's, for MCP clients: it cannot approve",
+                Kind.PERSON: "a person's, to sign in to the web page and approve"}
 
 
 @dataclass(frozen=True)
@@ -250,11 +261,13 @@ def create_tokens(files: DemoFiles) -> dict[str, str]:
     """One token per ``TOKENS`` entry (plaintext returned, only hashes stored), each audited."""
     make_private_dirs(files.home)
     tokens: dict[str, str] = {}
+    by = os_person()  # whoever runs the demo, as ``gateway token create`` names them
     with SqliteStore(files.home / "state.db") as store, AuditSink(files.audit_log) as audit:
-        for name, role in TOKENS.items():
-            token, record = create_token(store, name, role, expires_in=None, now=time.time())
-            audit.write({"phase": "token_created", "caller": "demo", "surface": "cli", "token_name": name,
-                         "token_id": record.token_id, "role": role, "expires_at": None})
+        for name, (role, kind) in TOKENS.items():
+            token, record = create_token(store, name, role, expires_in=None, now=time.time(), kind=kind)
+            audit.write({"phase": "token_created", "caller": by.name, "kind": by.kind.value, "surface": "cli",
+                         "token_name": name, "token_id": record.token_id, "role": role,
+                         "token_kind": kind.value, "expires_at": None})
             tokens[name] = token
     return tokens
 
@@ -410,11 +423,12 @@ def banner(files: DemoFiles, sims: Mapping[str, SimulatorProcess], tokens: Mappi
     out = ["", "vSphere MCP Gateway demo", "", "Simulated targets (loopback):"]
     out += [f"  {name:<7} {kinds.get(sim.model, sim.model):<10} {sim.url}" for name, sim in sims.items()]
     out += ["", "Tokens (shown only now; only their hashes are stored):"]
-    out += [f"  {name} ({TOKENS[name]}): {token}" for name, token in tokens.items()]
+    out += [f"  {name} ({role}): {tokens[name]}  ({_USES[kind]})" for name, (role, kind) in TOKENS.items()
+            if name in tokens]
     out += ["", f"MCP endpoint:  {base}/mcp"]
     if web:
-        out += [f"Web page:      {base}/ui  (log in with the admin token; proposals on vc-2 wait for "
-                "approval there)"]
+        out += [f"Web page:      {base}/ui  (sign in with the demo-person token; proposals on vc-2 wait "
+                "for a person's approval there)"]
     else:
         out += ["Web page:      not part of this build yet (gateway.web.app is missing)"]
     out += [
@@ -427,8 +441,10 @@ def banner(files: DemoFiles, sims: Mapping[str, SimulatorProcess], tokens: Mappi
         f"  NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} \\",
         f"  npx -y {INSPECTOR} --cli {base}/mcp --transport http \\",
         f"    --header 'Authorization: Bearer {tokens['demo-admin']}' --method tools/list",
-        "", "More tokens, e.g. for the custom role lab-operator:",
-        f"  (set -a; . {files.env_file}; {gateway_command()} token create alice --role lab-operator)",
+        "", "More tokens, e.g. an agent's for the custom role lab-operator, or a person's to approve:",
+        f"  (set -a; . {files.env_file}; {gateway_command()} token create ci --role lab-operator)",
+        f"  (set -a; . {files.env_file}; {gateway_command()} token create alice --role approver "
+        "--kind person)",
         "",
     ]
     return "\n".join(out)

@@ -1,11 +1,12 @@
 """The process's log output: plain text for people, or one JSON object per line for log pipelines.
 
 ``configure_logging(format, level)`` installs one handler on the root logger (stderr by default, so
-the stdio transport keeps stdout for the protocol). Both formats pass every line through the audit
-log's ``redact_text``, so a token, password or private key that slipped into a message or a traceback
-is masked before it is written. A JSON line carries ``ts`` (UTC, ISO 8601, milliseconds), ``level``,
-``logger`` and ``message``, then any ``extra=`` fields of the call (redacted like audit rows: values
-under credential-like keys become ``"***"``), and ``exc`` with the traceback when there is one.
+the stdio transport keeps stdout for the protocol). Both formats pass every line through
+``gateway.guard.redact.redact_text``, so a token, password or private key that slipped into a message
+or a traceback is masked before it is written. A JSON line carries ``ts`` (UTC, ISO 8601,
+milliseconds), ``level``, ``logger`` and ``message``, then any ``extra=`` fields of the call (redacted
+like audit rows: values under credential-like keys become ``"***"``), and ``exc`` with the traceback
+when there is one.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
 from gateway.errors import ConfigError
-from gateway.guard.audit import redact, redact_text
+from gateway.guard.redact import redact, redact_text
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: the HTTP client's loggers: their INFO and DEBUG lines quote request URLs, and a webhook URL kept in
+#: the environment holds its secret in its path or query, so they only ever log warnings and worse
+QUIET_LOGGERS: Final = ("httpx2", "httpcore2", "httpx", "httpcore")
 
 #: attributes every LogRecord has; anything else on a record came from ``extra=``
 _RECORD_ATTRS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
@@ -94,7 +98,8 @@ def configure_logging(format: str = "text", level: str | None = "INFO", stream: 
     """Send every log record at ``level`` or above to ``stream`` (stderr) in ``format`` (text or json);
     ``level=None`` logs nothing at all.
 
-    Replaces the root logger's handlers, so calling it again switches format. Raises ``ConfigError``
+    Replaces the root logger's handlers, so calling it again switches format. The HTTP client's
+    loggers (``QUIET_LOGGERS``) are held at WARNING whatever ``level`` says. Raises ``ConfigError``
     for an unknown format or level (before changing anything).
     """
     factory = FORMATTERS.get(format.strip().lower())
@@ -110,3 +115,5 @@ def configure_logging(format: str = "text", level: str | None = "INFO", stream: 
         old.close()
     root.addHandler(handler)
     root.setLevel(number)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(number, logging.WARNING))

@@ -35,7 +35,8 @@ any thread; it only builds the message and queues it. A background task on the s
 posts it; 2xx is delivered, a network error, 408, 429 or 5xx is retried with exponential backoff, any
 other answer is final. Every failed attempt is an audit row (``phase: notification_failed``; never the
 URL, which may hold a secret). Secrets (the HMAC key, URLs from ``url_env``) never reach a log, an
-audit row or an error message.
+audit row or an error message: the HTTP client's own loggers are held at WARNING (``gateway.logs``)
+and every log line is redacted, webhook URLs included. Bodies carry only redacted, bounded text.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import httpx2
 
 from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
+from gateway.guard.redact import shown
 from gateway.store.base import Proposal
 
 log = logging.getLogger(__name__)
@@ -305,15 +307,17 @@ def _iso(ts: float | None) -> str | None:
 
 
 def proposal_facts(p: Proposal) -> dict[str, Any]:
-    """What a notification says about a proposal: never its token, token hash or arguments."""
+    """What a notification says about a proposal: never its token, token hash or arguments; redacted
+    and bounded as every text leaving the process is (``gateway.guard.redact.shown``)."""
     error = p.error or {}
-    return {
+    facts: dict[str, Any] = shown({
         "proposal_id": p.id, "state": p.state, "target": p.target, "target_host": p.target_host,
         "tool": p.tool, "summary": p.plan_summary, "affected": p.affected, "requested_by": p.caller,
         "requires_human_approval": p.require_web_approval, "created_at": _iso(p.created_at),
         "expires_at": _iso(p.expires_at), "decided_by": p.approved_by, "outcome": p.outcome,
         "error_code": error.get("code") if isinstance(error, dict) else None,
-    }
+    })
+    return facts
 
 
 _TITLES: Final = {

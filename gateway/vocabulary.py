@@ -22,6 +22,15 @@ class Category(StrEnum):
     DESTRUCTIVE = "destructive"
 
 
+class Kind(StrEnum):
+    """Who a principal is. Only a person approves or denies a proposal (and never their own); an agent
+    calls tools. Tokens are agents' unless created ``--kind person``; the OS user running the CLI on
+    the host is a person, the stdio caller (a desktop user's agent session) an agent."""
+
+    PERSON = "person"
+    AGENT = "agent"
+
+
 class Risk(StrEnum):
     LOW = "low"
     MEDIUM = "medium"
@@ -50,14 +59,17 @@ class AffectedObject:
 
 @dataclass(frozen=True)
 class Precondition:
-    """A state of vSphere a change needs and does not have now (e.g. a powered-on VM to delete).
+    """A state of vSphere a change needs and does not have now (e.g. a powered-on VM to delete), or an
+    argument that names nothing on the VM (a disk or snapshot it does not have).
 
     Plan functions record these instead of raising, so the pipeline answers them only after the
-    call was authorized: a denied caller never hears about power state. ``details`` are JSON-able.
+    call was authorized: a denied caller never hears about power state, disks or snapshots.
+    ``details`` are JSON-able; ``code`` is the wire code of the error it is answered as.
     """
 
     message: str
     details: Mapping[str, Any] = field(default_factory=dict)
+    code: str = "invalid_state"
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,43 @@ async def mcp_client(
         yield client
 
 
+def build_gateway(
+    tmp: Path,
+    sim: Any,
+    rules: Mapping[str, Any] | None = None,
+    *,
+    database_url: str | None = None,
+    target: Mapping[str, Any] | None = None,
+    **settings: Any,
+) -> Any:
+    """A gateway over ``sim`` (target ``vc1``) built as ``gateway serve`` builds it, its home ``tmp``:
+    the file audit and SQLite, or PostgreSQL for both with ``database_url``; destructive tools on;
+    ``rules`` (default: everything allowed) written to rules.yaml; ``target`` overrides keys of vc1's
+    targets.yaml entry (a relay's port, say)."""
+    from dataclasses import replace
+
+    import yaml
+
+    from gateway.devsim import write_targets
+    from gateway.server.pipeline import Gateway
+    from gateway.settings import Settings
+
+    env = write_targets(tmp / "targets.yaml", {"vc1": sim}, {"vc1": dict(target or {})})
+    allow = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow"}}
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(dict(rules if rules is not None else allow)))
+    if database_url is not None:
+        env["GATEWAY_DATABASE_URL"] = database_url
+    base = Settings.from_env({"GATEWAY_HOME": str(tmp), **env})
+    return Gateway.build(replace(base, **{"enable_destructive": True, **settings}))
+
+
+def audit_rows(gateway: Any) -> list[dict[str, Any]]:
+    """Every audit row the gateway's engine holds (the file or the PostgreSQL table), oldest first."""
+    from gateway.store.audit_read import open_audit_reader
+
+    return list(open_audit_reader(gateway.settings, gateway.store).rows())
+
+
 # ---------------------------------------------------------------------------- gateway serve: the real command
 
 

@@ -8,7 +8,9 @@ directly, so tests can check what the gateway did without going through the gate
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -145,3 +147,55 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"condition not met within {timeout}s: {what or condition!r}")
         time.sleep(interval)
+
+
+class CountingRelay:
+    """A TCP relay in front of a simulator that counts what reaches it: ``connections`` accepted and
+    ``bytes_sent`` from the client towards vSphere. Point a target's ``port`` at ``relay.port``; a
+    gateway that sends nothing to vSphere leaves both at 0 (the bytes are TLS, so they are counted,
+    not read). ``close()`` stops it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.connections = 0
+        self.bytes_sent = 0
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="counting-relay", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            with self._lock:
+                self.connections += 1
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if counted:
+                    with self._lock:
+                        self.bytes_sent += len(data)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+        with self._lock:
+            for s in self._sockets:
+                s.close()

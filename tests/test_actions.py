@@ -23,6 +23,7 @@ from simulator import Simulator, find_vm, pyvmomi_connect, read_properties, wait
 
 from gateway import errors
 from gateway.config import Credentials, Target
+from gateway.guard.decision import Verdict
 from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
 from gateway.tools.spec import Plan, ToolSpec
 from gateway.tools.write import CLONE, POWER_OFF, POWER_ON
@@ -70,11 +71,13 @@ class Rig:
         return self.run(lambda s: plan_fn(s, valid))  # type: ignore[no-any-return]
 
     def plan_checked(self, spec: ToolSpec, **args: Any) -> Plan:
-        """Plan, then raise the first state precondition the plan records (``Plan.unmet``) as the
-        ``InvalidState`` the pipeline answers once the call is authorized."""
+        """Plan, then raise the first precondition the plan records (``Plan.unmet``: a state, or an
+        argument naming nothing the VM has) as the error the pipeline answers once the call is
+        authorized (``InvalidState``, ``InvalidArgument``, ``Ambiguous``)."""
         plan = self.plan(spec, **args)
         if plan.unmet:
-            raise errors.InvalidState(plan.unmet[0].message, **plan.unmet[0].details)
+            first = plan.unmet[0]
+            Verdict(False, first.message, "state", first.code, details=dict(first.details)).raise_if_refused()
         return plan
 
     def execute(self, spec: ToolSpec, plan: Plan, *, auto_snapshot: bool = False) -> dict[str, Any]:
@@ -415,7 +418,7 @@ def test_clone_names_are_escaped_as_vsphere_escapes_them(rig: Rig, name: str, st
     assert result["clone"]["name"] == stored
     assert stored in rig.vm_names()
     with pytest.raises(errors.InvalidArgument, match="already exists"):
-        rig.plan(CLONE, vm=CLUSTER_VM, name=name)  # the same name again is taken, however it is spelt
+        rig.plan_checked(CLONE, vm=CLUSTER_VM, name=name)  # the same name again is taken, however it is spelt
 
 
 @pytest.mark.parametrize(("name", "stored"), [

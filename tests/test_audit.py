@@ -23,24 +23,21 @@ import gateway
 from gateway.errors import AuditUnavailable
 from gateway.guard.audit import (
     GENESIS,
-    MASK,
     REPAIRED_PHASE,
     ROTATED_PHASE,
     AuditSink,
     VerifyReport,
     canonical_json,
     checkpoint_path,
-    is_secret_key,
     load_or_create_signing_key,
     log_files,
     public_key_text,
     read_rows,
-    redact,
-    redact_text,
     row_hash,
     stats,
     verify,
 )
+from gateway.guard.redact import MASK, is_secret_key, redact, redact_text
 
 REPO = Path(gateway.__file__).resolve().parents[1]
 T0 = datetime(2026, 3, 28, 12, 0, tzinfo=UTC)

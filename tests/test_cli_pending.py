@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import json
 import subprocess
 import sys
 import time
@@ -61,6 +63,33 @@ def test_pending_list_all_shows_decided_proposals_as_decided(
         assert "BLOCKED" not in lines[pid] and "expires in" not in lines[pid], lines[pid]
         assert f"decided by {who}" in lines[pid], lines[pid]
     assert "outcome ok" in lines["p-done"]
+
+
+def test_the_os_user_cannot_approve_or_deny_its_own_proposal(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gateway pending`` acts as the person ``os:<user>``: a proposal made as that same principal is
+    refused (audited with its reason code) and stays pending; the listing still shows it (it is theirs)."""
+    monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "1")  # delete_vm is served, so only the decision refuses
+    me = f"os:{getpass.getuser()}"
+    with SqliteStore(home / "state.db") as store:
+        store.add_proposal(proposal("p-mine", "pending", caller=me))
+    capsys.readouterr()
+    assert main(["pending", "approve", "p-mine", "--home", str(home)]) == 1
+    approving = capsys.readouterr().err
+    assert main(["pending", "deny", "p-mine", "--home", str(home)]) == 1
+    denying = capsys.readouterr().err
+    for err in (approving, denying):
+        assert "forbidden" in err and "their own proposal" in err, err
+    with SqliteStore(home / "state.db") as store:
+        mine = store.get_proposal("p-mine")
+    assert mine is not None and mine.state == "pending"
+    rows = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+    refused = [(r["caller"], r["kind"], r["via"], r["reason_code"]) for r in rows
+               if r.get("proposal_id") == "p-mine" and r.get("phase") == "denied"]
+    assert refused == [(me, "person", "approve", "own_proposal"), (me, "person", "deny", "own_proposal")]
+    assert main(["pending", "list", "--home", str(home)]) == 0
+    assert "p-mine" in capsys.readouterr().out
 
 
 def help_of(*argv: str) -> str:

@@ -68,7 +68,8 @@ def test_create_prints_only_the_token_and_it_verifies(home: Path, capsys: pytest
     assert rec.expires_at - rec.created_at == 30 * 86400
     (row,) = audit_rows(home)
     assert row["phase"] == "token_created" and row["surface"] == "cli"
-    assert str(row["caller"]).startswith("cli:") and row["token_name"] == "ci" and row["role"] == "reader"
+    assert str(row["caller"]).startswith("os:") and row["kind"] == "person"
+    assert (row["token_name"], row["role"], row["token_kind"]) == ("ci", "reader", "agent")
     secret = out.strip()[17:]  # after "gwt_<id>_"
     assert secret not in (home / "audit.jsonl").read_text()
 
@@ -152,6 +153,32 @@ def test_set_role(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (rows[-1]["role"], rows[-1]["old_role"]) == ("admin", "reader")
     run(home, "token", "revoke", "ci")
     assert run(home, "token", "set-role", "ci", "reader") == 1
+
+
+def test_tokens_are_agents_unless_made_a_persons(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    agent = create(home, capsys, "bot", "admin").strip()
+    person = create(home, capsys, "alice", "admin", "--kind", "person").strip()
+    assert run(home, "token", "list") == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["name", "kind", "role"]
+    assert [line.split()[:3] for line in lines] == [["alice", "person", "admin"], ["bot", "agent", "admin"]]
+    with SqliteStore(home / "state.db") as store:
+        verifier = TokenAuthenticator(store)
+        assert verifier.verify(agent).kind == "agent"  # type: ignore[union-attr]
+        assert verifier.verify(person).kind == "person"  # type: ignore[union-attr]
+        assert run(home, "token", "set-kind", "bot", "person") == 0
+        assert verifier.verify(agent).kind == "person"  # type: ignore[union-attr]
+        assert run(home, "token", "set-kind", "bot", "agent") == 0
+        again = verifier.verify(agent)
+        assert again is not None and again.kind == "agent", "a kind change applies from the next request"
+    assert "now of kind agent (was person)" in capsys.readouterr().out
+    changes = [r for r in audit_rows(home) if r["phase"] == "token_kind_changed"]
+    assert [(r["token_name"], r["token_kind"], r["old_kind"], r["kind"]) for r in changes] == [
+        ("bot", "person", "agent", "person"), ("bot", "agent", "person", "person")]
+    with pytest.raises(SystemExit):
+        run(home, "token", "create", "x", "--role", "admin", "--kind", "robot")
+    assert "invalid choice: 'robot'" in capsys.readouterr().err
+    assert run(home, "token", "set-kind", "ghost", "person") == 1
 
 
 def test_roles_check(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,9 +9,20 @@ from typing import Any
 import pytest
 
 from gateway.auth.roles import BUILTIN_ROLES, Role
-from gateway.guard.decision import Entry, Facts, Party, TokenState, authorize, token_state, tool_permitted
+from gateway.guard.decision import (
+    Entry,
+    Facts,
+    Party,
+    Proposed,
+    TokenState,
+    authorize,
+    authorize_resolved,
+    proposal_rights,
+    token_state,
+    tool_permitted,
+)
 from gateway.guard.policy import parse_policy_text
-from gateway.vocabulary import AffectedObject, Category, Precondition, Risk
+from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ADMIN = BUILTIN_ROLES["admin"]
@@ -42,6 +53,10 @@ STRICT = parse_policy_text("defaults: {destructive: deny}\n", "rules.yaml")
 
 def party(name: str = "agent", role: Role | None = ADMIN, token: TokenState = TokenState.USABLE) -> Party:
     return Party(name, token, role)
+
+
+def person(name: str = "alice", role: Role | None = ADMIN, token: TokenState = TokenState.USABLE) -> Party:
+    return Party(name, token, role, Kind.PERSON)
 
 
 def facts(entry: Entry = Entry.WRITE, **kw: Any) -> Facts:
@@ -88,7 +103,7 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
     ),
     (
         "revoked human approves",
-        facts(Entry.APPROVE, actor=party("alice", token=TokenState.REVOKED)),
+        facts(Entry.APPROVE, actor=person("alice", token=TokenState.REVOKED)),
         "forbidden",
         "token:revoked",
     ),
@@ -127,18 +142,24 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
     ),
     (
         "approve without the right",
-        facts(Entry.APPROVE, actor=party("bob", role=READER)),
-        "forbidden",
-        "approve:none",
+        facts(Entry.APPROVE, actor=person("bob", role=READER)),
+        "not_found",
+        "role:reader",
     ),
     (
         "approve own with others",
-        facts(Entry.APPROVE, actor=party("agent", role=OTHERS)),
+        facts(Entry.APPROVE, actor=person("agent", role=OTHERS)),
         "forbidden",
-        "approve:others",
+        "approve:own",
     ),
-    ("approve another's with others", facts(Entry.APPROVE, actor=party("bob", role=OTHERS)), None, None),
-    ("deny without the right", facts(Entry.DENY, actor=party("bob", role=READER)), "forbidden", None),
+    ("approve another's with others", facts(Entry.APPROVE, actor=person("bob", role=OTHERS)), None, None),
+    ("deny without the right", facts(Entry.DENY, actor=person("bob", role=READER)), "not_found", None),
+    ("admin agent approves", facts(Entry.APPROVE, actor=party("bot")), "forbidden", "kind:agent"),
+    ("admin agent approves its own", facts(Entry.APPROVE), "forbidden", "kind:agent"),
+    ("admin agent denies", facts(Entry.DENY, actor=party("bot")), "forbidden", "kind:agent"),
+    ("admin person approves own", facts(Entry.APPROVE, actor=person("agent")), "forbidden", "approve:own"),
+    ("admin person denies own", facts(Entry.DENY, actor=person("agent")), "forbidden", "approve:own"),
+    ("approve with no proposer", facts(Entry.APPROVE, actor=person(), owner=None), "not_found", None),
     # 2b. the proposer, now
     (
         "confirm after revoke",
@@ -148,25 +169,25 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
     ),
     (
         "approve after proposer revoked",
-        facts(Entry.APPROVE, actor=party("alice"), owner=party(token=TokenState.REVOKED)),
+        facts(Entry.APPROVE, actor=person("alice"), owner=party(token=TokenState.REVOKED)),
         "forbidden",
         "token:revoked",
     ),
     (
         "approve after proposer demoted",
-        facts(Entry.APPROVE, actor=party("alice"), owner=party(role=READER)),
+        facts(Entry.APPROVE, actor=person("alice"), owner=party(role=READER)),
         "forbidden",
         "role:reader",
     ),
     (
         "approve after proposer's role vanished",
-        facts(Entry.APPROVE, actor=party("alice"), owner=party(role=None)),
+        facts(Entry.APPROVE, actor=person("alice"), owner=party(role=None)),
         "forbidden",
         None,
     ),
     (
         "deny after proposer revoked",
-        facts(Entry.DENY, actor=party("alice"), owner=party(token=TokenState.REVOKED)),
+        facts(Entry.DENY, actor=person("alice"), owner=party(token=TokenState.REVOKED)),
         None,
         None,
     ),
@@ -182,7 +203,7 @@ CASES: list[tuple[str, Facts, str | None, str | None]] = [
     ("read under broken rules", facts(Entry.READ, **READ, **BROKEN), None, "policy:error"),
     ("write under broken rules", facts(**BROKEN), "policy_denied", "policy:error"),
     ("agent confirms a gated call", facts(Entry.CONFIRM, rules=GATED), "approval_required", None),
-    ("human approves a gated call", facts(Entry.APPROVE, actor=party("alice"), rules=GATED), None, None),
+    ("human approves a gated call", facts(Entry.APPROVE, actor=person("alice"), rules=GATED), None, None),
     ("confirm after rules turned strict", facts(Entry.CONFIRM, rules=STRICT), "policy_denied", None),
     ("cancel is never refused by policy", facts(Entry.CANCEL, rules=STRICT), None, None),
     (
@@ -273,3 +294,120 @@ def test_token_state_of_records() -> None:
     assert token_state(rec, 50.0) is TokenState.USABLE
     assert token_state(rec, 100.0) is TokenState.EXPIRED
     assert token_state(replace(rec, revoked=True), 50.0) is TokenState.REVOKED
+
+
+LAB_LEAD = Role("lab-lead", "read", frozenset(), frozenset(), ("lab-*",), "any")
+#: (case, viewer, proposer, target, sees, approve refusal's reason code (None: may), deny's)
+RIGHTS: list[tuple[str, Party, str, str, bool, str | None, str | None]] = [
+    ("a person with approve: any, another's proposal", person("alice"), "bot", "vc1", True, None, None),
+    ("a person with approve: any, their own proposal", person("alice"), "alice", "vc1", True,
+     "own_proposal", "own_proposal"),
+    ("a person with approve: others, their own proposal", person("olga", OTHERS), "olga", "vc1", True,
+     "own_proposal", "own_proposal"),
+    ("a person with approve: others, another's", person("olga", OTHERS), "bot", "vc1", True, None, None),
+    ("an admin agent, another's proposal", party("bot2"), "bot", "vc1", True, "not_a_person", "not_a_person"),
+    ("an admin agent, its own proposal", party("bot"), "bot", "vc1", True, "not_a_person", "not_a_person"),
+    ("a reader person, another's proposal", person("rita", READER), "bot", "vc1", False,
+     "not_visible", "not_visible"),
+    ("a reader person, their own proposal", person("rita", DELETER), "rita", "vc1", True,
+     "no_approve_right", "no_approve_right"),
+    ("an agent without the right, its own", party("bot", DELETER), "bot", "vc1", True,
+     "not_a_person", "not_a_person"),
+    ("an agent without the right, another's", party("bot", DELETER), "bot2", "vc1", False,
+     "not_visible", "not_visible"),
+    ("a person approver outside the target", person("lara", LAB_LEAD), "bot", "prod-1", False,
+     "not_visible", "not_visible"),
+    ("a person approver inside the target", person("lara", LAB_LEAD), "bot", "lab-1", True, None, None),
+    ("a proposer whose role lost the target", party("bot", LAB), "bot", "prod-1", False,
+     "not_visible", "not_visible"),
+    ("a person whose role is gone", person("gone", None), "bot", "vc1", False, "not_visible", "not_visible"),
+    ("the OS user, a proposal of its agent session", person("os:ann"), "stdio:ann", "vc1", True, None, None),
+    ("the OS user, its own proposal", person("os:ann"), "os:ann", "vc1", True,
+     "own_proposal", "own_proposal"),
+]
+
+
+@pytest.mark.parametrize(("viewer", "proposer", "target", "sees", "approve", "deny"), [c[1:] for c in RIGHTS],
+                         ids=[c[0] for c in RIGHTS])
+def test_proposal_rights(viewer: Party, proposer: str, target: str, sees: bool, approve: str | None,
+                         deny: str | None) -> None:
+    rights = proposal_rights(viewer, Proposed(proposer, target, "p1"))
+    assert rights.see is sees
+    for refusal, expected in ((rights.approve, approve), (rights.deny, deny)):
+        assert (refusal.details["reason_code"] if refusal is not None else None) == expected
+        assert refusal is None or (not refusal.allowed and refusal.code in ("forbidden", "not_found"))
+
+
+def test_authorize_asks_proposal_rights_for_approve_and_deny() -> None:
+    """The verdicts of approve and deny carry the rights' reason code to the error (and the audit row)."""
+    from gateway.errors import Forbidden
+
+    verdict = authorize(facts(Entry.APPROVE, actor=person("agent")))
+    with pytest.raises(Forbidden) as caught:
+        verdict.raise_if_refused()
+    assert caught.value.to_wire()["reason_code"] == "own_proposal"
+# ------------------------------------------------------------------ the order on a resolved call
+
+DB = AffectedObject("vm", "db-01", "vm-2")
+NO_DISK = (Precondition("disk: VM 'vcsa-01' has no disk 'Hard disk 9'; its disks: Hard disk 1 (key 2000)",
+                        {"field": "disk"}, "invalid_argument"),)
+TWO_SNAPSHOTS = (
+    Precondition("2 snapshots of VM 'web-01' are named 'a'", {"field": "snapshot"}, "ambiguous"),
+)
+BULK_DELETE = {"tool": "bulk_vm_action", "reaches": (("delete_vm", Category.DESTRUCTIVE),)}
+REACHED_DELETE = (("delete_vm", Category.DESTRUCTIVE, Risk.CRITICAL),)
+NOT_MALLORY = parse_policy_text(
+    "defaults: {destructive: allow}\n"
+    "rules: [{name: not-mallory, action: deny, match: {tools: [delete_vm], callers: [mallory]}}]\n",
+    "rules.yaml",
+)
+
+# (case, facts, reached tools, expected code (None: allowed), rule the verdict names)
+RESOLVED: list[tuple[str, Facts, tuple[tuple[str, Category, Risk], ...], str | None, str | None]] = [
+    ("allowed call, no preconditions", facts(), (), None, "defaults"),
+    ("protected object before a missing disk", facts(affected=(PROTECTED,), unmet=NO_DISK), (),
+     "policy_denied", "protected:appliances"),
+    ("missing disk once the policy allows", facts(unmet=NO_DISK), (), "invalid_argument", "state"),
+    ("ambiguous snapshot once the policy allows", facts(unmet=TWO_SNAPSHOTS), (), "ambiguous", "state"),
+    ("powered on once the policy allows", facts(unmet=POWERED_ON), (), "invalid_state", "state"),
+    ("role lacking the reached tool before the objects", facts(actor=party(role=BULKER), affected=(DB,),
+     unmet=POWERED_ON, **BULK_DELETE), REACHED_DELETE, "forbidden", "role:bulker"),
+    ("object as the reached tool before preconditions", facts(affected=(VM, DB), unmet=POWERED_ON,
+     **BULK_DELETE), REACHED_DELETE, "policy_denied", "rule:no-bulk-deletes-of-db"),
+    ("objects as the reached tool all allowed, then preconditions", facts(affected=(VM,), unmet=POWERED_ON,
+     **BULK_DELETE), REACHED_DELETE, "invalid_state", "state"),
+    ("at approval objects are judged as the proposer", facts(Entry.APPROVE, actor=person("alice"),
+     owner=party("mallory"), rules=NOT_MALLORY, **BULK_DELETE), REACHED_DELETE, "policy_denied",
+     "rule:not-mallory"),
+    ("the approver's own name does not matter", facts(Entry.APPROVE, actor=person("mallory"),
+     owner=party("bob"), rules=NOT_MALLORY, **BULK_DELETE), REACHED_DELETE, None, "defaults"),
+    ("proposal state before preconditions", facts(Entry.CONFIRM, proposal_problem=("confirmation_expired",
+     "this proposal expired"), unmet=NO_DISK), (), "confirmation_expired", "proposal:state"),
+]
+
+
+@pytest.mark.parametrize(
+    ("f", "reached", "code", "rule"), [c[1:] for c in RESOLVED], ids=[c[0] for c in RESOLVED]
+)
+def test_authorize_resolved_decides_call_then_objects_then_preconditions(
+    f: Facts, reached: tuple[tuple[str, Category, Risk], ...], code: str | None, rule: str | None
+) -> None:
+    verdict = authorize_resolved(f, reached)
+    assert verdict.code == code, verdict.reason
+    assert verdict.allowed is (code is None)
+    assert verdict.rule == rule, verdict.reason
+
+
+def test_a_denied_caller_never_hears_about_disks() -> None:
+    verdict = authorize_resolved(facts(affected=(PROTECTED,), unmet=NO_DISK))
+    assert "disk" not in verdict.reason.lower()
+
+
+def test_a_precondition_on_an_argument_raises_invalid_argument_naming_its_field() -> None:
+    from gateway.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as caught:
+        authorize_resolved(facts(unmet=NO_DISK)).raise_if_refused()
+    assert caught.value.details["field"] == "disk"
+    assert caught.value.message == NO_DISK[0].message
+    assert caught.value.details["decision"]["rule"] == "state"

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
@@ -133,6 +134,15 @@ async def call_over_https(demo_run: RunningDemo, token: str) -> tuple[list[str],
     return tools, answer_of(result)
 
 
+async def sign_in_to_the_page(demo_run: RunningDemo, token: str) -> tuple[int, dict[str, Any]]:
+    """POST the token to the page's sign-in as the page itself would: (status, answer)."""
+    origin = f"https://127.0.0.1:{demo_run.port}"
+    verify = ssl.create_default_context(cafile=str(demo_run.folder / "tls" / "cert.pem"))
+    async with httpx2.AsyncClient(base_url=origin, verify=verify, timeout=60) as http:
+        response = await http.post("/ui/api/sign-in", json={"token": token}, headers={"Origin": origin})
+    return response.status_code, response.json()
+
+
 async def call_over_stdio(demo_run: RunningDemo) -> dict[str, object]:
     """The desktop-client form the demo printed: its stdio.sh launcher."""
     launcher = str(demo_run.folder / "stdio.sh")
@@ -150,6 +160,10 @@ def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo
     tools, listing = anyio.run(call_over_https, running_demo, running_demo.token("demo-admin"))
     reader_tools, _ = anyio.run(call_over_https, running_demo, running_demo.token("demo-reader"))
     local = anyio.run(call_over_stdio, running_demo)
+    agent_at_page = anyio.run(sign_in_to_the_page, running_demo, running_demo.token("demo-admin"))
+    assert agent_at_page[0] == 403 and agent_at_page[1]["error"]["reason_code"] == "agent_token", \
+        "the MCP clients' admin token must not approve through the page"
+    person_at_page = anyio.run(sign_in_to_the_page, running_demo, running_demo.token("demo-person"))
 
     assert {"list_vms", "power_off_vm", "delete_vm", "confirm_action"} <= set(tools)
     assert "power_off_vm" not in reader_tools and "list_vms" in reader_tools
@@ -157,6 +171,9 @@ def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo
     assert all(name in text for name in ("vc-1", "vc-2", "esx-1", "DC0_C0_RP0_VM0", "ha-host_VM0"))
     assert "ha-host_VM0" in json.dumps(local)
     assert f"https://127.0.0.1:{running_demo.port}/ui" in running_demo.output
+    assert "sign in with the demo-person token" in running_demo.output
+    assert person_at_page[0] == 200 and (person_at_page[1]["kind"], person_at_page[1]["approve"]) == (
+        "person", "any")
     assert '"Authorization": "Bearer gwt_' in running_demo.output and "stdio.sh" in running_demo.output
     secrets = running_demo.folder / "gateway.env"
     assert secrets.stat().st_mode & 0o077 == 0 and "_PASSWORD=" in secrets.read_text()

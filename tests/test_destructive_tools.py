@@ -102,10 +102,10 @@ def test_delete_snapshot_refuses_an_ambiguous_or_unknown_name(rig: Rig) -> None:
     rig.take_snapshot(VM, "dup")
 
     with pytest.raises(errors.Ambiguous) as ambiguous:
-        rig.plan(DELETE_SNAPSHOT, vm=VM, snapshot="dup")
+        rig.plan_checked(DELETE_SNAPSHOT, vm=VM, snapshot="dup")
     assert first in ambiguous.value.details["candidates"]
     with pytest.raises(errors.InvalidArgument) as unknown:
-        rig.plan(DELETE_SNAPSHOT, vm=VM, snapshot="nope")
+        rig.plan_checked(DELETE_SNAPSHOT, vm=VM, snapshot="nope")
     assert unknown.value.details["field"] == "snapshot" and "dup" in unknown.value.message
 
 
@@ -253,7 +253,7 @@ def test_remove_disk_by_key_deleting_its_file_takes_no_safety_snapshot(rig: Rig)
 def test_remove_disk_refuses_an_unknown_disk_listing_the_real_ones(rig: Rig) -> None:
     (disk,) = _disks(rig, VM)
     with pytest.raises(errors.InvalidArgument) as caught:
-        rig.plan(REMOVE_DISK, vm=VM, disk="Hard disk 9")
+        rig.plan_checked(REMOVE_DISK, vm=VM, disk="Hard disk 9")
     assert caught.value.details["field"] == "disk" and disk.deviceInfo.label in caught.value.message
 
 

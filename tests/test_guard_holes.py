@@ -26,10 +26,11 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.server.pipeline import Gateway
+from gateway.vocabulary import Kind
 
 pytestmark = pytest.mark.anyio
 
-HUMAN = Principal(name="alice", role="admin", surface="web")
+HUMAN = Principal(name="alice", role="admin", surface="web", kind=Kind.PERSON)
 
 
 @pytest.fixture
@@ -235,7 +236,7 @@ async def test_gateway_token_revoke_cancels_the_tokens_proposals(
     p = gw.store.get_proposal(proposal["proposal_id"])
     assert p is not None and p.state == "cancelled"
     (row,) = env.rows(phase="token_revoked")
-    assert row["cancelled_proposals"] == [proposal["proposal_id"]] and row["caller"].startswith("cli:")
+    assert row["cancelled_proposals"] == [proposal["proposal_id"]] and row["caller"].startswith("os:")
 
 
 async def test_the_server_cancels_proposals_of_tokens_revoked_elsewhere(env: Env) -> None:

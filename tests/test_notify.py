@@ -330,7 +330,7 @@ async def test_a_denial_from_the_shell_is_told_too(
     argv = ["pending", "deny", proposal["proposal_id"], "--home", str(env.tmp)]
     assert await anyio.to_thread.run_sync(main, argv) == 0
     (denied,) = await wait_for(lambda: receiver.of("denied"), "denial from the CLI")
-    assert denied["valid"] and denied["body"]["proposal"]["decided_by"].startswith("cli:")
+    assert denied["valid"] and denied["body"]["proposal"]["decided_by"].startswith("os:")
 
 
 async def test_the_pipeline_reports_every_transition_to_its_listeners(

@@ -37,13 +37,14 @@ from gateway.errors import (
 from gateway.guard.audit import read_rows, verify
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
+from gateway.vocabulary import Kind
 
 pytestmark = pytest.mark.anyio
 
 ADMIN = Principal(name="agent-a", role="admin", surface="test")
 OTHER = Principal(name="agent-b", role="admin", surface="test")
 READER = Principal(name="watcher", role="reader", surface="test")
-HUMAN = Principal(name="alice", role="admin", surface="web")
+HUMAN = Principal(name="alice", role="admin", surface="web", kind=Kind.PERSON)
 VM0 = "DC0_C0_RP0_VM0"
 VM1 = "DC0_C0_RP0_VM1"
 PERMISSIVE = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow"}}
@@ -435,9 +436,13 @@ async def test_the_pending_command_is_a_human_approval_path(
     env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gateway.cli import main
+    from gateway.server.mcp import stdio_principal
 
     gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
-    proposal = await propose_delete(gw)
+    desktop = stdio_principal()  # the desktop user's agent session proposes; that user, a person, approves
+    proposal = await propose_delete(gw, who=desktop)
+    with pytest.raises(ApprovalRequired):
+        await gw.call(desktop, "confirm_action", {"token": proposal["token"]})
     for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim}).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "true")
@@ -449,16 +454,26 @@ async def test_the_pending_command_is_a_human_approval_path(
     assert await anyio.to_thread.run_sync(main, ["pending", "approve", proposal["proposal_id"], *home]) == 0
     assert not env.vm_exists(VM0)
     approved = env.rows(phase="approved")[-1]
-    assert approved["surface"] == "cli" and approved["caller"].startswith("cli:")
+    assert approved["surface"] == "cli" and approved["caller"].startswith("os:")
+    assert (approved["kind"], approved["requested_by"]) == ("person", desktop.name)
+    assert env.rows(phase="proposed")[-1]["kind"] == "agent"
 
 
 async def test_a_refused_human_approval_is_audited(env: Env) -> None:
     gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
     proposal = await propose_delete(gw)
-    with pytest.raises(Forbidden):
-        await gw.approve(proposal["proposal_id"], Principal(name="bob", role="reader", surface="web"))
+    with pytest.raises(NotFound):
+        await gw.approve(proposal["proposal_id"], Principal(name="bob", role="reader", surface="web",
+                                                            kind=Kind.PERSON))
     row = env.rows(phase="denied")[-1]
-    assert row["caller"] == "bob" and row["decision"]["rule"] == "approve:none"
+    assert (row["caller"], row["kind"], row["reason_code"]) == ("bob", "person", "not_visible")
+    for agent in (ADMIN, OTHER):  # the proposer itself, and another admin agent
+        with pytest.raises(Forbidden) as refused:
+            await gw.approve(proposal["proposal_id"], agent)
+        assert refused.value.details["reason_code"] == "not_a_person"
+        row = env.rows(phase="denied")[-1]
+        assert (row["caller"], row["kind"], row["via"], row["reason_code"], row["decision"]["rule"]) == (
+            agent.name, "agent", "approve", "not_a_person", "kind:agent")
     assert env.vm_exists(VM0)
 
 

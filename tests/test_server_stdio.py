@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -195,9 +196,27 @@ async def test_a_request_without_a_caller_is_refused(mode: str) -> None:
 
 
 def test_stdio_caller_is_the_local_user_as_admin() -> None:
+    """The desktop user's agent session: an admin agent, so it never approves (its proposals wait for a
+    person: ``os:<user>`` with ``gateway pending``, or someone on the page)."""
     principal = stdio_principal()
     assert principal.name.startswith("stdio:") and len(principal.name) > len("stdio:")
     assert (principal.role, principal.surface, principal.token_id) == ("admin", "stdio", None)
+    assert principal.kind == "agent"
+
+
+def test_stdio_with_web_refuses_to_start_and_names_the_fix(tmp_path: Path) -> None:
+    """``--web`` is never silently dropped: stdio serves no page, so it refuses, naming what to run."""
+    (tmp_path / "targets.yaml").write_text(
+        "targets: [{name: vc1, host: 127.0.0.1, port: 9, credential_env_prefix: VC1, insecure: true}]\n")
+    env = {"GATEWAY_HOME": str(tmp_path / "home"), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),
+           "VC1_USER": "u", "VC1_PASSWORD": "p", "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", GATEWAY_MAIN, "serve", "--transport", "stdio", "--web"],
+                          env=env, cwd=str(REPO), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "--web cannot be honoured" in done.stderr
+    assert "--transport https --web" in done.stderr and "gateway pending approve" in done.stderr
+    assert done.stdout == ""
 
 
 # ---------------------------------------------------------------------------- the real command

@@ -22,6 +22,7 @@ from postgres import PgServer, discard, open_store_at, start_postgres, wait_for
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
 from gateway.store import Proposal, SqliteStore, StateStore, TokenRecord, WebSessionRecord, new_id
 from gateway.store.postgres import PostgresStore
+from gateway.vocabulary import Kind
 
 ROOT = Path(__file__).resolve().parent.parent
 #: subprocesses import the package from this checkout whatever the working directory
@@ -165,6 +166,44 @@ def test_a_version_1_sqlite_file_is_migrated_and_keeps_its_rows(db: Path) -> Non
         assert s.schema_version() == MIGRATIONS[-1][0] > 1
         assert [t.name for t in s.list_tokens()] == ["old"]
         assert s.count_web_sessions() == 0
+
+
+def test_tokens_made_before_kinds_existed_become_agents_and_kinds_change(location: str, engine: str) -> None:
+    """A store at schema 3 (before token kinds) is migrated on open: its tokens are agents'; a kind then
+    changes like a role (bumping the generation) and only person or agent is stored."""
+    from gateway.store import postgres, sqlite
+    old = (sqlite.MIGRATIONS if engine == "sqlite" else postgres.MIGRATIONS)[:3]
+    row = "INSERT INTO tokens VALUES ('abc', 'old', 'admin', 'h', 1.0, NULL, NULL, {false})"
+    if engine == "sqlite":
+        Path(location).parent.mkdir(mode=0o700)
+        raw = sqlite3.connect(location, isolation_level=None)
+        for _, statements in old:
+            for statement in statements:
+                raw.execute(statement)
+        raw.execute("PRAGMA user_version=3")
+        raw.execute(row.format(false=0))
+        raw.close()
+    else:
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute("CREATE TABLE schema_version (one boolean PRIMARY KEY DEFAULT true CHECK (one), "
+                         "version integer NOT NULL)")
+            for _, statements in old:
+                for statement in statements:
+                    conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (one, version) VALUES (true, 3)")
+            conn.execute(row.format(false="false"))
+    with closing(open_store_at(location)) as s:
+        assert s.schema_version() == 4
+        (rec,) = s.list_tokens()
+        assert (rec.name, rec.role, rec.kind) == ("old", "admin", Kind.AGENT)
+        generation = s.token_generation()
+        assert s.update_token("old", kind=Kind.PERSON).kind is Kind.PERSON
+        assert s.token_by_name("old").kind is Kind.PERSON  # type: ignore[union-attr]
+        assert s.token_generation() == generation + 1
+        s.add_token(token("pat", kind=Kind.PERSON))
+        assert s.token_by_name("pat").kind is Kind.PERSON  # type: ignore[union-attr]
+        with pytest.raises(ValueError):
+            s.update_token("old", kind="robot")  # type: ignore[arg-type]
 
 
 def test_locked_database_is_state_unavailable_not_a_crash(db: Path) -> None:

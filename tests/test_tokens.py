@@ -384,3 +384,14 @@ def test_default_hasher_is_argon2id(store: StateStore) -> None:
     token, rec = create_token(store, "real", "admin", expires_in=None, now=0.0)
     assert rec.hash.startswith("$argon2id$")
     assert TokenAuthenticator(store).verify(token) == Principal("real", "admin", rec.token_id)
+
+
+def test_a_revoked_or_expired_token_is_refused_naming_its_id_and_why(
+    auth: TokenAuthenticator, store: StateStore, clock: Clock
+) -> None:
+    revoked = make(store, "ci")
+    store.update_token("ci", revoked=True)
+    expired = make(store, "old", expires_in=60, now=clock.now - 120)
+    for token, reason in ((revoked, "revoked"), (expired, "expired")):
+        verdict = anyio.run(auth.authenticate, token, "10.0.0.5")
+        assert (verdict.principal, verdict.reason, verdict.token_id) == (None, reason, parse_token_id(token))

@@ -27,11 +27,14 @@ from answers import answer_of
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from pyVim.connect import Disconnect
 from simulator import (
     Simulator,
     closed_port,
     credential_prefix,
     credentials_env,
+    find_vm,
+    pyvmomi_connect,
     start_simulator,
     target_entry,
     wait_until,
@@ -43,6 +46,7 @@ from gateway.server.edge import EdgeConfig
 from gateway.server.pipeline import Gateway
 from gateway.server.tls import CertificatePaths, create_certificate, server_context
 from gateway.settings import Settings
+from gateway.vocabulary import Kind
 from gateway.web.app import build_web_app
 from gateway.web.session import (
     SECURE_COOKIE,
@@ -90,7 +94,10 @@ targets:
     require_web_approval: true
 """
 #: token name -> role
-PEOPLE = {"agent": "agent", "alice": "admin", "rita": "reader", "olga": "lead", "lara": "lab-approver"}
+PEOPLE = {"agent": "agent", "alice": "admin", "rita": "reader", "olga": "lead", "lara": "lab-approver",
+          "adam": "admin"}
+#: the tokens of people (``--kind person``: they may sign in to the page); the others are agents'
+PERSONS = frozenset({"alice", "rita", "olga", "lara"})
 _unique = itertools.count(1)
 
 
@@ -165,7 +172,8 @@ def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
     offset = [0.0]
     gateway.clock = lambda: time.time() + offset[0]
     tokens = {name: create_token(gateway.store, name, role, expires_in=None, now=time.time(),
-                                 hasher=FAST_HASH)[0] for name, role in PEOPLE.items()}
+                                 hasher=FAST_HASH, kind=Kind.PERSON if name in PERSONS else Kind.AGENT)[0]
+              for name, role in PEOPLE.items()}
     cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
     config = EdgeConfig.for_https(["localhost"])
     app = build_app(gateway, config, web=build_web_app(gateway))
@@ -523,7 +531,8 @@ async def test_sign_out_ends_the_session_even_for_a_replayed_cookie(served: WebS
 async def test_revoking_the_token_or_changing_its_role_applies_to_the_session(served: WebServer) -> None:
     store = served.gateway.store
     for name in ("tess", "rob"):
-        token, _ = create_token(store, name, "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+        token, _ = create_token(store, name, "admin", expires_in=None, now=time.time(), hasher=FAST_HASH,
+                                kind=Kind.PERSON)
         served.tokens[name] = token
     async with signed_in(served, "tess") as (tess, _), signed_in(served, "rob") as (rob, _):
         assert (await tess.get("/ui/api/proposals")).status_code == 200
@@ -541,19 +550,21 @@ async def test_approving_needs_the_roles_approve_right(served: WebServer) -> Non
     by_olga = await propose_delete(served, "olga", "prod-vc", "DC0_H0_VM0")
     agent_confirm = await mcp_call(served, "agent", "confirm_action", {"token": by_agent["token"]})
     async with signed_in(served, "rita") as (rita, rita_csrf), signed_in(served, "olga") as (olga, olga_csrf):
-        seen_by_rita = (await listed(rita))[by_agent["proposal_id"]]
+        seen_by_rita = await listed(rita)
         reader = await decide(rita, served, rita_csrf, by_agent["proposal_id"], "approve")
         reader_deny = await decide(rita, served, rita_csrf, by_agent["proposal_id"], "deny")
         seen_by_olga = await listed(olga)
         own = await decide(olga, served, olga_csrf, by_olga["proposal_id"], "approve")
         others = await decide(olga, served, olga_csrf, by_agent["proposal_id"], "approve")
     assert agent_confirm[0] and agent_confirm[1]["error"]["code"] == "approval_required"
-    assert seen_by_rita["gated"] is True and seen_by_rita["can_decide"] is False
-    assert seen_by_rita["target_host"] == served.gateway.targets["prod-vc"].address
-    assert reader.status_code == 403 and reader_deny.status_code == 403
+    assert by_agent["proposal_id"] not in seen_by_rita, "a role that cannot decide sees only its own"
+    assert reader.status_code == 404 and reader_deny.status_code == 404
+    assert reader.json()["error"]["reason_code"] == "not_visible"
+    card = seen_by_olga[by_agent["proposal_id"]]
+    assert card["gated"] is True and card["target_host"] == served.gateway.targets["prod-vc"].address
     assert seen_by_olga[by_olga["proposal_id"]]["can_decide"] is False
     assert seen_by_olga[by_agent["proposal_id"]]["can_decide"] is True
-    assert own.status_code == 403 and own.json()["error"]["code"] == "forbidden"
+    assert own.status_code == 403 and own.json()["error"]["reason_code"] == "own_proposal"
     assert others.status_code == 200, others.text
     assert others.json()["result"]["state"] == "executed"
     assert "DC0_H0_VM0" not in served.sims["prod"].vm_names()
@@ -699,3 +710,89 @@ async def test_unknown_proposals_are_not_found(served: WebServer) -> None:
         unknown = await decide(client, served, csrf, "aaaaaaaaaaaa", "approve")
         malformed = await decide(client, served, csrf, "..%2Fetc", "deny")
     assert unknown.status_code == 404 and malformed.status_code == 404
+
+
+def vm_exists(sim: Simulator, name: str) -> bool:
+    """Whether ``name`` is still a VM of ``sim``, as pyVmomi sees it (not through the gateway)."""
+    si = pyvmomi_connect(sim)
+    try:
+        find_vm(si, name)
+        return True
+    except LookupError:
+        return False
+    finally:
+        Disconnect(si)
+
+
+def refusals_of(served: WebServer, proposal_id: str) -> list[dict[str, Any]]:
+    return [r for r in served.audit_rows() if r.get("proposal_id") == proposal_id
+            and r.get("phase") == "denied" and r.get("decision", {}).get("rule") != "human"]
+
+
+@pytest.mark.anyio
+async def test_an_admin_agent_cannot_approve_its_own_gated_delete_through_the_page(served: WebServer) -> None:
+    """The attack of issue 17: an agent holding an admin token proposes a gated delete_vm, is told a
+    human must approve it, then posts its own token to the page's sign-in (with the page's Origin) and
+    approves with the CSRF token of that answer. The sign-in is refused (agents never get a session),
+    the approval with it too, both audited, and the VM is still there."""
+    proposal = await propose_delete(served, "adam", "prod-vc", "DC0_H0_VM1")
+    pid = proposal["proposal_id"]
+    failed, confirmed = await mcp_call(served, "adam", "confirm_action", {"token": proposal["token"]})
+    assert failed and confirmed["error"]["code"] == "approval_required"
+    async with served.http() as client:
+        signing_in = await client.post("/ui/api/sign-in", json={"token": served.tokens["adam"]},
+                                       headers={"Origin": served.origin})
+        csrf = signing_in.json().get("csrf")
+        approving = await decide(client, served, csrf, pid, "approve")
+    assert vm_exists(served.sims["prod"], "DC0_H0_VM1"), "the agent's own approval deleted the VM"
+    assert served.proposal_state(pid) == "pending"
+    assert signing_in.status_code == 403, signing_in.text
+    error = signing_in.json()["error"]
+    assert (error["code"], error["reason_code"]) == ("forbidden", "agent_token")
+    assert "--kind person" in error["message"] and "set-cookie" not in signing_in.headers
+    assert approving.status_code == 401
+    refused = [r for r in served.audit_rows()
+               if r.get("phase") == "web_sign_in_refused" and r["caller"] == "adam"]
+    assert [(r["kind"], r["reason_code"], r["surface"]) for r in refused] == [("agent", "agent_token", "web")]
+
+
+@pytest.mark.anyio
+async def test_a_person_cannot_approve_or_deny_their_own_proposal(served: WebServer) -> None:
+    """``approve: any`` is any proposal but one's own: alice (admin, a person) proposes over MCP and
+    cannot approve it on the page; another person can."""
+    mine = await propose_delete(served, "alice", "prod-vc", "DC0_C0_RP0_VM0")
+    pid = mine["proposal_id"]
+    async with signed_in(served, "alice") as (client, csrf):
+        card = (await listed(client))[pid]
+        approving = await decide(client, served, csrf, pid, "approve")
+        denying = await decide(client, served, csrf, pid, "deny")
+    assert vm_exists(served.sims["prod"], "DC0_C0_RP0_VM0"), "alice approved her own delete"
+    assert approving.status_code == 403, approving.text
+    assert approving.json()["error"]["reason_code"] == "own_proposal"
+    assert denying.status_code == 403 and denying.json()["error"]["reason_code"] == "own_proposal"
+    assert (card["mine"], card["can_approve"], card["can_decide"]) == (True, False, False)
+    assert "their own proposal" in card["approve_note"]
+    assert served.proposal_state(pid) == "pending"
+    rows = refusals_of(served, pid)
+    assert [(r["caller"], r["kind"], r["via"], r["reason_code"]) for r in rows] == [
+        ("alice", "person", "approve", "own_proposal"), ("alice", "person", "deny", "own_proposal")]
+    async with signed_in(served, "olga") as (client, csrf):
+        assert (await decide(client, served, csrf, pid, "deny")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_session_ends_when_its_token_becomes_an_agents(served: WebServer) -> None:
+    store = served.gateway.store
+    token, _ = create_token(store, "paula", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH,
+                            kind=Kind.PERSON)
+    served.tokens["paula"] = token
+    proposal = await propose_delete(served, "agent", "prod-vc", "DC0_H0_VM1")
+    async with signed_in(served, "paula") as (client, csrf):
+        assert (await client.get("/ui/api/session")).json()["kind"] == "person"
+        store.update_token("paula", kind=Kind.AGENT)
+        approving = await decide(client, served, csrf, proposal["proposal_id"], "approve")
+        session = (await client.get("/ui/api/session")).json()
+    assert approving.status_code == 401 and "agent" in approving.json()["error"]["message"]
+    assert session["signed_in"] is False
+    assert vm_exists(served.sims["prod"], "DC0_H0_VM1")
+    assert served.proposal_state(proposal["proposal_id"]) == "pending"

@@ -282,18 +282,19 @@ def test_a_cancel_a_confirm_and_a_failure_appear_without_a_reload(
     shot(page, "07-cancelled-confirmed-failed")
 
 
-def test_a_reader_sees_proposals_but_cannot_approve(people: Callable[[], Watched], served: WebServer) -> None:
+def test_a_reader_sees_no_proposal_of_others_and_cannot_approve(
+    people: Callable[[], Watched], served: WebServer,
+) -> None:
+    """Who sees a proposal is the decision's ``proposal_rights``: its proposer, or someone who may decide
+    it; a reader is neither, so the agent's proposal is not on its page and a forced approval is 404."""
     proposal = run_async(propose_delete, served, "agent", "prod-vc", "DC0_H0_VM1")
     pid = proposal["proposal_id"]
     page = sign_in(people(), served, "rita")
-    card = pending_card(page, pid)
-    expect(card.locator(".target-name")).to_have_text("prod-vc")
-    expect(card.locator("button.approve")).to_be_disabled()
-    expect(card.locator("button.deny")).to_be_disabled()
-    expect(card.locator(".decide-note")).to_contain_text("your role may not approve")  # the decision's words
+    expect(page.locator("#pending-empty")).to_be_visible()
+    expect(pending_card(page, pid)).to_have_count(0)
     shot(page, "08-reader")
     status, error = forced_post(page, pid, "approve", csrf=True)
-    assert (status, error["code"]) == (403, "forbidden")
+    assert (status, error["code"], error["reason_code"]) == (404, "not_found", "not_visible")
     assert served.proposal_state(pid) == "pending"
 
 
@@ -304,11 +305,12 @@ def test_an_others_approver_cannot_approve_its_own_proposal(
     theirs = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
     page = sign_in(people(), served, "olga")
     expect(pending_card(page, own["proposal_id"]).locator("button.approve")).to_be_disabled()
-    expect(pending_card(page, own["proposal_id"]).locator(".decide-note")).to_contain_text("made by others")
+    own_card = pending_card(page, own["proposal_id"])
+    expect(own_card.locator(".decide-note")).to_contain_text("their own proposal")
     expect(pending_card(page, theirs["proposal_id"]).locator("button.approve")).to_be_enabled()
     shot(page, "09-others-approver")
     status, error = forced_post(page, own["proposal_id"], "approve", csrf=True)
-    assert (status, error["code"]) == (403, "forbidden")
+    assert (status, error["code"], error["reason_code"]) == (403, "forbidden", "own_proposal")
     assert served.proposal_state(own["proposal_id"]) == "pending"
 
 

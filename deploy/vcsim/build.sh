@@ -17,7 +17,7 @@ install_hint="install them with: apt-get install golang-go golang-github-vmware-
 up_to_date() {
     [ -x "$out" ] || return 1
     local src
-    for src in "$here"/*.go "$here/build.sh"; do
+    for src in "$here"/*.go "$here"/overlay/*.go "$here/build.sh"; do
         [ "$src" -nt "$out" ] && return 1
     done
     return 0
@@ -52,23 +52,66 @@ export GOPATH="$gopath" GO111MODULE=off GOFLAGS= GOPROXY=off
 export GOCACHE="${VCSIM_GOCACHE:-$here/bin/.cache}"
 tmp="$out.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
-# One change to govmomi's simulator, applied through a build overlay (Debian's sources stay untouched):
-# vSphere answers WaitForUpdatesEx with maxWaitSeconds=0 after one update calculation, at once; the
-# simulator makes that calculation only at its first 250 ms tick. The patched collector makes it at once.
-collector="$GOPATH/src/github.com/vmware/govmomi/simulator/property_collector.go"
+# govmomi's simulator is changed where it is not vCenter, through a build overlay (Debian's sources stay
+# untouched): copies of four of its files, patched with sed below (each patch checked, so a different
+# govmomi version stops the build with a message), plus the files in overlay/ added to its package.
+sim="$GOPATH/src/github.com/vmware/govmomi/simulator"
 overlay="$here/bin/.overlay"
 mkdir -p "$overlay"
-# ZeroWaitsAtOnce counts those calls (the control endpoint's /inflight reports it).
-sed -e 's|^\(\t*\)defer ticker.Stop()$|&\n\1tick := ticker.C\n\1if oneUpdate { // one calculation, at once (vcsim-gw build overlay)\n\1\tZeroWaitsAtOnce.Add(1)\n\1\tnow := make(chan time.Time, 1)\n\1\tnow <- time.Now()\n\1\ttick = now\n\1}|' \
+replace=()
+
+# patch_copy FILE EXPECTED SED-ARGS...: copy $sim/FILE to the overlay through sed; EXPECTED is "PATTERN=COUNT ..."
+# (grep -c of each fixed string in the result), checked so a patch that matched nothing fails the build.
+patch_copy() {
+    local file=$1 expected=$2 check pattern count
+    shift 2
+    sed "$@" "$sim/$file" >"$overlay/$file"
+    for check in $expected; do
+        pattern=${check%=*} count=${check##*=}
+        pattern=${pattern//@/ }
+        if [ "$(grep -cF -e "$pattern" "$overlay/$file")" != "$count" ]; then
+            echo "build.sh: $sim/$file is not the version the overlay expects (govmomi 0.24): '$pattern'" >&2
+            exit 1
+        fi
+    done
+    replace+=("$sim/$file" "$overlay/$file")
+}
+
+# property_collector.go:
+# - vSphere answers WaitForUpdatesEx with maxWaitSeconds=0 after one update calculation, at once; the
+#   simulator makes it at its first 250 ms tick. The patched collector makes it at once and counts those
+#   calls in ZeroWaitsAtOnce (the control endpoint's /inflight reports it).
+# - A collector listens for changes under a key of its own (overlay/listeners.go), registered before its
+#   first state is read; DestroyPropertyCollector stops it.
+patch_copy property_collector.go \
+    "tick@:=@ticker.C=1 case@<-tick:=1 sync/atomic=1 AddHandler(sessionListener(pc))=1 RemoveHandler(sessionListener(pc))=1 AddHandler(pc)=0" \
+    -e 's|^\(\t*\)defer ticker.Stop()$|&\n\1tick := ticker.C\n\1if oneUpdate { // one calculation, at once (vcsim-gw build overlay)\n\1\tZeroWaitsAtOnce.Add(1)\n\1\tnow := make(chan time.Time, 1)\n\1\tnow <- time.Now()\n\1\ttick = now\n\1}|' \
     -e 's|case <-ticker.C:|case <-tick:|' \
-    -e 's|^\t"sync"$|&\n\t"sync/atomic"|' "$collector" >"$overlay/property_collector.go"
+    -e 's|^\t"sync"$|&\n\t"sync/atomic"|' \
+    -e 's|^\(\t*\)apply() *// Collect current state$|\1ctx.Map.AddHandler(sessionListener(pc)) // vcsim-gw overlay: this collector, from now on\n&|' \
+    -e '/^\t*ctx.Map.AddHandler(pc) *\/\/ Listen for create, update, delete/d' \
+    -e 's|^\(\t*\)ctx.Map.Remove(c.This)$|&\n\1ctx.Map.RemoveHandler(sessionListener(pc)) // vcsim-gw overlay|'
 printf '\n// ZeroWaitsAtOnce counts WaitForUpdatesEx calls with maxWaitSeconds=0 (vcsim-gw build overlay).\nvar ZeroWaitsAtOnce atomic.Int64\n' \
     >>"$overlay/property_collector.go"
-if [ "$(grep -c -e '^\s*tick := ticker.C$' -e 'case <-tick:' -e '^\s"sync/atomic"$' "$overlay/property_collector.go")" != 3 ]; then
-    echo "build.sh: $collector is not the version the zero-wait patch expects (govmomi 0.24)" >&2
-    exit 1
-fi
-printf '{"Replace": {"%s": "%s"}}\n' "$collector" "$overlay/property_collector.go" >"$overlay/overlay.json"
+# Ending a session stops its collectors and views (overlay/listeners.go wraps the renamed function).
+patch_copy session_manager.go "delSessionDebian(id@string)=1" \
+    -e 's|^func (m \*SessionManager) delSession(id string) {$|func (m *SessionManager) delSessionDebian(id string) {|'
+# MoveIntoFolder moves in place and ReconfigVM reports what it changed (overlay/changes.go).
+patch_copy folder.go "moveIntoFolderTaskDebian(=1" \
+    -e 's|^func (f \*Folder) MoveIntoFolderTask(|func (f *Folder) moveIntoFolderTaskDebian(|'
+patch_copy virtual_machine.go "configureDebian(spec=1" \
+    -e 's|^func (vm \*VirtualMachine) configure(spec|func (vm *VirtualMachine) configureDebian(spec|'
+for added in "$here"/overlay/*.go; do
+    replace+=("$sim/vcsim_gw_${added##*/}" "$added")
+done
+{
+    printf '{"Replace": {'
+    for ((i = 0; i < ${#replace[@]}; i += 2)); do
+        [ "$i" = 0 ] || printf ', '
+        printf '"%s": "%s"' "${replace[i]}" "${replace[i + 1]}"
+    done
+    printf '}}\n'
+} >"$overlay/overlay.json"
 echo "building vcsim-gw (GOPATH=$GOPATH, go $(go env GOVERSION))"
 start=$(date +%s)
 (cd "$here" && go build -overlay "$overlay/overlay.json" -o "$tmp" .)

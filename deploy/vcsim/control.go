@@ -185,8 +185,12 @@ func describe(e mo.Entity) inventoryItem {
 }
 
 func (c *controller) inflight(_ []byte) (interface{}, error) {
-	// zero_waits_at_once: WaitForUpdatesEx calls with maxWaitSeconds=0 computed at once (build.sh's overlay)
-	return map[string]interface{}{"calls": c.gate.calls(), "zero_waits_at_once": simulator.ZeroWaitsAtOnce.Load()}, nil
+	// zero_waits_at_once: WaitForUpdatesEx calls with maxWaitSeconds=0 computed at once (build.sh's overlay);
+	// update_listeners: collectors receiving the simulator's changes (one per collector that waited)
+	return map[string]interface{}{
+		"calls": c.gate.calls(), "zero_waits_at_once": simulator.ZeroWaitsAtOnce.Load(),
+		"update_listeners": simulator.UpdateListeners(),
+	}, nil
 }
 
 func (c *controller) rules(_ []byte) (interface{}, error) {

@@ -1,10 +1,12 @@
 """Roles: which tools and targets a token may use, and whether it may approve proposals.
 
 Two roles are built in and cannot be redefined: ``reader`` (every read tool, every target, approves
-nothing) and ``admin`` (every tool, every target, approves any proposal). Custom roles come from
-``roles.yaml`` (see ``roles.example.yaml`` for the format and meaning of each key). Parsing is strict
-so that a mistake narrows instead of widening: every key is required, "all" is spelled ``"*"``,
-unknown keys are errors, and write and destructive tools are granted by name only.
+nothing) and ``admin`` (every tool, every target, approves any proposal but its own). The approve
+right is only half of an approval: ``guard.decision.proposal_rights`` also requires a person (never
+an agent's token) who did not make the proposal; ``approve: others`` is kept as a synonym of ``any``.
+Custom roles come from ``roles.yaml`` (see ``roles.example.yaml`` for the format and meaning of each
+key). Parsing is strict so that a mistake narrows instead of widening: every key is required, "all"
+is spelled ``"*"``, unknown keys are errors, and write and destructive tools are granted by name only.
 
 ``permits`` is the pure decision; ``RoleBook`` follows the file: it reloads when the content
 changes, and while the file is broken it serves the built-in roles only (custom roles are refused,

@@ -39,6 +39,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from gateway.errors import InvalidArgument, StateUnavailable
 from gateway.store.base import ID_LENGTH, StateStore, TokenRecord, new_id
+from gateway.vocabulary import Kind
 
 __all__ = [
     "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
@@ -64,12 +65,15 @@ STORE_SECONDS: Final = 5.0
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface."""
+    """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface,
+    and whether a person or an agent holds it (``kind``; for a token, the store's record at each
+    request is what decisions use, see ``Gateway.party``)."""
 
     name: str
     role: str
     token_id: str | None = None
     surface: str = "https"
+    kind: Kind = Kind.AGENT
 
 
 def parse_token_id(token: str) -> str | None:
@@ -89,11 +93,12 @@ def parse_expiry(text: str) -> float:
 
 def create_token(
     store: StateStore, name: str, role: str, *, expires_in: float | None, now: float,
-    hasher: PasswordHasher | None = None,
+    hasher: PasswordHasher | None = None, kind: Kind = Kind.AGENT,
 ) -> tuple[str, TokenRecord]:
     """Create and store a token; return its plaintext (shown once, never stored) and its record.
 
     ``role`` is stored as given: whether it is defined is the caller's check (``RoleBook.get``).
+    ``kind``: an agent's token (the default) or a person's (who may sign in to the page and approve).
     """
     if not _NAME_RE.fullmatch(name):
         raise InvalidArgument("name", f"{name!r} is not a token name; use 1-64 letters, digits, '.', '_', "
@@ -105,7 +110,8 @@ def create_token(
     token_id = new_id()
     token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
     rec = TokenRecord(token_id=token_id, name=name, role=role, hash=(hasher or PasswordHasher()).hash(token),
-                      created_at=now, expires_at=None if expires_in is None else now + expires_in)
+                      created_at=now, expires_at=None if expires_in is None else now + expires_in,
+                      kind=Kind(kind))
     store.add_token(rec)
     return token, rec
 
@@ -121,11 +127,13 @@ class _Candidate:
 @dataclass(frozen=True)
 class Verdict:
     """What ``authenticate`` found: the principal, or why not (``reason``: malformed, unknown_token,
-    invalid, throttled, busy) and, when throttled or busy, the seconds to wait."""
+    invalid, revoked, expired, throttled, busy) and, when throttled or busy, the seconds to wait;
+    ``token_id`` names the refused token when its id is a stored one (never its secret)."""
 
     principal: Principal | None
     reason: str = ""
     retry_after: float | None = None
+    token_id: str | None = None
 
 
 _Key = tuple[str, str | None]  # (client, token id); None: malformed tokens and unknown ids
@@ -265,10 +273,11 @@ class TokenAuthenticator:
         if record is None:
             return self._refuse((client, None), "unknown_token")
         if not record.usable(now):
-            return self._refuse((client, token_id), "invalid")
+            return self._refuse((client, token_id), "revoked" if record.revoked else "expired")
         if proven:
             self._touch(record, now)
-            return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id))
+            return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id,
+                                     kind=record.kind))
         wait = self._throttle_wait((client, token_id))
         if wait is not None:
             return Verdict(None, "throttled", wait)
@@ -280,7 +289,7 @@ class TokenAuthenticator:
         if wait is not None:
             return Verdict(None, "throttled", wait)
         self._fail(key)
-        return Verdict(None, reason)
+        return Verdict(None, reason, token_id=key[1])
 
     def _sync(self) -> None:
         """Reload the token records if any process changed a token since they were loaded.

@@ -1,15 +1,19 @@
-"""``gateway pending``: the human approval path from a shell (the web page offers the same)."""
+"""``gateway pending``: the human approval path from a shell (the web page offers the same).
+
+The shell user is a person, ``os:<user>`` (``gateway.auth.local.os_person``): the listing shows what
+``proposal_rights`` lets them see, and they approve or deny through the same decision as the page,
+so never a proposal of their own."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 from typing import Any
 
-from gateway.auth.tokens import Principal
+from gateway.auth.local import os_person
 from gateway.cli import add_path_flags, settings_from
+from gateway.guard.decision import Proposed, proposal_rights
 from gateway.server.pipeline import Gateway, proposal_view
 
 
@@ -32,11 +36,6 @@ def register(sub: Any) -> None:
         p.set_defaults(handler=fn)
 
 
-def _human() -> Principal:
-    # The shell user holds the gateway's credentials and state directory; it acts as admin.
-    return Principal(name=f"cli:{getpass.getuser()}", role="admin", surface="cli")
-
-
 def run_list(args: argparse.Namespace) -> int:
     gateway = Gateway.build(settings_from(args))
     states = None if args.all else ["pending"]
@@ -45,7 +44,9 @@ def run_list(args: argparse.Namespace) -> int:
         try:
             await gateway.start_notifier()  # proposals this listing expires are told like any other
             gateway.expire_due()
-            return [proposal_view(p, gateway.clock()) for p in gateway.store.list_proposals(states)]
+            viewer = gateway.party(os_person())
+            return [proposal_view(p, gateway.clock()) for p in gateway.store.list_proposals(states)
+                    if proposal_rights(viewer, Proposed.of(p)).see]
         finally:
             await gateway.close()
 
@@ -83,8 +84,8 @@ def _decide(args: argparse.Namespace, approve: bool) -> int:
         try:
             await gateway.start_notifier()  # humans hear of a decision made from a shell too
             if approve:
-                return await gateway.approve(args.proposal_id, _human())
-            return gateway.deny(args.proposal_id, _human())
+                return await gateway.approve(args.proposal_id, os_person())
+            return gateway.deny(args.proposal_id, os_person())
         finally:
             await gateway.close()
 

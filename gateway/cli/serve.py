@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from starlette.types import ASGIApp
@@ -152,10 +152,23 @@ def _build_gateway(settings: Settings) -> Gateway:
     return Gateway.build(settings)
 
 
+#: why stdio serves no page, and what to run instead (the page shares the same GATEWAY_HOME's proposals)
+STDIO_WEB: Final = (
+    "the approval page is served over HTTPS only, and stdio has no HTTPS listener, so --web cannot be "
+    "honoured here; start without --web and either run the page next to it on the same GATEWAY_HOME "
+    "(`gateway serve --transport https --web --cert CERT --key KEY --public-name localhost --port 8443`, "
+    "certificate from `gateway cert create --name localhost --out DIR`; it sees the stdio session's "
+    "proposals), or approve from a shell with `gateway pending list` and `gateway pending approve ID`")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.transport == "stdio" and args.web:
+        raise ConfigError(STDIO_WEB)
     host = check_network_args(args) if args.transport != "stdio" else ""
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     settings = settings_from(args, **switches(args))
+    if args.transport == "stdio" and settings.web_ui:
+        log.warning("GATEWAY_WEB_UI is set, but %s", STDIO_WEB)
     gateway = _build_gateway(settings)
     if args.transport == "stdio":
         anyio.run(lambda: serve_stdio(gateway, version=_version()))

@@ -1,17 +1,17 @@
-"""``gateway token``: create, list, revoke and re-role bearer tokens.
+"""``gateway token``: create, list, revoke, re-role and re-kind bearer tokens.
 
 ``create`` prints the token alone on stdout (``TOKEN=$(gateway token create ci --role reader)``); it
-is shown this once and only its hash is stored. Every change is an audit row; a change that cannot
-be audited is undone (a created token is revoked) and reported as an error. Running servers apply
-revocations and role changes from their next request.
+is shown this once and only its hash is stored. A token is an agent's unless created ``--kind
+person``: only a person's token signs in to the approval page and approves. Every change is an
+audit row naming the shell user (``os:<user>``, a person); a change that cannot be audited is undone
+(a created token is revoked) and reported as an error. Running servers apply revocations, role and
+kind changes from their next request.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,14 +19,18 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.auth.local import os_person
 from gateway.auth.roles import RoleBook
-from gateway.auth.tokens import Principal, create_token, parse_expiry
+from gateway.auth.tokens import create_token, parse_expiry
 from gateway.cli import add_path_flags, settings_from
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
 from gateway.guard.audit import AuditSink
 from gateway.settings import Settings
 from gateway.store import StateStore, open_store
 from gateway.store.base import TokenRecord
+from gateway.vocabulary import Kind
+
+KINDS = tuple(k.value for k in Kind)
 
 
 def register(sub: Any) -> None:
@@ -37,8 +41,11 @@ def register(sub: Any) -> None:
     create.add_argument("--role", required=True, help="reader, admin, or a role from roles.yaml")
     create.add_argument("--expires-in", dest="expires_in",
                         help="lifetime such as 30d, 12h, 90m (default: never expires)")
+    create.add_argument("--kind", choices=KINDS, default=Kind.AGENT.value,
+                        help="agent (default): an MCP client's token; person: a human's, the only kind that "
+                             "signs in to the approval page and approves (never their own proposals)")
     create.set_defaults(handler=run_create)
-    listing = actions.add_parser("list", help="tokens with role, dates and state (never a secret)")
+    listing = actions.add_parser("list", help="tokens with kind, role, dates and state (never a secret)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     listing.set_defaults(handler=run_list)
     revoke = actions.add_parser("revoke", help="refuse a token from the next request on")
@@ -48,16 +55,13 @@ def register(sub: Any) -> None:
     set_role.add_argument("name")
     set_role.add_argument("role")
     set_role.set_defaults(handler=run_set_role)
-    for action in (create, listing, revoke, set_role):
+    set_kind = actions.add_parser("set-kind", help="make a token a person's or an agent's (applies from its "
+                                  "next request; the page's sessions of a token made an agent's end)")
+    set_kind.add_argument("name")
+    set_kind.add_argument("kind", choices=KINDS)
+    set_kind.set_defaults(handler=run_set_kind)
+    for action in (create, listing, revoke, set_role, set_kind):
         add_path_flags(action)
-
-
-def cli_caller() -> str:
-    """``cli:<os user>``: who made a change from a shell, for audit rows."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return f"cli:uid{os.getuid()}"
 
 
 @contextmanager
@@ -71,9 +75,11 @@ def _opened(args: argparse.Namespace) -> Iterator[tuple[Settings, StateStore]]:
 
 
 def _audit(settings: Settings, phase: str, rec: TokenRecord, **extra: Any) -> None:
+    by = os_person()
     with AuditSink.for_settings(settings) as sink:
-        sink.write({"phase": phase, "caller": cli_caller(), "surface": "cli", "token_name": rec.name,
-                    "token_id": rec.token_id, "role": rec.role, **extra})
+        sink.write({"phase": phase, "caller": by.name, "kind": by.kind.value, "surface": by.surface,
+                    "token_name": rec.name, "token_id": rec.token_id, "role": rec.role,
+                    "token_kind": rec.kind.value, **extra})
 
 
 def _require_role(settings: Settings, role: str) -> None:
@@ -89,14 +95,16 @@ def run_create(args: argparse.Namespace) -> int:
     expires_in = parse_expiry(args.expires_in) if args.expires_in else None
     with _opened(args) as (settings, store):
         _require_role(settings, args.role)
-        token, rec = create_token(store, args.name, args.role, expires_in=expires_in, now=time.time())
+        token, rec = create_token(store, args.name, args.role, expires_in=expires_in, now=time.time(),
+                                  kind=Kind(args.kind))
         try:
             _audit(settings, "token_created", rec, expires_at=rec.expires_at)
         except AuditUnavailable:
             store.update_token(rec.name, revoked=True)
             raise
     print(token)
-    print(f"created token {rec.name!r} with role {rec.role}; it is shown only this once", file=sys.stderr)
+    print(f"created {rec.kind.value} token {rec.name!r} with role {rec.role}; it is shown only this once",
+          file=sys.stderr)
     return 0
 
 
@@ -107,12 +115,13 @@ def _when(stamp: float | None) -> str | None:
 def token_row(rec: TokenRecord, now: float) -> dict[str, Any]:
     """What ``list`` shows of a token: never its secret or hash."""
     state = "revoked" if rec.revoked else "expired" if rec.expired(now) else "active"
-    return {"name": rec.name, "role": rec.role, "token_id": rec.token_id, "created": _when(rec.created_at),
+    return {"name": rec.name, "kind": rec.kind.value, "role": rec.role, "token_id": rec.token_id,
+            "created": _when(rec.created_at),
             "expires": _when(rec.expires_at), "last_used": _when(rec.last_used), "revoked": rec.revoked,
             "state": state}
 
 
-_COLUMNS = ("name", "role", "state", "created", "expires", "last_used")
+_COLUMNS = ("name", "kind", "role", "state", "created", "expires", "last_used")
 
 
 def _print_table(rows: Sequence[Mapping[str, Any]]) -> None:
@@ -173,7 +182,7 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
         _audit(settings, "token_revoked", rec)
         return []
     try:
-        return gateway.revoke_token(name, by=Principal(name=cli_caller(), role="admin", surface="cli"))
+        return gateway.revoke_token(name, by=os_person())
     finally:
         gateway.audit.close()  # first: its closing checkpoint may need the store's pool
         gateway.store.close()
@@ -193,4 +202,24 @@ def run_set_role(args: argparse.Namespace) -> int:
             store.update_token(args.name, role=before.role)
             raise
     print(f"token {rec.name!r} now has role {rec.role} (was {before.role}); applies from its next request")
+    return 0
+
+
+def run_set_kind(args: argparse.Namespace) -> int:
+    kind = Kind(args.kind)
+    with _opened(args) as (settings, store):
+        before = _existing(store, args.name)
+        if before.revoked:
+            raise InvalidArgument("name", f"token {args.name!r} is revoked; create a new token instead")
+        if before.kind is kind:
+            print(f"token {args.name!r} is already of kind {kind.value}")
+            return 0
+        rec = store.update_token(args.name, kind=kind)
+        try:
+            _audit(settings, "token_kind_changed", rec, old_kind=before.kind.value)
+        except AuditUnavailable:
+            store.update_token(args.name, kind=before.kind)
+            raise
+    print(f"token {rec.name!r} is now of kind {kind.value} (was {before.kind.value}); applies from its next "
+          "request")
     return 0

@@ -17,8 +17,9 @@ Contracts:
 - Several processes (server, CLI) may append to the same file at once: each append holds an
   exclusive ``flock`` on the sidecar ``<name>.lock`` (never renamed, so rotation cannot split the
   lock) and re-reads the tail when the file changed since this process last wrote.
-- Rows are bounded (``bounded``): long strings are cut to a prefix with their size and digest,
-  containers to ``MAX_ITEMS`` items and ``MAX_BOUNDED_DEPTH`` levels, so no caller can write a big row.
+- Rows are bounded (``gateway.guard.redact.bounded``): long strings are cut to a prefix with their
+  size and digest, containers to ``MAX_ITEMS`` items and ``MAX_BOUNDED_DEPTH`` levels, so no caller
+  can write a big row.
 - Rotation by size renames ``<name>`` to ``<name>.1`` (older files shift up) and starts the new file
   with an ``audit_rotated`` row continuing ``seq`` and ``prev``, so the chain verifies across files.
   Retention keeps ``keep`` files and ``max_total_bytes`` (and drops files older than
@@ -31,7 +32,7 @@ Contracts:
   alone cannot.
 - A torn last line (a write interrupted by a crash) is reported by ``verify`` as torn, not as
   tampering; the next append removes it and records an ``audit_repaired`` row with its digest.
-- Secrets never reach the file: ``redact`` masks values under credential-like keys and
+- Secrets never reach the file: ``gateway.guard.redact`` masks values under credential-like keys and
   credential-shaped text (well-known secret formats wherever they appear); correlation ids are never
   masked (unless one is a token of such a format); a ``result`` is stored only as ``result_digest`` +
   ``result_size``: SHA-256 and length of the answer text the caller was sent (``gateway.answer``).
@@ -42,21 +43,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import hashlib
 import json
 import logging
-import math
 import os
-import re
 import stat
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
-from enum import Enum
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,6 +63,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from gateway.answer import Answer, answer_bytes, encode_json
 from gateway.errors import AuditUnavailable
+from gateway.guard.redact import bounded
 from gateway.private_files import make_private_dirs, open_private
 
 log = logging.getLogger(__name__)
@@ -75,7 +73,6 @@ GENESIS = "0" * 64
 ROTATED_PHASE = "audit_rotated"
 #: phase of the row recording that a torn (crash-interrupted) last line was removed
 REPAIRED_PHASE = "audit_repaired"
-MASK = "***"
 #: fields the sink stamps; callers cannot set them
 STAMPED = ("ts", "seq", "prev", "hash")
 #: ``writable()`` wants at least this much free space on the log's filesystem
@@ -90,338 +87,6 @@ _STAT_NAMES = ("rows_written", "rotations", "files_dropped", "rows_dropped", "fi
                "checkpoints", "checkpoint_failures", "lock_timeouts")
 #: how long ``AuditSink.write`` waits for the log's lock (held by another writer) before giving up
 DEFAULT_LOCK_TIMEOUT = 5.0
-
-# ---------------------------------------------------------------------------------------------------
-# Redaction
-# ---------------------------------------------------------------------------------------------------
-
-_SECRET_KEY_FRAGMENTS = (
-    "password", "passwd", "passphrase", "pwd", "secret", "token", "api_key", "apikey", "authorization",
-    "cookie", "credential", "private_key", "privatekey", "access_key", "session_key", "soap_session",
-    "license_key", "licensekey", "encryption_key",
-)
-#: keys naming *about* a secret rather than holding one (``token_id``, ``secret_name``) stay readable
-_SAFE_KEY_SUFFIXES = ("_id", "_ids", "_name", "_names", "_count", "_at", "_kind", "_type", "_ttl",
-                      "_expires", "_role")
-_MAX_DEPTH = 32
-_KEY_SEPARATORS = re.compile(r"[\s.\-]")
-
-
-@functools.lru_cache(maxsize=4096)
-def is_secret_key(key: str) -> bool:
-    """True when a mapping key (or ``key=`` in text) names a credential; case-insensitive substrings."""
-    norm = _KEY_SEPARATORS.sub("_", key.lower())
-    if norm.endswith(_SAFE_KEY_SUFFIXES):
-        return False
-    return any(fragment in norm for fragment in _SECRET_KEY_FRAGMENTS)
-
-
-_GATEWAY_TOKEN = re.compile(r"\bgwt_[^\s\"'`,;)}\]]+")
-# Each pattern anchors its start with a look-behind so that scanning long runs of word characters stays
-# linear: without it a failed match is retried from every position of the run (quadratic: a 200 kB
-# argument would stall every append).
-_URL_USERINFO = re.compile(r"(?i)(?<![a-z0-9+.\-])([a-z][a-z0-9+.\-]*://[^/\s:@]+):[^/\s@]+@")
-# key=value, key: value, "key": "value", and the same inside JSON quoted once more (\"key\": \"v\")
-_KEY_VALUE = re.compile(
-    r"(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z0-9_.\-]+)(?P<sep>(?:\\?[\"'])?\s*[:=]\s*)"
-    r"(?P<scheme>(?:bearer|basic|digest|negotiate)\s+)?"
-    r"(?P<value>\\?\"[^\"]*\"|'[^']*'|[^\s\"',;&)}\]]+)",
-    re.IGNORECASE,
-)
-_QUOTE = re.compile(r"\\?[\"']")
-_PEM_PRIVATE_KEY = re.compile(
-    r"-----BEGIN (?P<kind>[A-Z ]*)PRIVATE KEY-----[^-]*(?:-----END [A-Z ]*PRIVATE KEY-----)?")
-_BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\*\*\*)[^\s\"',;]+")
-_OPAQUE_SECRET = re.compile(r"[A-Za-z0-9+/_\-]{32,}={0,2}")
-
-
-def _mask_gateway_token(match: re.Match[str]) -> str:
-    # gwt_<id>_<secret>: keep the id (it names the token), drop the rest.
-    parts = match.group(0).split("_", 2)
-    return f"gwt_{parts[1]}_{MASK}" if len(parts) == 3 and parts[1] else f"gwt_{MASK}"
-
-
-_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
-
-
-def _looks_opaque(value: str) -> bool:
-    """A long base64/hex run with letters and digits: a key, signature or secret, not prose (nor a UUID)."""
-    return (_OPAQUE_SECRET.fullmatch(value) is not None and any(c.isdigit() for c in value)
-            and any(c.isalpha() for c in value) and _UUID.fullmatch(value) is None)
-
-
-#: keys whose values are correlation (trace, request) ids: never masked, in text or in mappings
-_CORRELATION_KEYS = frozenset({
-    "cid", "correlation_id", "correlationid", "x_correlation_id", "request_id", "requestid",
-    "x_request_id", "trace_id", "traceid", "traceparent", "span_id",
-})
-
-
-@functools.lru_cache(maxsize=4096)
-def is_correlation_key(key: str) -> bool:
-    """True for keys (``correlation_id``, ``X-Request-ID``, ``cid``, ...) naming a correlation id."""
-    return _KEY_SEPARATORS.sub("_", key.lower()) in _CORRELATION_KEYS
-
-
-_CORRELATION_VALUE = re.compile(
-    r"(?i)(?<![A-Za-z0-9_.\-])(?:cid|x-request-id|x-correlation-id|correlation[_-]?id|request[_-]?id"
-    r"|trace[_-]?id|traceparent|span[_-]?id)\\?[\"']?\s*[:=]\s*\\?[\"']?(?P<value>[A-Za-z0-9._:\-]{1,256})")
-_CORRELATION_NEEDLES = ("cid", "request", "correlation", "trace", "span")
-
-
-def _mask_key_value(match: re.Match[str]) -> str:
-    key, sep, scheme, value = match.group("key", "sep", "scheme", "value")
-    quote = _QUOTE.match(value)
-    opening = quote.group(0) if quote else ""
-    bare = value.removeprefix(opening).removesuffix(opening[-1:]).removesuffix("\\")
-    opaque = "=" in sep and not is_correlation_key(key) and _looks_opaque(bare)
-    if not (is_secret_key(key) or opaque):
-        return match.group(0)
-    return f"{key}{sep}{scheme or ''}{opening}{MASK}{opening}"
-
-
-# Well-known secret formats, masked wherever they appear (no key name needed).
-_AWS_ACCESS_KEY = re.compile(
-    r"(?<![A-Za-z0-9])(AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}(?![A-Za-z0-9])")
-_AWS_SECRET_KEY = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
-_SSH_KEY = re.compile(
-    r"(?<![A-Za-z0-9\-])(ssh-rsa|ssh-dss|ssh-ed25519|ecdsa-sha2-nistp\d{3}|sk-ssh-ed25519@openssh\.com)"
-    r"(\s+)[A-Za-z0-9+/]{16,}={0,3}")
-_CONFIRMATION_TOKEN = re.compile(r"(?<![A-Za-z0-9_])gwc_[A-Za-z0-9_\-]+")
-_JWT = re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{6,}\.eyJ[A-Za-z0-9_\-]{6,}\.[A-Za-z0-9_\-]*")
-_GITHUB_TOKEN = re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")
-_SLACK_TOKEN = re.compile(r"(?<![A-Za-z0-9\-])xox[abposre]-[A-Za-z0-9\-]{10,}")
-_SLACK_WEBHOOK = re.compile(r"(?i)(https://hooks\.slack\.com/)[A-Za-z0-9/_\-]+")
-# "password is X", "root pw is X", "pw: X", "secret = X" (but not "password is required")
-_PASSWORD_PHRASE = re.compile(
-    r"(?i)(?<![A-Za-z0-9_])(password|passwd|passphrase|pw|pwd|secret)(\s+(?:is|was)\s+|\s*[:=]\s*)"
-    r"(?!\*\*\*)(?!(?:required|wrong|incorrect|invalid|missing|empty|not|too|expired|changed|set|unset"
-    r"|the|a|an|needed|correct|ok)\b)([^\s\"',;]+)")
-
-
-def _mask_aws_secret(match: re.Match[str]) -> str:
-    # 40 characters of base64 with upper case, lower case and a digit or / +: an AWS secret access key
-    # (a SHA-1 in hex has no upper case; names and paths carry other characters).
-    text = match.group(0)
-    mixed = (any(c.isupper() for c in text) and any(c.islower() for c in text)
-             and any(c.isdigit() or c in "/+" for c in text))
-    return MASK if mixed else text
-
-
-#: pattern, replacement, and the substrings (of the lower-cased text) without which it cannot match
-_TEXT_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str], tuple[str, ...]], ...] = (
-    (_GATEWAY_TOKEN, _mask_gateway_token, ("gwt_",)),
-    (_CONFIRMATION_TOKEN, f"gwc_{MASK}", ("gwc_",)),
-    (_SLACK_WEBHOOK, rf"\1{MASK}", ("hooks.slack.com",)),
-    (_URL_USERINFO, rf"\1:{MASK}@", ("://",)),
-    (_KEY_VALUE, _mask_key_value, (":", "=")),
-    (_BEARER, rf"\1{MASK}", ("bearer",)),
-    (_PEM_PRIVATE_KEY, rf"-----BEGIN \g<kind>PRIVATE KEY-----{MASK}-----END \g<kind>PRIVATE KEY-----",
-     ("private key",)),
-    (_SSH_KEY, rf"\1\2{MASK}", ("ssh-", "ecdsa-")),
-    (_JWT, MASK, ("eyj",)),
-    (_GITHUB_TOKEN, MASK, ("gh", "github_pat_")),
-    (_SLACK_TOKEN, MASK, ("xox",)),
-    (_PASSWORD_PHRASE, rf"\1\2{MASK}", ("pass", "pw", "secret")),
-)
-#: rules for shapes without a keyword to look for first; they run on any text this long
-_SHAPE_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
-    (_AWS_ACCESS_KEY, rf"\1{MASK}"),
-    (_AWS_SECRET_KEY, _mask_aws_secret),
-)
-_SHORTEST_SHAPE = 20
-
-
-def redact_text(text: str) -> str:
-    """Mask credential-shaped pieces of free text: ``password=...``, ``Bearer ...``, gateway tokens
-    ``gwt_<id>_<secret>`` (the id stays) and ``gwc_`` confirmation tokens, URL passwords, PEM private
-    keys, SSH keys, AWS access key ids and secret keys, JWTs, GitHub and Slack tokens, "password is X"
-    phrasing, long opaque values after ``key=``. Correlation ids (``cid=``, ``X-Request-ID:``,
-    ``correlation_id``) are never masked (see ``redact_correlation_id``). Linear in the length of
-    ``text``."""
-    if len(text) < 4:
-        return text
-    if not _mentions(text, _CORRELATION_NEEDLE, _CORRELATION_NEEDLES):
-        return _redact_piece(text)
-    pieces: list[str] = []
-    position = 0
-    for match in _CORRELATION_VALUE.finditer(text):
-        start, end = match.span("value")
-        pieces += [_redact_piece(text[position:start]), redact_correlation_id(text[start:end])]
-        position = end
-    pieces.append(_redact_piece(text[position:]))
-    return "".join(pieces)
-
-
-#: token formats unmistakable by their prefix: masked even where a correlation id is expected
-_PREFIXED_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
-    (_GATEWAY_TOKEN, _mask_gateway_token),
-    (_CONFIRMATION_TOKEN, f"gwc_{MASK}"),
-    (_AWS_ACCESS_KEY, rf"\1{MASK}"),
-    (_JWT, MASK),
-    (_GITHUB_TOKEN, MASK),
-    (_SLACK_TOKEN, MASK),
-)
-
-
-def redact_correlation_id(value: str) -> str:
-    """A correlation id as logged: never masked as an opaque value (ids look random), but a token
-    of a well-known format (``gwt_``, ``gwc_``, ``AKIA``, a JWT, GitHub, Slack) sent as one is."""
-    for pattern, replacement in _PREFIXED_RULES:
-        value = pattern.sub(replacement, value)
-    return value
-
-
-#: up to this length one regex search for any needle is fastest; beyond it, substring tests are
-_SHORT_TEXT = 2048
-_ALL_NEEDLES = tuple(needle for _, _, needles in _TEXT_RULES for needle in needles)
-_ANY_NEEDLE = re.compile("|".join(re.escape(n) for n in _ALL_NEEDLES), re.IGNORECASE)
-_CORRELATION_NEEDLE = re.compile("|".join(_CORRELATION_NEEDLES), re.IGNORECASE)
-
-
-def _mentions(text: str, pattern: re.Pattern[str], needles: tuple[str, ...]) -> bool:
-    """Whether ``text`` contains any of ``needles`` (case-insensitive), the cheapest way for its length:
-    a regex alternation is fast on short text but slow on long text, where substring tests win."""
-    if len(text) <= _SHORT_TEXT:
-        return pattern.search(text) is not None
-    lowered = text.lower()
-    return any(needle in lowered for needle in needles)
-
-
-def _redact_piece(text: str) -> str:
-    if _mentions(text, _ANY_NEEDLE, _ALL_NEEDLES):  # the common case (names, moids, states) skips this
-        lowered = text.lower()
-        for pattern, replacement, needles in _TEXT_RULES:
-            if any(needle in lowered for needle in needles):
-                text = pattern.sub(replacement, text)
-    if len(text) >= _SHORTEST_SHAPE:
-        for pattern, replacement in _SHAPE_RULES:
-            text = pattern.sub(replacement, text)
-    return text
-
-
-def redact(value: Any) -> Any:
-    """A JSON-native copy of ``value`` safe to log.
-
-    Values under credential-like keys (see ``is_secret_key``) become ``"***"`` whatever their shape
-    (``None`` and booleans stay: they carry no secret); every string is passed through
-    ``redact_text``. Keys become strings, tuples and sets lists, enums their values, datetimes ISO
-    text, non-finite floats text and anything else its (redacted) ``str()``.
-    """
-    return _Walk(None).value(value, 0)
-
-
-def bounded(value: Any) -> Any:
-    """``redact(value)`` bounded in size, as audit rows store values.
-
-    A string longer than ``MAX_STRING_CHARS`` (after redaction) becomes ``{"cut": <its first
-    CUT_KEEP_CHARS characters>, "size": <UTF-8 bytes>, "sha256": <hex digest of the redacted text>}``;
-    a list or mapping keeps its first ``MAX_ITEMS`` items and ends with ``{"more_items": n}`` (a list)
-    or a ``"more_items"`` key (a mapping); nesting deeper than ``MAX_BOUNDED_DEPTH`` becomes
-    ``"<nested too deep>"``; and once ``MAX_ROW_CHARS`` characters of text have been kept in one value,
-    every further string is cut to its size and digest alone. So no caller can make a row large.
-    """
-    return _Walk(_Budget(MAX_ROW_CHARS)).value(value, 0)
-
-
-#: audit rows keep strings up to this many characters whole
-MAX_STRING_CHARS = 1024
-#: of a longer string, this many leading characters are kept (with its size and digest)
-CUT_KEEP_CHARS = 96
-#: items kept of one list or mapping in an audit row
-MAX_ITEMS = 100
-#: nesting kept in an audit row (the row itself is level 0)
-MAX_BOUNDED_DEPTH = 12
-#: characters of text kept across one row, all strings together
-MAX_ROW_CHARS = 16 * 1024
-MORE_ITEMS = "more_items"
-_TOO_DEEP = "<nested too deep>"
-
-
-class _Budget:
-    """Characters of text one bounded value may still keep."""
-
-    def __init__(self, chars: int) -> None:
-        self.chars = chars
-
-    def text(self, text: str) -> Any:
-        if len(text) <= min(MAX_STRING_CHARS, self.chars):
-            self.chars -= len(text)
-            return text
-        keep = max(0, min(CUT_KEEP_CHARS, self.chars))
-        self.chars -= keep
-        data = text.encode("utf-8", "surrogatepass")
-        return {"cut": text[:keep], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _bounded_key(key: str) -> str:
-    """A mapping key kept short: a long one keeps its start and a digest (distinct keys stay distinct)."""
-    if len(key) <= CUT_KEEP_CHARS:
-        return key
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{key[:CUT_KEEP_CHARS]}...sha256:{digest}"
-
-
-class _Walk:
-    """One walk over a value: redaction always; with a budget, bounds on size as well."""
-
-    def __init__(self, budget: _Budget | None) -> None:
-        self.budget = budget
-        self.max_depth = _MAX_DEPTH if budget is None else MAX_BOUNDED_DEPTH
-
-    def value(self, value: Any, depth: int) -> Any:
-        if value is None or isinstance(value, bool | int):
-            return value
-        if isinstance(value, str):
-            return self.text(redact_text(value))
-        if isinstance(value, float):
-            return value if math.isfinite(value) else str(value)
-        if depth >= self.max_depth and isinstance(value, Mapping | list | tuple | set | frozenset):
-            return _TOO_DEEP
-        if isinstance(value, Mapping):
-            return self.mapping(value, depth)
-        if isinstance(value, list | tuple | set | frozenset):
-            return self.sequence(value, depth)
-        return self.scalar(value, depth)
-
-    def text(self, text: str) -> Any:
-        return text if self.budget is None else self.budget.text(text)
-
-    def mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for index, (key, item) in enumerate(value.items()):
-            if self.budget is not None and index >= MAX_ITEMS:
-                out[MORE_ITEMS] = len(value) - MAX_ITEMS
-                break
-            name = str(key) if self.budget is None else _bounded_key(str(key))
-            if is_secret_key(name) and item is not None and not isinstance(item, bool):
-                out[name] = MASK
-            elif isinstance(item, str) and is_correlation_key(name):
-                out[name] = self.text(redact_correlation_id(item))  # not masked as opaque; bounded
-            else:
-                out[name] = self.value(item, depth + 1)
-        return out
-
-    def sequence(self, value: Any, depth: int) -> list[Any]:
-        if self.budget is None:
-            return [self.value(v, depth + 1) for v in value]
-        out: list[Any] = []
-        for index, item in enumerate(value):
-            if index >= MAX_ITEMS:
-                out.append({MORE_ITEMS: len(value) - MAX_ITEMS})
-                break
-            out.append(self.value(item, depth + 1))
-        return out
-
-    def scalar(self, value: Any, depth: int) -> Any:
-        if isinstance(value, Enum):
-            return self.value(value.value, depth + 1)
-        if isinstance(value, datetime | date):
-            return value.isoformat()
-        if isinstance(value, bytes | bytearray):
-            return f"<{len(value)} bytes>"
-        return self.text(redact_text(str(value)))
-
 
 # ---------------------------------------------------------------------------------------------------
 # Rows and the chain

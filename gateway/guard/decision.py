@@ -11,20 +11,31 @@ The order is fixed, so a caller learns nothing it may not know:
             proposer's token too (a revoked proposer's change never runs, whoever clicks).
 2. role     the acting role holds the tool, every tool the call reaches (``bulk_vm_action`` with
             ``action=delete_vm`` reaches ``delete_vm``) and the target; a confirm or cancel comes
-            from the proposer itself; an approve or deny from a role with the approve right; and at
-            execution the proposer's *current* role still holds tool, reach and target.
+            from the proposer itself; an approve or deny as ``proposal_rights`` says (a person, not
+            the proposer, whose role has the approve right and the target); and at execution the
+            proposer's *current* role still holds tool, reach and target.
 3. policy   ``rules.yaml`` as it is now (``guard.policy.evaluate``): deny rules, protected objects,
             bulk limits, windows, approval requirement. A broken rules file lets reads through and
             denies everything else. An agent's confirm of a call that now needs a human is refused.
 4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
-            not meet (a powered-on VM to delete): only a caller the guard let through hears of them.
+            not meet (a powered-on VM to delete, a disk or snapshot the VM does not have): only a
+            caller the guard let through hears of them.
+
+On a resolved call ``authorize_resolved`` runs that order over the call, then over each affected
+object as each tool the call reaches, then the preconditions: the first refusal wins.
 
 Facts are plain values (``Party``, ``Facts``); the answer is a ``Verdict`` with a stable error code.
+
+``proposal_rights(viewer, proposed)`` is the one rule for who may see, approve and deny a proposal:
+``authorize`` asks it for approve and deny, and every listing (MCP ``list_pending_actions``, the web
+page, ``gateway pending list``) filters by its ``see``. Only a person approves or denies, never the
+proposer (whatever the role: ``approve: any`` is any proposal but one's own); a refusal names its
+``reason_code`` (``not_visible``, ``not_a_person``, ``no_approve_right``, ``own_proposal``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
@@ -32,18 +43,20 @@ from typing import Any, Final
 
 from gateway.auth.roles import Role
 from gateway.errors import (
+    Ambiguous,
     ApprovalRequired,
     ConfirmationExpired,
     ConfirmationInvalid,
     Forbidden,
     GatewayError,
+    InvalidArgument,
     InvalidState,
     NotFound,
     PolicyDenied,
     Stale,
 )
 from gateway.guard.policy import CallFacts, Decision, Policy, evaluate
-from gateway.vocabulary import AffectedObject, Category, Precondition, Risk
+from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 
 
 class TokenState(StrEnum):
@@ -68,11 +81,38 @@ class Entry(StrEnum):
 
 @dataclass(frozen=True)
 class Party:
-    """A token holder as the store says it is now: name, token state and current role (None: gone)."""
+    """A token holder as the store says it is now: name, token state, current role (None: gone) and
+    kind (a person or an agent)."""
 
     name: str
     token: TokenState
     role: Role | None
+    kind: Kind = Kind.AGENT
+
+
+@dataclass(frozen=True)
+class Proposed:
+    """What the rights on one proposal depend on, as plain values. (N of M adds here who approved so
+    far and the approvals and approver roles it needs; ``proposal_rights`` reads them.)"""
+
+    proposer: str
+    target: str
+    id: str | None = None
+
+    @classmethod
+    def of(cls, proposal: Any) -> Proposed:
+        """From a stored proposal (``store.base.Proposal``)."""
+        return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id)
+
+
+@dataclass(frozen=True)
+class ProposalRights:
+    """What one party may do with one proposal: whether it sees it, and the refusal of an approval and
+    of a denial (None: allowed, as far as who decides goes; ``authorize`` decides the rest)."""
+
+    see: bool
+    approve: Verdict | None
+    deny: Verdict | None
 
 
 @dataclass(frozen=True)
@@ -134,6 +174,11 @@ class Verdict:
         if self.allowed:
             return
         kind = _ERRORS.get(self.code or "", Forbidden)
+        if kind is InvalidArgument:  # a precondition on an argument: its message names the field already
+            field_name = str(self.details.get("field", "arguments"))
+            error: GatewayError = InvalidArgument(field_name, self.reason.removeprefix(f"{field_name}: "))
+            error.details.update({**self.details, "decision": self.to_dict()})
+            raise error
         raise kind(self.reason, decision=self.to_dict(), **self.details)
 
 
@@ -145,6 +190,8 @@ _ERRORS: Final[Mapping[str, type[GatewayError]]] = {
     "confirmation_invalid": ConfirmationInvalid,
     "confirmation_expired": ConfirmationExpired,
     "invalid_state": InvalidState,
+    "invalid_argument": InvalidArgument,
+    "ambiguous": Ambiguous,
     "stale": Stale,
 }
 #: entry points that run a change (the policy is consulted) and those that act on a proposal
@@ -157,6 +204,52 @@ UNKNOWN_TOOL: Final = "unknown tool '{tool}'; call tools/list to see the tools a
 
 def _refuse(code: str, reason: str, rule: str, decision: Decision | None = None, **details: Any) -> Verdict:
     return Verdict(False, reason, rule, code, decision, details=details)
+
+
+def proposal_rights(viewer: Party, proposed: Proposed) -> ProposalRights:
+    """Who may see, approve and deny a proposal: one rule for every surface. Pure.
+
+    See: a role covering the proposal's target, and either its proposer or a role with the approve
+    right. Approve and deny: one who sees it, is a person, has the approve right, and did not
+    propose it (by any surface, whatever the role). The refusals are checked in that order, so the
+    first reason is the one reported. (N of M slots in here: ``Proposed`` gains who approved so far,
+    and a second approval by the same person or a role outside ``approver_roles`` is refused the same
+    way, with its own reason code.)"""
+    role = viewer.role
+    own = viewer.name == proposed.proposer
+    see = role is not None and role.permits_target(proposed.target) and (own or role.approve != "none")
+    refusal = _decider_refusal(viewer, proposed, see=see, own=own)
+    return ProposalRights(see=see, approve=refusal, deny=refusal)
+
+
+def _decider_refusal(viewer: Party, proposed: Proposed, *, see: bool, own: bool) -> Verdict | None:
+    role = viewer.role
+    if role is None or not see:
+        return _refuse("not_found", f"no proposal {proposed.id} that you may see",
+                       f"role:{role.name if role else '-'}", reason_code="not_visible")
+    if viewer.kind is not Kind.PERSON:
+        return _refuse(
+            "forbidden",
+            "only a person approves or denies a proposal, and you are an agent (an agent's token, or the "
+            "stdio session); a person signs in to the page with their own token (`gateway token create "
+            "NAME --role ROLE --kind person`) or runs `gateway pending` on the gateway's host",
+            "kind:agent", reason_code="not_a_person", proposal_id=proposed.id,
+        )
+    if role.approve == "none":
+        return _refuse(
+            "forbidden",
+            f"your role '{role.name}' may not approve or deny proposals; ask someone whose role has "
+            "'approve: any'",
+            "approve:none", reason_code="no_approve_right", proposal_id=proposed.id,
+        )
+    if own:
+        return _refuse(
+            "forbidden",
+            "you proposed this, and nobody approves or denies their own proposal whatever their role; ask "
+            "another approver (its proposer may cancel it with cancel_action)",
+            "approve:own", reason_code="own_proposal", proposal_id=proposed.id,
+        )
+    return None
 
 
 #: tools the gateway answers itself on proposals; granted with the first write or destructive tool
@@ -186,6 +279,37 @@ def authorize(facts: Facts) -> Verdict:
     if not verdict.allowed:
         return verdict
     return _state(facts, verdict) or verdict
+
+
+def authorize_resolved(facts: Facts, reached: Sequence[tuple[str, Category, Risk]] = ()) -> Verdict:
+    """The whole decision on a resolved call, in its fixed order; the first refusal wins. Pure.
+
+    1. the call itself (``authorize`` without the preconditions): token, role, policy;
+    2. each affected object as each tool the call ``reached`` runs on it (``bulk_vm_action`` with
+       ``action=delete_vm`` is judged on every VM as ``delete_vm``), by the proposer at execution;
+    3. the preconditions vSphere's state does not meet (``facts.unmet``), answered last, so a caller
+       any earlier step refuses never hears about power state, disks or snapshots.
+
+    Returns the call's verdict (step 1) when everything allows it."""
+    verdict = authorize(replace(facts, unmet=()))
+    if not verdict.allowed:
+        return verdict
+    for one in _as_reached(facts, reached):
+        refused = authorize(one)
+        if not refused.allowed:
+            return refused
+    return _state(facts, verdict) or verdict
+
+
+def _as_reached(facts: Facts, reached: Sequence[tuple[str, Category, Risk]]) -> Iterator[Facts]:
+    """The facts of each affected object as each reached tool, in order."""
+    for tool, category, risk in reached:
+        for obj in facts.affected:
+            one = replace(facts, entry=Entry.BULK_OBJECT, tool=tool, category=category, risk=risk,
+                          affected=(obj,), object_count=1, reaches=(), proposal_problem=None, unmet=())
+            if facts.entry in _EXECUTING_ENTRIES and facts.owner is not None:
+                one = replace(one, actor=facts.owner, owner=None)
+            yield one
 
 
 def _token(f: Facts) -> Verdict | None:
@@ -226,22 +350,10 @@ def _role(f: Facts) -> Verdict | None:
             )
         return None
     if f.entry in (Entry.APPROVE, Entry.DENY):
-        if role.approve not in ("any", "others"):
-            return _refuse(
-                "forbidden",
-                "your role may not approve actions; ask someone whose role has "
-                "'approve: any' or 'approve: others'",
-                f"approve:{role.approve}",
-            )
-        if role.approve == "others" and f.owner is not None and f.owner.name == f.actor.name:
-            return _refuse(
-                "forbidden",
-                "your role may approve only proposals made by others; ask another approver",
-                "approve:others",
-            )
-        if f.target is not None and not role.permits_target(f.target):
+        if f.owner is None or f.target is None:  # a proposal always has both: fail closed
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
-        return None
+        rights = proposal_rights(f.actor, Proposed(f.owner.name, f.target, f.proposal_id))
+        return rights.approve if f.entry is Entry.APPROVE else rights.deny
     if f.entry is Entry.LOCAL:
         if not tool_permitted(role, f.tool, f.category, f.change_tools):
             return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
@@ -359,7 +471,7 @@ def _state(f: Facts, verdict: Verdict) -> Verdict | None:
         return replace(
             verdict,
             allowed=False,
-            code="invalid_state",
+            code=first.code,
             reason=first.message,
             rule="state",
             details=dict(first.details),

@@ -522,14 +522,19 @@ class AuditWriter(Protocol):
     def write(self, event: Mapping[str, Any]) -> Any: ...
 
 
+#: token ids a ``token_refused`` row names, at most (the count covers them all)
+MAX_TOKEN_IDS: Final = 20
+
+
 class RefusalAudit:
     """Refused authentications, counted per (source, reason) and audited in aggregate.
 
     ``record`` only counts (on the event loop, no I/O); ``flush`` writes one ``token_refused`` row per
-    (source, reason) with its count, in a worker thread with a deadline, and ``run`` flushes every
-    ``interval`` seconds. At most ``max_sources`` keys are kept per interval; beyond that sources are
-    counted under ``*``, so a flood from many addresses still makes a bounded number of rows. Rows that
-    cannot be written are kept and retried with the next flush.
+    (source, reason) with its count and the ids of the stored tokens refused (``token_ids``: a revoked
+    or expired token's id, at most ``MAX_TOKEN_IDS``), in a worker thread with a deadline, and ``run``
+    flushes every ``interval`` seconds. At most ``max_sources`` keys are kept per interval; beyond that
+    sources are counted under ``*``, so a flood from many addresses still makes a bounded number of
+    rows. Rows that cannot be written are kept and retried with the next flush.
     """
 
     def __init__(self, sink: AuditWriter | None, *, interval: float, surface: str, max_sources: int = 256,
@@ -537,13 +542,17 @@ class RefusalAudit:
         self.sink, self.interval, self.surface = sink, interval, surface
         self.max_sources, self.write_seconds = max_sources, write_seconds
         self._counts: dict[tuple[str, str], int] = {}
+        self._token_ids: dict[tuple[str, str], set[str]] = {}
         self._since = time.time()
 
-    def record(self, source: str, reason: str) -> None:
+    def record(self, source: str, reason: str, token_id: str | None = None) -> None:
         key = (source, reason)
         if key not in self._counts and len(self._counts) >= self.max_sources:
             key = ("*", reason)
         self._counts[key] = self._counts.get(key, 0) + 1
+        ids = self._token_ids.setdefault(key, set())
+        if token_id is not None and len(ids) < MAX_TOKEN_IDS:
+            ids.add(token_id)
 
     async def run(self) -> None:
         while True:
@@ -554,9 +563,11 @@ class RefusalAudit:
         if self.sink is None or not self._counts:
             return
         counts, self._counts = self._counts, {}
+        token_ids, self._token_ids = self._token_ids, {}
         since, self._since = self._since, time.time()
         rows = [{"phase": "token_refused", "caller": "-", "surface": self.surface, "source": source,
-                 "reason": reason, "count": count, "since": round(since, 3)}
+                 "reason": reason, "count": count, "since": round(since, 3),
+                 "token_ids": sorted(token_ids.get((source, reason), ())) or None}
                 for (source, reason), count in sorted(counts.items())]
         written = 0
 
@@ -573,8 +584,9 @@ class RefusalAudit:
         except (GatewayError, OSError, TimeoutError) as exc:
             log.warning("refused tokens not audited yet (%s); retrying with the next flush",
                         type(exc).__name__)
-            for (source, reason), count in sorted(counts.items())[written:]:
-                self._counts[(source, reason)] = self._counts.get((source, reason), 0) + count
+            for key, count in sorted(counts.items())[written:]:
+                self._counts[key] = self._counts.get(key, 0) + count
+                self._token_ids.setdefault(key, set()).update(token_ids.get(key, ()))
             self._since = since
 
 
@@ -637,14 +649,14 @@ class BearerAuthMiddleware:
             log.exception("token check failed (correlation id %s)", correlation_id_var.get())
             return Verdict(None, "unavailable", 5.0)
 
-    def _refused(self, client: str, reason: str) -> None:
+    def _refused(self, client: str, reason: str, token_id: str | None = None) -> None:
         self.metrics.auth_failure(reason)
         if self.refusals is not None:
-            self.refusals.record(client, reason)
+            self.refusals.record(client, reason, token_id)
 
     async def _refuse_token(self, scope: Scope, receive: Receive, send: Send, client: str,
                             verdict: Verdict) -> None:
-        self._refused(client, verdict.reason)
+        self._refused(client, verdict.reason, verdict.token_id)
         retry = {"Retry-After": str(max(1, math.ceil(verdict.retry_after or 1)))}
         if verdict.reason == "throttled":
             await refuse(scope, receive, send, 429, "rate_limited",

@@ -46,7 +46,8 @@ LATENCY_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 UNKNOWN: Final = "unknown"
 OUTCOMES: Final = frozenset({"ok", "error", "denied"})
-AUTH_REASONS: Final = frozenset({"missing", "malformed", "unknown_token", "invalid", "throttled", "busy",
+AUTH_REASONS: Final = frozenset({"missing", "malformed", "unknown_token", "invalid", "revoked", "expired",
+                                 "throttled", "busy",
                                  "unavailable"})
 REFUSAL_REASONS: Final = frozenset({"host", "origin", "headers_too_large", "body_too_large",
                                     "receive_timeout",

@@ -3,17 +3,21 @@
 How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``)::
 
     Gateway.call(principal, tool, args)
+      -> text no engine can store (NUL, lone surrogates: guard.inputs) refused first, audited escaped
       -> facts about the caller as the store says *now* (token state, current role)
       -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
       -> runaway breaker, rate limit per target x category (reads too)
+      -> a change while the audit cannot take rows (readiness says so): refused, nothing read
       -> resolve on the target (a Plan: objects + facts, nothing changes)
-      -> authorize again with the objects: token -> role -> policy -> state preconditions
+      -> authorize again with the objects (decision.authorize_resolved): the call, each object as
+         each tool it reaches, then the state preconditions; the first refusal wins
       -> read: answer (per-target outcomes in the row)
          write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
          destructive: persist a proposal; confirm_action / a human's approval re-run authorize on the
          state at that moment (the proposer's current token and role, current rules, re-resolved
-         objects), then claim it (``executing``, naming this process) and run it
+         objects), then claim it by compare-and-set, then write ``executing`` (naming this
+         process) and run it; every losing attempt is one row
       -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
          unready) and is appended as soon as the audit is writable again
 
@@ -59,21 +63,25 @@ from gateway.errors import (
     Stale,
     StateUnavailable,
 )
-from gateway.guard import confirm, names
+from gateway.guard import confirm, inputs, names
 from gateway.guard.decision import (
     PROPOSAL_TOOLS,
     Entry,
     Facts,
     Party,
+    Proposed,
     TokenState,
     Verdict,
     authorize,
+    authorize_resolved,
+    proposal_rights,
     token_state,
     tool_permitted,
 )
 from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, PolicyStore, TargetPolicy
+from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
@@ -151,6 +159,7 @@ class CallContext:
             "tool": self.spec.name,
             "risk": self.spec.risk.value,
             "caller": self.principal.name,
+            "kind": self.party.kind.value,
             "role": self.party.role.name if self.party.role else self.principal.role,
             "surface": self.principal.surface,
             "client": self.client,
@@ -406,13 +415,15 @@ class Gateway:
 
     # ----------------------------------------------------------------- facts
     def party(self, principal: Principal) -> Party:
-        """The caller as the store says it is now: a token's current state and role (a principal
-        without a token, from stdio or the CLI, is the role its surface gave it)."""
+        """The caller as the store says it is now: a token's current state, role and kind (a principal
+        without a token, from stdio or the CLI, is the role and kind its surface gave it)."""
         if principal.token_id is None:
-            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role))
+            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind)
         record = self.store.token_by_id(principal.token_id)
-        role = self.roles.get(record.role) if record is not None else None
-        return Party(principal.name, token_state(record, self.clock()), role)
+        if record is None:
+            return Party(principal.name, TokenState.UNKNOWN, None)
+        state = token_state(record, self.clock())
+        return Party(principal.name, state, self.roles.get(record.role), record.kind)
 
     def owner(self, p: Proposal) -> Party:
         """The proposer as they are now (their token's current state and role)."""
@@ -495,9 +506,11 @@ class Gateway:
         The answer is encoded once (``gateway.answer``): its text goes to the caller as is.
 
         ``client`` is the MCP client's declared ``name/version`` (from initialize), for audit rows."""
-        spec = self.registry.get(name)
         client = client or mcp_client_var.get()
+        await self._refuse_unstorable(principal, name, args, correlation_id, client)
+        spec = self.registry.get(name)
         actor = await self.off_loop(self.party, principal)
+        principal = replace(principal, kind=actor.kind)  # rows name the kind the store has now
         if spec is None:
             ctx = CallContext(principal, actor, _unknown_tool(name), correlation_id, client)
             await self._refused(
@@ -534,11 +547,34 @@ class Gateway:
             )
             self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
 
+    async def _refuse_unstorable(
+        self,
+        principal: Principal,
+        name: str,
+        args: Mapping[str, Any] | None,
+        correlation_id: str | None,
+        client: str | None,
+    ) -> None:
+        """Before anything else: a call holding text no engine can store (``guard.inputs``) is an
+        invalid argument, audited with that text escaped (the audit's bounding step escapes it)."""
+        where = inputs.unstorable_field(name, args)
+        if where is None:
+            return
+        spec = self.registry.get(name) if where != "tool" else None
+        party = Party(principal.name, TokenState.USABLE, None)  # the row names the principal's role
+        ctx = CallContext(principal, party, spec or _unknown_tool(name), correlation_id, client)
+        await self._refused(ctx, args, InvalidArgument(where, inputs.UNSTORABLE_MESSAGE))
+
     async def _check(
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
     ) -> Verdict:
-        """``authorize`` and, on a refusal, its audited error (the one place a verdict is enforced)."""
-        verdict = authorize(facts)
+        """``authorize`` and, on a refusal, its audited error."""
+        return await self._enforce(ctx, authorize(facts), facts, args, **row)
+
+    async def _enforce(
+        self, ctx: CallContext, verdict: Verdict, facts: Facts, args: Mapping[str, Any] | None, **row: Any
+    ) -> Verdict:
+        """A refused verdict as its audited error (the one place a verdict is enforced)."""
         if not verdict.allowed:
             row.setdefault("target", facts.target)
             try:
@@ -564,6 +600,7 @@ class Gateway:
                 phase,
                 args=_redact_args(ctx.spec, args or {}),
                 error_code=exc.code,
+                reason_code=exc.details.get("reason_code"),
                 decision=exc.details.get("decision"),
                 error=_cut(exc.message, 512),
                 **fields,
@@ -714,6 +751,7 @@ class Gateway:
         gate = self.facts(Entry.WRITE, ctx.party, spec, args, target=ref, resolved=False)
         await self._check(ctx, gate, args)
         target = self.targets[ref]
+        await self._refuse_unless_audit_writable(ctx, args, target=target.name)
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
             self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
@@ -743,7 +781,8 @@ class Gateway:
         owner: Party | None = None,
         proposal: Proposal | None = None,
     ) -> Verdict:
-        """The full decision on a resolved call, then on each object of a bulk call as the tool it runs."""
+        """The whole decision on a resolved call, in ``authorize_resolved``'s order (the call, each object
+        as each tool the call reaches, then the preconditions), its refusal audited."""
         facts = await self.off_loop(
             self.facts,
             entry,
@@ -755,31 +794,11 @@ class Gateway:
             owner=owner,
             proposal=proposal,
         )
-        pid = proposal.id if proposal else None
-        # the state preconditions are answered last: after the policy on the call and on every object
-        verdict = await self._check(ctx, replace(facts, unmet=()), args, proposal_id=pid)
-        for name in ctx.spec.reaches(args):
-            reached = self.registry.get(name)
-            if reached is None:
-                continue
-            for obj in plan.affected:
-                one = replace(
-                    facts,
-                    entry=Entry.BULK_OBJECT,
-                    tool=name,
-                    category=reached.kind,
-                    risk=reached.risk,
-                    affected=(obj,),
-                    object_count=1,
-                    reaches=(),
-                    proposal_problem=None,
-                    unmet=(),
-                )
-                if entry in (Entry.CONFIRM, Entry.APPROVE) and owner is not None:
-                    one = replace(one, actor=owner, owner=None)
-                await self._check(ctx, one, args, proposal_id=pid)
-        if facts.unmet:
-            verdict = await self._check(ctx, facts, args, proposal_id=pid)
+        reached = tuple(
+            (name, s.kind, s.risk) for name in ctx.spec.reaches(args) if (s := self.registry.get(name))
+        )
+        verdict = await self.off_loop(authorize_resolved, facts, reached)  # a bulk call: many objects
+        await self._enforce(ctx, verdict, facts, args, proposal_id=proposal.id if proposal else None)
         return verdict
 
     def _decision(self, verdict: Verdict, target: Target) -> Decision:
@@ -801,8 +820,10 @@ class Gateway:
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
-        summary = clean(plan.summary)
-        affected = clean([a.to_dict() for a in plan.affected])
+        # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
+        # every notification then carry the same clean text
+        summary = shown_text(plan.summary)
+        affected = shown([a.to_dict() for a in plan.affected])
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
@@ -882,8 +903,8 @@ class Gateway:
             would = {
                 "dry_run": True,
                 "target": target.name,
-                "would": plan.summary,
-                "affected": [a.to_dict() for a in plan.affected],
+                "would": shown_text(plan.summary),
+                "affected": shown([a.to_dict() for a in plan.affected]),
             }
             await self.record(ctx.row("dry_run", outcome="ok", result=would, **base))
             if proposal is not None:
@@ -972,12 +993,9 @@ class Gateway:
     ) -> dict[str, Any]:
         await self.off_loop(self.expire_due)
         proposals = await self.off_loop(self.store.list_proposals, ["pending"])
-        rows = [
-            proposal_view(p, self.clock())
-            for p in proposals
-            if ctx.role.permits_target(p.target)
-            and (p.caller == ctx.principal.name or ctx.role.approve != "none")
-        ]
+        seen = [p for p in proposals if proposal_rights(ctx.party, Proposed.of(p)).see]
+        now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
+        rows = await self.off_loop(lambda: [proposal_view(p, now) for p in seen])
         await self.record(
             ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
         )
@@ -1035,7 +1053,7 @@ class Gateway:
             reason="cancelled by its caller",
         )
         if moved is None:
-            raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending; nothing to cancel")
+            await self._lost(ctx, proposal, "the proposal was no longer pending; nothing to cancel")
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
@@ -1079,6 +1097,7 @@ class Gateway:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         spec = self.registry.get(proposal.tool) or _unknown_tool(proposal.tool)
         actor = self.party(human)
+        human = replace(human, kind=actor.kind)
         facts = self.facts(
             Entry.DENY,
             actor,
@@ -1098,6 +1117,7 @@ class Gateway:
                 requested_by=proposal.caller,
                 decision=verdict.to_dict(),
                 error_code=verdict.code,
+                reason_code=verdict.details.get("reason_code"),
                 via="deny",
             )
             self._write_row(row)
@@ -1129,6 +1149,7 @@ class Gateway:
             {
                 "phase": "token_revoked",
                 "caller": by.name,
+                "kind": by.kind.value,
                 "surface": by.surface,
                 "token_name": rec.name,
                 "token_id": rec.token_id,
@@ -1184,6 +1205,7 @@ class Gateway:
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
         party = await self.off_loop(self.party, actor)
+        actor = replace(actor, kind=party.kind)
         ctx = CallContext(
             actor,
             party,
@@ -1216,13 +1238,14 @@ class Gateway:
             resolved=False,
         )
         await self._check(ctx, gate, {}, proposal_id=proposal.id)
+        await self._refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
         verdict = await self._authorize_plan(
             ctx, entry, party, proposal.args, target, plan, owner, proposal
         )
         decision = self._decision(verdict, target)
         if approved:
-            proposal = await self.move(
+            moved = await self.move(
                 proposal,
                 ["pending"],
                 "approved",
@@ -1230,16 +1253,23 @@ class Gateway:
                 correlation_id=ctx.correlation_id,
                 approved_by=actor.name,
                 decided_at=self.clock(),
-            ) or _raced(proposal)
+            )
+            if moved is None:
+                await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent")
+            assert moved is not None
+            proposal = moved
         claimed = await self.claim(ctx, proposal, decision)
         result = await self._execute(ctx, target, plan, decision, proposal.args, progress, proposal=claimed)
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
-        """Claim the proposal for this process (``executing``). Its audit row is the intent, written
-        durably BEFORE the claim and anything reaching vSphere: if it cannot be written, the change is
-        refused and the proposal stays as it was."""
+        """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
+        the claim's row, the intent, durably before anything reaches vSphere. Of racing confirms only
+        the winner writes ``executing``; each loser writes one ``claim_lost`` row and is refused. If
+        the intent cannot be written the change is refused and the claimed proposal ends ``failed``
+        (nothing was sent to vSphere), its row waiting for the audit like any outcome."""
         instance = await asyncio.to_thread(self.instance.acquire)
+        fields: dict[str, Any] = {"decided_at": self.clock(), "executor": instance}
         row = self._transition_row(
             proposal,
             "executing",
@@ -1249,27 +1279,35 @@ class Gateway:
             args=_redact_args(ctx.spec, proposal.args),
             decision=decision.to_dict(),
         )
-        await self.intent(row)
-        claimed = await self.move(
-            proposal,
-            ["pending", "approved"],
-            "executing",
-            actor=ctx.principal,
-            audited=True,
-            decided_at=self.clock(),
-            executor=instance,
-        )
-        if claimed is None:
-            await self.record_outcome(
-                {
-                    **row,
-                    "phase": "claim_lost",
-                    "reason": "another caller moved the proposal first; nothing was sent",
-                }
+        if not await self.off_loop(self.store.transition, proposal.id, ["pending", "approved"], "executing",
+                                   **fields):
+            await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent",
+                             executor=instance, args=row.get("args"), decision=row.get("decision"))
+        claimed = replace(proposal, state="executing", **fields)
+        try:
+            await self.intent(row)
+        except AuditUnavailable as exc:
+            await self.move(
+                claimed,
+                ["executing"],
+                "failed",
+                actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
+                outcome=exc.code,
+                error=exc.to_wire(),
+                reason="the intent row could not be written; nothing was sent to vSphere",
             )
-            _raced(proposal)
-        assert claimed is not None
+            raise
+        self._notify("executing", claimed)
         return claimed
+
+    async def _lost(self, ctx: CallContext, proposal: Proposal, reason: str, **fields: Any) -> NoReturn:
+        """The one row of an attempt that lost a race for ``proposal`` (``claim_lost``), then its refusal."""
+        error = ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
+        row = self._transition_row(proposal, "claim_lost", actor=ctx.principal,
+                                   correlation_id=ctx.correlation_id, reason=reason, **fields)
+        await self.record({**row, "error_code": error.code})
+        raise error
 
     async def _replan(
         self,
@@ -1278,29 +1316,38 @@ class Gateway:
         plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
         proposal: Proposal,
     ) -> Plan:
-        """Resolve the proposal's objects again; anything that no longer matches makes it stale."""
+        """Resolve the proposal's objects again; anything that no longer matches makes it stale (the move
+        is this attempt's row; an attempt that loses that move to another caller writes ``claim_lost``).
+        Any other failure (the target unreachable, say) is this attempt's refused row; the proposal
+        stays as it was."""
         try:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
             _check_not_stale(proposal, plan)
-        except (NotFound, Ambiguous, Stale) as exc:
+        except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
             error = Stale(
                 f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
                 "proposal and check it again",
                 proposal_id=proposal.id,
             )
-            await self.move(
+            moved = await self.move(
                 proposal,
                 OPEN_STATES,
                 "stale",
                 actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
                 outcome="stale",
                 error=error.to_wire(),
                 decided_at=self.clock(),
                 reason=_cut(exc.message, 512),
             )
+            if moved is None:
+                await self._lost(ctx, proposal, f"found stale ({_cut(exc.message, 256)}) after another "
+                                 "caller had moved the proposal; nothing was sent")
             raise error from exc
+        except GatewayError as exc:
+            await self._refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
         return plan
 
     def expire_due(self) -> None:
@@ -1428,6 +1475,7 @@ class Gateway:
             "risk": spec.risk.value if spec else None,
             "target": proposal.target,
             "caller": actor.name,
+            "kind": actor.kind.value,
             "role": actor.role,
             "surface": actor.surface,
             "requested_by": proposal.caller,
@@ -1488,6 +1536,23 @@ class Gateway:
                 f"{AUDIT_DEADLINE_SECONDS:g}s "
                 "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
             ) from None
+
+    async def _refuse_unless_audit_writable(
+        self, ctx: CallContext, args: Mapping[str, Any], **fields: Any
+    ) -> None:
+        """Refuse a change before its first vSphere read while the audit cannot take rows (what
+        ``readiness`` reports: the sink says it is not writable, or too many rows wait): its intent
+        could not be written anyway. The ``refused`` row waits for the audit, like an intent's."""
+        if len(self._waiting) < MAX_WAITING_OUTCOMES and await self.off_loop(self.audit.writable):
+            return
+        exc = AuditUnavailable(
+            f"audit log {self.settings.audit_log} cannot take rows now (/readyz says why); nothing was "
+            "read from or sent to vSphere. Retry once the audit is writable again"
+        )
+        reason = "the audit was not writable; nothing was read from or sent to vSphere"
+        self._wait(ctx.row("refused", args=_redact_args(ctx.spec, args), error_code=exc.code, reason=reason,
+                           **fields))
+        raise exc
 
     async def intent(self, row: Mapping[str, Any]) -> None:
         """The durable row a change writes before its vSphere call. If it cannot be written the change is
@@ -1588,10 +1653,6 @@ def _forbidden(message: str) -> GatewayError:
     return Forbidden(message)
 
 
-def _raced(proposal: Proposal) -> Proposal:
-    raise ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
-
-
 def _unknown_tool(name: str) -> ToolSpec:
     """A stand-in spec naming an unknown tool in its audit row (strictest category, never executed)."""
     return ToolSpec(name=_cut(name, 128), description="unknown tool", target_mode="none")
@@ -1614,7 +1675,7 @@ def _redact_args(spec: ToolSpec, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
     before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
-    after = sorted((a["type"], a["moid"], a["name"]) for a in clean([a.to_dict() for a in plan.affected]))
+    after = sorted((a["type"], a["moid"], a["name"]) for a in shown([a.to_dict() for a in plan.affected]))
     if before != after:
         raise Stale(
             f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
@@ -1623,7 +1684,8 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans (sanitized text; never the token or its hash)."""
+    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
+    never the token or its hash)."""
     view = {
         "proposal_id": p.id,
         "state": p.state,
@@ -1640,4 +1702,4 @@ def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
         "outcome": p.outcome,
         "error": p.error,
     }
-    return clean(view)  # type: ignore[no-any-return]
+    return shown(view)  # type: ignore[no-any-return]

@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol
 
 from gateway.errors import ConfigError
 from gateway.guard.lifecycle import FINAL_STATES, STATES, check_edge
+from gateway.vocabulary import Kind
 
 #: every state a proposal can be in; the moves between them are ``gateway.guard.lifecycle.EDGES``
 PROPOSAL_STATES: Final = STATES
@@ -49,6 +50,8 @@ class TokenRecord:
     expires_at: float | None = None
     last_used: float | None = None
     revoked: bool = False
+    #: a person's token may sign in to the approval page and approve; an agent's never
+    kind: Kind = Kind.AGENT
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -61,8 +64,10 @@ class TokenRecord:
 class Proposal:
     """A destructive call waiting for confirmation. Only the sha256 of its confirmation token is kept.
 
-    ``args`` is redacted for display; ``args_digest`` binds the proposal to the exact call;
-    ``plan_params`` holds everything needed to execute it later, possibly in another process.
+    ``args`` is the call as made: confirm and approve plan again from it, possibly in another process,
+    so it is kept as given and never shown (views leave it out, audit rows redact it); ``args_digest``
+    binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
+    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.guard.redact.shown``).
     """
 
     id: str
@@ -150,8 +155,9 @@ class StateStore(Protocol):
         """Every token, revoked ones included, ordered by name."""
         ...
 
-    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None) -> TokenRecord:
-        """Change a token's role and/or revoked flag; ``NotFound`` for an unknown name."""
+    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None,
+                     kind: Kind | None = None) -> TokenRecord:
+        """Change a token's role, revoked flag and/or kind; ``NotFound`` for an unknown name."""
         ...
 
     def touch_token(self, token_id: str, when: float) -> None:
@@ -159,7 +165,7 @@ class StateStore(Protocol):
         ...
 
     def token_generation(self) -> int:
-        """A counter bumped by every token change (create, revoke, set-role) in any process."""
+        """A counter bumped by every token change (create, revoke, set-role, set-kind) in any process."""
         ...
 
     def add_proposal(self, p: Proposal) -> None: ...
@@ -217,7 +223,11 @@ PROPOSAL_COLUMNS: Final = (
 )
 JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error"})
 TOKEN_COLUMNS: Final = (
-    "token_id", "name", "role", "hash", "created_at", "expires_at", "last_used", "revoked",
+    "token_id", "name", "role", "hash", "created_at", "expires_at", "last_used", "revoked", "kind",
+)
+#: schema step of both engines adding ``tokens.kind``: every token made before it is an agent's
+TOKEN_KIND_COLUMN: Final = (
+    "ALTER TABLE tokens ADD COLUMN kind TEXT NOT NULL DEFAULT 'agent' CHECK (kind IN ('person', 'agent'))"
 )
 WEB_SESSION_COLUMNS: Final = ("key", "token_id", "name", "csrf", "created_at", "expires_at", "last_seen")
 
@@ -241,7 +251,13 @@ def from_json(text: str | None) -> Any:
 def token_from_row(row: Row) -> TokenRecord:
     values = {c: row[c] for c in TOKEN_COLUMNS}
     values["revoked"] = bool(values["revoked"])
+    values["kind"] = Kind(values["kind"])
     return TokenRecord(**values)
+
+
+def token_values(rec: TokenRecord) -> tuple[Any, ...]:
+    """A record's values in ``TOKEN_COLUMNS`` order (the kind as its text)."""
+    return tuple(rec.kind.value if c == "kind" else getattr(rec, c) for c in TOKEN_COLUMNS)
 
 
 def proposal_from_row(row: Row) -> Proposal:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
@@ -39,6 +40,7 @@ from gateway.store.base import (
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
+    TOKEN_KIND_COLUMN,
     WEB_SESSION_COLUMNS,
     Migration,
     Proposal,
@@ -52,8 +54,10 @@ from gateway.store.base import (
     proposal_values,
     to_json,
     token_from_row,
+    token_values,
     web_session_from_row,
 )
+from gateway.vocabulary import Kind
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "display_url", "is_postgres_url"]
 
@@ -146,8 +150,10 @@ _V3: Final = (
     body text NOT NULL
 )""",
 )
+#: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
+_V4: Final = (TOKEN_KIND_COLUMN,)
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3))
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection
@@ -289,9 +295,8 @@ class PostgresStore:
     def add_token(self, rec: TokenRecord) -> None:
         try:
             with self._write("add a token") as db:
-                db.execute(f"INSERT INTO tokens ({_TOKENS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                           (rec.token_id, rec.name, rec.role, rec.hash, rec.created_at, rec.expires_at,
-                            rec.last_used, rec.revoked))
+                marks = ", ".join(["%s"] * len(TOKEN_COLUMNS))
+                db.execute(f"INSERT INTO tokens ({_TOKENS}) VALUES ({marks})", token_values(rec))
                 self._bump_generation(db)
         except psycopg.errors.UniqueViolation:
             raise InvalidArgument("name", f"a token named {rec.name!r} already exists (names of revoked "
@@ -310,7 +315,8 @@ class PostgresStore:
         rows = self._read("list tokens", f'SELECT {_TOKENS} FROM tokens ORDER BY name COLLATE "C"')
         return [token_from_row(r) for r in rows]
 
-    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None) -> TokenRecord:
+    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None,
+                     kind: Kind | None = None) -> TokenRecord:
         with self._write("update a token") as db:
             row = db.execute(f"SELECT {_TOKENS} FROM tokens WHERE name = %s FOR UPDATE",
                              (name,)).fetchone()
@@ -320,14 +326,13 @@ class PostgresStore:
             if revoked is False and current.revoked:
                 raise InvalidArgument("revoked", f"token {name!r} is revoked and cannot be reinstated; "
                                       "create a new token instead")
-            new_role = current.role if role is None else role
-            new_revoked = current.revoked if revoked is None else revoked
-            db.execute("UPDATE tokens SET role = %s, revoked = %s WHERE name = %s",
-                       (new_role, new_revoked, name))
+            new = replace(current, role=current.role if role is None else role,
+                          revoked=current.revoked if revoked is None else revoked,
+                          kind=current.kind if kind is None else Kind(kind))
+            db.execute("UPDATE tokens SET role = %s, revoked = %s, kind = %s WHERE name = %s",
+                       (new.role, new.revoked, new.kind.value, name))
             self._bump_generation(db)
-        return TokenRecord(token_id=current.token_id, name=name, role=new_role, hash=current.hash,
-                           created_at=current.created_at, expires_at=current.expires_at,
-                           last_used=current.last_used, revoked=new_revoked)
+        return new
 
     def touch_token(self, token_id: str, when: float) -> None:
         with self._write("record a token's use") as db:

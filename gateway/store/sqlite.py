@@ -38,6 +38,7 @@ from gateway.store.base import (
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
+    TOKEN_KIND_COLUMN,
     WEB_SESSION_COLUMNS,
     Migration,
     Proposal,
@@ -51,8 +52,10 @@ from gateway.store.base import (
     proposal_values,
     to_json,
     token_from_row,
+    token_values,
     web_session_from_row,
 )
+from gateway.vocabulary import Kind
 
 __all__ = ["Proposal", "SqliteStore", "TokenRecord", "secure_directory"]
 
@@ -112,8 +115,10 @@ _V3: Final = (
 )""",
     "CREATE INDEX web_sessions_created ON web_sessions (created_at)",
 )
+#: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
+_V4: Final = (TOKEN_KIND_COLUMN,)
 #: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3))
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
 _SESSION_COLUMNS: Final = ", ".join(WEB_SESSION_COLUMNS)
@@ -286,9 +291,8 @@ class SqliteStore:
     def add_token(self, rec: TokenRecord) -> None:
         try:
             with self._write("add a token") as db:
-                db.execute(f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           (rec.token_id, rec.name, rec.role, rec.hash, rec.created_at, rec.expires_at,
-                            rec.last_used, int(rec.revoked)))
+                marks = ", ".join("?" * len(TOKEN_COLUMNS))
+                db.execute(f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES ({marks})", token_values(rec))
                 self._bump_generation(db)
         except sqlite3.IntegrityError as exc:
             raise InvalidArgument("name", f"a token named {rec.name!r} already exists (names of revoked "
@@ -308,7 +312,8 @@ class SqliteStore:
         rows = self._read("list tokens", f"SELECT {_TOKEN_COLUMNS} FROM tokens ORDER BY name")
         return [token_from_row(r) for r in rows]
 
-    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None) -> TokenRecord:
+    def update_token(self, name: str, *, role: str | None = None, revoked: bool | None = None,
+                     kind: Kind | None = None) -> TokenRecord:
         with self._write("update a token") as db:
             row = db.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE name = ?", (name,)).fetchone()
             if row is None:
@@ -317,14 +322,13 @@ class SqliteStore:
             if revoked is False and current.revoked:
                 raise InvalidArgument("revoked", f"token {name!r} is revoked and cannot be reinstated; "
                                       "create a new token instead")
-            new_role = current.role if role is None else role
-            new_revoked = current.revoked if revoked is None else revoked
-            db.execute("UPDATE tokens SET role = ?, revoked = ? WHERE name = ?",
-                       (new_role, int(new_revoked), name))
+            new = replace(current, role=current.role if role is None else role,
+                          revoked=current.revoked if revoked is None else revoked,
+                          kind=current.kind if kind is None else Kind(kind))
+            db.execute("UPDATE tokens SET role = ?, revoked = ?, kind = ? WHERE name = ?",
+                       (new.role, int(new.revoked), new.kind.value, name))
             self._bump_generation(db)
-        return TokenRecord(token_id=current.token_id, name=name, role=new_role, hash=current.hash,
-                           created_at=current.created_at, expires_at=current.expires_at,
-                           last_used=current.last_used, revoked=new_revoked)
+        return new
 
     def touch_token(self, token_id: str, when: float) -> None:
         with self._write("record a token's use") as db:

@@ -45,6 +45,9 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     items: str = "string"
+    #: a string's canonical form, applied when arguments are validated (raises ``InvalidArgument``),
+    #: so policy, audit, proposals and vSphere see only that form (datastore paths, say)
+    normalize: Callable[[str], str] | None = None
 
     def schema(self) -> dict[str, Any]:
         if self.type == "target":
@@ -205,6 +208,8 @@ def _check_value(p: Param, value: Any) -> Any:
         raise InvalidArgument(p.name, f"expected {p.type}, got {type(value).__name__}")
     if p.type in ("string", "target") and not value:
         raise InvalidArgument(p.name, "must not be empty")
+    if p.normalize is not None and isinstance(value, str):
+        value = p.normalize(value)
     if p.enum and value not in p.enum:
         raise InvalidArgument(p.name, f"must be one of {', '.join(p.enum)}")
     if p.minimum is not None and value < p.minimum:

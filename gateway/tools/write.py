@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from gateway.guard import datastore_path
 from gateway.tools.spec import TARGET, Category, Param, Risk, ToolSpec
 from gateway.vsphere import actions
 
@@ -92,8 +93,9 @@ MOUNT_ISO = ToolSpec(
                 "has none) and connect it.",
     category=Category.WRITE, risk=Risk.LOW,
     params=(TARGET, VM,
-            Param("iso_path", "string", "Datastore path of the image, e.g. '[datastore1] isos/ubuntu.iso'.",
-                  required=True),
+            Param("iso_path", "string", "Datastore path of the image, e.g. '[datastore1] isos/ubuntu.iso' "
+                  "(inside that datastore: a path that leaves it with '..' is refused).",
+                  required=True, normalize=datastore_path.canonical_iso_path),
             TIMEOUT),
     plan=actions.plan_mount_iso, execute=actions.execute_mount_iso,
     privileges=("VirtualMachine.Interact.SetCDMedia", "VirtualMachine.Config.AddRemoveDevice",

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import pyVmomi
 
 from gateway import errors
+from gateway.guard import datastore_path
 from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.vocabulary import AffectedObject, Plan, Precondition, ProgressFn
 from gateway.vsphere import faults, inventory
@@ -124,9 +125,15 @@ def _note_resolved(*vms: VmRef) -> None:
         seen.extend(vms)
 
 
+#: errors a plan raises about what it found on resolved VMs (their disks, snapshots, devices, hosts)
+_ABOUT_RESOLVED = (errors.InvalidArgument, errors.Ambiguous, errors.NotFound)
+
+
 def _state_after_policy(fn: PlanFn) -> PlanFn:
     """Run a plan function; an ``errors.InvalidState`` it raises becomes ``Plan.unmet`` on the VMs it
-    had resolved, so the state is answered after the policy decided on those objects (never before)."""
+    had resolved, so the state is answered after the policy decided on those objects (never before).
+    So does a bad argument found once a VM was resolved (a disk or snapshot the VM does not have, a
+    datastore its host does not mount: messages that list what the VM has), with its own code."""
 
     @functools.wraps(fn)
     def plan(*args: Any, **kwargs: Any) -> Plan:
@@ -134,12 +141,14 @@ def _state_after_policy(fn: PlanFn) -> PlanFn:
         token = _resolved.set(seen)
         try:
             return fn(*args, **kwargs)
-        except errors.InvalidState as exc:
+        except (errors.InvalidState, *_ABOUT_RESOLVED) as exc:
+            if isinstance(exc, _ABOUT_RESOLVED) and not seen:
+                raise  # about the arguments alone: nothing of a VM to hide from the policy
             vms = list({vm.moid: vm for vm in seen}.values())
             names = ", ".join(_label(vm) for vm in vms[:_SUMMARY_NAMES]) or "the named objects"
             return Plan(f"Change {names} (not possible in their current state)",
                         tuple(vm_affected(vm) for vm in vms), {}, object_count=len(vms) or None,
-                        unmet=(Precondition(exc.message, dict(exc.details)),))
+                        unmet=(Precondition(exc.message, dict(exc.details), exc.code),))
         finally:
             _resolved.reset(token)
 
@@ -162,9 +171,24 @@ def require_usable(session: Any, vm: VmRef, doing: str) -> None:
             target=_target(session), vm=vm.name, moid=vm.moid, connection_state=state)
 
 
-def _resolve_vm(session: Any, args: Args, doing: str) -> VmRef:
-    vm = inventory.resolve_vm(session, str(args["vm"]))
+def _vm_named(session: Any, ref: str) -> VmRef:
+    """The VM ``ref`` names, noted as resolved. A name several VMs carry notes every candidate before
+    ``Ambiguous`` (their moids) is raised, so the policy judges them all before the caller hears it."""
+    try:
+        vm = inventory.resolve_vm(session, ref)
+    except errors.Ambiguous as exc:
+        for moid in list(exc.details.get("candidates") or ())[:_SUMMARY_NAMES]:
+            try:
+                _note_resolved(inventory.vm_facts(session, moid))
+            except pyVmomi.vmodl.fault.ManagedObjectNotFound:
+                continue  # gone meanwhile: nothing to judge
+        raise
     _note_resolved(vm)
+    return vm
+
+
+def _resolve_vm(session: Any, args: Args, doing: str) -> VmRef:
+    vm = _vm_named(session, str(args["vm"]))
     require_usable(session, vm, doing)
     return vm
 
@@ -698,13 +722,10 @@ def execute_reconfigure(call: Execution) -> dict[str, Any]:
 
 
 def parse_iso_path(value: str) -> tuple[str, str]:
-    """``"[datastore] folder/image.iso"`` -> (datastore, path); InvalidArgument("iso_path") otherwise."""
-    match = _DATASTORE_PATH.match(value.strip())
-    if match is None or not match.group("path").lower().endswith(".iso"):
-        raise errors.InvalidArgument("iso_path", "expected a datastore path like '[ds1] isos/image.iso'")
-    if any(ord(ch) < 32 for ch in value):
-        raise errors.InvalidArgument("iso_path", "must not contain control characters")
-    return match.group("datastore"), match.group("path").strip()
+    """``"[datastore] folder/image.iso"`` -> (datastore, canonical path inside it), by
+    ``guard.datastore_path`` (no ``..`` out of the datastore); InvalidArgument("iso_path") otherwise."""
+    found = datastore_path.iso_path(value)
+    return found.datastore, found.path
 
 
 def _cdroms(devices: Sequence[Any]) -> list[Any]:
@@ -1177,8 +1198,7 @@ def execute_delete_vm(call: Execution) -> dict[str, Any]:
 @_state_after_policy
 def plan_unregister_vm(session: Any, args: Args) -> Plan:
     """Plan removing a VM from the inventory while keeping its files (works on orphaned VMs too)."""
-    vm = inventory.resolve_vm(session, str(args["vm"]))
-    _note_resolved(vm)
+    vm = _vm_named(session, str(args["vm"]))
     if vm.power_state == "poweredOn" and vm.connection_state not in BROKEN_CONNECTION_STATES:
         raise errors.InvalidState(f"{_label(vm)} is powered on; power it off first (power_off_vm)",
                                   moid=vm.moid)
@@ -1353,8 +1373,9 @@ def plan_bulk(session: Any, args: Args) -> Plan:
               "timeout_seconds": float(args.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS),
               "vms": [{"moid": m.ref.moid, "name": m.ref.name, "snapshot": m.current_snapshot}
                       for m in chosen]}
-    summary = (f"{_BULK_WORDS[action].format(n=len(chosen))} matching '{args['name_regex']}'{where}: "
-               f"{_names_text([m.ref.name for m in chosen])}")
+    # the pattern itself is not quoted (a secret can hide in it); the VMs it matched are listed
+    summary = (f"{_BULK_WORDS[action].format(n=len(chosen))} whose whole name matches the given "
+               f"name_regex{where}: {_names_text([m.ref.name for m in chosen])}")
     if skipped:
         summary += f" (skipping {len(skipped)} without snapshots: {_names_text(skipped)})"
     return Plan(_on(session, summary), tuple(vm_affected(m.ref) for m in chosen), params,

@@ -23,8 +23,12 @@ Every response carries a Content-Security-Policy without inline script and with
 ``frame-ancestors 'none'``, ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and
 ``Cache-Control: no-store``. Every POST needs a JSON body (an HTML form cannot send one cross-site)
 and passes ``gateway.web.session.origin_refusal``; every POST but sign-in also needs the CSRF token.
-Each request re-reads the session's token record: revoking a token, its expiry or a role change
-applies from the next request.
+Each request re-reads the session's token record: revoking a token, its expiry, a role change or
+its kind becoming an agent's applies from the next request.
+
+Only people sign in: an agent's token is refused at sign-in (audited, ``reason_code: agent_token``)
+with the command that makes a person's token. Which proposals a viewer sees, and may approve or
+deny, is ``guard.decision.proposal_rights``, the rule MCP and ``gateway pending`` use too.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, Final
 
@@ -57,11 +61,13 @@ from gateway.errors import (
     VSphereError,
 )
 from gateway.guard import audit
+from gateway.guard.decision import Proposed, proposal_rights
 from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
 from gateway.store.audit_read import open_audit_reader
 from gateway.store.base import FINAL_STATES, Proposal
+from gateway.vocabulary import Kind
 from gateway.web.session import (
     CSRF_HEADER,
     SessionStore,
@@ -103,6 +109,8 @@ AUDIT_MAX_ROWS: Final = 500
 AUDIT_SCAN_FACTOR: Final = 20
 AUDIT_FILTERS: Final = ("phase", "target", "tool", "caller")
 MAX_TOKEN_CHARS: Final = 256
+#: how a person gets a token the page accepts
+PERSON_TOKEN: Final = "`gateway token create NAME --role ROLE --kind person`"
 _PROPOSAL_ID: Final = re.compile(r"[a-z0-9]{12}")
 #: HTTP status per error code; other vSphere errors are 502, anything else 400
 _STATUS: Final = {
@@ -232,8 +240,12 @@ class WebApi:
         if record is None or record.name != session.name or not record.usable(self.sessions.clock()):
             self.sessions.end(sid)
             raise Unauthorized("your token was revoked or has expired, so your session ended; sign in with a "
-                               "valid token (`gateway token create NAME --role ROLE`)")
-        principal = Principal(record.name, record.role, record.token_id, surface=SURFACE)
+                               f"valid token ({PERSON_TOKEN})")
+        if record.kind is not Kind.PERSON:
+            self.sessions.end(sid)
+            raise Unauthorized("your token is now an agent's, so your session ended: only people sign in to "
+                               f"this page; sign in with a person's token ({PERSON_TOKEN})")
+        principal = Principal(record.name, record.role, record.token_id, surface=SURFACE, kind=record.kind)
         role = self.gateway.role_of(principal)
         if role is None:
             self.sessions.end(sid)
@@ -283,10 +295,10 @@ class WebApi:
 
         return endpoint
 
-    async def _audit_event(self, phase: str, principal: Principal) -> None:
+    async def _audit_event(self, phase: str, principal: Principal, **fields: Any) -> None:
         """Sign-in and sign-out rows; an unwritable log is logged here (approvals refuse it themselves)."""
-        row = {"phase": phase, "caller": principal.name, "role": principal.role, "surface": SURFACE,
-               "correlation_id": correlation_id_var.get()}
+        row = {"phase": phase, "caller": principal.name, "kind": principal.kind.value, "role": principal.role,
+               "surface": SURFACE, "correlation_id": correlation_id_var.get(), **fields}
         try:
             await anyio.to_thread.run_sync(self.gateway.audit.write, row)
         except AuditUnavailable:
@@ -297,7 +309,8 @@ class WebApi:
         return {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles())}
 
     def _session_body(self, viewer: Viewer) -> dict[str, Any]:
-        return {"signed_in": True, "name": viewer.principal.name, "role": viewer.role.name,
+        return {"signed_in": True, "name": viewer.principal.name, "kind": viewer.principal.kind.value,
+                "role": viewer.role.name,
                 "approve": viewer.role.approve, "audit": viewer.role.audit,
                 "all_targets": viewer.role.all_targets, "csrf": viewer.session.csrf,
                 "expires_in_seconds": int(self.sessions.remaining(viewer.session)),
@@ -338,14 +351,20 @@ class WebApi:
             principal = await self.gateway.authenticator.verify_async(token, client)
             if principal is None:
                 raise Unauthorized("that token is not valid (unknown, revoked or expired); ask an "
-                                   "administrator for one: `gateway token create NAME --role ROLE`")
+                                   f"administrator for one: {PERSON_TOKEN}")
+            if principal.kind is not Kind.PERSON:
+                await self._audit_event("web_sign_in_refused", replace(principal, surface=SURFACE),
+                                        error_code="forbidden", reason_code="agent_token")
+                raise Forbidden("this is an agent's token, and only people sign in to the approval page (an "
+                                "agent never approves, not even its own proposals); sign in with your own "
+                                f"person's token: {PERSON_TOKEN}", reason_code="agent_token")
             if self.gateway.role_of(principal) is None:
                 raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask "
                                 "an administrator to fix roles.yaml or give your token another role")
             session = await anyio.to_thread.run_sync(self._new_session, request, principal)
         except GatewayError as exc:
             return self._error(request, exc)
-        viewer_principal = Principal(principal.name, principal.role, principal.token_id, surface=SURFACE)
+        viewer_principal = replace(principal, surface=SURFACE)
         await self._audit_event("web_sign_in", viewer_principal)
         role = self.gateway.role_of(principal)
         assert role is not None
@@ -398,7 +417,8 @@ class WebApi:
         store, now = self.gateway.store, self.gateway.clock()
         found = [*store.list_proposals(OPEN_STATES, limit=OPEN_LIMIT),
                  *store.list_proposals(sorted(FINAL_STATES), limit=RECENT_LIMIT)]
-        return [self._proposal(p, viewer, now) for p in found if viewer.role.permits_target(p.target)]
+        party = self.gateway.party(viewer.principal)
+        return [self._proposal(p, viewer, now) for p in found if proposal_rights(party, Proposed.of(p)).see]
 
     async def proposals(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
         # store reads and one decision per pending card: in a worker thread, never on the event loop

@@ -12,7 +12,7 @@
     failed: "Failed", denied: "Denied", expired: "Expired", cancelled: "Cancelled",
     stale: "Stale", outcome_unknown: "Outcome unknown",
   };
-  const APPROVE_LABELS = { any: "approves any proposal", others: "approves others' proposals", none: "cannot approve" };
+  const APPROVE_LABELS = { any: "approves others' proposals", others: "approves others' proposals", none: "cannot approve" };
 
   const state = {
     me: null, csrf: null, tab: null, pollTimer: null, tickTimer: null, busy: new Set(),
@@ -123,7 +123,7 @@
   function signInHint(role) {
     $("sign-in-hint").hidden = !role;
     // each word unbreakable (a line may end only between words, never inside "--role")
-    const words = role ? ["gateway", "token", "create", "alice", "--role", role] : [];
+    const words = role ? ["gateway", "token", "create", "alice", "--role", role, "--kind", "person"] : [];
     clear($("sign-in-command")).append(...words.flatMap((word, i) => [i ? " " : "", el("span", { class: "word", text: word })]));
   }
 

@@ -1,0 +1,172 @@
+"""The shape of the package, measured with ``ast``: module and class sizes, the package's own imports per
+module, import cycles (lazy imports inside functions included) and imports that run up the layers.
+
+    python bench/layout.py            # a table of the modules over the limits, then the cycles
+    python bench/layout.py --json     # the same as one JSON object
+
+Limits (issue "The house"): no module over 900 lines, no class over 600 lines, no module importing more
+than 16 of the package's own modules, no import cycle. Exit 1 when any limit is exceeded, so a CI step or
+a reviewer can run it as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGE = "gateway"
+MAX_MODULE_LINES = 900
+MAX_CLASS_LINES = 600
+MAX_OWN_IMPORTS = 16
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    lines: int
+    classes: dict[str, int] = field(default_factory=dict)
+    imports: set[str] = field(default_factory=set)
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = current.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imports(tree: ast.AST, current: str, is_package: bool, known: set[str]) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(current, is_package, node)
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != current and name.startswith(PACKAGE):
+                found.add(name)
+    # "from gateway.x import y" names both gateway.x and gateway.x.y; keep the deepest real module only.
+    return {name for name in found if not any(other.startswith(name + ".") for other in found)} or found
+
+
+def load(root: Path) -> dict[str, Module]:
+    paths = sorted((root / PACKAGE).rglob("*.py"))
+    known = {module_name(root, path) for path in paths}
+    modules: dict[str, Module] = {}
+    for path in paths:
+        name = module_name(root, path)
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text, filename=str(path))
+        module = Module(name, path, text.count("\n") + 1)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                module.classes[node.name] = node.end_lineno - node.lineno + 1
+        module.imports = _imports(tree, name, path.name == "__init__.py", known)
+        modules[name] = module
+    return modules
+
+
+def cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        for other in sorted(modules[name].imports):
+            if other not in modules or _is_ancestor(other, name):
+                continue
+            if other not in index:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in on_stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == name:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for name in sorted(modules):
+        if name not in index:
+            visit(name)
+    return found
+
+
+def _is_ancestor(package: str, name: str) -> bool:
+    """A module importing its own package's ``__init__`` is not a cycle worth reporting."""
+    return name.startswith(package + ".")
+
+
+def report(modules: dict[str, Module]) -> dict[str, object]:
+    return {
+        "modules": len(modules),
+        "modules_over_lines": {m.name: m.lines for m in modules.values() if m.lines > MAX_MODULE_LINES},
+        "classes_over_lines": {f"{m.name}.{c}": n for m in modules.values() for c, n in m.classes.items()
+                               if n > MAX_CLASS_LINES},
+        "modules_over_imports": {m.name: len(m.imports) for m in modules.values()
+                                 if len(m.imports) > MAX_OWN_IMPORTS},
+        "cycles": cycles(modules),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    args = parser.parse_args(argv)
+    result = report(load(args.root))
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(f"{result['modules']} modules under {PACKAGE}/")
+        for key, limit in (("modules_over_lines", MAX_MODULE_LINES), ("classes_over_lines", MAX_CLASS_LINES),
+                           ("modules_over_imports", MAX_OWN_IMPORTS)):
+            rows = result[key]
+            assert isinstance(rows, dict)
+            print(f"\n{key} (limit {limit}): {len(rows)}")
+            for name, value in sorted(rows.items(), key=lambda item: -int(item[1])):
+                print(f"  {value:6d}  {name}")
+        found = result["cycles"]
+        assert isinstance(found, list)
+        print(f"\nimport cycles: {len(found)}")
+        for component in found:
+            print("  " + " <-> ".join(component))
+    over = any(result[key] for key in ("modules_over_lines", "classes_over_lines", "modules_over_imports",
+                                         "cycles"))
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
