@@ -49,6 +49,7 @@ from gateway.auth.local import os_person
 from gateway.auth.tokens import create_token
 from gateway.devsim import REPO, VCSIM_BIN, SimulatorProcess, start_simulator, write_targets
 from gateway.guard.audit import AuditSink
+from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs, open_private, write_private
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 from gateway.vocabulary import Kind
@@ -196,8 +197,8 @@ def lock_folder(folder: Path, stack: contextlib.ExitStack) -> int:
     DemoError, before anything in the folder is touched, when another demo holds it."""
     folder = folder.resolve()
     _check_ours(folder)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    make_private_dirs(folder)
+    fd = open_private(folder / LOCK, os.O_RDWR)
     stack.callback(os.close, fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -215,7 +216,7 @@ def prepare_folder(folder: Path) -> DemoFiles:
     demo did not make. Call it only while holding ``lock_folder``."""
     folder = folder.resolve()
     _check_ours(folder)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(folder)
     for entry in folder.iterdir():
         if entry.name == LOCK:
             continue
@@ -223,32 +224,28 @@ def prepare_folder(folder: Path) -> DemoFiles:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    (folder / MARKER).write_text("made by `python -m gateway.demo`; emptied on every run\n")
+    write_private(folder / MARKER, b"made by `python -m gateway.demo`; emptied on every run\n")
     return DemoFiles(folder)
 
 
-def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+def _write_private(path: Path, text: str, mode: int = FILE_MODE) -> None:
     """Write ``text`` to a file only its owner can read (never briefly readable by others)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), mode)
-        handle.write(text)
+    write_private(path, text.encode(), mode=mode)
 
 
 def write_configuration(files: DemoFiles, sims: Mapping[str, SimulatorProcess]) -> dict[str, str]:
     """targets.yaml, rules.yaml, roles.yaml, gateway.env and stdio.sh; returns the gateway's environment
     (settings and the simulators' credentials)."""
-    files.home.mkdir(mode=0o700, exist_ok=True)
+    make_private_dirs(files.home)
     extra = {name: {"tags": TARGET_TAGS.get(name, []), **TARGET_EXTRA.get(name, {})} for name in sims}
     credentials = write_targets(files.targets, sims, extra)
-    files.targets.chmod(0o600)
     _write_private(files.rules, RULES)
     _write_private(files.roles, ROLES)
     env = {**files.environment(), **credentials}
     lines = [f"{key}={shlex.quote(value)}" for key, value in env.items()]
     _write_private(files.env_file, "# the demo gateway's environment (simulator credentials included)\n"
                    + "\n".join(lines) + "\n")
-    _write_private(files.stdio_script, stdio_script(files), mode=0o700)
+    _write_private(files.stdio_script, stdio_script(files), mode=DIR_MODE)  # a script its owner runs
     return env
 
 
@@ -265,7 +262,7 @@ def stdio_script(files: DemoFiles) -> str:
 
 def create_tokens(files: DemoFiles) -> dict[str, str]:
     """One token per ``TOKENS`` entry (plaintext returned, only hashes stored), each audited."""
-    files.home.mkdir(mode=0o700, exist_ok=True)
+    make_private_dirs(files.home)
     tokens: dict[str, str] = {}
     by = os_person()  # whoever runs the demo, as ``gateway token create`` names them
     with SqliteStore(files.home / "state.db") as store, AuditSink(files.audit_log) as audit:
@@ -330,7 +327,7 @@ def start_gateway(files: DemoFiles, env: Mapping[str, str], argv: list[str],
     life, holding the folder's lock (``lock_fd``) too."""
     child_env = {**os.environ, **env}
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
-    with files.log.open("ab") as log:
+    with os.fdopen(open_private(files.log, os.O_WRONLY | os.O_APPEND), "ab") as log:
         return subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=child_env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent(os.getpid()),

@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.private_files import open_private, write_private
+
 REPO = Path(__file__).resolve().parent.parent
 VCSIM_DIR = REPO / "deploy" / "vcsim"
 VCSIM_BIN = VCSIM_DIR / "bin" / "vcsim-gw"
@@ -217,7 +219,7 @@ def _launch(
     env["TMPDIR"] = str(tmpdir)
     if user is not None and password is not None:
         env["VCSIM_PASSWORD"] = password  # the launcher's -password default: kept out of `ps`
-    with open(tmpdir / "vcsim.log", "wb") as log:
+    with os.fdopen(open_private(tmpdir / "vcsim.log", os.O_WRONLY | os.O_TRUNC), "wb") as log:
         process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                                    env=env)
     try:
@@ -311,5 +313,5 @@ def write_targets(
     """
     extra = extra or {}
     entries = [target_entry(name, sim, **dict(extra.get(name, {}))) for name, sim in simulators.items()]
-    path.write_text(yaml.safe_dump({"targets": entries}, sort_keys=False))
+    write_private(path, yaml.safe_dump({"targets": entries}, sort_keys=False).encode())
     return credentials_env(simulators)

@@ -1,9 +1,15 @@
 """A real gateway HTTPS server for tests: uvicorn on a free loopback port with a generated certificate,
-tokens for three roles, and the SDK's MCP client pointed at it."""
+tokens for three roles, and the SDK's MCP client pointed at it; or the real `gateway serve` command in
+a child process (``run_serve``)."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -26,6 +32,8 @@ from gateway.server.tls import CertificatePaths, create_certificate, server_cont
 
 #: argon2 parameters that keep token creation fast in tests (production uses the library's defaults)
 FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
+REPO = Path(__file__).resolve().parent.parent
+GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
 
 
 @dataclass
@@ -130,3 +138,49 @@ def audit_rows(gateway: Any, *, config_loads: bool = False) -> list[dict[str, An
 
     rows = open_audit_reader(gateway.settings, gateway.store).rows()
     return [row for row in rows if config_loads or row.get("phase") != "config_reload"]
+
+
+# ---------------------------------------------------------------------------- gateway serve: the real command
+
+
+@dataclass
+class Command:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise
+
+    def base(self) -> str:
+        """Wait until the server listens; its https://localhost:PORT address."""
+        found = wait_until(lambda: self.process.poll() is not None or
+                           re.search(r"running on https://127\.0\.0\.1:(\d+)", self.output()), timeout=60,
+                           what="gateway serve to listen")
+        assert isinstance(found, re.Match), self.output()
+        return f"https://localhost:{found.group(1)}"
+
+
+def run_serve(tmp: Path, env: Mapping[str, str], *argv: str, umask: int = -1) -> Command:
+    """``gateway serve ARGV`` in a child process (with ``umask`` when given), logging to tmp/serve.log."""
+    log = tmp / "serve.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, "serve", *argv], cwd=REPO,
+                                   env={**env, "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "")},
+                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                   umask=umask)
+    return Command(process, log)
+
+
+def https_argv(cert: CertificatePaths) -> list[str]:
+    return ["--transport", "https", "--cert", str(cert.cert), "--key", str(cert.key),
+            "--public-name", "localhost", "--host", "127.0.0.1", "--port", "0", "--grace-seconds", "10"]

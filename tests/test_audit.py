@@ -1010,8 +1010,8 @@ def test_the_running_servers_access_log_shows_correlation_ids(sim_vc1: Any, tmp_
     import ssl
 
     import httpx2
+    from httpserver import run_serve
     from simulator import wait_until, write_targets
-    from test_server_http import run_serve  # type: ignore[import-not-found]
 
     from gateway.server.tls import create_certificate
     from gateway.store.sqlite import SqliteStore

@@ -26,7 +26,7 @@ def mode(path: Path) -> int:
 def test_creates_a_pair_with_private_key_and_requested_names(tmp_path: Path) -> None:
     paths = create_certificate(tmp_path / "tls", ["gw.example.com", "Localhost"], ["127.0.0.1", "::1"],
                                days=30)
-    assert mode(paths.key) == 0o600 and mode(paths.cert) == 0o644 and mode(tmp_path / "tls") == 0o700
+    assert mode(paths.key) == 0o600 and mode(paths.cert) == 0o600 and mode(tmp_path / "tls") == 0o700
     cert = x509.load_pem_x509_certificate(paths.cert.read_bytes())
     alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert alt.get_values_for_type(x509.DNSName) == ["gw.example.com", "localhost"]

@@ -18,11 +18,10 @@ import httpx2
 import pytest
 import yaml
 from answers import answer_of
-from httpserver import FAST_HASH
+from httpserver import FAST_HASH, Command, https_argv, run_serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import MakeSimulator, complete_rules, wait_until, write_targets
-from test_server_http import Command, https_argv, run_serve
 
 from gateway.auth.tokens import create_token
 from gateway.guard.audit import read_rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,12 @@ from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.answer import Answer
-from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
+from gateway.auth.tokens import Principal, TokenAuthenticator, Verdict, create_token
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument
 from gateway.server.app import build_app, self_check
 from gateway.server.edge import (
+    BearerAuthMiddleware,
     ConcurrencyLimitMiddleware,
     EdgeConfig,
     HostPattern,
@@ -510,3 +512,53 @@ async def test_requests_beyond_the_concurrency_limit_get_503() -> None:
     assert second[0]["status"] == 503 and dict(second[0]["headers"])[b"retry-after"] == b"1"
     assert results[0][0]["status"] == 200 and stream.is_set()
     assert 'gateway_http_refusals_total{reason="overloaded"} 1' in metrics.render()
+
+
+class HeldAuthenticator:
+    """The real ``TokenAuthenticator``, except that checks of ``held`` wait for ``release`` (a fake for
+    timing only: a check that stays in progress while the test sends more)."""
+
+    def __init__(self, real: TokenAuthenticator, held: str) -> None:
+        self.real, self.held = real, held
+        self.waiting, self.release = anyio.Event(), anyio.Event()
+
+    def proven(self, token: str) -> bool:
+        return self.real.proven(token)
+
+    async def verify_async(self, token: str, client: str = "") -> Principal | None:
+        return await self.real.verify_async(token, client)
+
+    async def authenticate(self, token: str, client: str = "") -> Verdict:
+        if token == self.held:
+            self.waiting.set()
+            await self.release.wait()
+        return await self.real.authenticate(token, client)
+
+
+async def test_tokens_not_yet_proven_have_their_own_budget_that_a_proven_token_skips(
+    store: SqliteStore, token: str,
+) -> None:
+    made_up = ["gwt_" + c * 12 + "_" + "A" * 43 for c in "xyz"]
+    held = HeldAuthenticator(TokenAuthenticator(store), made_up[0])
+    metrics = Metrics()
+    config = replace(EDGE, max_unverified_requests=1)
+    auth = BearerAuthMiddleware(Recorder(), held, config, metrics)
+
+    async def status(secret: str) -> int:
+        sent = await run_asgi(auth, http_scope(headers=bearer(secret)), [])
+        return int(sent[0]["status"])
+
+    assert await status(token) == 200  # proven from now on
+    answers: dict[str, int] = {}
+    async with anyio.create_task_group() as tg:
+        async def first() -> None:
+            answers["held"] = await status(made_up[0])
+
+        tg.start_soon(first)
+        await held.waiting.wait()  # the one place for unproven tokens is taken
+        answers["second made-up"] = await status(made_up[1])
+        answers["proven"] = await status(token)
+        held.release.set()
+    answers["after"] = await status(made_up[2])
+    assert answers == {"held": 401, "second made-up": 503, "proven": 200, "after": 401}
+    assert 'gateway_auth_failures_total{reason="busy"} 1.0' in metrics.render()

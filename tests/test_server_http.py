@@ -12,16 +12,12 @@ import json
 import logging
 import os
 import re
-import signal
 import socket
 import ssl
-import subprocess
-import sys
 import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +25,7 @@ import anyio
 import httpx2
 import pytest
 from answers import answer_of
-from httpserver import FAST_HASH, Served, mcp_client, serve
+from httpserver import FAST_HASH, Served, https_argv, mcp_client, run_serve, serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import MakeSimulator, Simulator, wait_until, write_targets
@@ -52,8 +48,6 @@ from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
 
 pytestmark = pytest.mark.anyio
 MODES = ("legacy", "2026-07-28")
-REPO = Path(__file__).resolve().parent.parent
-GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
 
 
 @pytest.fixture(scope="module")
@@ -485,39 +479,6 @@ def test_switches_on_the_command_line_win_over_the_environment(
 
 
 # ---------------------------------------------------------------------------- gateway serve: the real command
-
-
-@dataclass
-class Command:
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            raise
-
-
-def run_serve(tmp: Path, env: Mapping[str, str], *argv: str) -> Command:
-    log = tmp / "serve.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, "serve", *argv], cwd=REPO,
-                                   env={**env, "PYTHONPATH": str(REPO), "PATH": os.environ.get("PATH", "")},
-                                   stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
-    return Command(process, log)
-
-
-def https_argv(cert: CertificatePaths) -> list[str]:
-    return ["--transport", "https", "--cert", str(cert.cert), "--key", str(cert.key),
-            "--public-name", "localhost", "--host", "127.0.0.1", "--port", "0", "--grace-seconds", "10"]
 
 
 @pytest.fixture

@@ -75,11 +75,13 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                         "clientInfo": {"name": "flood", "version": "1"}}}
+
+
 async def initialize(http: httpx2.AsyncClient, *, notify: bool = True) -> str:
-    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                       "clientInfo": {"name": "flood", "version": "1"}}}
-    response = await http.post("/mcp", json=body, headers=ACCEPT)
+    response = await http.post("/mcp", json=INITIALIZE, headers=ACCEPT)
     assert response.status_code == 200, response.text
     session: str = response.headers["mcp-session-id"]
     if notify:
@@ -276,6 +278,44 @@ async def test_bad_tokens_from_an_address_never_refuse_valid_tokens_behind_it(se
         guesses = [(await nat.get("/metrics", headers=bearer(guessing))).status_code for _ in range(15)]
         assert guesses[0] == 401 and guesses[-1] == 429, "guessing one token's secret is throttled"
         assert (await nat.get("/metrics", headers=bearer(served.tokens["alice"]))).status_code == 200
+
+
+#: the flood: connections at once, each sending made-up tokens until the probes are done
+FLOOD_CONNECTIONS = 300
+PROBES = 20
+
+
+async def test_a_flood_of_made_up_tokens_never_costs_a_valid_token_its_answer(served: Served) -> None:
+    made_up = bearer("gwt_" + "f" * 12 + "_" + "C" * 43)
+    answered: list[int] = []
+    probes: list[int] = []
+    limits = httpx2.Limits(max_connections=FLOOD_CONNECTIONS, max_keepalive_connections=FLOOD_CONNECTIONS)
+    async with served.http(served.tokens["bob"]) as reader, \
+            from_address(served, "127.0.0.9", limits=limits) as flood:
+        await initialize(reader)  # the reader's token is in use (proven) before the flood begins
+        probing = anyio.Event()
+
+        async def send_made_up() -> None:
+            while not probing.is_set():
+                try:
+                    answer = await flood.post("/mcp", json=LISTING, headers={**ACCEPT, **made_up})
+                except httpx2.TransportError:  # closed by the header deadline or keep-alive: reconnect
+                    answered.append(0)
+                    continue
+                answered.append(answer.status_code)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for _ in range(FLOOD_CONNECTIONS):
+                    tg.start_soon(send_made_up)
+                while len(answered) < FLOOD_CONNECTIONS:  # every connection is open and sending
+                    await anyio.sleep(0.05)
+                for _ in range(PROBES):  # an MCP initialize: a new session each time
+                    probe = await reader.post("/mcp", json=INITIALIZE, headers=ACCEPT)
+                    probes.append(probe.status_code)
+                probing.set()
+    assert probes.count(200) == PROBES, f"the probe was served {probes.count(200)} of {PROBES}: {probes}"
+    assert set(answered) - {0} <= {401, 429, 503}, set(answered)
 
 
 async def test_refused_tokens_are_audited_once_per_source_and_reason(served: Served) -> None:

@@ -224,6 +224,16 @@ class TokenAuthenticator:
                 if left:
                     self._pending[key] = left
 
+    def proven(self, token: str) -> bool:
+        """Whether this process has verified ``token`` already (a lookup, no I/O, no argon2): the edge
+        lets such a token past the budget of tokens being checked for the first time."""
+        token_id = parse_token_id(token)
+        if token_id is None:
+            return False
+        key = hashlib.blake2b(token.encode("utf-8"), key=self._key, digest_size=32).digest()
+        with self._lock:
+            return self._verified.get(key) == token_id
+
     def _prove_unless_throttled(self, candidate: _Candidate, token: str, client: str) -> Verdict:
         # failures of the same burst may have landed while this check waited for a thread
         wait = self._throttle_wait((client, candidate.record.token_id))

@@ -1,7 +1,7 @@
 """``gateway cert create``: a self-signed certificate and key for the HTTPS transport.
 
-For first steps and tests; in production use a certificate from your own CA. The key is written
-0600, the certificate 0644; existing files are kept unless ``--force`` is given.
+For first steps and tests; in production use a certificate from your own CA. Both files are written
+0600 (give clients a copy of the certificate); existing files are kept unless ``--force`` is given.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
 
 def run_create(args: argparse.Namespace) -> int:
     paths = create_certificate(args.out, args.names, args.ips, days=args.days, force=args.force)
-    print(f"certificate: {paths.cert}\nkey:         {paths.key} (mode 0600)")
+    print(f"certificate: {paths.cert}\nkey:         {paths.key} (both mode 0600)")
     names = " ".join(f"--public-name {n}" for n in args.names or args.ips)
     print(f"serve with: gateway serve --transport https --cert {paths.cert} --key {paths.key} {names}",
           file=sys.stderr)

@@ -64,6 +64,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from gateway.answer import Answer, answer_bytes, encode_json
 from gateway.errors import AuditUnavailable
 from gateway.guard.redact import bounded
+from gateway.private_files import make_private_dirs, open_private
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,7 @@ def load_or_create_signing_key(key_file: Path) -> Ed25519PrivateKey:
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(key_file.parent)
     try:
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:
@@ -540,8 +541,8 @@ class AuditSink:
         if self._closed:
             return False
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            make_private_dirs(self.path.parent)
+            fd = open_private(self.path, os.O_RDWR | os.O_APPEND)
             try:
                 regular = stat.S_ISREG(os.fstat(fd).st_mode)
                 fs = os.fstatvfs(fd)
@@ -612,8 +613,8 @@ class AuditSink:
             self._tail = None
             self._pid = os.getpid()
         if self._lock_fd is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._lock_fd = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            make_private_dirs(self.path.parent)
+            self._lock_fd = open_private(_lock_path(self.path), os.O_RDWR)
         return self._lock_fd
 
     def _drop_fd(self) -> None:
@@ -633,7 +634,7 @@ class AuditSink:
                 pass
             self._drop_fd()
         existed = self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = open_private(self.path, os.O_RDWR | os.O_APPEND)
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
             os.close(fd)
@@ -706,7 +707,7 @@ class AuditSink:
         entry = sign_checkpoint(self._signer, {"seq": tail.seq, "hash": tail.hash,
                                                "ts": format_ts(self._clock()), "log": self.path.name})
         line = (json.dumps(entry, separators=(",", ":"), sort_keys=True) + "\n").encode("ascii")
-        fd = os.open(self.checkpoint_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = open_private(self.checkpoint_file, os.O_WRONLY | os.O_APPEND)
         try:
             view = memoryview(line)
             while view:

@@ -110,11 +110,13 @@ def _edge_stack(gateway: AppGateway, config: EdgeConfig, gate: DrainGate,
         Middleware(edge.RequestSizeMiddleware, max_body_bytes=config.max_body_bytes,
                    max_header_bytes=config.max_header_bytes, timeout=config.receive_timeout_seconds,
                    metrics=metrics),
-        Middleware(edge.ConcurrencyLimitMiddleware, limit=config.max_concurrent_requests, config=config,
-                   metrics=metrics),
         Middleware(edge.QueryTokenMiddleware, metrics=metrics),
+        # authentication before admission: bad tokens are refused within their own budget and never
+        # take one of the slots of authenticated requests
         Middleware(edge.BearerAuthMiddleware, authenticator=gateway.authenticator, config=config,
                    metrics=metrics, refusals=refusals),
+        Middleware(edge.ConcurrencyLimitMiddleware, limit=config.max_concurrent_requests, config=config,
+                   metrics=metrics),
     ]
 
 

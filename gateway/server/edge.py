@@ -11,13 +11,16 @@ Outermost first (composed in ``gateway.server.app.build_app``)::
     OriginAllowList   403 when an Origin header is present and is not the server's own origin
     RequestSize       431 past the header size limit; 413 past the body size limit (declared or
                       counted while streaming); 408 when the body does not arrive within the deadline
-    ConcurrencyLimit  503 beyond the limit of requests in progress (long-lived event streams excepted)
     QueryToken        400 for a token anywhere in the query string: a URL ends up in logs and histories
     BearerAuth        401 (WWW-Authenticate: Bearer, and how to get a token) without a valid token, 429
-                      while throttled (see ``gateway.auth.tokens``), 503 while argon2 is saturated;
-                      a valid token becomes the SDK's AuthenticatedUser, so get_access_token() works in
-                      handlers and each MCP session stays bound to the token that opened it. Refused
-                      tokens are counted per (source, reason) and audited in aggregate (``RefusalAudit``)
+                      while throttled (see ``gateway.auth.tokens``), 503 while argon2 is saturated or
+                      more than ``max_unverified_requests`` tokens this process has not proven yet are
+                      being checked (their own budget: a token already proven skips it); a valid token
+                      becomes the SDK's AuthenticatedUser, so get_access_token() works in handlers and
+                      each MCP session stays bound to the token that opened it. Refused tokens are
+                      counted per (source, reason) and audited in aggregate (``RefusalAudit``)
+    ConcurrencyLimit  503 beyond the limit of authenticated requests in progress (long-lived event
+                      streams excepted): a flood of bad tokens is refused above and never takes a slot
 
 uvicorn also bounds headers still arriving (``h11_max_incomplete_event_size`` = ``max_header_bytes``),
 and ``gateway.server.app`` gives it a protocol that closes a connection whose request headers are not
@@ -84,6 +87,8 @@ class Authenticator(Protocol):
     async def verify_async(self, token: str, client: str = "") -> Principal | None: ...
 
     async def authenticate(self, token: str, client: str = "") -> Verdict: ...
+
+    def proven(self, token: str) -> bool: ...
 
 
 # ---------------------------------------------------------------------------- names and config
@@ -158,6 +163,8 @@ class EdgeConfig:
     max_header_bytes: int = 16 << 10
     receive_timeout_seconds: float = 30.0
     max_concurrent_requests: int = 64
+    #: requests whose token this process has not proven yet, checked at once; beyond, 503 at once
+    max_unverified_requests: int = 64
     #: an MCP session with no request in flight for this long is closed (its id then answers 404)
     session_idle_seconds: float = 30 * 60
     #: paths served without a token (exact match)
@@ -591,6 +598,8 @@ class BearerAuthMiddleware:
     metrics: Counter
     refusals: RefusalAudit | None = None
     _challenge: str = field(default=f'Bearer realm="{REALM}"', init=False)
+    #: checks in progress of tokens not proven yet (on the event loop only: no lock needed)
+    _unverified: int = field(default=0, init=False)
     #: RFC 6750 puts no error code on a request without credentials; the description says what to do
     _missing: str = field(default=f'Bearer realm="{REALM}", error_description="a bearer token from '
                           "'gateway token create' is required\"", init=False)
@@ -607,11 +616,7 @@ class BearerAuthMiddleware:
                          f"a bearer token is required: {TOKEN_HINT}",
                          headers={"WWW-Authenticate": self._missing})
             return
-        try:
-            verdict = await self.authenticator.authenticate(token, client)
-        except GatewayError:  # the token store cannot be read: fail closed
-            log.exception("token check failed (correlation id %s)", correlation_id_var.get())
-            verdict = Verdict(None, "unavailable", 5.0)
+        verdict = await self._admitted_check(token, client)
         if verdict.principal is None:
             await self._refuse_token(scope, receive, send, client, verdict)
             return
@@ -623,6 +628,26 @@ class BearerAuthMiddleware:
             await self.app(scope, receive, send)
         finally:
             auth_context_var.reset(reset)
+
+    async def _admitted_check(self, token: str, client: str) -> Verdict:
+        """A token this process has proven is checked at once; any other takes one of the
+        ``max_unverified_requests`` places first, or is refused as busy (it never waits)."""
+        if self.authenticator.proven(token):
+            return await self._check(token, client)
+        if self._unverified >= self.config.max_unverified_requests:
+            return Verdict(None, "busy", 1.0)
+        self._unverified += 1
+        try:
+            return await self._check(token, client)
+        finally:
+            self._unverified -= 1
+
+    async def _check(self, token: str, client: str) -> Verdict:
+        try:
+            return await self.authenticator.authenticate(token, client)
+        except GatewayError:  # the token store cannot be read: fail closed
+            log.exception("token check failed (correlation id %s)", correlation_id_var.get())
+            return Verdict(None, "unavailable", 5.0)
 
     def _refused(self, client: str, reason: str, token_id: str | None = None) -> None:
         self.metrics.auth_failure(reason)

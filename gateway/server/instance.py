@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 from typing import Final
 
+from gateway.private_files import make_private_dirs, open_private
+
 _DIR: Final = "instances"
 
 
@@ -36,9 +38,8 @@ class Instance:
         """Hold the lock (idempotent, thread-safe); return the id to record on a claim."""
         with self._holding:
             if self._fd is None:
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                fd = os.open(self.directory / f"{self.id}.lock",
-                             os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+                make_private_dirs(self.directory)
+                fd = open_private(self.directory / f"{self.id}.lock", os.O_RDWR | os.O_NOFOLLOW)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BaseException:

@@ -87,6 +87,7 @@ from gateway.guard.read_filter import Filtered, ReadFilter, read_args
 from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
+from gateway.private_files import make_private_dirs
 from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
@@ -243,7 +244,7 @@ class Gateway:
     def build(cls, settings: Settings) -> Gateway:
         """Load configuration and open the stores; raises ConfigError on anything fatal."""
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
-        settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(settings.home)
         store = open_store(settings)
         audit = open_audit(settings, store)
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's

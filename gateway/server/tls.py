@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gateway.errors import ConfigError, InvalidArgument
+from gateway.private_files import make_private_dirs, write_private
 
 CERT_FILE = "cert.pem"
 KEY_FILE = "key.pem"
@@ -92,28 +92,25 @@ def build_certificate(
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def _write(path: Path, data: bytes, mode: int, *, force: bool) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+def _write(path: Path, data: bytes, *, force: bool) -> None:
     try:
-        fd = os.open(path, flags, mode)
+        write_private(path, data, replace=force)
     except FileExistsError as exc:
         raise InvalidArgument("out", f"{path} already exists; pass --force to replace it") from exc
-    with os.fdopen(fd, "wb") as handle:
-        os.fchmod(handle.fileno(), mode)  # the mode given to open() only applies to a new file
-        handle.write(data)
 
 
 def create_certificate(
     out_dir: Path, names: Sequence[str], ips: Sequence[str] = (), *, days: int = 365, force: bool = False,
 ) -> CertificatePaths:
-    """Write ``cert.pem`` (0644) and ``key.pem`` (0600) into ``out_dir`` (created 0700 if missing)."""
+    """Write ``cert.pem`` and ``key.pem`` (both 0600, like every file the gateway makes: hand the
+    certificate to clients as a copy) into ``out_dir`` (created 0700 if missing)."""
     cert_pem, key_pem = build_certificate(names, ips, days=days)
-    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(out_dir)
     paths = CertificatePaths(cert=out_dir / CERT_FILE, key=out_dir / KEY_FILE)
     if not force:
         for path in (paths.cert, paths.key):
             if path.exists():
                 raise InvalidArgument("out", f"{path} already exists; pass --force to replace it")
-    _write(paths.key, key_pem, 0o600, force=force)
-    _write(paths.cert, cert_pem, 0o644, force=force)
+    _write(paths.key, key_pem, force=force)
+    _write(paths.cert, cert_pem, force=force)
     return paths

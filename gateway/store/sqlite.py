@@ -9,13 +9,21 @@ The directory is kept at mode 0700 and the database (with its ``-wal`` and ``-sh
 they hold token hashes and the parameters of pending destructive actions. The file must be on a
 local filesystem (WAL coordinates through shared memory); replicas on several hosts need a shared
 database behind ``StateStore`` instead.
+
+Modes are set without ever opening a file SQLite may hold: SQLite coordinates processes with POSIX
+locks, and closing *any* descriptor of a file drops all of the process's locks on it (another process
+then rebuilds the shared-memory index under the first one, which dies of SIGBUS). So the database is
+created empty at 0600 before SQLite first opens it (SQLite gives its ``-wal`` and ``-shm`` files the
+database's mode), and a file already there that is too open is tightened by name, with ``chmod``.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -25,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
+from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs
 from gateway.store.base import (
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
@@ -113,14 +122,12 @@ MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
 _SESSION_COLUMNS: Final = ", ".join(WEB_SESSION_COLUMNS)
-_PRIVATE_FILE: Final = 0o600
-_PRIVATE_DIR: Final = 0o700
 
 
 def secure_directory(directory: Path) -> None:
     """Create ``directory`` at mode 0700, or tighten it if this user owns it; refuse a directory other
     users can reach that this user cannot fix."""
-    directory.mkdir(mode=_PRIVATE_DIR, parents=True, exist_ok=True)
+    make_private_dirs(directory)
     st = directory.stat()
     if not st.st_mode & 0o077:
         return
@@ -128,23 +135,39 @@ def secure_directory(directory: Path) -> None:
         raise ConfigError(f"{directory}: the state directory is open to other users and owned by someone "
                           "else; point GATEWAY_HOME (--home) at a directory only the gateway's user can use")
     log.warning("%s: tightening permissions to 0700 (it holds token hashes and pending actions)", directory)
-    os.chmod(directory, _PRIVATE_DIR)
+    os.chmod(directory, DIR_MODE)
 
 
-def _secure_file(path: Path, *, create: bool) -> None:
-    """Create ``path`` at 0600 (umask cannot widen it) or tighten an existing one; never follow a link."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+#: one ``SqliteStore`` of this process at a time creates a database file (see ``_private_database``)
+_CREATING: Final = threading.Lock()
+
+
+def _private_database(path: Path) -> None:
+    """The database file at 0600 before SQLite opens it, and its ``-wal`` and ``-shm`` no wider.
+
+    A missing database is created empty (``O_EXCL``: no process can hold a lock on a file that did not
+    exist) and its descriptor closed before SQLite opens it. Files already there are never opened:
+    they are tightened by name. A symbolic link is refused."""
+    with _CREATING:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        except FileExistsError:
+            pass
+        else:
+            os.close(fd)
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        _tighten_by_name(file)
+
+
+def _tighten_by_name(path: Path) -> None:
     try:
-        fd = os.open(path, flags, _PRIVATE_FILE)
+        st = os.lstat(path)
     except FileNotFoundError:
-        if create:
-            raise
         return
-    try:
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, _PRIVATE_FILE)
-    finally:
-        os.close(fd)
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link is not accepted as the state store", str(path))
+    if st.st_mode & 0o077:
+        os.chmod(path, FILE_MODE)  # by name: opening and closing it would drop SQLite's locks
 
 
 class SqliteStore:
@@ -159,13 +182,11 @@ class SqliteStore:
         self._closed = False
         try:
             secure_directory(self.path.parent)
-            _secure_file(self.path, create=True)
+            _private_database(self.path)
         except OSError as exc:
             raise StateUnavailable(f"cannot create the state store {self.path} ({exc.strerror}); check that "
                                    "GATEWAY_HOME is writable by the gateway's user") from exc
         self._migrate()
-        for suffix in ("-wal", "-shm"):
-            _secure_file(Path(f"{self.path}{suffix}"), create=False)
 
     # -- connections ---------------------------------------------------------------------------
 
