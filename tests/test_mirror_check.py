@@ -347,6 +347,8 @@ class Relay:
             except OSError:
                 client.close()
                 continue
+            for link in (client, upstream):  # no Nagle delays on relayed small writes
+                link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._links += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
@@ -494,12 +496,12 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
                 log.append("cut")
             name = "a" if rng.random() < 0.97 else "b"
             got = answer(built, name, fields=FIELDS)
-            logging.getLogger("differential").debug("round %d %s %s -> %s", round_, log[-1], name,
-                                                    "mirror" if got is not None else "sweep")
-            if got is None:
+            if got is None:  # swept (as the gateway would); let the mirror recover before the next round
+                with contextlib.suppress(TimeoutError):
+                    wait_until(lambda name=name: synced(built, name), timeout=3, what="mirror back")
                 continue
             truth = sweep(direct, fields=FIELDS)
-            assert got == truth, f"round {round_} ({name}): mirror != sweep after {log[-6:]}: {_diff(got, truth)}"
+            assert got == truth, f"round {round_} ({name}) after {log[-6:]}: {_diff(got, truth)}"
             compared += 1
         elapsed = time.monotonic() - started
         stats = built.stats()
@@ -507,7 +509,7 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
               f"a: {stats['a']}; b: {stats['b']}")
         for name in targets:  # at most one divergence at a time is waiting for its repair
             assert stats[name].repairs <= stats[name].divergences <= stats[name].repairs + 1, stats[name]
-        assert compared >= ROUNDS // 10, f"only {compared} of {ROUNDS} reads came from a mirror"
+        assert compared >= ROUNDS // 2, f"only {compared} of {ROUNDS} reads came from a mirror"
         assert relay.cuts >= 5
         # with the competing mirror gone, every divergence found has been repaired
         b = built._mirror("b")
@@ -517,13 +519,6 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
             "a"].repairs, timeout=40, what="a synced, its divergences all repaired")
         assert answer(built, "a", fields=FIELDS) == sweep(direct, fields=FIELDS)
     finally:
-        import os
-        if os.environ.get("DEBUG_SIM"):
-            lines = sim.log().splitlines()
-            idx = [i for i, l in enumerate(lines) if "panic" in l]
-            print("PANICS", len(idx))
-            for i in idx[:4]:
-                print("\n".join(lines[i - 25:i + 1]))
         built.close()
         direct.close()
         Disconnect(si)
@@ -533,7 +528,8 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
 def _diff(mirror: dict[str, Any], swept: dict[str, Any]) -> dict[str, Any]:
     held = {row["moid"]: row for row in mirror["vms"]}
     live = {row["moid"]: row for row in swept["vms"]}
-    return {m: (held.get(m), live.get(m)) for m in sorted(set(held) | set(live)) if held.get(m) != live.get(m)}
+    return {m: (held.get(m), live.get(m)) for m in sorted(set(held) | set(live))
+            if held.get(m) != live.get(m)}
 
 
 def _random_change(rng: random.Random, si: Any, folders: list[Any], vms: list[Any], round_: int) -> str:

@@ -401,7 +401,7 @@ class Mirror:
                 # down are not (they repeat every RETRY_SECONDS).
                 log.log(logging.WARNING if failures == 0 else logging.DEBUG,
                         "target %s: mirror unhealthy (%s); reads sweep until it resyncs", self.target.name,
-                        message, exc_info=True)
+                        message)
                 with self._lock:
                     self._healthy = False
                     self._last_error = message
@@ -529,9 +529,7 @@ class Mirror:
         with self._lock:
             self._checks[kind] += 1
         if found:
-            with self._lock:
-                log.debug("target %s: %s comparison: mirror %s, live %s", self.target.name, kind,
-                          [self._objects.get(m) for m in found], [live.get(m) for m in found])
+            log.debug("target %s: %s comparison: %s differ", self.target.name, kind, found[:20])
             self._diverge(f"a {kind} comparison found {len(found)} objects differing from a live read",
                           len(found))
 
@@ -557,6 +555,7 @@ class Mirror:
                         self.target.name, why, objects)
 
     def _resync(self, session: VSphereSession) -> None:
+        started = time.perf_counter()
         with self._lock:
             self._healthy = False
             self._synced = False
@@ -609,7 +608,8 @@ class Mirror:
             self._diverged = False
             self._polled = self._requested  # readers still waiting fell back to a sweep already
             self._lock.notify_all()
-        log.info("target %s: mirror synced (%d objects)", self.target.name, len(objects))
+        log.info("target %s: mirror synced (%d objects, %.2f s)", self.target.name, len(objects),
+                 time.perf_counter() - started)
 
     def _spec(self, types: Sequence[Any]) -> Any:
         return PC.FilterSpec(
