@@ -274,6 +274,7 @@ async def test_two_gateways_on_one_simulator_both_see_a_direct_power_off(
         for gateway in (first, second):
             assert (await _list(gateway))["DC0_C0_RP0_VM0"]["power_state"] == "poweredOn"
         assert first.mirrors.stats()["vc1"].divergences >= 1, "the frozen stream was not noticed"
+        assert 'gateway_mirror_divergence_total{target="vc1"}' in first.metrics.render()
     finally:
         await first.close()
         await second.close()

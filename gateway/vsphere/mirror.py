@@ -106,12 +106,12 @@ MIRRORED: dict[Any, tuple[str, ...]] = {
 list_clusters and list_datastores read, and the names their rows refer to. Clusters keep their
 ``configurationEx`` (DRS and HA settings) as the data object vSphere sends; everything else is scalar."""
 
-_FILTER_GROUPS: tuple[tuple[Any, ...], ...] = (
-    (vim.VirtualMachine,), tuple(t for t in MIRRORED if t is not vim.VirtualMachine))
-"""The mirrored types by filter: VMs in one of their own. govmomi's simulator crashes the handler of a
-wait when a filter holds an update of an object deleted since (a VM powered off, then destroyed) and
-lists a property spec of another type before the object's own; in a filter of VMs only it never has
-to look one up."""
+_OTHER_TYPES = {t: p for t, p in MIRRORED.items() if t is not vim.VirtualMachine}
+"""The mirrored types kept in the marker's filter; VMs have a filter of their own. govmomi's simulator
+crashes the handler of a wait when a filter holds an update of an object it cannot look up (a VM
+powered off then destroyed, a session's view) and lists a property spec of another type before the
+object's own; with VMs alone in one filter and the marker's view first in the other it never has to.
+Two filters, not one per type: the simulator recomputes every filter for every change it reports."""
 
 
 @dataclass(frozen=True)
@@ -572,13 +572,13 @@ class Mirror:
         # The marker's filter is read first, alone: the update queue then runs before the mirrored
         # state is read, so no change made meanwhile is lost (govmomi's simulator starts listening for
         # a session only after its first read, and a change between them reached nobody).
-        self._filters = [collector.CreateFilter(self._marker.filter_spec(content.taskManager),
-                                                partialUpdates=False)]
+        self._filters = [collector.CreateFilter(
+            self._marker.filter_spec(content.taskManager, self._spec(_OTHER_TYPES)), partialUpdates=False)]
         first = collector.WaitForUpdatesEx("", PC.WaitOptions(maxWaitSeconds=0))
         objects: dict[str, ObjectProps] = {}
         tasks = (_apply_update(objects, first).tasks if first is not None else None) or []
-        self._filters += [collector.CreateFilter(self._spec(group), partialUpdates=False)
-                          for group in _FILTER_GROUPS]
+        self._filters.append(collector.CreateFilter(self._spec({vim.VirtualMachine: _VM_PATHS}),
+                                                    partialUpdates=False))
         version = ""
         while True:  # the first answer may come in several truncated parts
             update = content.propertyCollector.WaitForUpdatesEx(version, PC.WaitOptions(maxWaitSeconds=0))
@@ -611,11 +611,12 @@ class Mirror:
         log.info("target %s: mirror synced (%d objects, %.2f s)", self.target.name, len(objects),
                  time.perf_counter() - started)
 
-    def _spec(self, types: Sequence[Any]) -> Any:
+    def _spec(self, paths: Mapping[Any, Sequence[str]]) -> Any:
+        """A filter spec over the mirror's view for ``paths`` (by type)."""
         return PC.FilterSpec(
             objectSet=[PC.ObjectSpec(obj=self._view, skip=True, selectSet=[
                 PC.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)])],
-            propSet=[PC.PropertySpec(type=t, pathSet=list(MIRRORED[t])) for t in types])
+            propSet=[PC.PropertySpec(type=t, pathSet=list(p)) for t, p in paths.items()])
 
     def _changed(self) -> None:
         """``_objects`` changed (called with the lock): drop what was derived from them."""

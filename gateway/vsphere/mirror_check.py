@@ -270,15 +270,16 @@ class Marker:
     def moid(self) -> str:
         return str(self.view._moId)
 
-    def filter_spec(self, task_manager: Any) -> Any:
-        """A filter of its own for the marker and the task list. Kept apart from the mirrored types:
-        govmomi's simulator looks an updated object up in the global registry for every property spec
-        of another type listed before its own, and neither a session's view nor a deleted object is
-        there (the handler crashes), so each type must come first in the filter that holds it."""
+    def filter_spec(self, task_manager: Any, mirrored: Any) -> Any:
+        """The marker and the task list, added to ``mirrored`` (a filter spec). The marker's property
+        spec comes first: govmomi's simulator looks an updated object up in the global registry for
+        every spec of another type listed before the object's own, and a session's view is not there
+        (the handler crashes)."""
         return PC.FilterSpec(
-            objectSet=[PC.ObjectSpec(obj=self.view, skip=False), PC.ObjectSpec(obj=task_manager, skip=False)],
+            objectSet=[PC.ObjectSpec(obj=self.view, skip=False), PC.ObjectSpec(obj=task_manager, skip=False),
+                       *mirrored.objectSet],
             propSet=[PC.PropertySpec(type=vim.view.ListView, pathSet=["view"]),
-                     PC.PropertySpec(type=vim.TaskManager, pathSet=["recentTask"])])
+                     PC.PropertySpec(type=vim.TaskManager, pathSet=["recentTask"]), *mirrored.propSet])
 
     def change(self) -> None:
         """Add or remove the member (one small call), unless a change is still outstanding."""
