@@ -25,7 +25,8 @@ What checks what (``gateway.vsphere.mirror`` runs all of it on the mirror's own 
     again: a change made between a read and a poll is not a divergence). A divergence is logged,
     counted (``gateway_mirror_divergence_total``) and repaired by a full resync; until then the mirror
     answers nothing and reads sweep. Cost (bench/mirror_check.py): per full interval about two reads of
-    the cheap set and one of the mirrored set, plus one small call per read.
+    the cheap set and one of the mirrored set, one small call and its update per read, and the
+    target's recent-task list with each task.
 
 This module holds the pure parts (what to compare, when, which slice) and the live reads they need;
 it imports nothing of the mirror itself.
