@@ -163,6 +163,7 @@ _TARGET_KEYS = {
     "proposal_ttl_seconds",
     "mirror",
     "max_staleness_seconds",
+    "mirror_check_seconds",
 }
 MIRROR_MODES = ("off", "lazy", "eager")
 
@@ -194,6 +195,9 @@ class Target:
     """Live inventory mirror for reads: ``off``, ``lazy`` (started by the first read) or ``eager``."""
     max_staleness_seconds: float | None = None
     """When set, mirror reads skip the freshness poll while the mirror heard from the target this recently."""
+    mirror_check_seconds: float = 300.0
+    """How often the mirror compares everything it holds with a live read (a cheap rolling comparison
+    runs in between; see ``gateway.vsphere.mirror_check``)."""
 
     @property
     def address(self) -> str:
@@ -289,6 +293,7 @@ def _parse_target(
         "proposal_ttl_seconds": (int, float),
         "mirror": str,
         "max_staleness_seconds": (int, float),
+        "mirror_check_seconds": (int, float),
     }
     for key, kind in kinds.items():
         if key in entry and entry[key] is not None:
@@ -316,6 +321,11 @@ def _parse_target(
     staleness = entry.get("max_staleness_seconds")
     if staleness is not None and staleness < 0:
         problems.append(f"{where('max_staleness_seconds')}: 'max_staleness_seconds' must be zero or positive")
+    check = entry.get("mirror_check_seconds")
+    check = 300.0 if check is None else check
+    if not 1 <= check <= 86400:
+        problems.append(f"{where('mirror_check_seconds')}: 'mirror_check_seconds' must be between 1 and "
+                        "86400 (how often the mirror compares itself with a live read; default 300)")
     target = Target(
         name=entry["name"],
         host=entry["host"],
@@ -331,6 +341,7 @@ def _parse_target(
         proposal_ttl_seconds=None if ttl is None else float(ttl),
         mirror=entry.get("mirror") or "lazy",
         max_staleness_seconds=float(staleness) if staleness is not None else None,
+        mirror_check_seconds=float(check),
     )
     if target.name in ("all", "*"):
         problems.append(f"{where('name')}: '{target.name}' is reserved (it means every target); pick another "

@@ -26,6 +26,12 @@ Fresh by default
     A target with ``max_staleness_seconds`` skips that round trip while the mirror heard from the
     target within that many seconds, and its answers carry ``mirror_age_seconds``.
 
+The mirror checks itself (``gateway.vsphere.mirror_check``)
+    Each freshness poll proves the stream live (it must bring back a change of the mirror's own
+    marker); finished tasks and objects that entered and left in one update set are read live before
+    a poll answers; rolling and full rounds compare the mirror with live reads in between. A
+    divergence is logged, counted and repaired by a resync; until then reads sweep.
+
 Fallback, never mixed
     ``Mirrors.answer`` returns a whole answer computed under the mirror's lock from one state, or
     ``None`` (the caller sweeps as before): never part of each. Writes and confirm-time resolution do
@@ -46,10 +52,11 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyVmomi import vim, vmodl
@@ -57,8 +64,9 @@ from pyVmomi import vim, vmodl
 from gateway import errors
 from gateway.answer import Answer
 from gateway.config import Target
-from gateway.vsphere import inventory
+from gateway.vsphere import inventory, mirror_check
 from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere.mirror_check import CONTROL_TYPES, Marker, Schedule
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
 log = logging.getLogger(__name__)
@@ -98,6 +106,13 @@ MIRRORED: dict[Any, tuple[str, ...]] = {
 list_clusters and list_datastores read, and the names their rows refer to. Clusters keep their
 ``configurationEx`` (DRS and HA settings) as the data object vSphere sends; everything else is scalar."""
 
+_OTHER_TYPES = {t: p for t, p in MIRRORED.items() if t is not vim.VirtualMachine}
+"""The mirrored types kept in the marker's filter; VMs have a filter of their own. govmomi's simulator
+crashes the handler of a wait when a filter holds an update of an object it cannot look up (a VM
+powered off then destroyed, a session's view) and lists a property spec of another type before the
+object's own; with VMs alone in one filter and the marker's view first in the other it never has to.
+Two filters, not one per type: the simulator recomputes every filter for every change it reports."""
+
 
 @dataclass(frozen=True)
 class MirrorStats:
@@ -113,6 +128,12 @@ class MirrorStats:
     swept: int
     last_error: str | None
     lookups: int = 0
+    divergences: int = 0
+    """Divergences found (a stream that did not deliver, or a comparison with a live read that differed)."""
+    repairs: int = 0
+    """Resyncs that repaired a divergence (equal to ``divergences`` once the mirror is synced again)."""
+    checks: dict[str, int] = field(default_factory=dict)
+    """Comparison rounds done, by kind (rolling, full)."""
 
 
 @dataclass(frozen=True)
@@ -165,8 +186,21 @@ class Mirror:
         self._long_wait = False
         self._session: VSphereSession | None = None
         self._session_key: str | None = None
-        self._filter: Any = None
+        self._filters: list[Any] = []
         self._view: Any = None
+        # the self-check (loop thread only, except the counters under the lock)
+        self._marker: Marker | None = None
+        self._schedule = Schedule(target.mirror_check_seconds, clock())
+        self._tasks_seen: set[str] = set()
+        self._tasks_running: set[str] = set()
+        #: what applied updates left to read live (moid -> type), and the task list when it changed
+        self._doubts: dict[str, str] = {}
+        self._task_list: list[str] | None = None
+        self._resync_wanted = False
+        self._diverged = False
+        self._divergences = 0
+        self._repairs = 0
+        self._checks = {"rolling": 0, "full": 0}
         self._thread: threading.Thread | None = None
         self._kicker: threading.Thread | None = None
         self._kick = threading.Event()
@@ -283,7 +317,8 @@ class Mirror:
                 state = "synced" if self._synced else "syncing"
             lag = None if self._heard_at is None else max(0.0, self._clock() - self._heard_at)
             return MirrorStats(state, len(self._objects), self._version, lag, self._resyncs, self._updates,
-                               self._served, self._swept, self._last_error, self._lookups)
+                               self._served, self._swept, self._last_error, self._lookups,
+                               self._divergences, self._repairs, dict(self._checks))
 
     # ---------------------------------------------------------------- reads
 
@@ -376,50 +411,188 @@ class Mirror:
                 failures += 1
 
     def _step(self, session: VSphereSession) -> None:
-        """One round: (re)build the filter and resync if the session changed, else one wait and apply."""
+        """One round: (re)build the filter and resync if the session changed or the mirror diverged;
+        else a proven zero-wait poll a read asked for, a comparison round that is due, or one wait."""
         self._session = session
-        if self._session_key != session.key or self._filter is None:
+        if self._session_key != session.key or not self._filters or self._resync_wanted:
             self._resync(session)
             return
         with self._lock:
             wanted = self._requested
             zero = wanted > self._polled
-            self._long_wait = not zero
-        wait = 0 if zero else min(LONG_WAIT_SECONDS, max(1, int(self.target.timeout_seconds / 2)))
-        canceled = False
+        if zero:
+            if self._poll(session, prove=True):
+                with self._lock:
+                    self._polled = max(self._polled, wanted)
+                    self._lock.notify_all()
+            return
+        due = self._schedule.due(self._clock())
+        if due is not None:
+            self._check(session, due)
+            return
+        wait = min(LONG_WAIT_SECONDS, max(1, int(self.target.timeout_seconds / 2)),
+                   max(1, math.ceil(self._schedule.wait(self._clock()))))
+        with self._lock:
+            self._long_wait = self._requested == wanted
+        if self._long_wait:
+            self._poll(session, prove=False, wait=wait)
+
+    def _poll(self, session: VSphereSession, *, prove: bool, wait: int = 0) -> bool:
+        """One ``WaitForUpdatesEx`` applied, and what it names read live; False when it was cancelled
+        or, with ``prove``, when it did not bring back the marker's change (the mirror diverged)."""
+        marker = self._marker
+        assert marker is not None
+        if prove:
+            marker.change()
+        applied = self._wait(session, wait)
+        if applied is None:
+            return False
+        if prove and marker.outstanding:
+            # one more look, in case the target had not yet queued the change for this poll
+            again = self._wait(session, 0)
+            if again is None:
+                return False
+            applied = again
+        if prove and marker.outstanding:
+            with self._lock:
+                count = len(self._objects)
+            self._diverge("its update stream did not deliver the mirror's own change", count)
+            return False
+        self._recheck(session)
+        return True
+
+    def _wait(self, session: VSphereSession, seconds: int) -> Applied | None:
         try:
             update = session.content.propertyCollector.WaitForUpdatesEx(
-                self._version, PC.WaitOptions(maxWaitSeconds=wait))
+                self._version, PC.WaitOptions(maxWaitSeconds=seconds))
         except vmodl.fault.RequestCanceled:
-            update, canceled = None, True
+            return None  # a cancel meant for a long wait hit this one: the next round polls
         finally:
             with self._lock:
                 self._long_wait = False
-        # A zero wait hit by a cancel meant for the long wait before it did not poll: the next round does.
-        self._apply(update, polled=wanted if zero and not canceled else None)
+        return self._apply(update)
+
+    def _recheck(self, session: VSphereSession) -> None:
+        """Read live what applied update sets left in doubt: objects that entered and left in one
+        (kept when they exist), and the objects finished tasks touched or made (changes a target may
+        not report, such as the simulator's reconfigurations). Doubts wait here until this succeeds,
+        so no poll answers before the doubts of every update applied before it were read."""
+        with self._lock:
+            refs, self._doubts = self._doubts, {}
+            tasks, self._task_list = self._task_list, None
+        try:
+            if tasks is not None or self._tasks_running:
+                new = [] if tasks is None else [t for t in tasks if t not in self._tasks_seen]
+                touched, running = mirror_check.finished_tasks(
+                    session, sorted(set(new) | self._tasks_running))
+                refs.update({m: t for m, t in touched.items() if _mirrored(t)})
+                self._tasks_running = running
+                if tasks is not None:
+                    self._tasks_seen = set(tasks)
+            live = mirror_check.read_objects(session, refs, {t: _paths_of(t) for t in set(refs.values())})
+        except BaseException:
+            with self._lock:  # still in doubt: the next attempt (or the resync) reads them
+                self._doubts = refs | self._doubts
+                self._task_list = self._task_list if self._task_list is not None else tasks
+            raise
+        if not refs:
+            return
+        with self._lock:
+            for moid in refs:
+                if moid in live:
+                    self._objects[moid] = live[moid]
+                else:
+                    self._objects.pop(moid, None)
+            self._changed()
+
+    def _check(self, session: VSphereSession, kind: mirror_check.Kind) -> None:
+        """One comparison round: read live, bring the mirror up to that read (a proven poll), compare;
+        a difference is read and polled once more before it counts as a divergence."""
+        with self._lock:
+            moids = None if kind == "full" else self._schedule.slice(self._objects)
+            refs = {} if moids is None else {m: self._objects[m].type for m in moids}
+        paths = None if kind == "full" else {t: mirror_check.cheap_paths(t) for t in set(refs.values())}
+        if moids is None:
+            live = mirror_check.read_view(session, self._view, MIRRORED)
+        else:
+            live = mirror_check.read_objects(session, refs, paths or {})
+        found = self._compare(session, live, paths, moids)
+        if found:
+            with self._lock:
+                types = {m: o.type for m, o in live.items()} | {m: self._objects[m].type for m in found
+                                                                 if m in self._objects}
+            again = {m: types[m] for m in found if m in types}
+            again_paths = {t: (paths or {}).get(t) or _paths_of(t) for t in set(again.values())}
+            live = mirror_check.read_objects(session, again, again_paths)
+            found = self._compare(session, live, paths, found)
+        self._schedule.done(kind, self._clock())
+        with self._lock:
+            self._checks[kind] += 1
+        if found:
+            log.debug("target %s: %s comparison: %s differ", self.target.name, kind, found[:20])
+            self._diverge(f"a {kind} comparison found {len(found)} objects differing from a live read",
+                          len(found))
+
+    def _compare(self, session: VSphereSession, live: dict[str, ObjectProps],
+                 paths: dict[str, tuple[str, ...]] | None, moids: Sequence[str] | None) -> list[str]:
+        if not self._poll(session, prove=True):
+            return []  # diverged (counted there) or cancelled: the round ends here
+        with self._lock:
+            return mirror_check.differences(self._objects, live, paths, moids)
+
+    def _diverge(self, why: str, objects: int) -> None:
+        """The mirror is not what the target says: reads sweep until a resync repaired it."""
+        self._resync_wanted = True
+        with self._lock:
+            first = not self._diverged
+            self._diverged = True
+            self._divergences += first
+            self._healthy = False
+            self._last_error = "the mirror diverged from a live read; resyncing"
+            self._lock.notify_all()
+        if first:
+            log.warning("target %s: mirror diverged (%s; %d objects); reads sweep until it resyncs",
+                        self.target.name, why, objects)
 
     def _resync(self, session: VSphereSession) -> None:
+        started = time.perf_counter()
         with self._lock:
             self._healthy = False
             self._synced = False
         content: Any = session.content
+        # A wait left running on the target by a cut connection would take updates meant for the new
+        # filter (a session outlives its connections): end it first.
+        with contextlib.suppress(Exception):
+            content.propertyCollector.CancelWaitForUpdates()
         self._drop_filter()
+        self._resync_wanted = False
         self._view = content.viewManager.CreateContainerView(content.rootFolder, list(MIRRORED), True)
-        spec = PC.FilterSpec(
-            objectSet=[PC.ObjectSpec(obj=self._view, skip=True, selectSet=[
-                PC.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)])],
-            propSet=[PC.PropertySpec(type=t, pathSet=list(p)) for t, p in MIRRORED.items()])
-        self._filter = content.propertyCollector.CreateFilter(spec, partialUpdates=False)
+        self._marker = Marker(session)
+        collector = content.propertyCollector
+        # The marker's filter is read first, alone: the update queue then runs before the mirrored
+        # state is read, so no change made meanwhile is lost (govmomi's simulator starts listening for
+        # a session only after its first read, and a change between them reached nobody).
+        self._filters = [collector.CreateFilter(
+            self._marker.filter_spec(content.taskManager, self._spec(_OTHER_TYPES)), partialUpdates=False)]
+        first = collector.WaitForUpdatesEx("", PC.WaitOptions(maxWaitSeconds=0))
         objects: dict[str, ObjectProps] = {}
+        tasks = (_apply_update(objects, first).tasks if first is not None else None) or []
+        self._filters.append(collector.CreateFilter(self._spec({vim.VirtualMachine: _VM_PATHS}),
+                                                    partialUpdates=False))
         version = ""
         while True:  # the first answer may come in several truncated parts
             update = content.propertyCollector.WaitForUpdatesEx(version, PC.WaitOptions(maxWaitSeconds=0))
             if update is None:
                 break
-            _apply_update(objects, update)
+            applied = _apply_update(objects, update)
+            tasks = applied.tasks if applied.tasks is not None else tasks
             version = update.version
             if not update.truncated:
                 break
+        self._tasks_seen, self._tasks_running = set(tasks), set()
+        with self._lock:
+            self._doubts, self._task_list = {}, None
+        self._schedule = Schedule(self.target.mirror_check_seconds, self._clock())
         with self._lock:
             resynced = self._root is not None
             self._objects = objects
@@ -431,8 +604,19 @@ class Mirror:
             self._last_error = None
             self._heard_at = self._clock()
             self._resyncs += int(resynced)
+            self._repairs += self._diverged
+            self._diverged = False
+            self._polled = self._requested  # readers still waiting fell back to a sweep already
             self._lock.notify_all()
-        log.info("target %s: mirror synced (%d objects)", self.target.name, len(objects))
+        log.info("target %s: mirror synced (%d objects, %.2f s)", self.target.name, len(objects),
+                 time.perf_counter() - started)
+
+    def _spec(self, paths: Mapping[Any, Sequence[str]]) -> Any:
+        """A filter spec over the mirror's view for ``paths`` (by type)."""
+        return PC.FilterSpec(
+            objectSet=[PC.ObjectSpec(obj=self._view, skip=True, selectSet=[
+                PC.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)])],
+            propSet=[PC.PropertySpec(type=t, pathSet=list(p)) for t, p in paths.items()])
 
     def _changed(self) -> None:
         """``_objects`` changed (called with the lock): drop what was derived from them."""
@@ -440,61 +624,100 @@ class Mirror:
         self._names = None
 
     def _drop_filter(self) -> None:
-        for obj, method in ((self._filter, "DestroyPropertyFilter"), (self._view, "DestroyView")):
+        marker, self._marker = self._marker, None
+        views = [v for v in (self._view, marker.view if marker is not None else None) if v is not None]
+        for obj, method in (*((f, "DestroyPropertyFilter") for f in self._filters),
+                            *((v, "DestroyView") for v in views)):
             if obj is not None:
                 with contextlib.suppress(Exception):
                     getattr(obj, method)()
-        self._filter = self._view = None
+        self._filters, self._view = [], None
 
-    def _apply(self, update: Any, polled: int | None) -> None:
+    def _apply(self, update: Any) -> Applied:
         with self._lock:
+            applied = Applied()
             if update is not None:
-                self._updates += _apply_update(self._objects, update)
-                self._changed()
+                applied = _apply_update(self._objects, update)
+                self._updates += applied.count
+                if applied.count:
+                    self._changed()
                 self._version = update.version
+            if applied.marker and self._marker is not None:
+                self._marker.outstanding = False
+            self._doubts.update(applied.recheck)
+            if applied.tasks is not None:
+                self._task_list = applied.tasks
             self._heard_at = self._clock()
-            if polled is not None:
-                self._polled = max(self._polled, polled)
             self._lock.notify_all()
+            return applied
 
 
-def _apply_update(objects: dict[str, ObjectProps], update: Any) -> int:
-    """Apply one ``UpdateSet`` to ``objects`` (by moid); returns the number of object updates."""
-    count = 0
+@dataclass
+class Applied:
+    """What one update set did: object updates applied, objects to read live (moid -> type) because
+    they entered and left in it, whether the marker changed, the task list when it changed."""
+
+    count: int = 0
+    recheck: dict[str, str] = field(default_factory=dict)
+    marker: bool = False
+    tasks: list[str] | None = None
+
+
+def _paths_of(type_name: str) -> tuple[str, ...]:
+    """The mirrored paths of a type by its wsdl name (a subtype takes its mirrored ancestor's)."""
+    return _mirrored(type_name) or ("name",)
+
+
+def _mirrored(type_name: str) -> tuple[str, ...] | None:
+    """The paths ``MIRRORED`` keeps for ``type_name`` (or its nearest mirrored ancestor), or None."""
+    try:
+        ancestry = mirror_check.wsdl_type(type_name).__mro__
+    except (KeyError, AttributeError):
+        return None
+    return next((MIRRORED[a] for a in ancestry if a in MIRRORED), None)
+
+
+def _apply_update(objects: dict[str, ObjectProps], update: Any) -> Applied:
+    """Apply one ``UpdateSet`` to ``objects`` (by moid). An object that both entered and left in it
+    (the simulator reports a move that way, the enter first) is applied in order and named in
+    ``recheck``: the caller reads it live and keeps it when it exists. The marker and the task list
+    are noted, not mirrored."""
+    applied = Applied()
+    kinds: dict[str, set[str]] = {}
     for filter_update in update.filterSet or []:
         for change in filter_update.objectSet or []:
-            count += 1
-            moid = change.obj._moId
+            moid, type_name = change.obj._moId, change.obj._wsdlName
+            if type_name in CONTROL_TYPES:
+                for prop in change.changeSet or []:
+                    if prop.name == "view":
+                        applied.marker = True
+                    elif prop.name == "recentTask":
+                        applied.tasks = [t._moId for t in prop.val or []]
+                continue
+            applied.count += 1
+            seen = kinds.setdefault(moid, set())
+            seen.add(change.kind)
+            if {"enter", "leave"} <= seen:
+                applied.recheck[moid] = type_name
             if change.kind == "leave":
                 objects.pop(moid, None)
                 continue
             current = objects.get(moid)
             if change.kind == "enter" or current is None:
-                current = objects[moid] = ObjectProps(change.obj._wsdlName, moid, {})
+                current = objects[moid] = ObjectProps(type_name, moid, {})
             for prop in change.changeSet or []:
                 if prop.op in ("remove", "indirectRemove") or prop.val is None:
                     current.props.pop(prop.name, None)
                 else:
                     name = _PATHS.setdefault(prop.name, str(prop.name))
-                    current.props[name] = _untracked(inventory._plain(name, prop.val, strict=False))
-    return count
+                    current.props[name] = mirror_check.plain_value(name, prop.val)
+    return applied
 
 
 _PATHS: dict[str, str] = {}
 """Property names as plain, shared strings. pyVmomi hands them out as ``PropertyPath`` instances (a str
 subclass with a ``__dict__``): one per property per object, each tracked by the cycle collector, which
 also keeps every props dict tracked. Only the names ``MIRRORED`` lists (a few dozen) ever land here."""
-
-
-def _untracked(value: Any) -> Any:
-    """``value`` with str subclasses (pyVmomi enum values) as plain str, so that a dict of scalars is not
-    tracked by the cycle collector (a 30,000-VM mirror otherwise adds ~300,000 objects to every full
-    collection of the process)."""
-    if isinstance(value, str) and type(value) is not str:
-        return str(value)
-    if isinstance(value, list):
-        return [_untracked(item) for item in value]
-    return value
 
 
 class Mirrors:
@@ -591,6 +814,11 @@ class Mirrors:
                 ("gateway_mirror_lookups_total", "counter",
                  "Names the mirror resolved for a live read (get_vm_details skips its name search).",
                  labels, float(s.lookups)),
+                ("gateway_mirror_divergence_total", "counter",
+                 "Times the mirror differed from a live read or its stream stopped delivering (each "
+                 "repaired by a resync; reads sweep meanwhile).", labels, float(s.divergences)),
+                *(("gateway_mirror_checks_total", "counter", "Comparison rounds with a live read, by kind.",
+                   {**labels, "kind": kind}, float(s.checks.get(kind, 0))) for kind in ("rolling", "full")),
             ]
         out.append(("gateway_soap_decoder_fallbacks_total", "counter",
                     "Sweep replies the fast scanner left to ElementTree.", {},

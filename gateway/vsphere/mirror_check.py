@@ -1,0 +1,297 @@
+"""The mirror checks itself: what it holds is compared with live reads, at a bounded cost.
+
+Why
+    A mirror is only as true as its update stream, and a stream can go wrong without an error: a
+    server whose filters of one session silence another's (govmomi's simulator), an update lost with a
+    cut connection, a change the server never reports (the simulator's ``ReconfigVM_Task``), a move
+    reported as an enter then a leave. An answer from the mirror must still be what a sweep would say.
+
+What checks what (``gateway.vsphere.mirror`` runs all of it on the mirror's own session)
+    - **A stream that proves itself.** The mirror's filter also watches a ``ListView`` of its own
+      session (``Marker``). Every freshness poll first changes it (one ``ModifyListView``); a poll that
+      does not bring that change back came from a stream that is not delivering, so the mirror is
+      diverged: the read sweeps and the mirror resyncs.
+    - **Tasks name what changed.** The filter watches ``TaskManager.recentTask``; a finished task's
+      entity (and the object it made) is read live before the poll answers, so a change the stream
+      does not report still shows in the next read. Objects that entered and left in one update set
+      (a move, in the simulator) are read live the same way and kept when they exist.
+    - **Rolling rounds** (``Schedule``): every ``round_seconds`` a slice of the mirrored objects is read
+      live with a cheap property set (``CHEAP``) and compared; slices rotate, so the whole inventory is
+      covered at least once per full interval.
+    - **Full rounds**: every ``mirror_check_seconds`` (targets.yaml, default 300) everything the mirror
+      holds is read live and compared, including objects it lacks or still holds.
+
+    A difference is confirmed before it counts (the objects are read again and the mirror polled
+    again: a change made between a read and a poll is not a divergence). A divergence is logged,
+    counted (``gateway_mirror_divergence_total``) and repaired by a full resync; until then the mirror
+    answers nothing and reads sweep. Cost (bench/mirror_check.py): per full interval about two reads of
+    the cheap set and one of the mirrored set, one small call and its update per read, and the
+    target's recent-task list with each task.
+
+This module holds the pure parts (what to compare, when, which slice) and the live reads they need;
+it imports nothing of the mirror itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from pyVmomi import VmomiSupport, vim, vmodl
+
+from gateway.vsphere import inventory
+from gateway.vsphere.inventory import ObjectProps
+
+PC: Any = vmodl.query.PropertyCollector
+
+Kind = Literal["rolling", "full"]
+
+CHEAP: Mapping[str, tuple[str, ...]] = {
+    "VirtualMachine": ("name", "runtime.powerState", "parent"),
+}
+"""Paths a rolling round compares per type (others: ``name``): what the listings show first and every
+change of place or power moves, all scalars or references."""
+
+DEFAULT_CHEAP = ("name",)
+
+MIN_SLICE = 20
+"""Objects a rolling round compares at least (bounded above by the inventory covered per interval)."""
+
+MAX_ROUND_SECONDS = 5.0
+MIN_ROUND_SECONDS = 0.5
+
+CONTROL_TYPES = frozenset({"ListView", "TaskManager"})
+"""Objects in the mirror's filter that are not mirrored: the marker and the task list."""
+
+TERMINAL_TASK_STATES = frozenset({"success", "error"})
+
+task_type: Any = vim.Task  # pyVmomi's constructors are untyped
+
+
+class Schedule:
+    """When rounds are due (the clock is passed in) and which objects a rolling round compares."""
+
+    def __init__(self, full_seconds: float, now: float) -> None:
+        self.full_seconds = full_seconds
+        self.round_seconds = min(MAX_ROUND_SECONDS, max(MIN_ROUND_SECONDS, full_seconds / 12))
+        self._next_round = now + self.round_seconds
+        self._next_full = now + full_seconds
+        self._cursor = 0
+
+    def due(self, now: float) -> Kind | None:
+        """The round due at ``now`` (the full one wins when both are), or None."""
+        if now >= self._next_full:
+            return "full"
+        if now >= self._next_round:
+            return "rolling"
+        return None
+
+    def wait(self, now: float) -> float:
+        """Seconds until the next round is due (0 when one is)."""
+        return max(0.0, min(self._next_round, self._next_full) - now)
+
+    def done(self, kind: Kind, now: float) -> None:
+        self._next_round = now + self.round_seconds
+        if kind == "full":
+            self._next_full = now + self.full_seconds
+
+    def slice(self, moids: Iterable[str]) -> list[str]:
+        """The next slice of ``moids`` (sorted, rotating): large enough that consecutive rounds cover
+        them all within one full interval."""
+        ordered = sorted(moids)
+        if not ordered:
+            return []
+        rounds = max(1, math.floor(self.full_seconds / self.round_seconds))
+        size = min(len(ordered), max(MIN_SLICE, math.ceil(len(ordered) / rounds)))
+        start = self._cursor % len(ordered)
+        self._cursor = start + size
+        return (ordered + ordered)[start:start + size]
+
+
+def cheap_paths(type_name: str) -> tuple[str, ...]:
+    return CHEAP.get(type_name, DEFAULT_CHEAP)
+
+
+def differences(mirror: Mapping[str, ObjectProps], live: Mapping[str, ObjectProps],
+                paths: Mapping[str, tuple[str, ...]] | None, moids: Sequence[str] | None) -> list[str]:
+    """Moids whose mirrored and live states differ, sorted.
+
+    ``moids`` None compares every object on either side (a full round: one held but gone live, or
+    live but never mirrored, differs); otherwise only those. ``paths`` None compares every property
+    either side has; otherwise each type's paths there (``CHEAP`` and its default). Data objects (a
+    cluster's ``configurationEx``) are not compared: they have no value equality."""
+    wanted = sorted(set(mirror) | set(live)) if moids is None else list(moids)
+    out = []
+    for moid in wanted:
+        held, seen = mirror.get(moid), live.get(moid)
+        if held is None or seen is None:
+            if held is not seen:
+                out.append(moid)
+            continue
+        keys = (set(held.props) | set(seen.props)) if paths is None else set(
+            paths.get(held.type, DEFAULT_CHEAP))
+        if any(_differ(held.props.get(k), seen.props.get(k)) for k in keys):
+            out.append(moid)
+    return sorted(out)
+
+
+def _differ(a: Any, b: Any) -> bool:
+    if isinstance(a, VmomiSupport.DataObject) or isinstance(b, VmomiSupport.DataObject):
+        return False
+    return bool(a != b)
+
+
+def plain_value(name: str, value: Any) -> Any:
+    """A pyVmomi property value as the mirror keeps it (references as moids, enum strings as str)."""
+    return untracked(inventory._plain(name, value, strict=False))
+
+
+def untracked(value: Any) -> Any:
+    """``value`` with str subclasses (pyVmomi enum values) as plain str, so that a dict of scalars is not
+    tracked by the cycle collector (a 30,000-VM mirror otherwise adds ~300,000 objects to every full
+    collection of the process)."""
+    if isinstance(value, str) and type(value) is not str:
+        return str(value)
+    if isinstance(value, list):
+        return [untracked(item) for item in value]
+    return value
+
+
+# ------------------------------------------------------------------------------ live reads
+
+
+def wsdl_type(type_name: str) -> Any:
+    """The pyVmomi class of a vSphere type name (``DistributedVirtualPortgroup``); KeyError if unknown."""
+    get: Any = VmomiSupport.GetWsdlType  # untyped
+    return get("urn:vim25", type_name)
+
+
+def read_objects(session: Any, refs: Mapping[str, str], paths: Mapping[str, tuple[str, ...]]) -> dict[
+        str, ObjectProps]:
+    """``paths[type]`` of each object in ``refs`` (moid -> type), read live; objects that no longer
+    exist are absent from the result."""
+    if not refs:
+        return {}
+    stub = session.si._stub
+    types = sorted(set(refs.values()))
+    spec = PC.FilterSpec(
+        objectSet=[PC.ObjectSpec(obj=wsdl_type(t)(moid, stub), skip=False) for moid, t in refs.items()],
+        propSet=[PC.PropertySpec(type=wsdl_type(t), pathSet=list(paths[t])) for t in types],
+        reportMissingObjectsInResults=True)
+    return retrieve(session, spec)
+
+
+def read_view(session: Any, view: Any, paths: Mapping[Any, Sequence[str]]) -> dict[str, ObjectProps]:
+    """``paths`` (by vim type) of every object in the mirror's ContainerView, read live."""
+    spec = PC.FilterSpec(
+        objectSet=[PC.ObjectSpec(obj=view, skip=True, selectSet=[
+            PC.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)])],
+        propSet=[PC.PropertySpec(type=t, pathSet=list(p)) for t, p in paths.items()])
+    return retrieve(session, spec)
+
+
+def retrieve(session: Any, spec: Any) -> dict[str, ObjectProps]:
+    """One ``RetrievePropertiesEx`` (following continuation tokens), decoded as the stream's values are."""
+    collector = session.content.propertyCollector
+    result = collector.RetrievePropertiesEx([spec], PC.RetrieveOptions())
+    out: dict[str, ObjectProps] = {}
+    while result is not None:
+        for content in result.objects or []:
+            props = {str(p.name): plain_value(p.name, p.val) for p in content.propSet or []
+                     if p.val is not None}
+            out[content.obj._moId] = ObjectProps(content.obj._wsdlName, content.obj._moId, props)
+        if not result.token:
+            break
+        result = collector.ContinueRetrievePropertiesEx(result.token)
+    return out
+
+
+def finished_tasks(session: Any, tasks: Sequence[str]) -> tuple[dict[str, str], set[str]]:
+    """(the objects each finished task in ``tasks`` touched or made, moid -> type; tasks still
+    running)."""
+    touched: dict[str, str] = {}
+    running: set[str] = set()
+    for moid, props in _task_props(session, tasks):
+        if props.get("info.state") not in TERMINAL_TASK_STATES:
+            running.add(moid)
+            continue
+        for key in ("info.entity", "info.result"):
+            if isinstance(props.get(key), VmomiSupport.ManagedObject):
+                touched[props[key]._moId] = props[key]._wsdlName
+    return touched, running
+
+
+_UNDECODABLE = (TypeError, KeyError, AttributeError, ValueError)
+
+
+def _task_props(session: Any, tasks: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """State, entity and result of each task; when pyVmomi cannot decode one (a snapshot as a task's
+    entity, in the simulator) the tasks are read one by one and the undecodable ones skipped."""
+    try:
+        return _read_tasks(session, tasks)
+    except _UNDECODABLE:
+        if len(tasks) == 1:
+            return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    for task in tasks:
+        try:
+            out += _read_tasks(session, [task])
+        except _UNDECODABLE:
+            continue  # left to the rounds
+    return out
+
+
+def _read_tasks(session: Any, tasks: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    if not tasks:
+        return []
+    stub = session.si._stub
+    spec = PC.FilterSpec(
+        objectSet=[PC.ObjectSpec(obj=task_type(moid, stub), skip=False) for moid in tasks],
+        propSet=[PC.PropertySpec(type=vim.Task, pathSet=["info.state", "info.entity", "info.result"])],
+        reportMissingObjectsInResults=True)
+    result = session.content.propertyCollector.RetrievePropertiesEx([spec], PC.RetrieveOptions())
+    return [(c.obj._moId, {p.name: p.val for p in c.propSet or []})
+            for c in ((result.objects if result is not None else None) or [])]
+
+
+class Marker:
+    """A ListView of the mirror's own session in the mirror's filter; changing its one member is a
+    change only this mirror makes, so a poll that brings it back came from a live stream."""
+
+    def __init__(self, session: Any) -> None:
+        content: Any = session.content
+        self.view: Any = content.viewManager.CreateListView([])
+        self._member: Any = content.rootFolder
+        self._holds = False
+        self.outstanding = False
+        """A change was made whose update has not been seen yet (a poll then expects that one)."""
+
+    @property
+    def moid(self) -> str:
+        return str(self.view._moId)
+
+    def filter_spec(self, task_manager: Any, mirrored: Any) -> Any:
+        """The marker and the task list, added to ``mirrored`` (a filter spec). The marker's property
+        spec comes first: govmomi's simulator looks an updated object up in the global registry for
+        every spec of another type listed before the object's own, and a session's view is not there
+        (the handler crashes)."""
+        return PC.FilterSpec(
+            objectSet=[PC.ObjectSpec(obj=self.view, skip=False), PC.ObjectSpec(obj=task_manager, skip=False),
+                       *mirrored.objectSet],
+            propSet=[PC.PropertySpec(type=vim.view.ListView, pathSet=["view"]),
+                     PC.PropertySpec(type=vim.TaskManager, pathSet=["recentTask"]), *mirrored.propSet])
+
+    def change(self) -> None:
+        """Add or remove the member (one small call), unless a change is still outstanding."""
+        if self.outstanding:
+            return
+        if self._holds:
+            self.view.ModifyListView(remove=[self._member])
+        else:
+            self.view.ModifyListView(add=[self._member])
+        self._holds = not self._holds
+        self.outstanding = True
+
+    def destroy(self) -> None:
+        self.view.DestroyView()
