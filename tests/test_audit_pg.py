@@ -19,8 +19,8 @@ from gateway.errors import AuditUnavailable
 from gateway.guard.audit import row_hash
 from gateway.guard.audit_metrics import audit_families
 from gateway.settings import Settings
-from gateway.store import open_audit
 from gateway.store.audit_pg import PgAuditReader, PgAuditSink
+from gateway.store.backends import engine_of
 from gateway.store.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,12 +144,12 @@ def test_reader_filters_like_the_file_reader(store: PostgresStore) -> None:
     assert (summary["first_ts"], summary["last_ts"]) == window
 
 
-def test_open_audit_picks_the_table_with_postgres_and_the_file_without(store: PostgresStore, pg_url: str,
-                                                                        tmp_path: Path) -> None:
+def test_the_engine_table_picks_the_audit_table_with_postgres_and_the_file_without(
+        store: PostgresStore, pg_url: str, tmp_path: Path) -> None:
     shared = Settings.from_env({"GATEWAY_HOME": str(tmp_path), "GATEWAY_DATABASE_URL": pg_url})
-    assert isinstance(open_audit(shared, store), PgAuditSink)
+    assert isinstance(engine_of(shared).audit(shared, store), PgAuditSink)
     embedded = Settings.from_env({"GATEWAY_HOME": str(tmp_path)})
-    sink = open_audit(embedded, store)
+    sink = engine_of(embedded).audit(embedded, store)
     assert not isinstance(sink, PgAuditSink)
     sink.close()
 
@@ -206,11 +206,11 @@ def test_audit_cli_reads_the_table(store: PostgresStore, pg_server: PgServer, pg
 
 
 def _signed_table(store: PostgresStore, pg_url: str, tmp_path: Path, rows: int) -> dict[str, str]:
-    """``rows`` rows written by the sink a replica opens (``open_audit``), closed (a last checkpoint);
-    returns the environment `gateway audit` needs to read them with the same signing key."""
+    """``rows`` rows written by the sink a replica opens (the engine table's ``audit``), closed (a last
+    checkpoint); returns the environment `gateway audit` needs to read them with the same signing key."""
     env = {"GATEWAY_HOME": str(tmp_path / "home"), "GATEWAY_DATABASE_URL": pg_url,
            "GATEWAY_AUDIT_SIGNING_KEY_FILE": str(tmp_path / "secret" / "signing.key")}
-    sink = open_audit(Settings.from_env(env), store)
+    sink = engine_of(settings := Settings.from_env(env)).audit(settings, store)
     for i in range(rows):
         sink.write({"phase": "call", "tool": "list_vms", "caller": "ann", "n": i})
     sink.close()

@@ -1,11 +1,11 @@
-"""The instance lock that tells a live claim from a dead one (``gateway.server.instance``)."""
+"""The instance lock that tells a live claim from a dead one (``gateway.store.instance``)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
-from gateway.server.instance import Instance
+from gateway.store.instance import Instance
 
 
 def take_at_once(instance: Instance, threads: int) -> tuple[list[str], list[BaseException]]:

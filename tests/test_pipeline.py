@@ -459,7 +459,7 @@ async def test_a_claim_without_a_process_is_settled_after_the_grace(env: Env) ->
 
 
 async def test_a_dead_process_claim_is_settled_at_once_a_live_one_never(env: Env) -> None:
-    from gateway.server.instance import Instance
+    from gateway.store.instance import Instance
 
     gw = env.build()
     dead, live = Instance(env.tmp), Instance(env.tmp)

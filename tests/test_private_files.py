@@ -24,8 +24,8 @@ from simulator import Simulator, write_targets
 
 from gateway.guard.audit import AuditSink, load_or_create_signing_key
 from gateway.private_files import make_private_dirs, open_private, write_private
-from gateway.server.instance import Instance
 from gateway.server.tls import CertificatePaths, create_certificate
+from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio

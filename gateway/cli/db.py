@@ -13,6 +13,7 @@ from typing import Any
 from gateway.cli import add_path_flags, settings_from
 from gateway.settings import Settings
 from gateway.store import open_store
+from gateway.store.backends import engine_of
 
 
 def register(sub: Any) -> None:
@@ -25,14 +26,7 @@ def register(sub: Any) -> None:
 
 def describe(settings: Settings) -> tuple[str, int]:
     """(the database as it may be shown, the newest schema version this gateway knows)."""
-    if settings.database_url:
-        from gateway.store.postgres import SCHEMA_VERSION as PG_VERSION
-        from gateway.store.postgres import display_url
-
-        return display_url(settings.database_url), PG_VERSION
-    from gateway.store.sqlite import SCHEMA_VERSION as SQLITE_VERSION
-
-    return f"sqlite:{settings.state_db}", SQLITE_VERSION
+    return engine_of(settings).describe(settings)
 
 
 def run_upgrade(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.settings import Settings
 from gateway.store import open_store
+from gateway.store.backends import engine_of
 from gateway.tools.registry import all_tools
 
 
@@ -32,7 +33,7 @@ def register(sub: Any) -> None:
 
 def token_problems(settings: Settings, book: RoleBook) -> list[str]:
     """Usable tokens whose role is not defined (they are refused on every call)."""
-    if settings.database_url is None and not settings.state_db.exists():
+    if not engine_of(settings).exists(settings):
         return []
     store = open_store(settings)
     try:

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     config = edge_config(args)
     context = server_context(args.cert, args.key) if args.transport == "https" else None
     app = build_app(gateway, config, version=_version(), web=_web_app(gateway) if settings.web_ui else None,
-                    stateless=settings.database_url is not None)  # replicas keep no MCP session
+                    stateless=gateway.backends.engine.shared)  # replicas keep no MCP session
     anyio.run(self_check, app, config)
     server = GatewayServer(
         uvicorn_config(app, config, host=host, port=args.port, ssl_context=context,

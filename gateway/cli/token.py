@@ -184,9 +184,7 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
     try:
         return gateway.revoke_token(name, by=os_person())
     finally:
-        gateway.audit.close()  # first: its closing checkpoint may need the store's pool
-        gateway.store.close()
-        gateway.instance.close()
+        gateway.backends.close()
 
 
 def run_set_role(args: argparse.Namespace) -> int:

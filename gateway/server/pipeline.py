@@ -89,16 +89,11 @@ from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
 from gateway.server import reloads
-from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
-from gateway.store import AuditWriter, StateStore, open_audit, open_store
-from gateway.store.audit_read import open_audit_reader
-from gateway.store.base import Proposal
-from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
-from gateway.store.postgres import PostgresStore
-from gateway.store.slots import PgInstance, PgLeader, PgSlots
+from gateway.store.backends import Backends, open_backends
+from gateway.store.base import AuditWriter, Proposal
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
 from gateway.tools.spec import Category, Plan, ToolSpec
@@ -194,8 +189,7 @@ class Gateway:
         registry: Registry,
         *,
         scheduler: Scheduler,
-        store: StateStore,
-        audit: AuditWriter,
+        backends: Backends,
         policy: PolicyStore,
         roles: RoleBook,
         clock: Callable[[], float] = time.time,
@@ -204,18 +198,18 @@ class Gateway:
         self.targets = {t.name: t for t in targets}
         self.registry = registry
         self.scheduler = scheduler
-        self.store = store
-        self.audit = audit
+        self.backends = backends
+        self.store = backends.store
+        self.audit = backends.audit
         self.policy = policy
         self.roles = roles
         self.clock = clock
-        self.authenticator = TokenVerifier(store)
+        self.authenticator = TokenVerifier(backends.store)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
-        self.rate_limiter = RateLimiter()
-        self.breaker = RunawayBreaker()
+        self.rate_limiter: RateLimiter = backends.rate_limiter
+        self.breaker: RunawayBreaker = backends.breaker
         #: who holds an executing claim; with replicas on PostgreSQL, visible from every host
-        self.instance: Instance | PgInstance = (
-            PgInstance(settings.database_url) if settings.database_url else Instance(settings.home))
+        self.instance = backends.instance
         self.draining = False
         self._listeners: list[LifecycleListener] = []
         self._waiting: collections.deque[dict[str, Any]] = collections.deque()
@@ -225,13 +219,13 @@ class Gateway:
         self.notifier: Notifier | None = None
         path = settings.notifications_file
         if path is not None:
+            write = self.audit.write
             self.notifier = reloads.load_audited(
-                "notifications", path, lambda: notifier_for(path, settings.notify_env, audit.write, [self]),
+                "notifications", path, lambda: notifier_for(path, settings.notify_env, write, [self]),
                 lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
         self._sweeper: asyncio.Task[None] | None = None
         #: with replicas on PostgreSQL only the leader sweeps expired proposals (see gateway.store.slots)
-        self.sweep_leader: PgLeader | None = (
-            PgLeader(settings.database_url, "expiry-sweeper") if settings.database_url else None)
+        self.sweep_leader = backends.sweep_leader
         self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
         list_vms = registry.get("list_vms")
         assert list_vms is not None and list_vms.read is not None
@@ -245,8 +239,8 @@ class Gateway:
         """Load configuration and open the stores; raises ConfigError on anything fatal."""
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         make_private_dirs(settings.home)
-        store = open_store(settings)
-        audit = open_audit(settings, store)
+        backends = open_backends(settings)
+        audit = backends.audit
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
         targets = reloads.load_audited(
@@ -264,17 +258,13 @@ class Gateway:
             targets,
             registry,
             scheduler=Scheduler(targets, settings.credentials, queue_timeout=settings.queue_timeout_seconds,
-                                slots=PgSlots(settings.database_url) if settings.database_url else None),
-            store=store,
-            audit=audit,
+                                slots=backends.slots),
+            backends=backends,
             policy=policy,
             roles=roles,
         )
         built.append(gateway)
         names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
-        if isinstance(store, PostgresStore):  # replicas count rate limits and repeats together
-            gateway.rate_limiter = PgRateLimiter(store)
-            gateway.breaker = PgRunawayBreaker(store)
         return gateway
 
     async def start(self) -> None:
@@ -342,7 +332,7 @@ class Gateway:
             return []
         since = datetime.fromtimestamp(min(p.created_at for p in candidates), UTC)
         try:
-            rows = open_audit_reader(self.settings, self.store).rows(since=since)
+            rows = self.backends.reader.rows(since=since)
         except Exception:
             log.exception("cannot read the audit log to recover missing rows of proposal moves")
             return []
@@ -385,11 +375,7 @@ class Gateway:
         await asyncio.to_thread(self.flush_waiting)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
-        await asyncio.to_thread(self.audit.close)  # first: its closing checkpoint may need the store's pool
-        self.store.close()
-        self.instance.close()
-        if self.sweep_leader is not None:
-            self.sweep_leader.close()
+        await asyncio.to_thread(self.backends.close)
 
     def config_row(self, row: Mapping[str, Any]) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit

@@ -9,7 +9,7 @@ while, and repeats until the deadline, so a slot freed elsewhere is taken on the
 scheduler keeps its own FIFO order within a replica and asks for a slot only for the call at the
 head of a target's queue. Blocking: call from a worker thread.
 
-``PgInstance`` is the cross-host form of ``gateway.server.instance.Instance``: a process's claim id is
+``PgInstance`` is the cross-host form of ``gateway.store.instance.Instance``: a process's claim id is
 alive while it holds a session-scoped lock, so a replica settles only claims of processes that died.
 
 ``PgLeader`` elects one replica for work that must run once (the proposal expiry sweeper): the
@@ -216,7 +216,7 @@ class PgLeader:
 
 
 class PgInstance(_LockConnections):
-    """``gateway.server.instance.Instance`` for replicas on several hosts: this process's claim id is
+    """``gateway.store.instance.Instance`` for replicas on several hosts: this process's claim id is
     alive while it holds a session-scoped advisory lock on its own connection, so any replica can tell
     a dead claim (``kill -9``, a lost host: the server drops the connection and the lock) from a live
     one on another machine. Same interface as ``Instance``; blocking, call from a worker thread."""

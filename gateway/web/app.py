@@ -65,7 +65,6 @@ from gateway.guard.decision import Proposed, proposal_rights
 from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
-from gateway.store.audit_read import open_audit_reader
 from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (
@@ -464,7 +463,7 @@ class WebApi:
         if own and filters["caller"] not in (None, name):
             return {"rows": [], "filters": shown, "last": last}
         scan = last if own or viewer.role.all_targets else last * AUDIT_SCAN_FACTOR
-        reader = open_audit_reader(self.gateway.settings, self.gateway.store)
+        reader = self.gateway.backends.reader
         read = functools.partial(reader.rows, last=scan,
                                  phase=filters["phase"], target=filters["target"], tool=filters["tool"],
                                  caller=name if own else filters["caller"])
@@ -473,7 +472,7 @@ class WebApi:
 
     async def audit_verify(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
         _audit_right(viewer)
-        reader = open_audit_reader(self.gateway.settings, self.gateway.store)
+        reader = self.gateway.backends.reader
         report = await anyio.to_thread.run_sync(reader.verify)
         return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq,
                 "last_seq": report.last_seq, "problems": report.problems,

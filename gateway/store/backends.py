@@ -1,0 +1,214 @@
+"""The one place that chooses SQLite or PostgreSQL: ``open_backends(settings)`` reads the engine table
+and returns every backend of one process (state store, audit sink and reader, slots, rate limits, the
+instance lock, the sweeper's leadership) as one ``Backends`` value; nothing else asks which engine runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.guard.audit import AuditSink
+from gateway.guard.limits import RateLimiter, RunawayBreaker
+from gateway.store.audit_read import AuditReader, FileAuditReader
+from gateway.store.base import AuditWriter, StateStore
+from gateway.store.instance import Instance
+from gateway.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+    from gateway.store.slots import SlotLimiter
+
+
+class InstanceLock(Protocol):
+    """This process's claim id and whether the process behind another claim id is alive."""
+
+    id: str
+
+    def acquire(self) -> str: ...
+
+    def alive(self, instance_id: str) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class Leader(Protocol):
+    """Whether this process is the one replica that does a shared chore (the expiry sweep)."""
+
+    def is_leader(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One row of the engine table: how each backend is opened on that engine."""
+
+    name: str
+    #: the database as it may be shown, and the newest schema version this gateway knows for it
+    describe: Callable[[Settings], tuple[str, int]]
+    #: whether the state store exists already (opening creates it)
+    exists: Callable[[Settings], bool]
+    store: Callable[[Settings], StateStore]
+    audit: Callable[[Settings, StateStore], AuditWriter]
+    reader: Callable[[Settings, StateStore], AuditReader]
+    instance: Callable[[Settings], InstanceLock]
+    slots: Callable[[Settings], SlotLimiter | None]
+    leader: Callable[[Settings, str], Leader | None]
+    limits: Callable[[StateStore], tuple[RateLimiter, RunawayBreaker]]
+    #: whether several replicas share this engine (the MCP transport then keeps no session)
+    shared: bool
+
+
+def _sqlite_describe(settings: Settings) -> tuple[str, int]:
+    from gateway.store.sqlite import SCHEMA_VERSION
+
+    return f"sqlite:{settings.state_db}", SCHEMA_VERSION
+
+
+def _pg_describe(settings: Settings) -> tuple[str, int]:
+    from gateway.store.postgres import SCHEMA_VERSION, display_url
+
+    return display_url(_url(settings)), SCHEMA_VERSION
+
+
+def _url(settings: Settings) -> str:
+    assert settings.database_url is not None  # the engine table chose PostgreSQL for this reason
+    return settings.database_url
+
+
+def _pg_store(settings: Settings) -> StateStore:
+    from gateway.store.postgres import PostgresStore  # psycopg is loaded only when used
+
+    return PostgresStore(_url(settings))
+
+
+def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
+    from gateway.store.audit_pg import PgAuditSink
+    from gateway.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    return PgAuditSink(store, key_file=settings.signing_key_file)
+
+
+def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
+    from gateway.store.audit_pg import PgAuditReader
+    from gateway.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    return PgAuditReader(store)
+
+
+def _pg_instance(settings: Settings) -> InstanceLock:
+    from gateway.store.slots import PgInstance
+
+    return PgInstance(_url(settings))
+
+
+def _pg_slots(settings: Settings) -> SlotLimiter:
+    from gateway.store.slots import PgSlots
+
+    return PgSlots(_url(settings))
+
+
+def _pg_leader(settings: Settings, name: str) -> Leader:
+    from gateway.store.slots import PgLeader
+
+    return PgLeader(_url(settings), name)
+
+
+def _pg_limits(store: StateStore) -> tuple[RateLimiter, RunawayBreaker]:
+    from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
+    from gateway.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    return PgRateLimiter(store), PgRunawayBreaker(store)  # replicas count rate limits and repeats together
+
+
+#: the engine table: every difference between one process on a file and replicas on a database
+ENGINES: dict[str, Engine] = {
+    "sqlite": Engine(
+        name="sqlite",
+        describe=_sqlite_describe,
+        exists=lambda s: s.state_db.exists(),
+        store=lambda s: SqliteStore(s.state_db),
+        audit=lambda s, _store: AuditSink.for_settings(s),
+        reader=lambda s, _store: FileAuditReader(s.audit_log),
+        instance=lambda s: Instance(s.home),
+        slots=lambda _s: None,
+        leader=lambda _s, _name: None,
+        limits=lambda _store: (RateLimiter(), RunawayBreaker()),
+        shared=False,
+    ),
+    "postgresql": Engine(
+        name="postgresql",
+        describe=_pg_describe,
+        exists=lambda _s: True,
+        store=_pg_store,
+        audit=_pg_audit,
+        reader=_pg_reader,
+        instance=_pg_instance,
+        slots=_pg_slots,
+        leader=_pg_leader,
+        limits=_pg_limits,
+        shared=True,
+    ),
+}
+
+
+def engine_of(settings: Settings) -> Engine:
+    """The row of the engine table ``settings`` name: PostgreSQL when ``Settings.database_url`` is set
+    (``GATEWAY_DATABASE_URL``, ``--database-url``), else SQLite and the JSONL file under the home."""
+    return ENGINES["postgresql" if settings.database_url else "sqlite"]
+
+
+@dataclass
+class Backends:
+    """Every backend of one gateway process, opened from one row of the engine table."""
+
+    engine: Engine
+    store: StateStore
+    audit: AuditWriter
+    reader: AuditReader
+    instance: InstanceLock
+    slots: SlotLimiter | None
+    sweep_leader: Leader | None
+    rate_limiter: RateLimiter
+    breaker: RunawayBreaker
+
+    def close(self) -> None:
+        """Close what ``open_backends`` opened except the slots (the scheduler that uses them closes them):
+        the audit first (its closing checkpoint may need the store's pool), then the store and locks."""
+        self.audit.close()
+        self.store.close()
+        self.instance.close()
+        if self.sweep_leader is not None:
+            self.sweep_leader.close()
+
+
+def open_backends(settings: Settings) -> Backends:
+    """Open every backend ``settings`` name (one engine, chosen here once).
+
+    Raises ``StateUnavailable`` when the store cannot be reached and ``ConfigError`` when its schema is
+    newer than this gateway knows."""
+    engine = engine_of(settings)
+    store = engine.store(settings)
+    try:
+        audit = engine.audit(settings, store)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            store.close()
+        raise
+    rate_limiter, breaker = engine.limits(store)
+    return Backends(
+        engine=engine,
+        store=store,
+        audit=audit,
+        reader=engine.reader(settings, store),
+        instance=engine.instance(settings),
+        slots=engine.slots(settings),
+        sweep_leader=engine.leader(settings, "expiry-sweeper"),
+        rate_limiter=rate_limiter,
+        breaker=breaker,
+    )
