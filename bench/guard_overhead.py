@@ -31,7 +31,7 @@ from simulator import build_simulator, start_simulator, write_targets  # type: i
 
 from gateway.auth.tokens import Principal  # noqa: E402
 from gateway.guard.limits import RunawayBreaker  # noqa: E402
-from gateway.server.pipeline import Gateway  # noqa: E402
+from gateway.server.runtime import Gateway  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 
 CALLER = Principal(name="bench", role="admin", surface="bench")
@@ -73,7 +73,7 @@ async def main(calls: int) -> list[dict[str, Any]]:
         )
         gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp), **env}))
         # alternating identical writes are the benchmark, not a runaway: give the breaker a wide budget
-        gw.breaker = RunawayBreaker(max_repeats=10**9)
+        gw.calls.breaker = RunawayBreaker(max_repeats=10**9)
         details = gw.registry.get("get_vm_details")
         assert details is not None and details.read is not None
         read_fn = details.read

@@ -119,7 +119,7 @@ def build_gateway(
     from simulator import complete_rules
 
     from gateway.devsim import write_targets
-    from gateway.server.pipeline import Gateway
+    from gateway.server.runtime import Gateway
     from gateway.settings import Settings
 
     env = write_targets(tmp / "targets.yaml", {"vc1": sim}, {"vc1": dict(target or {})})

@@ -218,7 +218,7 @@ async def test_a_fan_out_row_records_each_targets_own_outcome(
     import yaml
     from simulator import write_targets
 
-    from gateway.server.pipeline import Gateway
+    from gateway.server.runtime import Gateway
     from gateway.settings import Settings
 
     sims = {"vc1": make_simulator(vms=1), "vc2": make_simulator(vms=1), "vc3": make_simulator(vms=1)}

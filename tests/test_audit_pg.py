@@ -343,7 +343,7 @@ def test_the_signing_key_setting(tmp_path: Path, environ: dict[str, str], expect
 async def test_a_gateway_shutting_down_signs_the_head_on_postgres(pg_url: str, tmp_path: Path,
                                                                 anyio_backend: str) -> None:
     """The closing checkpoint needs the database: the gateway closes its audit sink before its store."""
-    from gateway.server.pipeline import Gateway
+    from gateway.server.runtime import Gateway
 
     (tmp_path / "targets.yaml").write_text("targets: []\n")
     gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp_path), "GATEWAY_DATABASE_URL": pg_url}))

@@ -45,7 +45,7 @@ def test_an_unwritable_audit_refuses_a_change_before_any_vsphere_call(
                 await gateway.call(ADMIN, tool, {"target": "vc1", **args})
             assert (relay.connections, relay.bytes_sent) == (0, 0), "the refused change reached vSphere"
             assert "nothing was read from or sent to vSphere" in refused.value.message
-            (row,) = list(gateway._waiting)
+            (row,) = list(gateway.trail.waiting)
             assert row["phase"] == "refused" and row["tool"] == tool
             assert row["error_code"] == "audit_unavailable"
             # the relay is on the path: with the log back, the same gateway reaches vSphere through it

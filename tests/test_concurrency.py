@@ -16,7 +16,7 @@ from answers import answer_of
 from httpserver import Served, mcp_client, serve
 from simulator import MakeSimulator, credential_prefix, wait_until, write_targets
 
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -27,7 +27,7 @@ from gateway.auth.tokens import Principal, create_token
 from gateway.errors import GatewayError
 from gateway.guard.decision import Entry, Facts, Party, TokenState, Verdict, authorize
 from gateway.guard.policy import parse_policy_text
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Category, Risk
 

@@ -25,7 +25,7 @@ from gateway.errors import (
     PolicyDenied,
     RateLimited,
 )
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.vocabulary import Kind
 
 pytestmark = pytest.mark.anyio
@@ -309,7 +309,7 @@ async def test_each_object_of_a_bulk_call_is_judged_as_the_tool_it_runs(env: Env
 async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) -> None:
     from simulator import find_vm, pyvmomi_connect, read_properties, wait_until
 
-    from gateway.server.pipeline import proposal_view
+    from gateway.server.proposal_flow import proposal_view
 
     sneaky = "DC0_C0_RP0_VM0\u202etxt.exe\u200b"
     si = pyvmomi_connect(env.sim)

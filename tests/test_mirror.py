@@ -37,7 +37,7 @@ from gateway import errors
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import ConfigProblems, Credentials, Target, parse_targets
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS, READ_TOOLS
 from gateway.vsphere import inventory

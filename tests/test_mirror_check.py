@@ -38,7 +38,7 @@ from simulator import (
 
 from gateway.auth.tokens import Principal
 from gateway.config import ConfigProblems, Credentials, Target, parse_targets
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS
 from gateway.vsphere import inventory, mirror_check

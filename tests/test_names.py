@@ -11,7 +11,7 @@ from simulator import Simulator, complete_rules_text, write_targets
 
 from gateway.config import NameKind, NameRef
 from gateway.guard.names import KnownNames, unknown_names
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.spec import Category
 

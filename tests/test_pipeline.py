@@ -38,7 +38,7 @@ from gateway.errors import (
     Stale,
 )
 from gateway.guard.audit import read_rows, verify
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Kind
 

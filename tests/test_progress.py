@@ -9,7 +9,7 @@ import yaml
 from httpserver import mcp_client, serve
 from simulator import MakeSimulator, complete_rules, find_vm, pyvmomi_connect, read_properties, write_targets
 
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,7 @@ from httpserver import Served, mcp_client, serve
 from simulator import MakeSimulator, complete_rules, find_vm, pyvmomi_connect, wait_until, write_targets
 
 from gateway.guard.audit import read_rows
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 
 pytestmark = pytest.mark.anyio

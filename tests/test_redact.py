@@ -41,7 +41,7 @@ from gateway import notify
 from gateway.auth.tokens import create_token
 from gateway.guard.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.logs import configure_logging
-from gateway.server.pipeline import proposal_view
+from gateway.server.proposal_flow import proposal_view
 from gateway.server.tls import create_certificate
 from gateway.store.base import Proposal
 from gateway.store.sqlite import SqliteStore

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from gateway.auth.tokens import Principal
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.registry import ReadOnlyGateError, all_tools, build_registry, verify_read_only
 from gateway.tools.spec import Category

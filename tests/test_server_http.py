@@ -40,7 +40,7 @@ from gateway.guard.audit import read_rows
 from gateway.server.edge import EdgeConfig
 from gateway.server.mcp import ProgressSink
 from gateway.server.metrics import Metrics
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.server.tls import CertificatePaths, create_certificate
 from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore

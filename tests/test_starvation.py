@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from simulator import Simulator, wait_until, write_targets
 
 from gateway.auth.tokens import TokenAuthenticator, create_token
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 
 pytestmark = pytest.mark.anyio

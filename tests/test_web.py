@@ -43,7 +43,7 @@ from simulator import (
 from gateway.auth.tokens import Principal, create_token
 from gateway.server.app import GatewayServer, build_app, uvicorn_config
 from gateway.server.edge import EdgeConfig
-from gateway.server.pipeline import Gateway
+from gateway.server.runtime import Gateway
 from gateway.server.tls import CertificatePaths, create_certificate, server_context
 from gateway.settings import Settings
 from gateway.vocabulary import Kind

@@ -14,7 +14,8 @@ from typing import Any
 from gateway.auth.local import os_person
 from gateway.cli import add_path_flags, settings_from
 from gateway.guard.decision import Proposed, proposal_rights
-from gateway.server.pipeline import Gateway, proposal_view
+from gateway.server.proposal_flow import proposal_view
+from gateway.server.runtime import Gateway
 
 
 def register(sub: Any) -> None:

@@ -29,7 +29,7 @@ from gateway.server.tls import server_context
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from gateway.server.pipeline import Gateway
+    from gateway.server.runtime import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _web_app(gateway: Any) -> ASGIApp:
 
 
 def _build_gateway(settings: Settings) -> Gateway:
-    from gateway.server.pipeline import Gateway  # imported late: it loads every tool module
+    from gateway.server.runtime import Gateway  # imported late: it loads every tool module
 
     return Gateway.build(settings)
 

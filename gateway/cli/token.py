@@ -173,7 +173,7 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
     """Revoke through the gateway's one path (which also cancels the token's open proposals); when the
     gateway cannot be built here (no targets file), revoke and audit directly: servers cancel the
     proposals themselves, and no proposal of a revoked token can run anyway."""
-    from gateway.server.pipeline import Gateway
+    from gateway.server.runtime import Gateway
 
     try:
         gateway = Gateway.build(settings)

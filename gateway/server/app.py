@@ -78,7 +78,7 @@ class AuditWriter(Protocol):
 
 
 class AppGateway(McpGateway, Protocol):
-    """The part of ``gateway.server.pipeline.Gateway`` the HTTP application uses."""
+    """The part of ``gateway.server.runtime.Gateway`` the HTTP application uses."""
 
     metrics: Metrics
 

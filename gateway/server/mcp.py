@@ -42,8 +42,8 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import GatewayError, Unauthorized
+from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
-from gateway.server.pipeline import client_of, mcp_client_var
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class RoleLike(Protocol):
 
 
 class McpGateway(Protocol):
-    """The part of ``gateway.server.pipeline.Gateway`` the MCP surface uses."""
+    """The part of ``gateway.server.runtime.Gateway`` the MCP surface uses."""
 
     def tools_for(self, principal: Principal) -> list[ToolSpec]: ...
 

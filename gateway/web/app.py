@@ -64,7 +64,8 @@ from gateway.guard import audit
 from gateway.guard.decision import Proposed, proposal_rights
 from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
-from gateway.server.pipeline import Gateway, proposal_view
+from gateway.server.proposal_flow import proposal_view
+from gateway.server.runtime import Gateway
 from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (

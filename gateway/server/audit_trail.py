@@ -1,0 +1,177 @@
+"""The audit trail of one process: the ONE owner of every way an audit row is written.
+
+Contract (``AuditTrail``): every row goes to the sink within ``AUDIT_DEADLINE_SECONDS``, in a worker
+thread, never on the event loop. Two kinds of row, two promises:
+
+- a row that gates something (``record``, ``record_answer``, ``intent``): written now, or
+  ``AuditUnavailable`` is raised and the caller refuses what it was about to do (a refused intent
+  leaves a ``refused`` row waiting to say so);
+- a row of something that already happened (``record_outcome``, ``write_or_wait``): never raises;
+  a row the sink cannot take now waits in memory, in order (the server reports unready), and is
+  appended by ``flush_waiting`` once the sink is writable again. While ``MAX_WAITING_OUTCOMES`` rows
+  wait, no new change runs (``intent``, ``refuse_unless_writable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from gateway.answer import Answer
+from gateway.errors import AuditUnavailable
+from gateway.server.context import off_loop
+from gateway.store.base import AuditWriter
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: how long one audit append may take before the call is refused
+AUDIT_DEADLINE_SECONDS: Final = 5.0
+#: outcome rows kept in memory while the audit cannot take them; past this, new changes are refused
+MAX_WAITING_OUTCOMES: Final = 1000
+
+
+def write_quietly(audit: AuditWriter, row: Mapping[str, Any]) -> None:
+    """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
+    try:
+        audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+    except AuditUnavailable:
+        log.error("the audit log could not record the load of %s", row.get("path"))
+
+
+class AuditTrail:
+    """Every audit row of this process, written through one sink (see the module's contract)."""
+
+    def __init__(self, audit: AuditWriter, where: Path | str) -> None:
+        self.audit = audit
+        #: the log named in refusals (the file, or the table's label)
+        self.where = where
+        self.waiting: collections.deque[dict[str, Any]] = collections.deque()
+        self._flushing = threading.Lock()
+
+    def writable(self) -> bool:
+        return self.audit.writable()
+
+    async def record(self, row: Mapping[str, Any]) -> None:
+        """Append one audit row (every async audit write comes here): in a worker thread, within a
+        deadline. Raises ``AuditUnavailable`` when it cannot be written: the call is refused."""
+        await self._off_loop(lambda: self.write_row(row))
+
+    async def record_answer(self, row: Mapping[str, Any], result: Any) -> Answer:
+        """Encode ``result`` once (``Answer.cleaned``; an ``Answer`` is already encoded) and append
+        ``row`` fingerprinting that answer, in one worker thread (the encoding of a big listing never
+        runs on the event loop); ``record``'s deadline and refusal. Returns the answer to send."""
+
+        def encode_and_write() -> Answer:
+            answer = result if isinstance(result, Answer) else Answer.cleaned(result)
+            self.write_row({**row, "result": answer})
+            return answer
+
+        return await self._off_loop(encode_and_write)
+
+    async def _off_loop(self, write: Callable[[], T]) -> T:
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(write), AUDIT_DEADLINE_SECONDS + 1.0)
+        except TimeoutError:
+            raise AuditUnavailable(
+                f"audit log {self.where} did not take the row within "
+                f"{AUDIT_DEADLINE_SECONDS:g}s "
+                "(a held lock or a slow disk); nothing more was done. Retry, and see the gateway log"
+            ) from None
+
+    async def refuse_unless_writable(self, row: Mapping[str, Any]) -> None:
+        """Refuse a change before its first vSphere read while the audit cannot take rows (what
+        ``readiness`` reports: the sink says it is not writable, or too many rows wait): its intent
+        could not be written anyway. ``row`` (phase ``refused``) waits for the audit, like an intent's."""
+        if len(self.waiting) < MAX_WAITING_OUTCOMES and await off_loop(self.audit.writable):
+            return
+        exc = AuditUnavailable(
+            f"audit log {self.where} cannot take rows now (/readyz says why); nothing was "
+            "read from or sent to vSphere. Retry once the audit is writable again"
+        )
+        reason = "the audit was not writable; nothing was read from or sent to vSphere"
+        self.wait({**row, "error_code": exc.code, "reason": reason})
+        raise exc
+
+    async def intent(self, row: Mapping[str, Any]) -> None:
+        """The durable row a change writes before its vSphere call. If it cannot be written the change is
+        refused (``AuditUnavailable``), and a ``refused`` row waits to say so once the audit is back.
+        While ``MAX_WAITING_OUTCOMES`` rows already wait, every new change is refused."""
+        if len(self.waiting) >= MAX_WAITING_OUTCOMES:
+            raise AuditUnavailable(
+                f"{len(self.waiting)} audit rows of finished changes wait for the audit log "
+                f"{self.where}; no new change runs until it takes them"
+            )
+        try:
+            await self.record(row)
+        except AuditUnavailable as exc:
+            self.wait(
+                {
+                    **row,
+                    "phase": "refused",
+                    "error_code": exc.code,
+                    "reason": "the intent row could not be written; nothing was sent to vSphere",
+                }
+            )
+            raise
+
+    async def record_outcome(self, row: Mapping[str, Any]) -> None:
+        """Append the row of something that already happened. Never raises and never holds the caller
+        past the deadline: a row the audit cannot take now waits (see ``flush_waiting``)."""
+        if self.waiting:
+            self.wait(row)
+            return
+        try:
+            await self.record(row)
+        except AuditUnavailable:
+            log.error(
+                "audit row of a finished change (%s) waits until the audit log is writable",
+                row.get("phase"),
+            )
+            self.wait(row)
+
+    def write_or_wait(self, row: Mapping[str, Any]) -> None:
+        """``record_outcome`` for synchronous callers (worker threads, the CLI)."""
+        self.flush_waiting()
+        if self.waiting:
+            self.wait(row)
+            return
+        try:
+            self.write_row(row)
+        except AuditUnavailable:
+            log.error("audit row (%s) waits until the audit log is writable", row.get("phase"))
+            self.wait(row)
+
+    def wait(self, row: Mapping[str, Any]) -> None:
+        self.waiting.append({**row, "delayed": True, "row_id": uuid.uuid4().hex})
+
+    def flush_waiting(self) -> int:
+        """Append the rows that waited for the audit log, oldest first; stop at the first failure."""
+        written = 0
+        with self._flushing:
+            while self.waiting:
+                try:
+                    self.write_row(self.waiting[0])
+                except AuditUnavailable:
+                    break
+                self.waiting.popleft()
+                written += 1
+        return written
+
+    def write_row(self, row: Mapping[str, Any]) -> None:
+        try:
+            # the sink gives up on its locks first, so a refused row is never appended late
+            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+        except AuditUnavailable:
+            raise
+        except Exception as exc:  # any failure to record is a refusal, never a silent pass
+            log.exception("audit write failed")
+            raise AuditUnavailable(
+                f"audit log {self.where} could not record the call; see the server log"
+            ) from exc

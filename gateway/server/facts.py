@@ -1,0 +1,124 @@
+"""Facts now: the caller, the proposer, the role, the target and its tags, the rules and the time as
+the stores say at this moment, gathered into the inputs of ``gateway.guard.decision``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.auth.roles import Role, RoleBook
+from gateway.auth.tokens import Principal
+from gateway.config import Target
+from gateway.guard import confirm
+from gateway.guard.decision import (
+    PROPOSAL_TOOLS,
+    Entry,
+    Facts,
+    Party,
+    TokenState,
+    token_state,
+    tool_permitted,
+)
+from gateway.guard.policy_store import PolicyStore
+from gateway.store.base import Proposal, StateStore
+from gateway.tools.registry import Registry
+from gateway.tools.spec import Category, Plan, ToolSpec
+
+
+class FactsNow:
+    """Reads the facts a decision needs, fresh on every call (nothing cached between calls)."""
+
+    def __init__(self, registry: Registry, targets: Mapping[str, Target], policy: PolicyStore,
+                 roles: RoleBook, store: StateStore, clock: Callable[[], float]) -> None:
+        self.registry = registry
+        self.targets = targets
+        self.policy = policy
+        self.roles = roles
+        self.store = store
+        self.clock = clock
+
+    def role_of(self, principal: Principal) -> Role | None:
+        return self.roles.get(principal.role)
+
+    @property
+    def change_tools(self) -> tuple[tuple[str, Category], ...]:
+        return tuple(
+            (s.name, s.kind)
+            for s in self.registry
+            if s.kind is not Category.READ and s.name not in PROPOSAL_TOOLS
+        )
+
+    def permits(self, role: Role, spec: ToolSpec) -> bool:
+        return tool_permitted(role, spec.name, spec.kind, self.change_tools)
+
+    def tools_for(self, principal: Principal) -> list[ToolSpec]:
+        role = self.role_of(principal)
+        if role is None:
+            return []
+        return [spec for spec in self.registry if self.permits(role, spec)]
+
+    def visible_targets(self, role: Role) -> list[Target]:
+        return [t for t in self.targets.values() if role.permits_target(t.name)]
+
+    def party(self, principal: Principal) -> Party:
+        """The caller as the store says it is now: a token's current state, role and kind (a principal
+        without a token, from stdio or the CLI, is the role and kind its surface gave it)."""
+        if principal.token_id is None:
+            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind)
+        record = self.store.token_by_id(principal.token_id)
+        if record is None:
+            return Party(principal.name, TokenState.UNKNOWN, None)
+        state = token_state(record, self.clock())
+        return Party(principal.name, state, self.roles.get(record.role), record.kind)
+
+    def owner(self, p: Proposal) -> Party:
+        """The proposer as they are now (their token's current state and role)."""
+        record = self.store.token_by_name(p.caller)
+        if record is None:
+            return Party(p.caller, TokenState.USABLE, self.roles.get(p.role))
+        role = self.roles.get(record.role)
+        return Party(p.caller, token_state(record, self.clock()), role)
+
+    def facts(
+        self,
+        entry: Entry,
+        actor: Party,
+        spec: ToolSpec,
+        args: Mapping[str, Any],
+        *,
+        target: str | None = None,
+        plan: Plan | None = None,
+        owner: Party | None = None,
+        proposal: Proposal | None = None,
+        resolved: bool = True,
+    ) -> Facts:
+        """Everything ``authorize`` looks at, gathered now (rules re-read, target looked up)."""
+        known = self.targets.get(target) if target is not None else None
+        rules, rules_error = self.policy.snapshot() if resolved else (None, None)
+        reaches = tuple((name, s.kind) for name in spec.reaches(args) if (s := self.registry.get(name)))
+        missing = [name for name in spec.reaches(args) if self.registry.get(name) is None]
+        reaches += tuple((name, Category.DESTRUCTIVE) for name in missing)  # unknown reach: strictest
+        return Facts(
+            entry=entry,
+            actor=actor,
+            tool=spec.name,
+            category=spec.kind,
+            risk=spec.risk,
+            now=datetime.fromtimestamp(self.clock(), UTC),
+            target=target,
+            target_known=known is not None,
+            target_tags=known.tags if known is not None else (),
+            reaches=reaches,
+            affected=plan.affected if plan is not None else (),
+            object_count=plan.count if plan is not None else 0,
+            override=bool(args.get("override", False)),
+            owner=owner,
+            rules=rules,
+            rules_error=rules_error,
+            proposal_problem=confirm.proposal_problem(proposal, self.clock()) if proposal else None,
+            unmet=plan.unmet if plan is not None else (),
+            proposal_id=proposal.id if proposal else None,
+            resolved=resolved,
+            change_tools=self.change_tools,
+        )

@@ -1,0 +1,470 @@
+"""The proposal flow: a change that waits for its caller's confirmation or a human's approval. Propose,
+list the pending, confirm, cancel, approve and deny; each re-decides on the state at that moment, claims
+the proposal exactly once, and hands the claimed change to the call path to execute."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, NoReturn
+
+from gateway.auth.tokens import Principal
+from gateway.config import Target
+from gateway.errors import (
+    Ambiguous,
+    AuditUnavailable,
+    ConfirmationInvalid,
+    GatewayError,
+    InvalidArgument,
+    NotFound,
+    Stale,
+)
+from gateway.guard import confirm
+from gateway.guard.decision import Entry, Proposed, Verdict, authorize, proposal_rights
+from gateway.guard.lifecycle import OPEN_STATES
+from gateway.guard.policy import Decision
+from gateway.guard.redact import shown, shown_text
+from gateway.server.audit_trail import AuditTrail
+from gateway.server.calls import Calls, Handler
+from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
+from gateway.server.facts import FactsNow
+from gateway.server.moves import Moves
+from gateway.settings import Settings
+from gateway.store.base import Proposal, StateStore
+from gateway.tools.registry import Registry
+from gateway.tools.spec import Plan
+
+
+class ProposalFlow:
+    """Proposals from their making to their claim: every step decided again, every step one audit row."""
+
+    def __init__(self, settings: Settings, targets: Mapping[str, Target], registry: Registry, *,
+                 store: StateStore, calls: Calls, facts: FactsNow, moves: Moves, trail: AuditTrail,
+                 clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.targets = targets
+        self.registry = registry
+        self.store = store
+        self.calls = calls
+        self.facts = facts
+        self.moves = moves
+        self.trail = trail
+        self.clock = clock
+
+    def handlers(self) -> dict[str, Handler]:
+        """The proposal tools, answered here (``Calls.local``)."""
+        return {"list_pending_actions": self._list_pending, "confirm_action": self._confirm,
+                "cancel_action": self._cancel}
+
+    async def propose(
+        self,
+        ctx: CallContext,
+        target: Target,
+        args: dict[str, Any],
+        plan: Plan,
+        decision: Decision,
+        digest: str,
+    ) -> dict[str, Any]:
+        token = confirm.new_confirmation_token()
+        now = self.clock()
+        ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
+        # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
+        # every notification then carry the same clean text
+        summary = shown_text(plan.summary)
+        affected = shown([a.to_dict() for a in plan.affected])
+        proposal = Proposal(
+            id=confirm.new_proposal_id(),
+            token_hash=confirm.token_hash(token),
+            caller=ctx.principal.name,
+            role=ctx.role.name,
+            surface=ctx.principal.surface,
+            target=target.name,
+            target_host=target.address,
+            tool=ctx.spec.name,
+            args=args,
+            args_digest=digest,
+            plan_summary=summary,
+            affected=affected,
+            plan_params=dict(plan.params),
+            created_at=now,
+            expires_at=now + ttl,
+            state="pending",
+            require_web_approval=decision.require_approval,
+            correlation_id=ctx.correlation_id,
+        )
+        await self.trail.record(
+            ctx.row(
+                "proposed",
+                target=target.name,
+                args=redact_args(ctx.spec, args),
+                decision=decision.to_dict(),
+                proposal_id=proposal.id,
+                affected=affected,
+            )
+        )
+        await off_loop(self.store.add_proposal, proposal)
+        self.moves.notify("proposed", proposal)
+        how = (
+            f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
+            f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
+            if decision.require_approval
+            else f'confirm_action(token="{token}") within {int(ttl)}s'
+        )
+        return {
+            "state": "pending",
+            "proposal_id": proposal.id,
+            "target": target.name,
+            "target_host": target.address,
+            "tool": ctx.spec.name,
+            "summary": summary,
+            "affected": affected,
+            "token": token,
+            "expires_in_seconds": int(ttl),
+            "requires_human_approval": decision.require_approval,
+            "dry_run": decision.dry_run,
+            "confirm_with": how,
+            "note": f"Nothing has changed yet. This proposal acts on target '{target.name}' "
+            f"({target.address}): check the target and the affected objects before confirming.",
+        }
+
+    async def _list_pending(
+        self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
+    ) -> dict[str, Any]:
+        await off_loop(self.moves.expire_due)
+        proposals = await off_loop(self.store.list_proposals, ["pending"])
+        seen = [p for p in proposals if proposal_rights(ctx.party, Proposed.of(p)).see]
+        now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
+        rows = await off_loop(lambda: [proposal_view(p, now) for p in seen])
+        await self.trail.record(
+            ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
+        )
+        return {"pending": rows, "count": len(rows)}
+
+    async def _by_token(self, ctx: CallContext, args: dict[str, Any]) -> Proposal:
+        proposal = await off_loop(self.store.proposal_by_token_hash, confirm.token_hash(args["token"]))
+        if proposal is None:
+            await self.calls.refused(
+                ctx,
+                {},
+                ConfirmationInvalid(
+                    "this confirmation token is unknown, already used, cancelled or denied; "
+                    "make a fresh proposal"
+                ),
+            )
+        assert proposal is not None
+        return proposal
+
+    async def _confirm(
+        self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
+    ) -> dict[str, Any]:
+        proposal = await self._by_token(ctx, args)
+        return await self.execute_proposal(
+            proposal, ctx.principal, progress=progress, correlation_id=ctx.correlation_id, client=ctx.client
+        )
+
+    async def _cancel(
+        self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
+    ) -> dict[str, Any]:
+        proposal = await self._by_token(ctx, args)
+        spec = self.registry.get(proposal.tool) or ctx.spec
+        owner = await off_loop(self.facts.owner, proposal)
+        facts = self.facts.facts(
+            Entry.CANCEL,
+            ctx.party,
+            spec,
+            proposal.args,
+            target=proposal.target,
+            owner=owner,
+            proposal=proposal,
+            resolved=False,
+        )
+        facts = replace(
+            facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem
+        )
+        await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
+        moved = await self.moves.move(
+            proposal,
+            OPEN_STATES,
+            "cancelled",
+            actor=ctx.principal,
+            correlation_id=ctx.correlation_id,
+            decided_at=self.clock(),
+            reason="cancelled by its caller",
+        )
+        if moved is None:
+            await self._lost(ctx, proposal, "the proposal was no longer pending; nothing to cancel")
+        return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
+
+    async def approve(
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+    ) -> dict[str, Any]:
+        """A human's approval (web page or CLI): the whole decision again, then the proposal runs."""
+        proposal = await off_loop(self.store.get_proposal, proposal_id)
+        if proposal is None:
+            raise NotFound(f"no proposal {proposal_id} that you may see")
+        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
+
+    def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
+        """What ``human`` may do with ``proposal`` now, as the decision says before anything is read
+        from vSphere: the verdicts of a deny and of an approval (``Entry.DENY``, ``Entry.APPROVE``).
+        For a page that offers the buttons; ``approve``/``deny`` decide again when clicked. Synchronous."""
+        spec = self.registry.get(proposal.tool) or unknown_tool(proposal.tool)
+        actor, owner = self.facts.party(human), self.facts.owner(proposal)
+        deny, approve = (
+            authorize(
+                self.facts.facts(
+                    entry,
+                    actor,
+                    spec,
+                    proposal.args,
+                    target=proposal.target,
+                    owner=owner,
+                    proposal=proposal,
+                    resolved=False,
+                )
+            )
+            for entry in (Entry.DENY, Entry.APPROVE)
+        )
+        return deny, approve
+
+    def deny(
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+    ) -> dict[str, Any]:
+        """A human's denial. Synchronous: the web page and the CLI call it from a worker thread."""
+        proposal = self.store.get_proposal(proposal_id)
+        if proposal is None:
+            raise NotFound(f"no proposal {proposal_id} that you may see")
+        spec = self.registry.get(proposal.tool) or unknown_tool(proposal.tool)
+        actor = self.facts.party(human)
+        human = replace(human, kind=actor.kind)
+        facts = self.facts.facts(
+            Entry.DENY,
+            actor,
+            spec,
+            proposal.args,
+            target=proposal.target,
+            owner=self.facts.owner(proposal),
+            proposal=proposal,
+        )
+        verdict = authorize(facts)
+        if not verdict.allowed:
+            ctx = CallContext(human, actor, spec, correlation_id)
+            row = ctx.row(
+                "denied",
+                target=proposal.target,
+                proposal_id=proposal.id,
+                requested_by=proposal.caller,
+                decision=verdict.to_dict(),
+                error_code=verdict.code,
+                reason_code=verdict.details.get("reason_code"),
+                via="deny",
+            )
+            self.trail.write_row(row)
+            verdict.raise_if_refused()
+        moved = self.moves.move_sync(
+            proposal,
+            ["pending"],
+            "denied",
+            actor=human,
+            correlation_id=correlation_id,
+            approved_by=human.name,
+            decided_at=self.clock(),
+            reason=f"denied by {human.name}",
+            decision={"allowed": False, "reason": f"denied by {human.name}", "rule": "human"},
+        )
+        if moved is None:
+            raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
+        return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
+
+    async def execute_proposal(
+        self,
+        proposal: Proposal,
+        actor: Principal,
+        *,
+        progress: ProgressSink | None = None,
+        correlation_id: str | None = None,
+        approved: bool = False,
+        client: str | None = None,
+    ) -> dict[str, Any]:
+        """Re-authorize against the state now, claim the proposal exactly once, then execute it."""
+        spec = self.registry.get(proposal.tool)
+        target = self.targets.get(proposal.target)
+        party = await off_loop(self.facts.party, actor)
+        actor = replace(actor, kind=party.kind)
+        ctx = CallContext(
+            actor,
+            party,
+            spec or unknown_tool(proposal.tool),
+            correlation_id or proposal.correlation_id,
+            client,
+            via="approve" if approved else "confirm_action",
+        )
+        if spec is None or target is None or spec.plan is None:
+            await self.calls.refused(
+                ctx,
+                {},
+                ConfirmationInvalid(
+                    f"proposal {proposal.id} names a tool or target this server no longer has"
+                ),
+                proposal_id=proposal.id,
+                target=proposal.target,
+            )
+        assert spec is not None and target is not None and spec.plan is not None
+        entry = Entry.APPROVE if approved else Entry.CONFIRM
+        owner = await off_loop(self.facts.owner, proposal)
+        gate = self.facts.facts(
+            entry,
+            party,
+            spec,
+            proposal.args,
+            target=target.name,
+            owner=owner,
+            proposal=proposal,
+            resolved=False,
+        )
+        await self.calls.check(ctx, gate, {}, proposal_id=proposal.id)
+        await self.calls.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
+        plan = await self._replan(ctx, target, spec.plan, proposal)
+        verdict = await self.calls.authorize_plan(
+            ctx, entry, party, proposal.args, target, plan, owner, proposal
+        )
+        decision = self.calls.decision_of(verdict, target)
+        if approved:
+            moved = await self.moves.move(
+                proposal,
+                ["pending"],
+                "approved",
+                actor=actor,
+                correlation_id=ctx.correlation_id,
+                approved_by=actor.name,
+                decided_at=self.clock(),
+            )
+            if moved is None:
+                await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent")
+            assert moved is not None
+            proposal = moved
+        claimed = await self.claim(ctx, proposal, decision)
+        result = await self.calls.execute(ctx, target, plan, decision, proposal.args, progress,
+                                          proposal=claimed)
+        return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
+
+    async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
+        """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
+        the claim's row, the intent, durably before anything reaches vSphere. Of racing confirms only
+        the winner writes ``executing``; each loser writes one ``claim_lost`` row and is refused. If
+        the intent cannot be written the change is refused and the claimed proposal ends ``failed``
+        (nothing was sent to vSphere), its row waiting for the audit like any outcome."""
+        instance = await asyncio.to_thread(self.moves.instance.acquire)
+        fields: dict[str, Any] = {"decided_at": self.clock(), "executor": instance}
+        row = self.moves.transition_row(
+            proposal,
+            "executing",
+            actor=ctx.principal,
+            correlation_id=ctx.correlation_id,
+            executor=instance,
+            args=redact_args(ctx.spec, proposal.args),
+            decision=decision.to_dict(),
+        )
+        if not await off_loop(self.store.transition, proposal.id, ["pending", "approved"], "executing",
+                                   **fields):
+            await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent",
+                             executor=instance, args=row.get("args"), decision=row.get("decision"))
+        claimed = replace(proposal, state="executing", **fields)
+        try:
+            await self.trail.intent(row)
+        except AuditUnavailable as exc:
+            await self.moves.move(
+                claimed,
+                ["executing"],
+                "failed",
+                actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
+                outcome=exc.code,
+                error=exc.to_wire(),
+                reason="the intent row could not be written; nothing was sent to vSphere",
+            )
+            raise
+        self.moves.notify("executing", claimed)
+        return claimed
+
+    async def _lost(self, ctx: CallContext, proposal: Proposal, reason: str, **fields: Any) -> NoReturn:
+        """The one row of an attempt that lost a race for ``proposal`` (``claim_lost``), then its refusal."""
+        error = ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
+        row = self.moves.transition_row(proposal, "claim_lost", actor=ctx.principal,
+                                   correlation_id=ctx.correlation_id, reason=reason, **fields)
+        await self.trail.record({**row, "error_code": error.code})
+        raise error
+
+    async def _replan(
+        self,
+        ctx: CallContext,
+        target: Target,
+        plan_fn: Callable[[Any, Mapping[str, Any]], Plan],
+        proposal: Proposal,
+    ) -> Plan:
+        """Resolve the proposal's objects again; anything that no longer matches makes it stale (the move
+        is this attempt's row; an attempt that loses that move to another caller writes ``claim_lost``).
+        Any other failure (the target unreachable, say) is this attempt's refused row; the proposal
+        stays as it was."""
+        try:
+            plan = await self.calls.scheduler.run(
+                target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
+            )
+            _check_not_stale(proposal, plan)
+        except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
+            error = Stale(
+                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
+                "proposal and check it again",
+                proposal_id=proposal.id,
+            )
+            moved = await self.moves.move(
+                proposal,
+                OPEN_STATES,
+                "stale",
+                actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
+                outcome="stale",
+                error=error.to_wire(),
+                decided_at=self.clock(),
+                reason=cut(exc.message, 512),
+            )
+            if moved is None:
+                await self._lost(ctx, proposal, f"found stale ({cut(exc.message, 256)}) after another "
+                                 "caller had moved the proposal; nothing was sent")
+            raise error from exc
+        except GatewayError as exc:
+            await self.calls.refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
+        return plan
+
+
+def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
+    before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
+    after = sorted((a["type"], a["moid"], a["name"]) for a in shown([a.to_dict() for a in plan.affected]))
+    if before != after:
+        raise Stale(
+            f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
+            "removed); make a fresh proposal and check it again"
+        )
+
+
+def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
+    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
+    never the token or its hash)."""
+    view = {
+        "proposal_id": p.id,
+        "state": p.state,
+        "target": p.target,
+        "target_host": p.target_host,
+        "tool": p.tool,
+        "summary": p.plan_summary,
+        "affected": p.affected,
+        "requested_by": p.caller,
+        "requires_human_approval": p.require_web_approval,
+        "expires_in_seconds": max(0, int(p.expires_at - now)),
+        "created_at": p.created_at,
+        "approved_by": p.approved_by,
+        "outcome": p.outcome,
+        "error": p.error,
+    }
+    return shown(view)  # type: ignore[no-any-return]
