@@ -73,7 +73,7 @@ async def main(calls: int) -> list[dict[str, Any]]:
         )
         gw = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(tmp), **env}))
         # alternating identical writes are the benchmark, not a runaway: give the breaker a wide budget
-        gw.calls.breaker = RunawayBreaker(max_repeats=10**9)
+        gw.path.writes.breaker = RunawayBreaker(max_repeats=10**9)
         details = gw.registry.get("get_vm_details")
         assert details is not None and details.read is not None
         read_fn = details.read

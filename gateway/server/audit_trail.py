@@ -37,14 +37,6 @@ AUDIT_DEADLINE_SECONDS: Final = 5.0
 MAX_WAITING_OUTCOMES: Final = 1000
 
 
-def write_quietly(audit: AuditWriter, row: Mapping[str, Any]) -> None:
-    """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
-    try:
-        audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
-    except AuditUnavailable:
-        log.error("the audit log could not record the load of %s", row.get("path"))
-
-
 class AuditTrail:
     """Every audit row of this process, written through one sink (see the module's contract)."""
 
@@ -54,6 +46,13 @@ class AuditTrail:
         self.where = where
         self.waiting: collections.deque[dict[str, Any]] = collections.deque()
         self._flushing = threading.Lock()
+
+    def write_quietly(self, row: Mapping[str, Any]) -> None:
+        """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
+        try:
+            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+        except AuditUnavailable:
+            log.error("the audit log could not record the load of %s", row.get("path"))
 
     def writable(self) -> bool:
         return self.audit.writable()

@@ -25,32 +25,30 @@ from gateway.guard.decision import Entry, Proposed, Verdict, authorize, proposal
 from gateway.guard.lifecycle import OPEN_STATES
 from gateway.guard.policy import Decision
 from gateway.guard.redact import shown, shown_text
-from gateway.server.audit_trail import AuditTrail
-from gateway.server.calls import Calls, Handler
+from gateway.server.calls import Handler
 from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
-from gateway.server.facts import FactsNow
 from gateway.server.moves import Moves
-from gateway.settings import Settings
-from gateway.store.base import Proposal, StateStore
-from gateway.tools.registry import Registry
+from gateway.server.writes import Writes
+from gateway.store.base import Proposal
 from gateway.tools.spec import Plan
 
 
 class ProposalFlow:
     """Proposals from their making to their claim: every step decided again, every step one audit row."""
 
-    def __init__(self, settings: Settings, targets: Mapping[str, Target], registry: Registry, *,
-                 store: StateStore, calls: Calls, facts: FactsNow, moves: Moves, trail: AuditTrail,
-                 clock: Callable[[], float]) -> None:
-        self.settings = settings
+    def __init__(self, targets: Mapping[str, Target], *, writes: Writes, moves: Moves,
+                 confirm_ttl_seconds: float) -> None:
         self.targets = targets
-        self.registry = registry
-        self.store = store
-        self.calls = calls
-        self.facts = facts
+        self.calls = writes.calls
+        self.writes = writes
+        self.facts = writes.facts
+        self.registry = writes.facts.registry
+        self.store = writes.facts.store
+        self.trail = writes.trail
+        self.scheduler = writes.scheduler
         self.moves = moves
-        self.trail = trail
-        self.clock = clock
+        self.confirm_ttl_seconds = confirm_ttl_seconds
+        self.clock = moves.clock
 
     def handlers(self) -> dict[str, Handler]:
         """The proposal tools, answered here (``Calls.local``)."""
@@ -68,7 +66,7 @@ class ProposalFlow:
     ) -> dict[str, Any]:
         token = confirm.new_confirmation_token()
         now = self.clock()
-        ttl = target.proposal_ttl_seconds or self.settings.confirm_ttl_seconds
+        ttl = target.proposal_ttl_seconds or self.confirm_ttl_seconds
         # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
         # every notification then carry the same clean text
         summary = shown_text(plan.summary)
@@ -345,8 +343,8 @@ class ProposalFlow:
             assert moved is not None
             proposal = moved
         claimed = await self.claim(ctx, proposal, decision)
-        result = await self.calls.execute(ctx, target, plan, decision, proposal.args, progress,
-                                          proposal=claimed)
+        result = await self.writes.execute(ctx, target, plan, decision, proposal.args, progress,
+                                           proposal=claimed)
         return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
@@ -408,7 +406,7 @@ class ProposalFlow:
         Any other failure (the target unreachable, say) is this attempt's refused row; the proposal
         stays as it was."""
         try:
-            plan = await self.calls.scheduler.run(
+            plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
             _check_not_stale(proposal, plan)

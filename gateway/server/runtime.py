@@ -35,36 +35,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway.answer import Answer
-from gateway.auth.roles import Role, RoleBook
-from gateway.auth.tokens import Principal, TokenVerifier
+from gateway.auth.roles import RoleBook
+from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.guard import names
-from gateway.guard.decision import Party, Verdict
 from gateway.guard.policy_store import PolicyStore
 from gateway.notify import Notifier, notifier_for
-from gateway.private_files import make_private_dirs
 from gateway.server import reloads
-from gateway.server.audit_trail import AuditTrail, write_quietly
-from gateway.server.calls import Calls
-from gateway.server.context import ProgressSink
+from gateway.server.audit_trail import AuditTrail
+from gateway.server.call_path import compose_call_path
+from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
-from gateway.server.metrics import Metrics, sample_families
-from gateway.server.moves import EXECUTION_GRACE_SECONDS, LifecycleListener, Moves
-from gateway.server.proposal_flow import ProposalFlow
-from gateway.server.read_rules import ReadRules
+from gateway.server.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.backends import Backends, open_backends
-from gateway.store.base import Proposal
-from gateway.tools.read import MIRROR_READS
 from gateway.tools.registry import Registry, build_registry
-from gateway.tools.spec import Category, ToolSpec
-from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.scheduler import Scheduler
 
 
-class Gateway:
-    """One gateway process: composes the collaborators and is the facade every surface calls."""
+class Gateway(GatewayFacade):
+    """One gateway process: composes the collaborators; the surfaces call it (``GatewayFacade``)."""
 
     def __init__(
         self,
@@ -76,6 +66,7 @@ class Gateway:
         backends: Backends,
         policy: PolicyStore,
         roles: RoleBook,
+        trail: AuditTrail | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -92,25 +83,11 @@ class Gateway:
         now = lambda: self.clock()  # noqa: E731 (the tests set ``clock`` after building)
         self.authenticator = TokenVerifier(backends.store)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
-        self.mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
-        list_vms = registry.get("list_vms")
-        assert list_vms is not None and list_vms.read is not None
-        #: what each read may show (read rules), applied after the mirror or the sweep answered
-        self.read_rules = ReadRules(self.mirrors, scheduler, self.targets, list_vms.read)
-        self.metrics.add_collector("mirrors", lambda: sample_families(self.mirrors.samples()))
-        self.trail = AuditTrail(backends.audit, settings.audit_log)
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
-        self.moves = Moves(backends.store, self.trail, registry, self.facts, instance=backends.instance,
-                           reader=backends.reader, sweep_leader=backends.sweep_leader, clock=now)
-        self.calls = Calls(settings, self.targets, registry, scheduler=scheduler, mirrors=self.mirrors,
-                           read_rules=self.read_rules, policy=policy, facts=self.facts, trail=self.trail,
-                           moves=self.moves, metrics=self.metrics, rate_limiter=backends.rate_limiter,
-                           breaker=backends.breaker)
-        self.proposals = ProposalFlow(settings, self.targets, registry, store=backends.store,
-                                      calls=self.calls, facts=self.facts, moves=self.moves,
-                                      trail=self.trail, clock=now)
-        self.calls.proposer = self.proposals
-        self.calls.local.update(self.proposals.handlers())
+        self.path = compose_call_path(settings, targets, self.facts, scheduler=scheduler, backends=backends,
+                                      metrics=self.metrics, trail=trail)
+        self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
+        self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
         # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
         path = settings.notifications_file
@@ -125,15 +102,14 @@ class Gateway:
     def build(cls, settings: Settings) -> Gateway:
         """Load configuration and open the backends; raises ConfigError on anything fatal."""
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
-        make_private_dirs(settings.home)
         backends = open_backends(settings)
-        audit = backends.audit
+        trail = AuditTrail(backends.audit, settings.audit_log)
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
         targets = reloads.load_audited(
             "targets", settings.targets_file,
             lambda: load_targets(settings.targets_file, settings.credentials),
-            reloads.targets_summary, lambda row: write_quietly(audit, row))
+            reloads.targets_summary, trail.write_quietly)
         built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
         policy = PolicyStore(settings.rules_file,
                              on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
@@ -149,6 +125,7 @@ class Gateway:
             backends=backends,
             policy=policy,
             roles=roles,
+            trail=trail,
         )
         built.append(gateway)
         names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
@@ -196,80 +173,3 @@ class Gateway:
         if self.policy.snapshot()[0] is None:  # no good rules ever loaded: every call is refused
             reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
-
-    # ----------------------------------------------------------------- the facade the surfaces call
-    def role_of(self, principal: Principal) -> Role | None:
-        return self.facts.role_of(principal)
-
-    @property
-    def change_tools(self) -> tuple[tuple[str, Category], ...]:
-        return self.facts.change_tools
-
-    def tools_for(self, principal: Principal) -> list[ToolSpec]:
-        return self.facts.tools_for(principal)
-
-    def visible_targets(self, role: Role) -> list[Target]:
-        return self.facts.visible_targets(role)
-
-    def party(self, principal: Principal) -> Party:
-        return self.facts.party(principal)
-
-    async def call(
-        self,
-        principal: Principal,
-        name: str,
-        args: Mapping[str, Any] | None,
-        *,
-        progress: ProgressSink | None = None,
-        correlation_id: str | None = None,
-        client: str | None = None,
-    ) -> dict[str, Any]:
-        """``answer`` as plain JSON values (the web page and the tests read these)."""
-        answer = await self.answer(principal, name, args, progress=progress, correlation_id=correlation_id,
-                                   client=client)
-        return answer.value
-
-    async def answer(
-        self,
-        principal: Principal,
-        name: str,
-        args: Mapping[str, Any] | None,
-        *,
-        progress: ProgressSink | None = None,
-        correlation_id: str | None = None,
-        client: str | None = None,
-    ) -> Answer:
-        """One tool call (``Calls.answer``): the answer is encoded once, its text goes to the caller as is."""
-        return await self.calls.answer(principal, name, args, progress=progress,
-                                       correlation_id=correlation_id, client=client)
-
-    async def approve(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
-    ) -> dict[str, Any]:
-        return await self.proposals.approve(proposal_id, human, correlation_id=correlation_id)
-
-    def deny(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
-    ) -> dict[str, Any]:
-        return self.proposals.deny(proposal_id, human, correlation_id=correlation_id)
-
-    def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
-        return self.proposals.decision_rights(proposal, human)
-
-    def add_lifecycle_listener(self, fn: LifecycleListener) -> None:
-        self.moves.add_lifecycle_listener(fn)
-
-    def revoke_token(self, name: str, *, by: Principal) -> list[str]:
-        return self.moves.revoke_token(name, by=by)
-
-    def settle_interrupted(self, older_than: float = EXECUTION_GRACE_SECONDS) -> list[str]:
-        return self.moves.settle_interrupted(older_than)
-
-    def expire_due(self) -> None:
-        self.moves.expire_due()
-
-    def cancel_orphaned(self) -> list[str]:
-        return self.moves.cancel_orphaned()
-
-    def flush_waiting(self) -> int:
-        return self.trail.flush_waiting()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.guard.audit import AuditSink
 from gateway.guard.limits import RateLimiter, RunawayBreaker
+from gateway.private_files import make_private_dirs
 from gateway.store.audit_read import AuditReader, FileAuditReader
 from gateway.store.base import AuditWriter, StateStore
 from gateway.store.instance import Instance
@@ -192,6 +193,7 @@ def open_backends(settings: Settings) -> Backends:
 
     Raises ``StateUnavailable`` when the store cannot be reached and ``ConfigError`` when its schema is
     newer than this gateway knows."""
+    make_private_dirs(settings.home)  # the file backends and the instance locks live under the home
     engine = engine_of(settings)
     store = engine.store(settings)
     try:

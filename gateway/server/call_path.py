@@ -1,0 +1,62 @@
+"""The call path of one process, composed in one place: the audit trail, the lifecycle moves, the gate,
+reads, writes and the proposal flow, each handed the collaborators it needs (``compose_call_path``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.config import Target
+from gateway.server.audit_trail import AuditTrail
+from gateway.server.calls import Calls
+from gateway.server.facts import FactsNow
+from gateway.server.metrics import Metrics, sample_families
+from gateway.server.moves import Moves
+from gateway.server.proposal_flow import ProposalFlow
+from gateway.server.read_rules import ReadRules
+from gateway.server.reads import Reads
+from gateway.server.writes import Writes
+from gateway.settings import Settings
+from gateway.store.backends import Backends
+from gateway.tools.read import MIRROR_READS
+from gateway.vsphere.mirror import Mirrors
+from gateway.vsphere.scheduler import Scheduler
+
+
+@dataclass
+class CallPath:
+    """The collaborators of every call, confirmation, approval and move."""
+
+    trail: AuditTrail
+    moves: Moves
+    calls: Calls
+    reads: Reads
+    writes: Writes
+    proposals: ProposalFlow
+    mirrors: Mirrors
+    read_rules: ReadRules
+
+
+def compose_call_path(settings: Settings, targets: Sequence[Target], facts: FactsNow, *, scheduler: Scheduler,
+                      backends: Backends, metrics: Metrics, trail: AuditTrail | None = None) -> CallPath:
+    """Wire the call path once: who writes rows, who moves proposals, who gates, reads, writes, proposes."""
+    mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
+    list_vms = facts.registry.get("list_vms")
+    assert list_vms is not None and list_vms.read is not None
+    #: what each read may show (read rules), applied after the mirror or the sweep answered
+    read_rules = ReadRules(mirrors, scheduler, facts.targets, list_vms.read)
+    metrics.add_collector("mirrors", lambda: sample_families(mirrors.samples()))
+    trail = trail or AuditTrail(backends.audit, settings.audit_log)
+    moves = Moves(backends.store, trail, facts.registry, facts, instance=backends.instance,
+                  reader=backends.reader, sweep_leader=backends.sweep_leader, clock=facts.clock)
+    calls = Calls(facts.targets, facts=facts, trail=trail, metrics=metrics,
+                  rate_limiter=backends.rate_limiter, dry_run=settings.dry_run)
+    reads = Reads(calls, scheduler=scheduler, mirrors=mirrors, read_rules=read_rules,
+                  fanout_timeout=settings.fanout_timeout_seconds)
+    writes = Writes(calls, scheduler=scheduler, moves=moves, breaker=backends.breaker)
+    proposals = ProposalFlow(facts.targets, writes=writes, moves=moves,
+                             confirm_ttl_seconds=settings.confirm_ttl_seconds)
+    writes.proposer = proposals
+    calls.route(read=reads.read, write=writes.write,
+                local={"list_targets": reads.list_targets, **proposals.handlers()})
+    return CallPath(trail, moves, calls, reads, writes, proposals, mirrors, read_rules)

@@ -1,0 +1,188 @@
+"""Writes: a change's gate, breaker, rate limit and plan, the resolved decision, then either a
+proposal (``Proposer``) or the execution: the intent row before vSphere, the outcome row after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+from gateway.config import Target
+from gateway.errors import GatewayError, OutcomeUnknown, PolicyDenied
+from gateway.guard import confirm
+from gateway.guard.decision import Entry
+from gateway.guard.limits import RunawayBreaker
+from gateway.guard.policy import Decision
+from gateway.guard.redact import shown, shown_text
+from gateway.guard.sanitize import clean
+from gateway.server.calls import Calls
+from gateway.server.context import ALL, CallContext, ProgressSink, cut, redact_args
+from gateway.server.moves import Moves
+from gateway.store.base import Proposal
+from gateway.tools.spec import Category, Plan
+from gateway.vsphere.scheduler import Scheduler
+
+
+class Proposer(Protocol):
+    """Where a change needing a confirmation or a human's approval goes (``server.proposal_flow``)."""
+
+    async def propose(self, ctx: CallContext, target: Target, args: dict[str, Any], plan: Plan,
+                      decision: Decision, digest: str) -> dict[str, Any]: ...
+
+
+class Writes:
+    """Runs changes through the gate of ``Calls``: one explicit target, planned, decided, then executed."""
+
+    def __init__(self, calls: Calls, *, scheduler: Scheduler, moves: Moves, breaker: RunawayBreaker) -> None:
+        self.calls = calls
+        self.facts = calls.facts
+        self.targets = calls.targets
+        self.trail = calls.trail
+        self.scheduler = scheduler
+        self.moves = moves
+        self.breaker = breaker
+        self.proposer: Proposer | None = None
+
+    async def write(
+        self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
+    ) -> dict[str, Any]:
+        spec = ctx.spec
+        plan_fn = spec.plan
+        assert plan_fn is not None and spec.execute is not None
+        ref = args["target"]
+        if not isinstance(ref, str) or ref == ALL:
+            reason = "a change needs exactly one explicit target; 'all' and lists are refused for writes"
+            single = {"allowed": False, "reason": reason, "rule": "target:single"}
+            await self.calls.refused(ctx, args, PolicyDenied(reason, decision=single))
+        gate = self.facts.facts(Entry.WRITE, ctx.party, spec, args, target=ref, resolved=False)
+        await self.calls.check(ctx, gate, args)
+        target = self.targets[ref]
+        await self.calls.refuse_unless_audit_writable(ctx, args, target=target.name)
+        digest = confirm.args_digest(spec.name, target.name, args)
+        try:
+            self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
+        except GatewayError as exc:
+            await self.calls.refused(ctx, args, exc, target=target.name)
+        await self.calls.rate_limit(ctx, args, target.name, spec.kind)
+        try:
+            plan = await self.scheduler.run(
+                target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds
+            )
+        except GatewayError as exc:
+            await self.calls.refused(ctx, args, exc, target=target.name)
+        verdict = await self.calls.authorize_plan(ctx, Entry.WRITE, ctx.party, args, target, plan)
+        decision = self.calls.decision_of(verdict, target)
+        if spec.kind is Category.DESTRUCTIVE or decision.require_approval:
+            assert self.proposer is not None  # the runtime wires the proposal flow in
+            return await self.proposer.propose(ctx, target, args, plan, decision, digest)
+        return await self.execute(ctx, target, plan, decision, args, progress)
+
+    async def execute(
+        self,
+        ctx: CallContext,
+        target: Target,
+        plan: Plan,
+        decision: Decision,
+        args: Mapping[str, Any],
+        progress: ProgressSink | None,
+        proposal: Proposal | None = None,
+    ) -> dict[str, Any]:
+        """Audit the intent durably, then (only then) run the change, then audit its outcome."""
+        spec = ctx.spec
+        execute = spec.execute
+        assert execute is not None
+        base = {
+            "target": target.name,
+            "args": redact_args(spec, args),
+            "decision": decision.to_dict(),
+            "proposal_id": proposal.id if proposal else None,
+        }
+        if decision.dry_run:
+            would = {
+                "dry_run": True,
+                "target": target.name,
+                "would": shown_text(plan.summary),
+                "affected": shown([a.to_dict() for a in plan.affected]),
+            }
+            await self.trail.record(ctx.row("dry_run", outcome="ok", result=would, **base))
+            if proposal is not None:
+                await self.moves.move(
+                    proposal,
+                    ["executing"],
+                    "executed",
+                    actor=ctx.principal,
+                    outcome="ok",
+                    result={"dry_run": True},
+                )
+            return would
+        params = dict(plan.params)
+        params["auto_snapshot"] = decision.auto_snapshot and spec.snapshot_before
+        plan = replace(plan, params=params)
+        relay = self._progress_relay(progress)
+        if proposal is None:  # a claimed proposal's intent row was written by its claim
+            await self.trail.intent(ctx.row("executing", **base))
+        try:
+            result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
+        except BaseException as exc:
+            # a refusal or fault of vSphere, or anything unforeseen (cancellation included): the outcome
+            # is recorded either way; only a typed error says the change surely did not finish
+            known = isinstance(exc, GatewayError) and exc.code != "outcome_unknown"
+            error = (
+                exc
+                if isinstance(exc, GatewayError)
+                else OutcomeUnknown(
+                    "the change was interrupted; check the objects and get_tasks before doing anything again"
+                )
+            )
+            state = "failed" if known else "outcome_unknown"
+            if proposal is not None:
+                await asyncio.shield(
+                    self.moves.move(
+                        proposal,
+                        ["executing"],
+                        state,
+                        actor=ctx.principal,
+                        outcome=error.code,
+                        error=error.to_wire(),
+                        reason=cut(error.message, 512),
+                    )
+                )
+            else:
+                await asyncio.shield(
+                    self.trail.record_outcome(
+                        ctx.row(
+                            state,
+                            outcome=error.code,
+                            error_code=error.code,
+                            error=cut(error.message, 512),
+                            **base,
+                        )
+                    )
+                )
+            raise
+        result = await asyncio.to_thread(clean, result)
+        if proposal is not None:
+            await self.moves.move(
+                proposal,
+                ["executing"],
+                "executed",
+                actor=ctx.principal,
+                outcome="ok",
+                result={"summary": proposal.plan_summary},
+                result_row=result,
+            )
+        else:
+            await self.trail.record_outcome(ctx.row("executed", outcome="ok", result=result, **base))
+        return result  # type: ignore[no-any-return]
+
+    def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
+        if sink is None:
+            return lambda _f, _m: None
+        loop = asyncio.get_running_loop()
+
+        def relay(fraction: float, message: str) -> None:
+            asyncio.run_coroutine_threadsafe(sink(fraction, message), loop)
+
+        return relay
