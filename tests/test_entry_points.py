@@ -9,6 +9,7 @@ deny. The gateway runs with ``dry_run`` so an allowed confirm or approval change
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from gateway.guard.decision import Entry, Facts, Party, TokenState, Verdict, aut
 from gateway.guard.policy import parse_policy_text
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
-from gateway.vocabulary import Category, Risk
+from gateway.vocabulary import Category, Kind, Risk
 
 pytestmark = pytest.mark.anyio
 FAST = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
@@ -267,4 +268,18 @@ async def test_every_proposal_entry_point_reaches_the_decisions_verdict(rig: Rig
 
 
 async def _deny(gw: Gateway, proposal_id: str, human: Principal) -> None:
-    gw.deny(proposal_id, human)
+    await gw.deny(proposal_id, human)
+
+
+async def test_every_deny_attempt_is_one_audit_row_even_when_it_loses_the_move(rig: Rig) -> None:
+    """Humans deny one proposal at the same moment: one wins the move; every other attempt is refused,
+    and each attempt (won, refused by the decision, or lost to another's move) writes exactly one row."""
+    rig.rules("permissive")
+    who = rig.token("admin")
+    made = await rig.gw.call(who, "delete_vm", {"target": "vc1", **TOOLS["delete_vm"][2]})
+    humans = [Principal(name=f"human{i}", role="admin", surface="web", kind=Kind.PERSON) for i in range(6)]
+    got = await asyncio.gather(*(outcome(_deny(rig.gw, made["proposal_id"], h)) for h in humans))
+    assert sorted(got, key=str) == [None] + ["confirmation_invalid"] * (len(humans) - 1)
+    rows = [r for r in rig.gw.backends.reader.rows() if r.get("proposal_id") == made["proposal_id"]]
+    per_human = {h.name: [r["phase"] for r in rows if r.get("caller") == h.name] for h in humans}
+    assert all(len(phases) == 1 for phases in per_human.values()), per_human

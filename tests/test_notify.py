@@ -256,7 +256,7 @@ async def test_a_gated_proposal_tells_humans_without_delaying_the_call(
     assert chat["body"]["link"] == link and chat["body"]["target"] == "vc1" and not chat["signed"]
     assert chat["body"]["title"].startswith("Approval needed: delete_vm on vc1") and chat["body"]["summary"]
 
-    gw.deny(proposal["proposal_id"], HUMAN)
+    await gw.deny(proposal["proposal_id"], HUMAN)
     (denied,) = await wait_for(lambda: receiver.of("denied"), "denial webhook")
     assert denied["valid"] and denied["body"]["proposal"]["decided_by"] == HUMAN.name
 
@@ -352,7 +352,7 @@ async def test_the_pipeline_reports_every_transition_to_its_listeners(
         with pytest.raises(GatewayError):
             await gw.call(ADMIN, "confirm_action", {"token": stale["token"]})
         denied = await propose_delete(gw, vm="renamed-meanwhile")
-        gw.deny(denied["proposal_id"], HUMAN)
+        await gw.deny(denied["proposal_id"], HUMAN)
         cancelled = await propose_delete(gw, vm="renamed-meanwhile")
         await gw.call(ADMIN, "cancel_action", {"token": cancelled["token"]})
         expired = await propose_delete(gw, vm="renamed-meanwhile")

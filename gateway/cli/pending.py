@@ -86,7 +86,7 @@ def _decide(args: argparse.Namespace, approve: bool) -> int:
             await gateway.start_notifier()  # humans hear of a decision made from a shell too
             if approve:
                 return await gateway.approve(args.proposal_id, os_person())
-            return gateway.deny(args.proposal_id, os_person())
+            return await gateway.deny(args.proposal_id, os_person())
         finally:
             await gateway.close()
 

@@ -4,7 +4,6 @@ rate limits, the resolved decision on a plan; every refusal audited, every call 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -272,13 +271,3 @@ class Calls:
         if self.dry_run or target.dry_run:
             decision = replace(decision, dry_run=True)
         return decision
-
-    def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
-        if sink is None:
-            return lambda _f, _m: None
-        loop = asyncio.get_running_loop()
-
-        def relay(fraction: float, message: str) -> None:
-            asyncio.run_coroutine_threadsafe(sink(fraction, message), loop)
-
-        return relay

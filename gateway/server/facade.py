@@ -76,10 +76,10 @@ class GatewayFacade:
     ) -> dict[str, Any]:
         return await self.path.proposals.approve(proposal_id, human, correlation_id=correlation_id)
 
-    def deny(
+    async def deny(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
-        return self.path.proposals.deny(proposal_id, human, correlation_id=correlation_id)
+        return await self.path.proposals.deny(proposal_id, human, correlation_id=correlation_id)
 
     def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
         return self.path.proposals.decision_rights(proposal, human)

@@ -226,41 +226,26 @@ class ProposalFlow:
         )
         return deny, approve
 
-    def deny(
+    async def deny(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
-        """A human's denial. Synchronous: the web page and the CLI call it from a worker thread."""
-        proposal = self.store.get_proposal(proposal_id)
+        """A human's denial (web page or CLI): the decision's verdict on ``Entry.DENY``, enforced and
+        audited by the gate like every other entry point; then the move. Every attempt is one row: the
+        refusal, the ``denied`` move, or ``claim_lost`` when another caller moved the proposal first."""
+        proposal = await off_loop(self.store.get_proposal, proposal_id)
         if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         spec = self.registry.get(proposal.tool) or unknown_tool(proposal.tool)
-        actor = self.facts.party(human)
-        human = replace(human, kind=actor.kind)
-        facts = self.facts.facts(
-            Entry.DENY,
-            actor,
-            spec,
-            proposal.args,
-            target=proposal.target,
-            owner=self.facts.owner(proposal),
-            proposal=proposal,
-        )
-        verdict = authorize(facts)
-        if not verdict.allowed:
-            ctx = CallContext(human, actor, spec, correlation_id)
-            row = ctx.row(
-                "denied",
-                target=proposal.target,
-                proposal_id=proposal.id,
-                requested_by=proposal.caller,
-                decision=verdict.to_dict(),
-                error_code=verdict.code,
-                reason_code=verdict.details.get("reason_code"),
-                via="deny",
-            )
-            self.trail.write_row(row)
-            verdict.raise_if_refused()
-        moved = self.moves.move_sync(
+        party = await off_loop(self.facts.party, human)
+        human = replace(human, kind=party.kind)
+        ctx = CallContext(human, party, spec, correlation_id, via="deny")
+        owner = await off_loop(self.facts.owner, proposal)
+        facts = await off_loop(self.facts.facts, Entry.DENY, party, spec, proposal.args,
+                               target=proposal.target, owner=owner, proposal=proposal)
+        await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, requested_by=proposal.caller)
+        reason = f"denied by {human.name}"
+        moved = await off_loop(
+            self.moves.move_sync,
             proposal,
             ["pending"],
             "denied",
@@ -268,11 +253,11 @@ class ProposalFlow:
             correlation_id=correlation_id,
             approved_by=human.name,
             decided_at=self.clock(),
-            reason=f"denied by {human.name}",
-            decision={"allowed": False, "reason": f"denied by {human.name}", "rule": "human"},
+            reason=reason,
+            decision={"allowed": False, "reason": reason, "rule": "human"},
         )
         if moved is None:
-            raise ConfirmationInvalid(f"proposal {proposal.id} is no longer pending")
+            await self._lost(ctx, proposal, "another caller moved the proposal first; it was not denied")
         return {"state": "denied", "proposal_id": proposal.id, "target": proposal.target}
 
     async def execute_proposal(

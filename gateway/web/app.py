@@ -431,9 +431,8 @@ class WebApi:
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)
-        deny = functools.partial(self.gateway.deny, pid, viewer.principal,
-                                 correlation_id=correlation_id_var.get())
-        return {"result": await anyio.to_thread.run_sync(deny)}
+        result = await self.gateway.deny(pid, viewer.principal, correlation_id=correlation_id_var.get())
+        return {"result": result}
 
     # ------------------------------------------------------------------ reads
 
