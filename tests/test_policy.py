@@ -14,8 +14,10 @@ from zoneinfo import ZoneInfo
 import pytest
 from simulator import complete_rules_text
 
+from gateway.auth.roles import Role
 from gateway.config import ConfigProblems, Target
 from gateway.errors import ConfigError
+from gateway.guard.decision import Entry, Facts, Party, TokenState, authorize
 from gateway.guard.policy import (
     CallFacts,
     Decision,
@@ -53,6 +55,21 @@ def policy(text: str) -> Policy:
 
 def decide(text: str, now: datetime = NOW, **changes: Any) -> Decision:
     return evaluate(call(**changes), policy(text), now)
+
+
+def decided(store: PolicyStore, facts: CallFacts, now: datetime) -> Decision:
+    """What the one decision (``guard.decision.authorize``) says of ``facts`` under the rules ``store``
+    holds now, as the policy's ``Decision`` (the refusal's own when no rules can be used)."""
+    rules, rules_error = store.snapshot()
+    role = Role(facts.role, "*", targets="*")
+    verdict = authorize(Facts(
+        entry=Entry.READ if facts.category is Category.READ else Entry.WRITE,
+        actor=Party(facts.caller, TokenState.USABLE, role), tool=facts.tool, category=facts.category,
+        risk=facts.risk, now=now, target=facts.target, target_known=True, target_tags=facts.target_tags,
+        affected=facts.affected, object_count=facts.object_count, override=facts.override, rules=rules,
+        rules_error=rules_error))
+    decision = verdict.decision or Decision(verdict.allowed, verdict.reason, verdict.rule)
+    return replace(decision, allowed=verdict.allowed, require_approval=verdict.require_approval)
 
 
 # --------------------------------------------------------------------------- evaluate: table of cases
@@ -481,7 +498,7 @@ SAME_SIZE = complete_rules_text("defaults: {write: deny}   # padding\n")
 def test_store_without_file_uses_builtin_defaults(tmp_path: Path) -> None:
     store = PolicyStore(tmp_path / "rules.yaml")
     assert store.current().builtin
-    assert store.decide(call(**DESTROY), NOW).rule == "defaults"
+    assert decided(store, call(**DESTROY), NOW).rule == "defaults"
     shown = store.describe([Target("dev", "h", "DEV")])
     assert shown["status"] == "builtin" and "no rules file" in shown["note"]
 
@@ -490,13 +507,13 @@ def test_store_notices_same_size_rewrite_with_old_mtime(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(GOOD)
     store = PolicyStore(path)
-    assert store.decide(call(), NOW).allowed
+    assert decided(store, call(), NOW).allowed
     before = path.stat()
     path.write_text(SAME_SIZE)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = path.stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    decision = store.decide(call(), NOW)
+    decision = decided(store, call(), NOW)
     assert (decision.allowed, decision.rule) == (False, "defaults")
 
 
@@ -505,9 +522,9 @@ def test_store_keeps_the_last_good_rules_on_a_bad_reload_and_recovers(tmp_path: 
     loads: list[RulesLoad] = []
     path.write_text(complete_rules_text("defaults: {destructive: allow}\n"))
     store = PolicyStore(path, on_reload=loads.append)
-    assert store.decide(call(**DESTROY), NOW).allowed
+    assert decided(store, call(**DESTROY), NOW).allowed
     path.write_text(complete_rules_text("defaults: {destructive: allow, dry_rn: true}\n"))
-    kept = store.decide(call(**DESTROY), NOW)
+    kept = decided(store, call(**DESTROY), NOW)
     assert (kept.allowed, kept.rule) == (True, "defaults")  # the last good rules, not the broken ones
     with pytest.raises(PolicyUnavailable) as info:
         store.current()
@@ -515,7 +532,7 @@ def test_store_keeps_the_last_good_rules_on_a_bad_reload_and_recovers(tmp_path: 
     shown = store.describe([])
     assert shown["status"] == "error" and "dry_rn" in shown["errors"][0] and "last good" in shown["effect"]
     path.write_text(complete_rules_text("defaults: {destructive: allow, dry_run: true}\n"))
-    recovered = store.decide(call(**DESTROY), NOW)
+    recovered = decided(store, call(**DESTROY), NOW)
     assert (recovered.allowed, recovered.dry_run) == (True, True)
     assert [(load.policy is not None, bool(load.problems), load.first) for load in loads] == [
         (True, False, True), (False, True, False), (True, False, False)]
@@ -537,7 +554,7 @@ def test_store_without_good_rules_fails_closed_reads_included(tmp_path: Path, se
     with pytest.raises(PolicyUnavailable):
         store.current()
     for changes in ({}, READ, DESTROY):
-        refused = store.decide(call(**changes), NOW)
+        refused = decided(store, call(**changes), NOW)
         assert (refused.allowed, refused.rule) == (False, "policy:error")
     assert store.snapshot()[0] is None and "unusable" in (store.snapshot()[1] or "")
     assert "no good rules" in store.describe([])["effect"]
@@ -564,14 +581,14 @@ def test_a_rules_file_cut_at_a_section_boundary_never_loses_a_gate(tmp_path: Pat
     store = PolicyStore(path)
     appliance = call(target="lab", affected=(vm("vcsa-01"),), **DESTROY)
     prod_delete = call(target="prod-vc2", affected=(vm("web-1"),), **{**DESTROY, "risk": Risk.MEDIUM})
-    assert store.decide(appliance, NOW).rule == "protected:management-plane"
-    assert store.decide(prod_delete, NOW).require_approval
+    assert decided(store, appliance, NOW).rule == "protected:management-plane"
+    assert decided(store, prod_delete, NOW).require_approval
     path.write_text(EXAMPLE[:cut])
     with pytest.raises(PolicyUnavailable) as info:
         store.current()
     assert re.search(r"missing section|has no value|holds no section", str(info.value.problems))
-    assert store.decide(appliance, NOW).rule == "protected:management-plane"
-    assert store.decide(prod_delete, NOW).require_approval
+    assert decided(store, appliance, NOW).rule == "protected:management-plane"
+    assert decided(store, prod_delete, NOW).require_approval
 
 
 SECTION_CASES: list[tuple[str, Any, list[str]]] = [
@@ -593,13 +610,13 @@ def test_section_problems(data: Any, expected: list[str]) -> None:
     assert all(want in got for want, got in zip(expected, problems, strict=True))
 
 
-def test_store_decide_never_raises_on_engine_errors(tmp_path: Path) -> None:
+def test_the_decision_never_raises_on_policy_engine_errors(tmp_path: Path) -> None:
     store = PolicyStore(tmp_path / "rules.yaml")
     naive = datetime(2026, 3, 4, 12, 0)
-    write = store.decide(call(), naive)
+    write = decided(store, call(), naive)
     assert (write.allowed, write.rule) == (False, "policy:error")
     assert "policy engine failed" in write.reason
-    assert not store.decide(call(**READ), naive).allowed  # fail closed: rules filter reads too
+    assert not decided(store, call(**READ), naive).allowed  # fail closed: rules filter reads too
 
 
 def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from gateway.auth.roles import BUILTIN_ROLES, Role, RoleBook, load_roles, parse_roles, permits
 from gateway.config import ConfigProblems
+from gateway.guard.decision import may_read_audit_row
 from gateway.tools.spec import Category
 
 R, W, D = Category.READ, Category.WRITE, Category.DESTRUCTIVE
@@ -381,7 +382,7 @@ LAB_ALL = Role("lab", tools="read", targets=("lab-*",), audit="all")
     (OPERATOR, "olga", {"caller": "olga", "target": "lab-1"}, False),  # audit: none (the default)
 ])
 def test_who_may_read_an_audit_row(role: Role, viewer: str, row: dict[str, Any], shown: bool) -> None:
-    assert role.may_read_audit_row(viewer, row) is shown
+    assert may_read_audit_row(role, viewer, row) is shown
 
 
 def test_roles_list_shows_what_admin_really_allows() -> None:

@@ -107,19 +107,6 @@ class Role:
                 "allow_destructive": granted(Category.DESTRUCTIVE, self.allow_destructive),
                 "targets": listed(self.targets), "approve": self.approve, "audit": self.audit}
 
-    def may_read_audit_row(self, viewer: str, row: Mapping[str, Any]) -> bool:
-        """May a token named ``viewer`` with this role read audit ``row``? ``none``: never; ``own``:
-        rows whose caller is ``viewer``; ``all``: every row for a role covering every target, else
-        rows whose target(s) the role covers. Pure."""
-        if self.audit == "own":
-            return row.get("caller") == viewer
-        if self.audit != "all":
-            return False
-        if self.all_targets:
-            return True
-        target = row.get("target")
-        return isinstance(target, str) and bool(target) and all(self.permits_target(t)
-                                                                 for t in target.split(","))
 
 
 BUILTIN_ROLES: Final[Mapping[str, Role]] = {

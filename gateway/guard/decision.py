@@ -495,3 +495,34 @@ def token_state(record: Any, now: float) -> TokenState:
     if record.expired(now):
         return TokenState.EXPIRED
     return TokenState.USABLE
+
+
+# -- who reads what: the audit views and the targets' addresses -------------------------------------
+
+
+def audit_view(role: Role) -> Verdict:
+    """May ``role`` open the audit views (the web page's Audit tab and its chain check)? Pure."""
+    if role.audit == "none":
+        return _refuse("forbidden", f"role '{role.name}' may not read the audit log; give it 'audit: own' "
+                       "(its own calls) or 'audit: all' in roles.yaml", "role:audit")
+    return Verdict(True, f"role '{role.name}' reads {role.audit} audit rows", "role:audit")
+
+
+def may_read_audit_row(role: Role, viewer: str, row: Mapping[str, Any]) -> bool:
+    """May a token named ``viewer`` with ``role`` read audit ``row``? ``none``: never; ``own``: rows whose
+    caller is ``viewer``; ``all``: every row for a role covering every target, else rows whose target(s)
+    the role covers. Pure."""
+    if role.audit == "own":
+        return row.get("caller") == viewer
+    if role.audit != "all":
+        return False
+    if role.all_targets:
+        return True
+    target = row.get("target")
+    return isinstance(target, str) and bool(target) and all(role.permits_target(t) for t in target.split(","))
+
+
+def sees_target_addresses(role: Role | None) -> bool:
+    """Whether a caller with ``role`` is shown the targets' hosts, addresses and ports (``list_targets``,
+    the MCP server's instructions): only a role covering every target. Pure."""
+    return role is not None and role.all_targets

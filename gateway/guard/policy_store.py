@@ -23,16 +23,14 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 from gateway.config import ConfigProblems, Target, load_yaml, located
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, UnknownName, unknown_names
-from gateway.guard.policy import CallFacts, Decision, Policy, TargetPolicy, _glob, evaluate, parse_policy
+from gateway.guard.policy import Policy, TargetPolicy, _glob, parse_policy
 from gateway.guard.read_filter import unreachable_rules
-from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 
@@ -138,17 +136,6 @@ class PolicyStore:
         assert isinstance(latest, ConfigProblems)
         return None, f"policy file {self.path} is unusable: {PolicyUnavailable(latest.problems).message}"
 
-    def decide(self, facts: CallFacts, now: datetime) -> Decision:
-        """``evaluate`` against the rules in force. Never raises: with no usable rules it refuses."""
-        policy, why = self.snapshot()
-        if policy is None:
-            return _unusable(facts, why or "the rules file cannot be used")
-        try:
-            return evaluate(facts, policy, now)
-        except Exception:
-            log.exception("policy evaluation failed for %s on target %s", facts.tool, facts.target)
-            return _unusable(facts, "the policy engine failed on this call (see the gateway log)")
-
     def target_limits(self, target: str) -> TargetPolicy:
         """The effective settings (limits, flags) for ``target`` under the rules in force; the built-in
         strict values while none can be used (every call is refused meanwhile). Never raises."""
@@ -228,12 +215,6 @@ class PolicyStore:
             return parse_rules_file(raw, source)
         except ConfigProblems as exc:
             return exc
-
-
-def _unusable(facts: CallFacts, why: str) -> Decision:
-    what = "read" if facts.category is Category.READ else "call"
-    return Decision(False, f"{why}; every {what} the policy decides is denied until it is fixed "
-                           "(`gateway policy show` lists the problems)", "policy:error")
 
 
 def _describe(policy: Policy, path: Path, targets: Sequence[Target],

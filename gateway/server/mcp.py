@@ -42,6 +42,7 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import GatewayError, Unauthorized
+from gateway.guard.decision import sees_target_addresses
 from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
 from gateway.tools.spec import ToolSpec
@@ -190,7 +191,7 @@ class _Handlers:
     def instructions(self) -> str:
         principal = self.principal_of()
         role = self.gateway.role_of(principal) if principal is not None else None
-        if role is None or not role.all_targets:
+        if not sees_target_addresses(role):
             return instructions_for(None)
         return instructions_for(self.gateway.visible_targets(role))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.answer import Answer
 from gateway.errors import Forbidden, GatewayError, PolicyDenied, RateLimited
-from gateway.guard.decision import Entry, Facts, read_rules
+from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
 from gateway.guard.policy import TargetPolicy
 from gateway.guard.read_filter import Filtered, ReadFilter, read_args
 from gateway.guard.sanitize import clean
@@ -138,7 +138,7 @@ class Reads:
             [t.name for t in targets], target_about, deadline=self.fanout_timeout
         )
         rows = summarize_targets(targets, results)
-        if not ctx.role.all_targets:
+        if not sees_target_addresses(ctx.role):
             for row in rows:
                 for key in ("host", "address", "port"):
                     row.pop(key, None)

@@ -61,7 +61,7 @@ from gateway.errors import (
     VSphereError,
 )
 from gateway.guard import audit
-from gateway.guard.decision import Proposed, proposal_rights
+from gateway.guard.decision import Proposed, audit_view, may_read_audit_row, proposal_rights
 from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.proposal_flow import proposal_view
@@ -131,9 +131,7 @@ class Viewer:
 
 
 def _audit_right(viewer: Viewer) -> None:
-    if viewer.role.audit == "none":
-        raise Forbidden(f"role '{viewer.role.name}' may not read the audit log; give it 'audit: own' (its "
-                        "own calls) or 'audit: all' in roles.yaml")
+    audit_view(viewer.role).raise_if_refused()
 
 
 def sign_in_role(roles: Mapping[str, Role]) -> str | None:
@@ -453,7 +451,7 @@ class WebApi:
         return {"kind": kind, "targets": results}
 
     async def audit_tail(self, request: Request, viewer: Viewer) -> dict[str, Any]:
-        """The newest audit rows the viewer's role may read (``Role.may_read_audit_row``): its own
+        """The newest audit rows the viewer's role may read (``guard.decision.may_read_audit_row``): its own
         calls for ``audit: own``, the rows of its targets for ``audit: all``, nothing for ``none``."""
         _audit_right(viewer)
         filters = {name: _query_text(request, name) for name in AUDIT_FILTERS}
@@ -467,7 +465,7 @@ class WebApi:
         read = functools.partial(reader.rows, last=scan,
                                  phase=filters["phase"], target=filters["target"], tool=filters["tool"],
                                  caller=name if own else filters["caller"])
-        rows = [r for r in await anyio.to_thread.run_sync(read) if viewer.role.may_read_audit_row(name, r)]
+        rows = [r for r in await anyio.to_thread.run_sync(read) if may_read_audit_row(viewer.role, name, r)]
         return {"rows": rows[-last:], "filters": shown, "last": last}
 
     async def audit_verify(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
