@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,22 @@ import yaml
 from argon2 import PasswordHasher
 from simulator import Simulator, complete_rules_text, write_targets
 
+from gateway.auth.local import os_person
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal, create_token
+from gateway.cli import main
 from gateway.errors import GatewayError
-from gateway.guard.decision import Entry, Facts, Party, TokenState, Verdict, authorize
+from gateway.guard.decision import (
+    Entry,
+    Facts,
+    Party,
+    Proposed,
+    TokenState,
+    Verdict,
+    authorize,
+    proposal_rights,
+    sees_target_addresses,
+)
 from gateway.guard.policy import parse_policy_text
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
@@ -92,6 +105,8 @@ class Rig:
     serial: int = 0
     #: the rules in force: a broken file keeps the last good ones (gateway.guard.policy_store)
     in_force: str = "builtin"
+    #: the environment the gateway's settings were read from (credentials), for the CLI
+    env: dict[str, str] = field(default_factory=dict)
 
     def rules(self, name: str) -> None:
         (self.home / "rules.yaml").write_text(complete_rules_text(POLICIES[name]))
@@ -113,7 +128,7 @@ async def rig(tmp_path: Path, sim_vc1: Simulator) -> AsyncIterator[Rig]:
     os.chmod(tmp_path / "roles.yaml", 0o600)
     base = Settings.from_env({"GATEWAY_HOME": str(tmp_path), **env})
     gw = Gateway.build(Settings(**{**base.__dict__, "enable_destructive": True, "dry_run": True}))
-    yield Rig(gw, tmp_path)
+    yield Rig(gw, tmp_path, env=env)
     await gw.close()
 
 
@@ -283,3 +298,63 @@ async def test_every_deny_attempt_is_one_audit_row_even_when_it_loses_the_move(r
     rows = [r for r in rig.gw.backends.reader.rows() if r.get("proposal_id") == made["proposal_id"]]
     per_human = {h.name: [r["phase"] for r in rows if r.get("caller") == h.name] for h in humans}
     assert all(len(phases) == 1 for phases in per_human.values()), per_human
+
+
+def _gate(role: str, tool: str, changes: tuple[tuple[str, Category], ...]) -> Verdict:
+    """The decision's gate on a tool the gateway answers itself (``Entry.LOCAL``), from plain values."""
+    viewer = Party("viewer", TokenState.USABLE, role_of(role))
+    return authorize(Facts(entry=Entry.LOCAL, actor=viewer, tool=tool, category=Category.READ, risk=Risk.LOW,
+                           now=datetime.now(UTC), change_tools=changes, resolved=False))
+
+
+async def test_every_listing_and_the_cli_reach_the_decisions_verdict(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Who sees which proposal (MCP ``list_pending_actions``, ``gateway pending list``), who sees the
+    targets' addresses (``list_targets``) and a denial from the shell (``gateway pending deny``): each
+    what the decision module says on plain values."""
+    rig.rules("permissive")
+    proposers = {role: rig.token(role) for role in ("admin", "deleter")}
+    made = {role: await rig.gw.call(who, "delete_vm", {"target": "vc1", **TOOLS["delete_vm"][2]})
+            for role, who in proposers.items()}
+
+    def seen_by(party: Party) -> list[str]:
+        return sorted(m["proposal_id"] for role, m in made.items()
+                      if proposal_rights(party, Proposed(proposers[role].name, "vc1", m["proposal_id"])).see)
+
+    mismatches: list[tuple[str, str, Any, Any]] = []
+    viewers = [(role, rig.token(role)) for role in ("admin", "reader", "deleter", "bulker", "lab")]
+    for role, viewer in [*viewers, *proposers.items()]:
+        party = Party(viewer.name, TokenState.USABLE, role_of(role))
+        gate = _gate(role, "list_pending_actions", rig.gw.change_tools)
+        want: Any = seen_by(party) if gate.allowed else gate.code
+        try:
+            got: Any = sorted(p["proposal_id"] for p in
+                              (await rig.gw.call(viewer, "list_pending_actions", {}))["pending"])
+        except GatewayError as exc:
+            got = exc.code
+        if got != want:
+            mismatches.append((role, "list_pending_actions", got, want))
+        rows = (await rig.gw.call(viewer, "list_targets", {}))["targets"]
+        shows = [any(k in row for k in ("host", "address", "port")) for row in rows]
+        if shows != [sees_target_addresses(role_of(role))] * len(rows):
+            mismatches.append((role, "list_targets", shows, sees_target_addresses(role_of(role))))
+    for name, value in rig.env.items():
+        monkeypatch.setenv(name, value)
+    person = os_person()
+    shell = Party(person.name, TokenState.USABLE, role_of(person.role), person.kind)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["pending", "list", "--json", "--home", str(rig.home)]) == 0
+    listed = sorted(json.loads(line)["proposal_id"] for line in capsys.readouterr().out.splitlines())
+    if listed != seen_by(shell):
+        mismatches.append(("os", "pending list", listed, seen_by(shell)))
+    category, risk, _args, _reaches = TOOLS["delete_vm"]
+    owner = Party(proposers["deleter"].name, TokenState.USABLE, role_of("deleter"))
+    want_deny = authorize(Facts(entry=Entry.DENY, actor=shell, tool="delete_vm", category=category, risk=risk,
+                                now=datetime.now(UTC), target="vc1", target_known=True, owner=owner,
+                                change_tools=rig.gw.change_tools))
+    denied = await asyncio.to_thread(main, ["pending", "deny", made["deleter"]["proposal_id"], "--home",
+                                            str(rig.home)])
+    if (denied == 0) != want_deny.allowed:
+        mismatches.append(("os", "pending deny", denied, want_deny.to_dict()))
+    assert mismatches == []
