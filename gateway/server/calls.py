@@ -115,11 +115,15 @@ class Calls:
         ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", target_label(args)
         try:
+            # the gate, once: a change names its one target here (reads decide per target once resolved)
+            ref = (args or {}).get("target")
+            single = spec.kind is not Category.READ and isinstance(ref, str) and ref != ALL
             gate = self.facts.facts(
                 Entry.LOCAL if spec.target_mode == "none" else entry_of(spec),
                 actor,
                 spec,
                 args or {},
+                target=ref if single else None,
                 resolved=False,
             )
             await self.check(ctx, gate, args)
