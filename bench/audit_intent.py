@@ -5,7 +5,7 @@
 (a) before  the old pattern: ``AuditSink.writable()`` checked, then one durable row after the change,
             written on the event loop.
 (b) intent  the pipeline's pattern: a durable ``executing`` row BEFORE the change and the outcome row
-            after it, each through ``Gateway.record`` / ``record_outcome`` (a worker thread with a
+            after it, each through ``AuditTrail.record`` / ``record_outcome`` (a worker thread with a
             deadline, so the event loop never waits on the disk).
 
 Both run in one invocation on the same filesystem, interleaved in rounds so machine noise is common to
