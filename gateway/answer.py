@@ -16,6 +16,7 @@ date, say) becomes its ``str``, and the value is then re-read from the text so t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,15 @@ class Answer:
             return Answer.cleaned({**self.value, key: item})
         text, _ = encode_json({key: item})
         return Answer({**self.value, key: item}, f"{self.text[:-1]},{text[1:]}")
+
+    @classmethod
+    def composed(cls, fields: Mapping[str, Any]) -> Answer:
+        """An object of ``fields`` whose ``Answer`` values keep their text as it is (no decode, no second
+        encoding of a big answer); the other values (the gateway's own: names, counts) are encoded."""
+        texts = [f"{encode_json(key)[0]}:{item.text if isinstance(item, Answer) else encode_json(item)[0]}"
+                 for key, item in fields.items()]
+        value = {key: item.value if isinstance(item, Answer) else item for key, item in fields.items()}
+        return cls(value, "{" + ",".join(texts) + "}")
 
     @property
     def data(self) -> bytes:

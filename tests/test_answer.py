@@ -53,3 +53,11 @@ def test_a_copy_shares_the_text_not_the_value() -> None:
     copy = base.copy()
     copy.value["count"] = 2
     assert base.value == {"count": 1} and copy.text is base.text
+
+
+def test_a_composed_answer_keeps_each_parts_text_and_its_text_is_its_values_encoding() -> None:
+    part = Answer.cleaned({"vms": [{"name": "wéb-1", "n": 1}], "count": 1})
+    whole = Answer.composed({"kind": "vms", "targets": part})
+    assert part.text in whole.text  # the part's text as it is: not decoded, not encoded again
+    assert whole.text == encode_json(whole.value)[0]
+    assert whole.value == {"kind": "vms", "targets": part.value}

@@ -25,7 +25,7 @@ import anyio
 import httpx2
 import pytest
 from answers import answer_of
-from httpserver import FAST_HASH, Served, https_argv, mcp_client, run_serve, serve
+from httpserver import FAST_HASH, Served, audit_rows, build_gateway, https_argv, mcp_client, run_serve, serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import MakeSimulator, Simulator, wait_until, write_targets
@@ -602,3 +602,38 @@ async def test_an_idle_session_expires(
         running.stop()
         await running.gateway.close()
     assert after.status_code == 404
+
+
+async def test_the_audit_fingerprints_the_bytes_received_for_a_fan_out_a_write_and_a_confirm(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """Over HTTPS with the real MCP client: for a fan-out read, a write and a confirmed proposal, the
+    audit row's ``result_digest`` is the SHA-256 of the very text the client received."""
+    sim = make_simulator()  # a fresh simulator: this test deletes a VM
+    off, gone = sorted(sim.vm_names())[:2]
+    gateway = build_gateway(tmp_path, sim)
+    running = serve(tmp_path, gateway)
+    try:
+        async with mcp_client(running, running.tokens["alice"], "legacy") as client:
+            fanned = await client.call_tool("list_vms", {"target": "all"})
+            wrote = await client.call_tool("power_off_vm", {"target": "vc1", "vm": off,
+                                                            "guest_timeout_seconds": 0})
+            proposed = answer_of(await client.call_tool("delete_vm", {"target": "vc1", "vm": gone,
+                                                                      "force_power_off": True}))
+            confirmed = await client.call_tool("confirm_action", {"token": proposed["token"]})
+    finally:
+        running.stop()
+        await gateway.close()
+    rows = audit_rows(gateway)
+    picks = {
+        "fan-out read": (fanned, lambda r: r.get("tool") == "list_vms" and r.get("phase") == "call"),
+        "write": (wrote, lambda r: r.get("tool") == "power_off_vm" and r.get("phase") == "executed"),
+        "confirm": (confirmed, lambda r: r.get("proposal_id") == proposed["proposal_id"]
+                    and r.get("phase") == "executed"),
+    }
+    for what, (result, pick) in picks.items():
+        assert not result.is_error, (what, result.content)
+        received = result.content[0].text.encode()  # type: ignore[union-attr]
+        (row,) = [r for r in rows if pick(r)]
+        assert (row["result_digest"], row["result_size"]) == (hashlib.sha256(received).hexdigest(),
+                                                              len(received)), what

@@ -9,6 +9,7 @@ audit visibility) get tables of cases first.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import html.parser
 import itertools
 import json
@@ -799,3 +800,24 @@ async def test_a_session_ends_when_its_token_becomes_an_agents(served: WebServer
     assert session["signed_in"] is False
     assert vm_exists(served.sims["prod"], "DC0_H0_VM1")
     assert served.proposal_state(proposal["proposal_id"]) == "pending"
+
+
+@pytest.mark.anyio
+async def test_a_web_approval_sends_the_bytes_its_audit_row_fingerprints(
+    vcsim_bin: Path, tmp_path: Path
+) -> None:
+    """The approval's answer reaches the page as the very bytes the ``executed`` row fingerprints: the
+    page sends the encoded answer inside ``{"result": ...}``, never a second encoding of it."""
+    with web_server(tmp_path, vcsim_bin) as server:
+        proposal = await propose_delete(server, "agent", "prod-vc", "DC0_H0_VM0")
+        async with signed_in(server, "olga") as (client, csrf):
+            response = await decide(client, server, csrf, proposal["proposal_id"], "approve")
+        assert response.status_code == 200, response.text
+        head, tail = b'{"result":', b"}"
+        assert response.content.startswith(head) and response.content.endswith(tail)
+        received = response.content[len(head):-len(tail)]
+        assert json.loads(received)["state"] == "executed"
+        (row,) = [r for r in server.audit_rows() if r.get("phase") == "executed"
+                  and r.get("proposal_id") == proposal["proposal_id"]]
+    assert row["result_digest"] == hashlib.sha256(received).hexdigest()
+    assert row["result_size"] == len(received)

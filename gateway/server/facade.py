@@ -74,6 +74,13 @@ class GatewayFacade:
     async def approve(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> dict[str, Any]:
+        """A human's approval; its answer as plain JSON values (``approve_answer``: as sent)."""
+        return (await self.approve_answer(proposal_id, human, correlation_id=correlation_id)).value
+
+    async def approve_answer(
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+    ) -> Answer:
+        """A human's approval, its answer encoded once: the bytes the audit row fingerprints."""
         return await self.path.proposals.approve(proposal_id, human, correlation_id=correlation_id)
 
     async def deny(

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, NoReturn
 
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import (
@@ -155,7 +156,7 @@ class ProposalFlow:
 
     async def _confirm(
         self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
-    ) -> dict[str, Any]:
+    ) -> Answer:
         proposal = await self._by_token(ctx, args)
         return await self.execute_proposal(
             proposal, ctx.principal, progress=progress, correlation_id=ctx.correlation_id, client=ctx.client
@@ -196,7 +197,7 @@ class ProposalFlow:
 
     async def approve(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Answer:
         """A human's approval (web page or CLI): the whole decision again, then the proposal runs."""
         proposal = await off_loop(self.store.get_proposal, proposal_id)
         if proposal is None:
@@ -269,7 +270,7 @@ class ProposalFlow:
         correlation_id: str | None = None,
         approved: bool = False,
         client: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Answer:
         """Re-authorize against the state now, claim the proposal exactly once, then execute it."""
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
@@ -328,9 +329,8 @@ class ProposalFlow:
             assert moved is not None
             proposal = moved
         claimed = await self.claim(ctx, proposal, decision)
-        result = await self.writes.execute(ctx, target, plan, decision, proposal.args, progress,
-                                           proposal=claimed)
-        return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}
+        return await self.writes.execute(ctx, target, plan, decision, proposal.args, progress,
+                                         proposal=claimed)
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
         """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write

@@ -3,6 +3,7 @@ live sweep, read rules, and the answer encoded once with its audit row; ``list_t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,7 +12,6 @@ from gateway.errors import Forbidden, GatewayError, PolicyDenied, RateLimited
 from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
 from gateway.guard.policy import TargetPolicy
 from gateway.guard.read_filter import Filtered, ReadFilter, read_args
-from gateway.guard.sanitize import clean
 from gateway.server.calls import Calls
 from gateway.server.context import ALL, CallContext, ProgressSink, off_loop, redact_args, target_label
 from gateway.server.read_rules import ReadRules, denial
@@ -132,7 +132,7 @@ class Reads:
 
     async def list_targets(
         self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
-    ) -> dict[str, Any]:
+    ) -> Answer:
         targets = self.facts.visible_targets(ctx.role)
         results = await self.scheduler.fan_out(
             [t.name for t in targets], target_about, deadline=self.fanout_timeout
@@ -142,6 +142,6 @@ class Reads:
             for row in rows:
                 for key in ("host", "address", "port"):
                     row.pop(key, None)
-        out = {"targets": clean(rows), "count": len(rows)}
+        out = await asyncio.to_thread(Answer.cleaned, {"targets": rows, "count": len(rows)})
         await self.trail.record(ctx.row("call", outcome="ok", result=out))
         return out

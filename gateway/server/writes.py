@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
+from gateway.answer import Answer
 from gateway.config import Target
 from gateway.errors import GatewayError, OutcomeUnknown, PolicyDenied
 from gateway.guard import confirm
@@ -16,7 +17,6 @@ from gateway.guard.decision import Entry
 from gateway.guard.limits import RunawayBreaker
 from gateway.guard.policy import Decision
 from gateway.guard.redact import shown, shown_text
-from gateway.guard.sanitize import clean
 from gateway.server.calls import Calls
 from gateway.server.context import ALL, CallContext, ProgressSink, cut, redact_args
 from gateway.server.moves import Moves
@@ -47,7 +47,7 @@ class Writes:
 
     async def write(
         self, ctx: CallContext, args: dict[str, Any], progress: ProgressSink | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Answer:
         spec = ctx.spec
         plan_fn = spec.plan
         assert plan_fn is not None and spec.execute is not None
@@ -86,8 +86,10 @@ class Writes:
         args: Mapping[str, Any],
         progress: ProgressSink | None,
         proposal: Proposal | None = None,
-    ) -> dict[str, Any]:
-        """Audit the intent durably, then (only then) run the change, then audit its outcome."""
+    ) -> Answer:
+        """Audit the intent durably, then (only then) run the change, then audit its outcome. The answer
+        is encoded once, in a worker thread, and the outcome row fingerprints those very bytes (for a
+        proposal: the answer naming it that its confirm or approval sends)."""
         spec = ctx.spec
         execute = spec.execute
         assert execute is not None
@@ -104,7 +106,8 @@ class Writes:
                 "would": shown_text(plan.summary),
                 "affected": shown([a.to_dict() for a in plan.affected]),
             }
-            await self.trail.record(ctx.row("dry_run", outcome="ok", result=would, **base))
+            answer = await asyncio.to_thread(Answer.cleaned, _sent(would, target, proposal))
+            await self.trail.record(ctx.row("dry_run", outcome="ok", result=answer, **base))
             if proposal is not None:
                 await self.moves.move(
                     proposal,
@@ -114,7 +117,7 @@ class Writes:
                     outcome="ok",
                     result={"dry_run": True},
                 )
-            return would
+            return answer
         params = dict(plan.params)
         params["auto_snapshot"] = decision.auto_snapshot and spec.snapshot_before
         plan = replace(plan, params=params)
@@ -160,7 +163,7 @@ class Writes:
                     )
                 )
             raise
-        result = await asyncio.to_thread(clean, result)
+        sent = await asyncio.to_thread(Answer.cleaned, _sent(result, target, proposal))
         if proposal is not None:
             await self.moves.move(
                 proposal,
@@ -169,11 +172,11 @@ class Writes:
                 actor=ctx.principal,
                 outcome="ok",
                 result={"summary": proposal.plan_summary},
-                result_row=result,
+                result_row=sent,
             )
         else:
-            await self.trail.record_outcome(ctx.row("executed", outcome="ok", result=result, **base))
-        return result  # type: ignore[no-any-return]
+            await self.trail.record_outcome(ctx.row("executed", outcome="ok", result=sent, **base))
+        return sent
 
     def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
         if sink is None:
@@ -184,3 +187,10 @@ class Writes:
             asyncio.run_coroutine_threadsafe(sink(fraction, message), loop)
 
         return relay
+
+
+def _sent(result: dict[str, Any], target: Target, proposal: Proposal | None) -> dict[str, Any]:
+    """What the caller is sent for a change: its result; for a proposal, the result naming the proposal."""
+    if proposal is None:
+        return result
+    return {"state": "executed", "proposal_id": proposal.id, "target": target.name, **result}

@@ -49,6 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.answer import Answer
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal
 from gateway.errors import (
@@ -283,7 +284,10 @@ class WebApi:
                 viewer = await anyio.to_thread.run_sync(self._viewer, request)
                 if change:
                     self._check_csrf(request, viewer.session)
-                return _json(await handler(request, viewer))
+                body = await handler(request, viewer)
+                if isinstance(body, Answer):  # encoded once: these bytes are the ones the audit fingerprints
+                    return Response(body.data, media_type="application/json")
+                return _json(body)
             except GatewayError as exc:
                 return self._error(request, exc)
             except Exception:
@@ -422,10 +426,11 @@ class WebApi:
         # store reads and one decision per pending card: in a worker thread, never on the event loop
         return {"proposals": await anyio.to_thread.run_sync(self._proposals, viewer)}
 
-    async def approve(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+    async def approve(self, request: Request, viewer: Viewer) -> Answer:
         pid = _proposal_id(request)
-        result = await self.gateway.approve(pid, viewer.principal, correlation_id=correlation_id_var.get())
-        return {"result": result}
+        result = await self.gateway.approve_answer(pid, viewer.principal,
+                                                   correlation_id=correlation_id_var.get())
+        return Answer.composed({"result": result})  # the approval's answer as sent, fingerprinted
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)
@@ -441,14 +446,14 @@ class WebApi:
             row["require_web_approval"] = self.gateway.policy.target_limits(row["name"]).require_web_approval
         return listing
 
-    async def inventory(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+    async def inventory(self, request: Request, viewer: Viewer) -> Answer:
         kind = request.path_params["kind"]
         tool = INVENTORY_TOOLS.get(kind)
         if tool is None:
             raise NotFound(f"no inventory kind '{kind}'; use one of {', '.join(INVENTORY_TOOLS)}")
-        results = await self.gateway.call(viewer.principal, tool, {"target": "all"},
-                                          correlation_id=correlation_id_var.get())
-        return {"kind": kind, "targets": results}
+        results = await self.gateway.answer(viewer.principal, tool, {"target": "all"},
+                                            correlation_id=correlation_id_var.get())
+        return Answer.composed({"kind": kind, "targets": results})  # the answer's text as it is
 
     async def audit_tail(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         """The newest audit rows the viewer's role may read (``guard.decision.may_read_audit_row``): its own
