@@ -453,7 +453,8 @@ class WebApi:
             raise NotFound(f"no inventory kind '{kind}'; use one of {', '.join(INVENTORY_TOOLS)}")
         results = await self.gateway.answer(viewer.principal, tool, {"target": "all"},
                                             correlation_id=correlation_id_var.get())
-        return Answer.composed({"kind": kind, "targets": results})  # the answer's text as it is
+        # the answer's text as it is, joined in a worker thread (a big inventory is megabytes)
+        return await anyio.to_thread.run_sync(Answer.composed, {"kind": kind, "targets": results})
 
     async def audit_tail(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         """The newest audit rows the viewer's role may read (``guard.decision.may_read_audit_row``): its own
