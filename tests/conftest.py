@@ -12,6 +12,7 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
 - ``pg_server``: a session-scoped real PostgreSQL (tests/postgres.py); ``pg_url``: a fresh database on
   it per test. Skips when PostgreSQL cannot start, except under ``CI=true``. Tests using them, or
   parametrized with ``engine="postgres"``, get the ``postgres`` marker.
+- ``anyio_backend``: every ``@pytest.mark.anyio`` test and async fixture runs on asyncio.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         engine = callspec.params.get("engine") if callspec is not None else None
         if POSTGRES_FIXTURES.intersection(names) or engine == "postgres":
             item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """The one backend the suite runs async tests on (module scope, like anyio's own fixture, so
+    module-scoped async fixtures can use it)."""
+    return "asyncio"
 
 
 @pytest.fixture(scope="session")

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.anyio
 OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture
 async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:

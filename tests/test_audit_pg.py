@@ -26,10 +26,6 @@ from gateway.store.postgres import PostgresStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture
 def store(pg_url: str) -> Iterator[PostgresStore]:

@@ -32,10 +32,6 @@ pytestmark = pytest.mark.anyio
 VM = "DC0_C0_RP0_VM0"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 def started(command: Command) -> str:
     found = wait_until(

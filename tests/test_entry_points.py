@@ -79,10 +79,6 @@ TOOLS: dict[str, tuple[Category, Risk, dict[str, Any], tuple[tuple[str, Category
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @dataclass
 class Rig:

@@ -15,10 +15,6 @@ from simulator import MakeSimulator
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 # ---------------------------------------------------------------- /readyz never holds the event loop
 

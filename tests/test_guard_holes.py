@@ -33,10 +33,6 @@ pytestmark = pytest.mark.anyio
 HUMAN = Principal(name="alice", role="admin", surface="web", kind=Kind.PERSON)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture
 async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:

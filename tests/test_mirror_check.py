@@ -575,7 +575,3 @@ def _props(si: Any, obj: Any, *paths: str) -> list[Any]:
     return list(result.objects[0].propSet)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-

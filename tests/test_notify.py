@@ -229,10 +229,6 @@ async def gated(tmp_path: Path, make_simulator: MakeSimulator, receiver: Receive
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 async def test_a_gated_proposal_tells_humans_without_delaying_the_call(
     gated: tuple[Env, Any], receiver: Receiver,

@@ -107,10 +107,6 @@ def test_matching_meaning_is_kept(pattern: str, name: str, search: bool, whole: 
 # ---------------------------------------------------------------------------- the real server
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture
 def server(sim_vc1: Simulator, tmp_path: Path) -> Iterator[tuple[str, str, ssl.SSLContext]]:

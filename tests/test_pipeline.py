@@ -53,10 +53,6 @@ VM1 = "DC0_C0_RP0_VM1"
 PERMISSIVE = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow"}}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 class Clock:
     def __init__(self) -> None:

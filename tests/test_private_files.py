@@ -31,10 +31,6 @@ from gateway.store.sqlite import SqliteStore
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture
 def open_umask() -> Iterator[None]:

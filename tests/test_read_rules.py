@@ -30,10 +30,6 @@ RULES: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 def prepare_simulator(make_simulator: MakeSimulator) -> Any:
     """A simulator whose HIDDEN VM sits in folder /DC0/vm/secret and has power events of its own."""

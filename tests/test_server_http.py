@@ -50,10 +50,6 @@ pytestmark = pytest.mark.anyio
 MODES = ("legacy", "2026-07-28")
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 # ---------------------------------------------------------------------------- gateways
 

@@ -36,10 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 SPECS = (
     ToolSpec("list_vms", "List VMs.", Category.READ, Risk.LOW,

@@ -58,10 +58,6 @@ except OSError:
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 def index_free_for_another_process(db: Path) -> bool:
     """Whether another process could take ``db``'s shared-memory index as unused and rebuild it."""

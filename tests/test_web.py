@@ -396,10 +396,6 @@ def test_the_page_has_no_inline_code_and_never_parses_html() -> None:
 # ---------------------------------------------------------------------------- over HTTPS
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 @pytest.fixture(scope="module")
 def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
