@@ -348,7 +348,7 @@ async def self_check(app: ASGIApp, config: EdgeConfig) -> None:
     log.info("self-check passed: /mcp refuses unauthenticated POST, GET and DELETE")
 
 
-def header_deadline_protocol(
+def header_deadline_protocol(  # noqa: C901 - counts the methods of the class it builds, each short
     seconds: float, on_timeout: Callable[[], None] | None = None,
 ) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a deadline for request headers: a connection whose request line and

@@ -188,7 +188,7 @@ def _finite(p: Param, value: Any) -> Any:
     return value
 
 
-def _check_value(p: Param, value: Any) -> Any:
+def _check_value(p: Param, value: Any) -> Any:  # noqa: C901 - one flat check per JSON-schema keyword
     if p.type == "targets":
         if isinstance(value, str) and value:
             return _bounded_string(p, value, MAX_TARGET_CHARS)
