@@ -12,6 +12,8 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
 - ``pg_server``: a session-scoped real PostgreSQL (tests/postgres.py); ``pg_url``: a fresh database on
   it per test. Skips when PostgreSQL cannot start, except under ``CI=true``. Tests using them, or
   parametrized with ``engine="postgres"``, get the ``postgres`` marker.
+- ``env``: a gateway rig (tests/gateway_env.py) over a fresh two-VM simulator; its gateways close after
+  the test.
 - ``anyio_backend``: every ``@pytest.mark.anyio`` test and async fixture runs on asyncio.
 """
 
@@ -21,11 +23,12 @@ import logging
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gateway_env import Env
 from postgres import PgServer, PostgresError, discard, start_postgres
 from simulator import (
     VC1_INSTANCE_UUID,
@@ -167,6 +170,15 @@ def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
     yield make
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
+    """A gateway rig over a fresh two-VM simulator; every gateway it built is closed afterwards."""
+    e = Env(tmp_path, make_simulator(vms=2))
+    yield e
+    for gw in e.gateways:
+        await gw.close()
 
 
 @pytest.fixture(autouse=True)

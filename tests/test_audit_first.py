@@ -10,29 +10,20 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from gateway_env import ADMIN, OTHER, PERMISSIVE, VM0, VM1, Env
 from simulator import MakeSimulator, complete_rules, complete_rules_text
-from test_pipeline import ADMIN, PERMISSIVE, VM0, VM1, Env
 
 from gateway.errors import AuditUnavailable, InvalidArgument
 from gateway.guard.audit import read_rows
 
 pytestmark = pytest.mark.anyio
 OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}
-
-
-
-@pytest.fixture
-async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
-    e = Env(tmp_path, make_simulator(vms=2))
-    yield e
-    for gw in e.gateways:
-        await gw.close()
 
 
 def _chattr(flag: str, path: Path) -> None:
@@ -133,7 +124,6 @@ async def test_invalid_arguments_are_refused_and_audited_in_a_few_hundred_bytes(
 
 
 async def test_pending_lists_and_foreign_cancels_are_audited(env: Env) -> None:
-    from test_pipeline import OTHER
 
     gw = env.build()
     proposal = await gw.call(ADMIN, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})

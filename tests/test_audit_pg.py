@@ -26,7 +26,6 @@ from gateway.store.postgres import PostgresStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
 @pytest.fixture
 def store(pg_url: str) -> Iterator[PostgresStore]:
     with PostgresStore(pg_url) as s:

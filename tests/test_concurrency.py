@@ -22,7 +22,6 @@ from gateway.settings import Settings
 pytestmark = pytest.mark.anyio
 
 
-
 def three_target_gateway(tmp: Path, make_simulator: MakeSimulator, silent_port: int, **flags: Any) -> Gateway:
     fast = make_simulator(vms=2)
     slow = make_simulator(vms=2, method_delay={"RetrievePropertiesEx": 400})

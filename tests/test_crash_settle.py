@@ -32,7 +32,6 @@ pytestmark = pytest.mark.anyio
 VM = "DC0_C0_RP0_VM0"
 
 
-
 def started(command: Command) -> str:
     found = wait_until(
         lambda: (

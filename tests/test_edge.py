@@ -44,7 +44,6 @@ pytestmark = pytest.mark.anyio
 FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)  # verification reads the hash's cost
 
 
-
 class _Role:
     def __init__(self, all_targets: bool) -> None:
         self.all_targets = all_targets

@@ -79,7 +79,6 @@ TOOLS: dict[str, tuple[Category, Risk, dict[str, Any], tuple[tuple[str, Category
 }
 
 
-
 @dataclass
 class Rig:
     gw: Gateway

@@ -15,7 +15,6 @@ from simulator import MakeSimulator
 pytestmark = pytest.mark.anyio
 
 
-
 # ---------------------------------------------------------------- /readyz never holds the event loop
 
 
@@ -102,7 +101,7 @@ async def test_a_denied_call_never_hears_about_object_state(
 ) -> None:
     """A deny rule naming the VM answers with the denial, whatever state the VM is in; a caller the policy
     lets through hears the state advice (``invalid_state``) and nothing reaches vSphere."""
-    from test_pipeline import HUMAN, PERMISSIVE, VM0, Env
+    from gateway_env import HUMAN, PERMISSIVE, VM0, Env
 
     from gateway.errors import InvalidState, PolicyDenied
 

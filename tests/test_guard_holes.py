@@ -6,14 +6,12 @@ Every test here was first run against the old pipeline and seen to fail (see the
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from simulator import MakeSimulator
-from test_pipeline import PERMISSIVE, VM0, VM1, Env
+from gateway_env import PERMISSIVE, VM0, VM1, Env
 
 from gateway.auth.tokens import Principal, create_token
 from gateway.errors import (
@@ -31,15 +29,6 @@ from gateway.vocabulary import Kind
 pytestmark = pytest.mark.anyio
 
 HUMAN = Principal(name="alice", role="admin", surface="web", kind=Kind.PERSON)
-
-
-
-@pytest.fixture
-async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
-    e = Env(tmp_path, make_simulator(vms=2))
-    yield e
-    for gw in e.gateways:
-        await gw.close()
 
 
 def write_roles(home: Path, roles: dict[str, Any]) -> None:
@@ -243,7 +232,7 @@ async def test_gateway_token_revoke_cancels_the_tokens_proposals(
     env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import anyio
-    from test_pipeline import write_targets
+    from simulator import write_targets
 
     from gateway.cli import main
 

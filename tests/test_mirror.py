@@ -302,7 +302,6 @@ def _gateway(sim: Simulator, tmp: Path) -> Gateway:
     return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
 
 
-
 @pytest.mark.anyio
 async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
     sim: Simulator, si: Any, tmp_path: Path,

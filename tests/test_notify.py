@@ -17,8 +17,8 @@ from typing import Any
 import anyio
 import pytest
 import yaml
+from gateway_env import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
 from simulator import MakeSimulator, find_vm, pyvmomi_connect, read_properties, wait_until, write_targets
-from test_pipeline import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
 
 from gateway import notify
 from gateway.errors import ConfigError, GatewayError
@@ -227,7 +227,6 @@ async def gated(tmp_path: Path, make_simulator: MakeSimulator, receiver: Receive
 
 
 pytestmark = pytest.mark.anyio
-
 
 
 async def test_a_gated_proposal_tells_humans_without_delaying_the_call(

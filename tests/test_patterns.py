@@ -107,7 +107,6 @@ def test_matching_meaning_is_kept(pattern: str, name: str, search: bool, whole: 
 # ---------------------------------------------------------------------------- the real server
 
 
-
 @pytest.fixture
 def server(sim_vc1: Simulator, tmp_path: Path) -> Iterator[tuple[str, str, ssl.SSLContext]]:
     """``gateway serve`` over HTTPS in its own process (a frozen interpreter cannot hide the failure

@@ -617,7 +617,6 @@ def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> Non
     assert shown["defaults"]["destructive"] == "deny"
 
 
-
 def test_store_target_limits_keep_the_last_good_rules_while_broken(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(complete_rules_text(

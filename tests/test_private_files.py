@@ -31,7 +31,6 @@ from gateway.store.sqlite import SqliteStore
 pytestmark = pytest.mark.anyio
 
 
-
 @pytest.fixture
 def open_umask() -> Iterator[None]:
     """The most permissive umask: whatever is created here gets exactly the mode the code asked for."""

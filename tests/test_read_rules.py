@@ -30,7 +30,6 @@ RULES: dict[str, dict[str, Any]] = {
 }
 
 
-
 def prepare_simulator(make_simulator: MakeSimulator) -> Any:
     """A simulator whose HIDDEN VM sits in folder /DC0/vm/secret and has power events of its own."""
     sim = make_simulator(vms=3)

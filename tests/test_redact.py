@@ -266,7 +266,6 @@ def _receiver() -> Iterator[_Receiver]:
         thread.join(10)
 
 
-
 def _home(tmp: Path, sim: Simulator, receiver: _Receiver) -> tuple[dict[str, str], dict[str, str]]:
     """GATEWAY_HOME with targets, rules (vc1 needs a human), notifications and two admin tokens."""
     home = tmp / "home"

@@ -43,7 +43,6 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
                (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no"), (b"mcp-session-id", b"abc")]
 
 
-
 def event(data: bytes, *extra: bytes) -> bytes:
     return b"".join(extra) + b"event: message\r\ndata: " + data + b"\r\n\r\n"
 

@@ -36,7 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
 
 
-
 SPECS = (
     ToolSpec("list_vms", "List VMs.", Category.READ, Risk.LOW,
              params=(TARGETS, Param("name", "string", "Name.")), target_mode="fanout"),

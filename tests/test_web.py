@@ -396,7 +396,6 @@ def test_the_page_has_no_inline_code_and_never_parses_html() -> None:
 # ---------------------------------------------------------------------------- over HTTPS
 
 
-
 @pytest.fixture(scope="module")
 def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     with web_server(tmp_path_factory.mktemp("web"), vcsim_bin) as running:
