@@ -14,6 +14,7 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
   parametrized with ``engine="postgres"``, get the ``postgres`` marker.
 - ``env``: a gateway rig (tests/gateway_env.py) over a fresh two-VM simulator; its gateways close after
   the test.
+- ``rig``: a vSphere action rig (tests/vsphere_rig.py) on a fresh simulator.
 - ``anyio_backend``: every ``@pytest.mark.anyio`` test and async fixture runs on asyncio.
 """
 
@@ -40,6 +41,7 @@ from simulator import (
     open_pool,
     start_simulator,
 )
+from vsphere_rig import Rig, start_rig
 
 from gateway.vsphere.pool import SessionPool
 
@@ -170,6 +172,13 @@ def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
     yield make
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+def rig(make_simulator: MakeSimulator) -> Iterator[Rig]:
+    """A fresh simulator (two clustered hosts, a standalone host, two datastores) with a pool and a pyVmomi
+    session; all closed afterwards."""
+    yield from start_rig(make_simulator)
 
 
 @pytest.fixture
