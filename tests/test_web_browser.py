@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
+from httpserver import REPO
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -31,7 +32,7 @@ from playwright.sync_api import (
     sync_playwright,
 )
 from simulator import find_vm, pyvmomi_connect, wait_until
-from test_web import REPO, WebServer, mcp_call, propose_delete, web_server
+from webserver import WebServer, mcp_call, propose_delete, web_server
 
 pytestmark = pytest.mark.browser
 
