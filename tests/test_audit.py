@@ -1122,8 +1122,7 @@ def test_a_sink_without_counters_adds_no_family() -> None:
 
 @pytest.mark.anyio
 async def test_the_servers_metrics_show_the_audit_counters(sim_vc1: Any, tmp_path: Path) -> None:
-    from httpserver import serve  # type: ignore[import-not-found]
-    from test_server_http import real_gateway  # type: ignore[import-not-found]
+    from httpserver import real_gateway, serve
 
     running = serve(tmp_path, real_gateway(sim_vc1, tmp_path))
     try:

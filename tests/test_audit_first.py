@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from gateway_env import ADMIN, OTHER, PERMISSIVE, VM0, VM1, Env
+from processes import chattr
 from simulator import MakeSimulator, complete_rules, complete_rules_text
 
 from gateway.errors import AuditUnavailable, InvalidArgument
@@ -26,26 +27,17 @@ pytestmark = pytest.mark.anyio
 OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}
 
 
-def _chattr(flag: str, path: Path) -> None:
-    done = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = f"chattr {flag} is not available here: {done.stderr.strip()}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
 @pytest.fixture
 def immutable() -> Iterator[Any]:
     frozen: list[Path] = []
 
     def freeze(path: Path) -> None:
-        _chattr("+i", path)
+        chattr("+i", path)
         frozen.append(path)
 
     def thaw() -> None:
         while frozen:
-            _chattr("-i", frozen.pop())
+            chattr("-i", frozen.pop())
 
     freeze.thaw = thaw  # type: ignore[attr-defined]
     yield freeze
@@ -153,8 +145,7 @@ async def test_a_held_audit_lock_refuses_changes_while_health_answers(
 ) -> None:
     import fcntl
 
-    from httpserver import mcp_client, serve
-    from test_server_http import real_gateway
+    from httpserver import mcp_client, real_gateway, serve
 
     sim = make_simulator(vms=2)
     gw = real_gateway(sim, tmp_path)

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from test_demo import RunningDemo, free_port, read_until
+from processes import RunningDemo, free_port, read_until
 
 from gateway import demo
 

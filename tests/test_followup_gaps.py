@@ -24,8 +24,7 @@ async def test_healthz_answers_while_readiness_is_stuck(
     """A state store that stops answering (a fault injected by replacing ``store.ping`` with one that
     blocks: neither SQLite nor the simulator can be made to hang on demand) must not stall /healthz,
     and /readyz answers 503 at its deadline instead of hanging."""
-    from httpserver import serve
-    from test_server_http import real_gateway
+    from httpserver import real_gateway, serve
 
     gw = real_gateway(make_simulator(vms=1), tmp_path)
     entered, release = threading.Event(), threading.Event()

@@ -31,11 +31,12 @@ import pytest
 import yaml
 from answers import answer_of
 from argon2 import PasswordHasher
+from httpserver import GATEWAY_MAIN
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from postgres import PgServer, discard, start_postgres
+from processes import NGINX_MAIN, free_port, need, stop, wait_for_port
 from simulator import MakeSimulator, Simulator, complete_rules_text, wait_until, write_targets
-from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, stop, wait_for_port
 
 from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token

@@ -25,7 +25,7 @@ import anyio
 import httpx2
 import pytest
 from answers import answer_of
-from httpserver import FAST_HASH, Served, https_argv, mcp_client, run_serve, serve
+from httpserver import FAST_HASH, Served, https_argv, mcp_client, real_gateway, run_serve, serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import MakeSimulator, Simulator, wait_until, write_targets
@@ -42,7 +42,6 @@ from gateway.server.mcp import ProgressSink
 from gateway.server.metrics import Metrics
 from gateway.server.pipeline import Gateway
 from gateway.server.tls import CertificatePaths, create_certificate
-from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
 
@@ -109,23 +108,6 @@ class StandInGateway:
 
     async def close(self) -> None:
         pass
-
-
-# ---------------------------------------------------------------------------- a running server
-
-
-ROLES = """roles:
-  vc1-reader: {tools: read, allow_write: [], allow_destructive: [], targets: [vc1], approve: none}
-"""
-
-
-def real_gateway(sim: Simulator, tmp: Path) -> Gateway:
-    env = write_targets(tmp / "targets.yaml", {"vc1": sim})
-    home = tmp / "home"
-    home.mkdir(mode=0o700)
-    (home / "roles.yaml").write_text(ROLES)
-    (home / "roles.yaml").chmod(0o600)
-    return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
 
 
 # ---------------------------------------------------------------------------- a running server

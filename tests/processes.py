@@ -1,0 +1,118 @@
+"""Child processes for tests: a tool that must be installed (``need``), a free loopback port, waiting for a
+listener or for a line of output, stopping; nginx's main configuration (test_deploy, test_replicas) and
+the running demo's shape (test_demo, test_clients)."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from simulator import wait_until
+
+
+def need(tool: str, package: str) -> str:
+    """The path of ``tool``; skip (fail under CI=true) naming the Debian package when it is missing."""
+    candidates = (shutil.which(tool), f"/usr/sbin/{tool}", f"/sbin/{tool}")
+    path = next((p for p in candidates if p and Path(p).is_file()), None)
+    if path is None:
+        reason = f"{tool} is not installed (Debian: apt-get install {package})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def chattr(flag: str, path: Path) -> None:
+    """``chattr FLAG PATH`` (``+i`` makes a file immutable); skip (fail under CI=true) when it cannot."""
+    done = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = f"chattr {flag} is not available here: {done.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
+    def listening() -> bool:
+        assert process.poll() is None, log.read_text(errors="replace")
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(listening, timeout=60, interval=0.1, what=f"a listener on port {port}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+NGINX_MAIN = """\
+daemon off;
+master_process off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log info;
+events {{ worker_connections 128; }}
+http {{
+    log_format ids '$request_id $status $request_uri';
+    access_log {tmp}/access.log ids;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    include {tmp}/gateway.conf;
+}}
+"""
+
+
+@dataclass
+class RunningDemo:
+    process: subprocess.Popen[bytes]
+    output: str
+    folder: Path
+    port: int
+
+    def token(self, name: str) -> str:
+        match = re.search(rf"{name} \(\w+\): (gwt_\S+)", self.output)
+        assert match, self.output
+        return match.group(1)
+
+
+def read_until(process: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """stdout of ``process`` up to and including the line holding ``marker``; fail on exit or timeout."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    text = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while marker.encode() not in text or not text.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                pytest.fail(f"no {marker!r} within {timeout}s; output so far:\n{text.decode()}")
+            if selector.select(remaining):
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:
+                    pytest.fail(f"the demo exited ({process.wait()}) before {marker!r}:\n{text.decode()}")
+                text += chunk
+    return text.decode()
