@@ -1,9 +1,10 @@
 """A gateway built the way ``gateway serve`` builds it, over one fresh simulator (target ``vc1``), with a
-clock the test moves; the callers and VM names the pipeline tests share. The ``env`` fixture
-(tests/conftest.py) hands one out and closes its gateways."""
+clock the test moves; the callers, VM names and roles.yaml/token helpers the pipeline tests share. The
+``env`` fixture (tests/conftest.py) hands one out and closes its gateways."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import yaml
 from simulator import Simulator, complete_rules, find_vm, pyvmomi_connect, read_properties, write_targets
 
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import Principal, create_token
 from gateway.guard.audit import read_rows
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
@@ -78,3 +79,26 @@ class Env:
 
 async def propose_delete(gw: Gateway, vm: str = VM0, who: Principal = ADMIN) -> dict[str, Any]:
     return await gw.call(who, "delete_vm", {"target": "vc1", "vm": vm, "force_power_off": True})
+
+
+def write_roles(home: Path, roles: dict[str, Any]) -> None:
+    (home / "roles.yaml").write_text(yaml.safe_dump({"roles": roles}))
+    os.chmod(home / "roles.yaml", 0o600)
+
+
+def role(
+    *, write: tuple[str, ...] = (), destructive: tuple[str, ...] = (), targets: Any = "*"
+) -> dict[str, Any]:
+    return {
+        "tools": "read",
+        "allow_write": list(write),
+        "allow_destructive": list(destructive),
+        "targets": targets,
+        "approve": "none",
+    }
+
+
+def token_principal(gw: Gateway, name: str, role_name: str) -> Principal:
+    """A principal backed by a real token record, as the HTTPS server would hand the pipeline."""
+    _, rec = create_token(gw.store, name, role_name, expires_in=None, now=gw.clock())
+    return Principal(name=rec.name, role=rec.role, token_id=rec.token_id, surface="https")

@@ -11,7 +11,20 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from gateway_env import ADMIN, HUMAN, OTHER, PERMISSIVE, READER, VM0, VM1, Env, propose_delete
+from gateway_env import (
+    ADMIN,
+    HUMAN,
+    OTHER,
+    PERMISSIVE,
+    READER,
+    VM0,
+    VM1,
+    Env,
+    propose_delete,
+    role,
+    token_principal,
+    write_roles,
+)
 from simulator import (
     find_vm,
     pyvmomi_connect,
@@ -523,3 +536,135 @@ async def test_a_file_refused_at_start_is_an_audit_row(env: Env, file: str, text
     (row,) = [r for r in config_rows(env, file) if r["outcome"] == "refused"]
     assert problem in row["error"] and row["effect"] == "the gateway did not start"
     assert row["sha256"] == sha256_of(env.tmp / f"{file}.yaml")
+
+
+# ---------------------------------------------------------------- bulk calls: reach, and each object
+
+
+async def test_bulk_delete_needs_delete_vm_in_the_role(env: Env) -> None:
+    write_roles(env.tmp, {"bulker": role(destructive=("bulk_vm_action",))})
+    gw = env.build()
+    bulker = token_principal(gw, "bulk-agent", "bulker")
+    with pytest.raises(Forbidden, match="delete_vm"):
+        await gw.call(
+            bulker,
+            "bulk_vm_action",
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
+        )
+    assert gw.store.list_proposals(["pending"]) == []
+    (row,) = env.rows(phase="denied", tool="bulk_vm_action")
+    assert "delete_vm" in row["decision"]["reason"]
+
+
+async def test_each_object_of_a_bulk_call_is_judged_as_the_tool_it_runs(env: Env) -> None:
+    rules = {
+        **PERMISSIVE,
+        "rules": [
+            {"name": "keep-vm1", "action": "deny", "match": {"tools": ["delete_vm"], "vm_patterns": [VM1]}}
+        ],
+    }
+    gw = env.build(rules=rules)
+    with pytest.raises(PolicyDenied, match="keep-vm1"):
+        await gw.call(
+            HUMAN,
+            "bulk_vm_action",
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
+        )
+    assert gw.store.list_proposals(["pending"]) == []
+
+
+# ---------------------------------------------------------------- re-authorization at execution
+
+
+async def test_confirm_after_demotion_is_refused(env: Env) -> None:
+    write_roles(
+        env.tmp,
+        {
+            "deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+            "writer": role(write=("power_off_vm",)),
+        },
+    )
+    gw = env.build()
+    agent = token_principal(gw, "agent-d", "deleter")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    gw.store.update_token("agent-d", role="writer")  # what `gateway token set-role` does
+    demoted = Principal(name=agent.name, role="writer", token_id=agent.token_id, surface="https")
+    with pytest.raises(GatewayError) as caught:
+        await gw.call(demoted, "confirm_action", {"token": proposal["token"]})
+    assert caught.value.code in ("forbidden", "not_found", "policy_denied")
+    assert env.vm_exists(VM0)
+
+
+async def test_approval_after_demotion_is_refused(env: Env) -> None:
+    write_roles(
+        env.tmp,
+        {
+            "deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+            "writer": role(write=("power_off_vm",)),
+        },
+    )
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-d", "deleter")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert proposal["requires_human_approval"] is True
+    gw.store.update_token("agent-d", role="writer")
+    with pytest.raises(GatewayError):
+        await gw.approve(proposal["proposal_id"], HUMAN)
+    assert env.vm_exists(VM0)
+
+
+async def test_confirm_after_target_gained_web_approval_is_refused(env: Env) -> None:
+    gw = env.build()
+    agent = token_principal(gw, "agent-w", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert proposal["requires_human_approval"] is False
+    env.write_rules({**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    with pytest.raises(ApprovalRequired):
+        await gw.call(agent, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0)
+
+
+async def test_approval_after_revoke_is_refused_and_revoke_cancels(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    gw.store.update_token("agent-r", revoked=True)  # a revoke that bypassed the server's own path
+    with pytest.raises((ConfirmationInvalid, Forbidden, NotFound)):
+        await gw.approve(proposal["proposal_id"], HUMAN)
+    assert env.vm_exists(VM0)
+
+
+async def test_revoking_a_token_cancels_its_pending_proposals_audited(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    cancelled = gw.revoke_token("agent-r", by=Principal(name="cli:root", role="admin", surface="cli"))
+    assert cancelled == [proposal["proposal_id"]]
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "cancelled"
+    (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
+    assert row["reason"] == "token revoked"
+
+
+async def test_the_server_cancels_proposals_of_tokens_revoked_elsewhere(env: Env) -> None:
+    gw = env.build()
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert gw.cancel_orphaned() == []
+    gw.store.update_token("agent-r", revoked=True)  # another process, without the gateway's path
+    assert gw.cancel_orphaned() == [proposal["proposal_id"]]
+    with pytest.raises(Forbidden, match="revoked"):  # the token first, before anything about the proposal
+        await gw.call(agent, "confirm_action", {"token": proposal["token"]})
+    (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
+    assert row["reason"] == "token revoked" and row["caller"] == "gateway"
+    assert env.vm_exists(VM0)
