@@ -2,7 +2,7 @@
 driven by Playwright, against the real gateway over HTTPS with simulated vCenters behind it, and an
 agent speaking MCP. Each scenario saves screenshots to test-artifacts/web/.
 
-The server and MCP helpers come from tests/test_web.py. Playwright's sync API owns this thread's
+The server and MCP helpers come from tests/webserver.py. Playwright's sync API owns this thread's
 event loop while the browser is open, so the agent's (async) MCP calls run in a helper thread.
 """
 
