@@ -7,11 +7,8 @@ answered by the mirror; ``stats().served`` proves the mirror answered rather tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
 from simulator import (
     MakeSimulator,
+    Relay,
     Simulator,
     find_vm,
     open_pool,
@@ -414,56 +412,6 @@ async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search
 # ------------------------------------------------------------------------------ a vCenter restart
 
 
-class Relay:
-    """A TCP relay on a fixed loopback port to whichever simulator is current: replacing the simulator
-    behind it is a vCenter restart as a client sees it (same address, new process, no sessions)."""
-
-    def __init__(self, backend: int) -> None:
-        self.backend = backend
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self._links: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.backend))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._links += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for s in (source, sink):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def switch(self, backend: int) -> None:
-        """Point new connections at ``backend`` and cut every open one."""
-        self.backend = backend
-        with self._lock:
-            links, self._links = self._links, []
-        for link in links:
-            with contextlib.suppress(OSError):
-                link.shutdown(socket.SHUT_RDWR)
-            link.close()
-
-    def close(self) -> None:
-        self._server.close()
-        self.switch(self.backend)
 
 
 def test_a_restarted_vcenter_is_resynced(make_simulator: MakeSimulator) -> None:

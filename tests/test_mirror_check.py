@@ -16,8 +16,6 @@ import contextlib
 import dataclasses
 import logging
 import random
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
 from simulator import (
     MakeSimulator,
+    Relay,
     Simulator,
     find_vm,
     pyvmomi_connect,
@@ -325,58 +324,6 @@ async def test_after_the_target_ends_every_session_a_direct_rename_shows_in_the_
         await second.close()
 
 
-class Relay:
-    """A loopback TCP relay to the simulator whose open connections can be severed at any moment."""
-
-    def __init__(self, backend: int) -> None:
-        self.backend = backend
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self._links: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.cuts = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.backend))
-            except OSError:
-                client.close()
-                continue
-            for link in (client, upstream):  # no Nagle delays on relayed small writes
-                link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._links += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for s in (source, sink):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def sever(self) -> None:
-        """Cut every open connection (new ones are relayed again)."""
-        with self._lock:
-            links, self._links = self._links, []
-            self.cuts += 1
-        for link in links:
-            with contextlib.suppress(OSError):
-                link.shutdown(socket.SHUT_RDWR)
-            link.close()
-
-    def close(self) -> None:
-        self._server.close()
-        self.sever()
 
 
 def test_after_a_reconnect_a_direct_change_shows_in_the_next_read(sim: Simulator, si: Any) -> None:
