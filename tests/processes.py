@@ -11,12 +11,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from simulator import wait_until
+from simulator import REPO, wait_until
 
 
 def need(tool: str, package: str) -> str:
@@ -84,6 +86,31 @@ http {{
     include {tmp}/gateway.conf;
 }}
 """
+
+
+def local_nginx_recipe(
+    recipe: str, upstreams: Mapping[str, str], listen_port: int, cert: Path, key: Path,
+) -> str:
+    """deploy/nginx/RECIPE with its upstream lines swapped as ``upstreams`` says, and its listen address,
+    name and certificate paths made local; fails when the recipe no longer holds a line it swaps."""
+    text = (REPO / "deploy" / "nginx" / recipe).read_text()
+    swaps = {**upstreams, "listen 443 ssl;": f"listen 127.0.0.1:{listen_port} ssl;",
+             "server_name gateway.example.com;": "server_name localhost;",
+             "/etc/nginx/tls/gateway.crt": str(cert), "/etc/nginx/tls/gateway.key": str(key)}
+    for old, new in swaps.items():
+        assert old in text, f"the nginx recipe no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    return text
+
+
+def start_demo(vcsim_bin: Path, port: int, folder: Path) -> subprocess.Popen[bytes]:
+    """``python -m gateway.demo`` on ``port`` in ``folder``, its output on a pipe (``read_until``)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
+         "--vcsim", str(vcsim_bin)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
 
 
 @dataclass

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from processes import RunningDemo, free_port, read_until
+from processes import RunningDemo, free_port, read_until, start_demo
 
 from gateway import demo
 
@@ -40,12 +40,7 @@ def block(language: str, marker: str) -> str:
 @pytest.fixture(scope="module")
 def demo_run(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDemo]:
     port, folder = free_port(), tmp_path_factory.mktemp("clients") / "demo"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
-         "--vcsim", str(vcsim_bin)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process = start_demo(vcsim_bin, port, folder)
     try:
         yield RunningDemo(process, read_until(process, "Ready:", timeout=120), folder, port)
     finally:

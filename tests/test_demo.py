@@ -24,7 +24,7 @@ from answers import answer_of
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from processes import RunningDemo, free_port, read_until
+from processes import RunningDemo, free_port, read_until, start_demo
 
 from gateway import demo
 from gateway.auth.roles import RoleBook
@@ -68,12 +68,7 @@ def alive(pid: int) -> bool:
 def running_demo(vcsim_bin: Path, tmp_path: Path) -> Iterator[RunningDemo]:
     port = free_port()
     folder = tmp_path / "demo"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
-         "--vcsim", str(vcsim_bin)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process = start_demo(vcsim_bin, port, folder)
     try:
         yield RunningDemo(process, read_until(process, "Ready:", timeout=120), folder, port)
     finally:
