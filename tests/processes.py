@@ -1,6 +1,7 @@
-"""Child processes for tests: a tool that must be installed (``need``), a free loopback port, waiting for a
-listener or for a line of output, stopping; nginx's main configuration (test_deploy, test_replicas) and
-the running demo's shape (test_demo, test_clients)."""
+"""Child processes for tests: a tool that must be installed (``need``), ``chattr``, a free loopback port,
+waiting for a listener or for a line of output, stopping; nginx (its main configuration and the deploy/nginx
+recipes made local) for test_deploy and test_replicas, and the demo (``start_demo``, ``RunningDemo``) for
+test_demo and test_clients."""
 
 from __future__ import annotations
 

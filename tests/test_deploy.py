@@ -34,7 +34,7 @@ import yaml
 from httpserver import FAST_HASH, GATEWAY_MAIN
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from processes import NGINX_MAIN, free_port, need, stop, wait_for_port
+from processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
 from simulator import MakeSimulator, Simulator, write_targets
 
 from gateway.auth.roles import load_roles
@@ -102,15 +102,8 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
 
 def nginx_site(upstream_port: int, listen_port: int, cert: Path, key: Path) -> str:
     """deploy/nginx/gateway.conf with its addresses, name and certificate paths made local."""
-    text = (DEPLOY / "nginx" / "gateway.conf").read_text()
-    swaps = {"server 127.0.0.1:8080;": f"server 127.0.0.1:{upstream_port};",
-             "listen 443 ssl;": f"listen 127.0.0.1:{listen_port} ssl;",
-             "server_name gateway.example.com;": "server_name localhost;",
-             "/etc/nginx/tls/gateway.crt": str(cert), "/etc/nginx/tls/gateway.key": str(key)}
-    for old, new in swaps.items():
-        assert old in text, f"the nginx recipe no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    return text
+    upstream = {"server 127.0.0.1:8080;": f"server 127.0.0.1:{upstream_port};"}
+    return local_nginx_recipe("gateway.conf", upstream, listen_port, cert, key)
 
 
 def serve_command_in(recipe: Path) -> list[str]:

@@ -35,7 +35,7 @@ from httpserver import GATEWAY_MAIN
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from postgres import PgServer, discard, start_postgres
-from processes import NGINX_MAIN, free_port, need, stop, wait_for_port
+from processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
 from simulator import MakeSimulator, Simulator, complete_rules_text, wait_until, write_targets
 
 from gateway.auth.roles import load_roles
@@ -66,16 +66,9 @@ class Replicas:
 
 def replicas_site(ports: tuple[int, int], listen_port: int, cert: Path, key: Path) -> str:
     """deploy/nginx/gateway-replicas.conf with its addresses, name and certificate paths made local."""
-    text = (REPO / "deploy" / "nginx" / "gateway-replicas.conf").read_text()
-    swaps = {"server 127.0.0.1:8080 ": f"server 127.0.0.1:{ports[0]} ",
-             "server 127.0.0.1:8081 ": f"server 127.0.0.1:{ports[1]} ",
-             "listen 443 ssl;": f"listen 127.0.0.1:{listen_port} ssl;",
-             "server_name gateway.example.com;": "server_name localhost;",
-             "/etc/nginx/tls/gateway.crt": str(cert), "/etc/nginx/tls/gateway.key": str(key)}
-    for old, new in swaps.items():
-        assert old in text, f"the nginx recipe no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    return text
+    upstreams = {"server 127.0.0.1:8080 ": f"server 127.0.0.1:{ports[0]} ",
+                 "server 127.0.0.1:8081 ": f"server 127.0.0.1:{ports[1]} "}
+    return local_nginx_recipe("gateway-replicas.conf", upstreams, listen_port, cert, key)
 
 
 def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
