@@ -14,6 +14,8 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
   parametrized with ``engine="postgres"``, get the ``postgres`` marker.
 - ``env``: a gateway rig (tests/gateway_env.py) over a fresh two-VM simulator; its gateways close after
   the test.
+- ``si``: a pyVmomi session on the test module's own ``sim`` fixture (a simulator it starts), logged
+  out afterwards.
 - ``rig``: a vSphere action rig (tests/vsphere_rig.py) on a fresh simulator.
 - ``anyio_backend``: every ``@pytest.mark.anyio`` test and async fixture runs on asyncio.
 """
@@ -31,6 +33,7 @@ from typing import Any
 import pytest
 from gateway_env import Env
 from postgres import PgServer, PostgresError, discard, start_postgres
+from pyVim.connect import Disconnect
 from simulator import (
     VC1_INSTANCE_UUID,
     VC2_INSTANCE_UUID,
@@ -39,6 +42,7 @@ from simulator import (
     SimulatorError,
     build_simulator,
     open_pool,
+    pyvmomi_connect,
     start_simulator,
 )
 from vsphere_rig import Rig, start_rig
@@ -172,6 +176,14 @@ def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
     yield make
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+def si(sim: Simulator) -> Iterator[Any]:
+    """A pyVmomi session on ``sim``, which each module using this defines (the simulator it needs)."""
+    connection = pyvmomi_connect(sim)
+    yield connection
+    Disconnect(connection)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import anyio
 import pytest
 from answers import answer_of
 from httpserver import mcp_client, serve
-from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
 from simulator import (
     MakeSimulator,
@@ -88,13 +87,6 @@ def mirrors(sim: Simulator) -> Iterator[Mirrors]:
     wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
     yield built
     built.close()
-
-
-@pytest.fixture
-def si(sim: Simulator) -> Iterator[Any]:
-    connection = pyvmomi_connect(sim)
-    yield connection
-    Disconnect(connection)
 
 
 def names(result: dict[str, Any]) -> list[str]:
@@ -410,8 +402,6 @@ async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search
 
 
 # ------------------------------------------------------------------------------ a vCenter restart
-
-
 
 
 def test_a_restarted_vcenter_is_resynced(make_simulator: MakeSimulator) -> None:

@@ -108,13 +108,6 @@ def sim(make_simulator: MakeSimulator) -> Simulator:
 
 
 @pytest.fixture
-def si(sim: Simulator) -> Iterator[Any]:
-    connection = pyvmomi_connect(sim)
-    yield connection
-    Disconnect(connection)
-
-
-@pytest.fixture
 def mirrors(sim: Simulator) -> Iterator[Mirrors]:
     built = start_mirrors(sim)
     yield built
@@ -322,8 +315,6 @@ async def test_after_the_target_ends_every_session_a_direct_rename_shows_in_the_
     finally:
         await first.close()
         await second.close()
-
-
 
 
 def test_after_a_reconnect_a_direct_change_shows_in_the_next_read(sim: Simulator, si: Any) -> None:
