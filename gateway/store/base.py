@@ -65,7 +65,9 @@ class Proposal:
     """A destructive call waiting for confirmation. Only the sha256 of its confirmation token is kept.
 
     ``args`` is the call as made: confirm and approve plan again from it, possibly in another process,
-    so it is kept as given and never shown (views leave it out, audit rows redact it); ``args_digest``
+    so it is kept as given and never shown (views leave it out, audit rows redact it); it never holds
+    credential-shaped text, which argument validation refuses for every tool whose calls become
+    proposals (``ToolSpec.keeps_arguments``); ``args_digest``
     binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
     ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.guard.redact.shown``).
     """

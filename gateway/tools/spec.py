@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import InvalidArgument
+from gateway.guard.redact import redact_text
 from gateway.vocabulary import AffectedObject, Category, Plan, Precondition, ProgressFn, Risk
 
 __all__ = [
@@ -149,7 +150,15 @@ class ToolSpec:
                     out[p.name] = p.default
                 continue
             out[p.name] = _check_value(p, args[p.name])
+        if self.keeps_arguments:
+            _refuse_credentials(out)
         return out
+
+    @property
+    def keeps_arguments(self) -> bool:
+        """A call of this tool becomes a proposal, which keeps its arguments until it is confirmed,
+        approved or settled (to plan it again then) and shows what they resolved to to people."""
+        return self.category is Category.DESTRUCTIVE and self.plan is not None
 
     def reaches(self, args: Mapping[str, Any]) -> tuple[str, ...]:
         return self.reach(args) if self.reach is not None else ()
@@ -186,6 +195,20 @@ def _finite(p: Param, value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidArgument(p.name, "must be a finite number (NaN and Infinity are not accepted)")
     return value
+
+
+def _refuse_credentials(args: Mapping[str, Any]) -> None:
+    """A proposal never keeps a secret: an argument holding credential-shaped text (what the audit's
+    redaction would mask: ``password is ...``, an access key, a token) is refused, so neither the
+    stored proposal nor anything shown or sent from it can carry one. The refusal names the argument,
+    never its value."""
+    for name, value in args.items():
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(text, str) and redact_text(text) != text for text in texts):
+            raise InvalidArgument(
+                name, "holds text shaped like a credential (a password phrase, a key or a token); a "
+                "proposal keeps its arguments and shows what they select to the people who approve it, so "
+                "it never takes a secret: remove it from the argument")
 
 
 def _check_value(p: Param, value: Any) -> Any:  # noqa: C901 - one flat check per JSON-schema keyword

@@ -27,10 +27,11 @@ Fresh by default
     target within that many seconds, and its answers carry ``mirror_age_seconds``.
 
 The mirror checks itself (``gateway.vsphere.mirror_check``)
-    Each freshness poll proves the stream live (it must bring back a change of the mirror's own
-    marker); finished tasks and objects that entered and left in one update set are read live before
-    a poll answers; rolling and full rounds compare the mirror with live reads in between. A
-    divergence is logged, counted and repaired by a resync; until then reads sweep.
+    A freshness poll proves the stream live (it must bring back a change of the mirror's own marker)
+    when no poll did within ``PROOF_SECONDS`` (2 s), so a burst of reads shares one proof; finished
+    tasks and objects that entered and left in one update set are read live before a poll answers;
+    rolling and full rounds compare the mirror with live reads in between. A divergence is logged,
+    counted and repaired by a resync; until then reads sweep.
 
 Fallback, never mixed
     ``Mirrors.answer`` returns a whole answer computed under the mirror's lock from one state, or
@@ -190,6 +191,8 @@ class Mirror:
         self._view: Any = None
         # the self-check (loop thread only, except the counters under the lock)
         self._marker: Marker | None = None
+        #: when a poll last brought back the marker's change (None: not since the last resync)
+        self._proved_at: float | None = None
         self._schedule = Schedule(target.mirror_check_seconds, clock())
         self._tasks_seen: set[str] = set()
         self._tasks_running: set[str] = set()
@@ -421,7 +424,7 @@ class Mirror:
             wanted = self._requested
             zero = wanted > self._polled
         if zero:
-            if self._poll(session, prove=True):
+            if self._poll(session, prove=self._proof_due()):
                 with self._lock:
                     self._polled = max(self._polled, wanted)
                     self._lock.notify_all()
@@ -458,8 +461,17 @@ class Mirror:
                 count = len(self._objects)
             self._diverge("its update stream did not deliver the mirror's own change", count)
             return False
+        if prove:
+            self._proved_at = self._clock()
         self._recheck(session)
         return True
+
+    def _proof_due(self) -> bool:
+        """Whether a read's poll must prove the stream (change the marker and see it come back): when
+        no poll did since the last resync or within ``PROOF_SECONDS``. A proof costs the target a change
+        and its collector a recomputation, so a burst of reads shares one; a stream that stopped silently
+        is thus found by the first read more than ``PROOF_SECONDS`` after its last proof."""
+        return self._proved_at is None or self._clock() - self._proved_at >= mirror_check.PROOF_SECONDS
 
     def _wait(self, session: VSphereSession, seconds: int) -> Applied | None:
         try:
@@ -566,6 +578,7 @@ class Mirror:
             content.propertyCollector.CancelWaitForUpdates()
         self._drop_filter()
         self._resync_wanted = False
+        self._proved_at = None
         self._view = content.viewManager.CreateContainerView(content.rootFolder, list(MIRRORED), True)
         self._marker = Marker(session)
         collector = content.propertyCollector

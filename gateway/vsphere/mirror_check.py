@@ -61,6 +61,10 @@ MIN_SLICE = 20
 MAX_ROUND_SECONDS = 5.0
 MIN_ROUND_SECONDS = 0.5
 
+PROOF_SECONDS = 2.0
+"""A read's freshness poll proves the stream live when no poll did within this long (every comparison
+round proves it too): a stream that stopped silently is found by the first read after that."""
+
 CONTROL_TYPES = frozenset({"ListView", "TaskManager"})
 """Objects in the mirror's filter that are not mirrored: the marker and the task list."""
 
