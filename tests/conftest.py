@@ -23,7 +23,6 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 from gateway_env import Env
 from postgres import PgServer, PostgresError, discard, start_postgres
+from processes import unavailable
 from pyVim.connect import Disconnect
 from simulator import (
     VC1_INSTANCE_UUID,
@@ -78,10 +78,7 @@ def pg_server() -> Iterator[PgServer]:
     try:
         server = start_postgres()
     except (PostgresError, OSError, subprocess.SubprocessError) as exc:
-        reason = f"PostgreSQL unavailable: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"PostgreSQL unavailable: {exc}")
     try:
         yield server
     finally:
@@ -107,10 +104,7 @@ def vcsim_bin() -> Path:
     try:
         return build_simulator()
     except SimulatorError as exc:
-        reason = f"vcsim launcher unavailable: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"vcsim launcher unavailable: {exc}")
 
 
 def _session_simulator(vcsim_bin: Path, **options: Any) -> Iterator[Simulator]:

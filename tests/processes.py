@@ -17,9 +17,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from simulator import REPO, wait_until
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test for ``reason`` (what this machine lacks), or fail it under CI=true, where every part
+    must be present."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def need(tool: str, package: str) -> str:
@@ -27,10 +36,7 @@ def need(tool: str, package: str) -> str:
     candidates = (shutil.which(tool), f"/usr/sbin/{tool}", f"/sbin/{tool}")
     path = next((p for p in candidates if p and Path(p).is_file()), None)
     if path is None:
-        reason = f"{tool} is not installed (Debian: apt-get install {package})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"{tool} is not installed (Debian: apt-get install {package})")
     return path
 
 
@@ -45,10 +51,7 @@ def chattr(flag: str, path: Path) -> None:
     """``chattr FLAG PATH`` (``+i`` makes a file immutable); skip (fail under CI=true) when it cannot."""
     done = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        reason = f"chattr {flag} is not available here: {done.stderr.strip()}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"chattr {flag} is not available here: {done.stderr.strip()}")
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from playwright.sync_api import (
     expect,
     sync_playwright,
 )
+from processes import unavailable
 from simulator import find_vm, pyvmomi_connect, wait_until
 from webserver import WebServer, mcp_call, propose_delete, web_server
 
@@ -61,10 +61,7 @@ def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.is_file():
-        reason = f"{CHROMIUM} is missing: apt-get install -y chromium"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
