@@ -27,8 +27,9 @@ Fresh by default
     target within that many seconds, and its answers carry ``mirror_age_seconds``.
 
 The mirror checks itself (``gateway.vsphere.mirror_check``)
-    A freshness poll proves the stream live (it must bring back a change of the mirror's own marker)
-    when no poll did within ``PROOF_SECONDS`` (2 s), so a burst of reads shares one proof; finished
+    Every comparison round proves the stream live (its poll must bring back a change of the mirror's
+    own marker), so a stream that stops delivering silently is found within one rolling round (at most
+    5 s); a read's poll proves it too when no poll did within ``PROOF_SECONDS``; finished
     tasks and objects that entered and left in one update set are read live before a poll answers;
     rolling and full rounds compare the mirror with live reads in between. A divergence is logged,
     counted and repaired by a resync; until then reads sweep.
@@ -468,9 +469,8 @@ class Mirror:
 
     def _proof_due(self) -> bool:
         """Whether a read's poll must prove the stream (change the marker and see it come back): when
-        no poll did since the last resync or within ``PROOF_SECONDS``. A proof costs the target a change
-        and its collector a recomputation, so a burst of reads shares one; a stream that stopped silently
-        is thus found by the first read more than ``PROOF_SECONDS`` after its last proof."""
+        no poll did since the last resync or within ``PROOF_SECONDS`` (comparison rounds prove it more
+        often than that while they run)."""
         return self._proved_at is None or self._clock() - self._proved_at >= mirror_check.PROOF_SECONDS
 
     def _wait(self, session: VSphereSession, seconds: int) -> Applied | None:
