@@ -103,7 +103,7 @@ class Proposed:
 
     @classmethod
     def of(cls, proposal: Any) -> Proposed:
-        """From a stored proposal (``store.base.Proposal``)."""
+        """From a stored proposal (``gateway.proposals.Proposal``)."""
         return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id)
 
 

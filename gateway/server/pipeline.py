@@ -79,7 +79,6 @@ from gateway.guard.decision import (
     token_state,
     tool_permitted,
 )
-from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, TargetPolicy
 from gateway.guard.policy_store import PolicyStore
@@ -88,6 +87,7 @@ from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
+from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
 from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
@@ -95,7 +95,6 @@ from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
 from gateway.store.audit_read import open_audit_reader
-from gateway.store.base import Proposal
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
 from gateway.store.slots import PgInstance, PgLeader, PgSlots

@@ -63,10 +63,10 @@ from gateway.errors import (
 from gateway.guard import audit
 from gateway.guard.decision import Proposed, proposal_rights
 from gateway.guard.sanitize import clean_text
+from gateway.proposals import FINAL_STATES, Proposal
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
 from gateway.store.audit_read import open_audit_reader
-from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (
     CSRF_HEADER,
