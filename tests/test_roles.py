@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.auth.roles import BUILTIN_ROLES, Role, RoleBook, load_roles, parse_roles, permits
+from gateway.auth.roles import RoleBook, load_roles, parse_roles
 from gateway.config import ConfigProblems
+from gateway.role import BUILTIN_ROLES, Role, permits
 from gateway.tools.spec import Category
 
 R, W, D = Category.READ, Category.WRITE, Category.DESTRUCTIVE

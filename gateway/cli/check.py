@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.auth.roles import BUILTIN_ROLES, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.guard.policy_store import PolicyStore
 from gateway.guard.read_filter import unreachable_rules
+from gateway.role import BUILTIN_ROLES
 
 
 def register(sub: Any) -> None:

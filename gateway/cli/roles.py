@@ -8,10 +8,11 @@ import json
 import time
 from typing import Any
 
-from gateway.auth.roles import BUILTIN_ROLES, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames, unknown_names
+from gateway.role import BUILTIN_ROLES
 from gateway.settings import Settings
 from gateway.store import open_store
 from gateway.tools.registry import all_tools

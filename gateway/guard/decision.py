@@ -42,7 +42,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from gateway.auth.roles import Role
 from gateway.errors import (
     Ambiguous,
     ApprovalRequired,
@@ -58,6 +57,7 @@ from gateway.errors import (
 )
 from gateway.guard.policy import CallFacts, Decision, Policy, evaluate
 from gateway.guard.read_filter import ReadFilter, read_filter
+from gateway.role import Role
 from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 
 

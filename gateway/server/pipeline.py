@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NoReturn, TypeVar
 
 from gateway.answer import Answer
-from gateway.auth.roles import Role, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.errors import (
@@ -88,6 +88,7 @@ from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
 from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
+from gateway.role import Role
 from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
