@@ -84,11 +84,11 @@ from gateway.guard.policy import Decision, TargetPolicy
 from gateway.guard.policy_store import PolicyStore
 from gateway.guard.read_filter import Filtered, ReadFilter, read_args
 from gateway.guard.redact import shown, shown_text
-from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
 from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
 from gateway.role import Role
+from gateway.sanitize import clean
 from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families

@@ -61,9 +61,9 @@ from gateway.errors import (
 )
 from gateway.guard import audit
 from gateway.guard.decision import Proposed, proposal_rights
-from gateway.guard.sanitize import clean_text
 from gateway.proposals import FINAL_STATES, Proposal
 from gateway.role import BUILTIN_ROLES, Role
+from gateway.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
 from gateway.store.audit_read import open_audit_reader
