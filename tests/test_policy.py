@@ -25,7 +25,7 @@ from gateway.guard.policy import (
     parse_policy_text,
 )
 from gateway.guard.policy_store import SECTIONS, PolicyStore, PolicyUnavailable, RulesLoad, section_problems
-from gateway.tools.spec import AffectedObject, Category, Risk
+from gateway.vocabulary import AffectedObject, Category, Risk
 
 REPO = Path(__file__).resolve().parent.parent
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -14,7 +14,7 @@ import yaml
 from gateway.auth.roles import RoleBook, load_roles, parse_roles
 from gateway.config import ConfigProblems
 from gateway.role import BUILTIN_ROLES, Role, permits
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 R, W, D = Category.READ, Category.WRITE, Category.DESTRUCTIVE
 READER, ADMIN = BUILTIN_ROLES["reader"], BUILTIN_ROLES["admin"]

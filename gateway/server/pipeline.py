@@ -101,7 +101,8 @@ from gateway.store.postgres import PostgresStore
 from gateway.store.slots import PgInstance, PgLeader, PgSlots
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
 from gateway.tools.registry import Registry, build_registry
-from gateway.tools.spec import Category, Plan, ToolSpec
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category, Plan
 from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler

@@ -14,8 +14,9 @@ from gateway.errors import ConfigError
 from gateway.tools.destructive import DESTRUCTIVE_TOOLS
 from gateway.tools.pending import PENDING_TOOLS
 from gateway.tools.read import LIST_TARGETS, READ_TOOLS, access_info_tool
-from gateway.tools.spec import Category, Param, ToolSpec, by_name
+from gateway.tools.spec import Param, ToolSpec, by_name
 from gateway.tools.write import WRITE_TOOLS
+from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 
