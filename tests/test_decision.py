@@ -20,7 +20,7 @@ from gateway.guard.decision import (
     token_state,
     tool_permitted,
 )
-from gateway.guard.policy import parse_policy_text
+from gateway.guard.policy.parse import parse_policy_text
 from gateway.role import BUILTIN_ROLES, Role
 from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 

@@ -80,9 +80,9 @@ from gateway.guard.decision import (
     tool_permitted,
 )
 from gateway.guard.limits import RateLimiter, RunawayBreaker
-from gateway.guard.policy import Decision, TargetPolicy
-from gateway.guard.policy_store import PolicyStore
-from gateway.guard.read_filter import Filtered, ReadFilter, read_args
+from gateway.guard.policy.model import Decision, TargetPolicy
+from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
+from gateway.guard.policy.store import PolicyStore
 from gateway.guard.redact import shown, shown_text
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
@@ -100,7 +100,7 @@ from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
 from gateway.store.slots import PgInstance, PgLeader, PgSlots
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
-from gateway.tools.registry import Registry, build_registry
+from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category, Plan
 from gateway.vsphere.mirror import Mirrors
@@ -272,7 +272,7 @@ class Gateway:
             roles=roles,
         )
         built.append(gateway)
-        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
+        names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
         if isinstance(store, PostgresStore):  # replicas count rate limits and repeats together
             gateway.rate_limiter = PgRateLimiter(store)
             gateway.breaker = PgRunawayBreaker(store)

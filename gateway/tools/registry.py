@@ -59,6 +59,12 @@ def all_tools(*, destructive: bool) -> list[ToolSpec]:
     return specs
 
 
+def tool_categories() -> dict[str, Category]:
+    """Every tool this build offers, destructive ones included (a server may enable them later), with
+    its category: what names in rules.yaml and roles.yaml are checked against."""
+    return {spec.name: spec.kind for spec in all_tools(destructive=True)}
+
+
 def apply_read_only(specs: Sequence[ToolSpec]) -> tuple[list[ToolSpec], list[str]]:
     """Keep the read tools; return them and the sorted names of the tools withheld."""
     kept = [s for s in specs if s.kind is Category.READ]
