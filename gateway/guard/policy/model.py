@@ -36,7 +36,6 @@ bad reload) is ``gateway.guard.policy.store``; ``gateway policy show`` is ``gate
 from __future__ import annotations
 
 import fnmatch
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, time, timedelta
@@ -47,8 +46,6 @@ from zoneinfo import ZoneInfo
 
 from gateway.config import NameRef, Target
 from gateway.vocabulary import AffectedObject, Category, Risk
-
-log = logging.getLogger(__name__)
 
 
 class Action(StrEnum):

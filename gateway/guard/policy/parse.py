@@ -5,7 +5,6 @@ file uses for a target, tool, role or tag noted for ``gateway.guard.names``."""
 from __future__ import annotations
 
 import difflib
-import logging
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import time
@@ -33,8 +32,6 @@ from gateway.guard.policy.model import (
     TargetOverride,
 )
 from gateway.vocabulary import Risk
-
-log = logging.getLogger(__name__)
 
 #: every top-level section of a rules file, with how an empty one is written
 SECTIONS: Final[Mapping[str, str]] = {
