@@ -25,8 +25,9 @@ from gateway import errors
 from gateway.config import Credentials, Target
 from gateway.guard.decision import Verdict
 from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
-from gateway.tools.spec import Plan, ToolSpec
+from gateway.tools.spec import ToolSpec
 from gateway.tools.write import CLONE, POWER_OFF, POWER_ON
+from gateway.vocabulary import Plan
 from gateway.vsphere import actions, inventory
 from gateway.vsphere.pool import SessionPool, VSphereSession
 from gateway.vsphere.tasks import wait_for_task

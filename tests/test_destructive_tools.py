@@ -25,7 +25,8 @@ from gateway.tools.destructive import (
     REVERT_SNAPSHOT,
     UNREGISTER_VM,
 )
-from gateway.tools.spec import Category, by_name
+from gateway.tools.spec import by_name
+from gateway.vocabulary import Category
 from gateway.vsphere.actions import SAFETY_PREFIX
 
 VM = "DC0_H0_VM0"

@@ -14,7 +14,8 @@ from simulator import MakeSimulator, Simulator, credentials_env, open_pool, sim_
 from gateway import errors
 from gateway.config import Target
 from gateway.tools import read
-from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec, by_name
+from gateway.tools.spec import TARGETS, ToolSpec, by_name
+from gateway.vocabulary import Category, Risk
 from gateway.vsphere.inventory import PrivilegeCheck
 from gateway.vsphere.pool import SessionPool
 from gateway.vsphere.scheduler import Scheduler

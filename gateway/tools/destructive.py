@@ -6,8 +6,9 @@ A call returns a proposal; ``confirm_action`` executes it after re-planning. Rev
 
 from __future__ import annotations
 
-from gateway.tools.spec import TARGET, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGET, Param, ToolSpec
 from gateway.tools.write import VM
+from gateway.vocabulary import Category, Risk
 from gateway.vsphere import actions
 
 TIMEOUT = Param(

@@ -19,7 +19,8 @@ from typing import Any
 from gateway.config import Target
 from gateway.errors import InvalidArgument
 from gateway.guard.patterns import UserRegex, compile_user_regex
-from gateway.tools.spec import TARGETS, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGETS, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
 from gateway.vsphere import history, inventory, mirror, perf
 
 ReadFn = Callable[[Any, Mapping[str, Any]], dict[str, Any]]

@@ -22,12 +22,9 @@ from typing import Any, Literal
 
 from gateway.errors import InvalidArgument
 from gateway.guard.redact import redact_text
-from gateway.vocabulary import AffectedObject, Category, Plan, Precondition, ProgressFn, Risk
+from gateway.vocabulary import Category, Plan, ProgressFn, Risk
 
-__all__ = [
-    "TARGET", "TARGETS", "AffectedObject", "Category", "Param", "Plan", "Precondition", "ProgressFn", "Risk",
-    "ToolSpec", "by_name", "looks_like_moid",
-]
+__all__ = ["TARGET", "TARGETS", "Param", "ToolSpec", "by_name", "looks_like_moid"]
 
 
 ParamType = Literal["string", "integer", "number", "boolean", "array", "target", "targets"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from functools import partial
 
 from gateway.guard import datastore_path
-from gateway.tools.spec import TARGET, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGET, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
 from gateway.vsphere import actions
 
 VM = Param("vm", "string", "VM name (exact, case-sensitive) or moid such as vm-123.", required=True)
