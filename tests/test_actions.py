@@ -27,7 +27,8 @@ from gateway.guard.decision import Verdict
 from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
 from gateway.tools.spec import Plan, ToolSpec
 from gateway.tools.write import CLONE, POWER_OFF, POWER_ON
-from gateway.vsphere import actions, inventory
+from gateway.vsphere import actions, details
+from gateway.vsphere.collector import managed_object
 from gateway.vsphere.pool import SessionPool, VSphereSession
 from gateway.vsphere.tasks import wait_for_task
 
@@ -99,7 +100,7 @@ class Rig:
         if info is None:
             return [], None
         current = info.currentSnapshot._moId if info.currentSnapshot is not None else None
-        return inventory.flatten_snapshots(info.rootSnapshotList, current), current
+        return details.flatten_snapshots(info.rootSnapshotList, current), current
 
     def snapshot_names(self, name: str) -> list[str]:
         return [row["name"] for row in self.snapshots(name)[0]]
@@ -146,7 +147,7 @@ def _wait(rig: Rig, vm_name: str, method: str, *, seconds: float, destructive: b
     moid = rig.moid(vm_name)
 
     def go(s: VSphereSession) -> Any:
-        task = getattr(inventory.managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
+        task = getattr(managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
         return wait_for_task(session or s, task, deadline=time.monotonic() + seconds,
                              progress=progress or rig.record, destructive=destructive, label=method)
 
@@ -265,7 +266,7 @@ def test_waiter_destroys_its_filter_and_collector_on_every_path(rig: Rig, outcom
     def go(s: VSphereSession) -> None:
         recorder = _RecordingCollectors(s)
         seen.append(recorder)
-        task = inventory.managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
+        task = managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
         try:
             seconds = 30 if outcome == "success" else 0.5
             wait_for_task(recorder.session, task, deadline=time.monotonic() + seconds, progress=rig.record,

@@ -15,7 +15,7 @@ from gateway import errors
 from gateway.config import Target
 from gateway.tools import read
 from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec, by_name
-from gateway.vsphere.inventory import PrivilegeCheck
+from gateway.vsphere.access import PrivilegeCheck
 from gateway.vsphere.pool import SessionPool
 from gateway.vsphere.scheduler import Scheduler
 

@@ -45,8 +45,34 @@ from gateway import errors
 from gateway.guard import datastore_path
 from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.vocabulary import AffectedObject, Plan, Precondition, ProgressFn
-from gateway.vsphere import faults, inventory
-from gateway.vsphere.inventory import VmRef
+from gateway.vsphere import faults
+from gateway.vsphere.collector import (
+    Query,
+    managed_object,
+    object_spec,
+    retrieve,
+    retrieve_objects,
+    sweep,
+    traverse,
+)
+from gateway.vsphere.details import flatten_snapshots, read_snapshot_info
+from gateway.vsphere.resolve import (
+    DatastoreRef,
+    FolderRef,
+    FolderTree,
+    HostRef,
+    NetworkRef,
+    VmRef,
+    find_vm_by_name,
+    folder_matches,
+    resolve_datastore,
+    resolve_folder,
+    resolve_host,
+    resolve_network,
+    resolve_pool,
+    resolve_vm,
+    vm_facts,
+)
 from gateway.vsphere.tasks import wait_for_task, watch
 
 T = TypeVar("T")
@@ -70,8 +96,8 @@ _SUMMARY_NAMES = 10
 
 def _read(session: Any, vim_type: Any, moid: str, paths: Sequence[str]) -> dict[str, Any]:
     """``paths`` of one object through the PropertyCollector, as pyVmomi values (unset ones absent)."""
-    obj = inventory.managed_object(session, vim_type, moid)
-    objects = inventory.retrieve_objects(session, inventory.object_spec(obj, {vim_type: tuple(paths)}))
+    obj = managed_object(session, vim_type, moid)
+    objects = retrieve_objects(session, object_spec(obj, {vim_type: tuple(paths)}))
     return next((o.props for o in objects if o.moid == moid), {})
 
 
@@ -175,11 +201,11 @@ def _vm_named(session: Any, ref: str) -> VmRef:
     """The VM ``ref`` names, noted as resolved. A name several VMs carry notes every candidate before
     ``Ambiguous`` (their moids) is raised, so the policy judges them all before the caller hears it."""
     try:
-        vm = inventory.resolve_vm(session, ref)
+        vm = resolve_vm(session, ref)
     except errors.Ambiguous as exc:
         for moid in list(exc.details.get("candidates") or ())[:_SUMMARY_NAMES]:
             try:
-                _note_resolved(inventory.vm_facts(session, moid))
+                _note_resolved(vm_facts(session, moid))
             except pyVmomi.vmodl.fault.ManagedObjectNotFound:
                 continue  # gone meanwhile: nothing to judge
         raise
@@ -238,7 +264,7 @@ class Execution:
         self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
     def obj(self, vim_type: Any, moid: str) -> Any:
-        return inventory.managed_object(self.session, vim_type, moid)
+        return managed_object(self.session, vim_type, moid)
 
     def vm(self, moid: str | None = None) -> Any:
         return self.obj(vim.VirtualMachine, moid or str(self.params["vm"]))
@@ -443,9 +469,9 @@ def guest_shutdown(call: Execution, seconds: float) -> str | None:
 
 
 def _snapshot_rows(session: Any, vm: VmRef) -> tuple[list[dict[str, Any]], str | None]:
-    info = inventory.read_snapshot_info(session, vm.moid)
+    info = read_snapshot_info(session, vm.moid)
     current = _moid(info.currentSnapshot) if info is not None else None
-    return inventory.flatten_snapshots(info.rootSnapshotList if info is not None else [], current), current
+    return flatten_snapshots(info.rootSnapshotList if info is not None else [], current), current
 
 
 @_state_after_policy
@@ -584,8 +610,8 @@ def _free_slot(devices: Sequence[Any], controller_type: Any, units: Sequence[int
     return None
 
 
-def _datastore_on_host(session: Any, field: str, ref: str, host: Mapping[str, Any]) -> inventory.DatastoreRef:
-    ds = _argument(field, inventory.resolve_datastore, session, ref)
+def _datastore_on_host(session: Any, field: str, ref: str, host: Mapping[str, Any]) -> DatastoreRef:
+    ds = _argument(field, resolve_datastore, session, ref)
     if ds.accessible is False:
         raise errors.InvalidArgument(field, f"datastore '{ds.name}' is not accessible")
     if host and ds.moid not in host["datastores"]:
@@ -614,7 +640,7 @@ def _plan_disk(
 
 
 def _plan_nic(session: Any, vm: VmRef, host: Mapping[str, Any], ref: str) -> dict[str, Any]:
-    net = _argument("add_nic_network", inventory.resolve_network, session, ref)
+    net = _argument("add_nic_network", resolve_network, session, ref)
     if host and net.moid not in host["networks"]:
         raise errors.InvalidArgument(
             "add_nic_network", f"network '{net.name}' is not available on host '{host['name']}' where "
@@ -628,7 +654,7 @@ def _plan_nic(session: Any, vm: VmRef, host: Mapping[str, Any], ref: str) -> dic
     return nic
 
 
-def _portgroup_facts(session: Any, net: inventory.NetworkRef) -> dict[str, Any]:
+def _portgroup_facts(session: Any, net: NetworkRef) -> dict[str, Any]:
     p = _read(session, vim.dvs.DistributedVirtualPortgroup, net.moid,
               ("key", "config.distributedVirtualSwitch", "config.uplink"))
     if p.get("config.uplink"):
@@ -842,8 +868,8 @@ def _compute_root_pool(session: Any, compute_moid: str | None) -> str | None:
     return _moid(_read(session, vim.ComputeResource, compute_moid, ("resourcePool",)).get("resourcePool"))
 
 
-def _usable_host(session: Any, field: str, ref: str) -> inventory.HostRef:
-    host = _argument(field, inventory.resolve_host, session, ref)
+def _usable_host(session: Any, field: str, ref: str) -> HostRef:
+    host = _argument(field, resolve_host, session, ref)
     if host.connection_state != "connected":
         raise errors.InvalidArgument(field, f"host '{host.name}' is {host.connection_state}, not connected")
     if host.in_maintenance:
@@ -859,7 +885,7 @@ class _Move:
     words: list[str]
 
 
-def _move_host(session: Any, vm: VmRef, ref: str, move: _Move) -> inventory.HostRef:
+def _move_host(session: Any, vm: VmRef, ref: str, move: _Move) -> HostRef:
     host = _usable_host(session, "host", ref)
     if host.moid == vm.host_moid:
         raise errors.InvalidArgument("host", f"{_label(vm)} already runs on host '{host.name}'")
@@ -868,15 +894,15 @@ def _move_host(session: Any, vm: VmRef, ref: str, move: _Move) -> inventory.Host
     return host
 
 
-def _move_pool(session: Any, vm: VmRef, ref: str | None, host: inventory.HostRef | None, move: _Move) -> None:
-    current = inventory.resolve_host(session, vm.host_moid).compute_resource_moid if vm.host_moid else None
+def _move_pool(session: Any, vm: VmRef, ref: str | None, host: HostRef | None, move: _Move) -> None:
+    current = resolve_host(session, vm.host_moid).compute_resource_moid if vm.host_moid else None
     if ref is None:
         if host is not None and host.compute_resource_moid != current:
             root = _compute_root_pool(session, host.compute_resource_moid)
             move.params.update(pool=root, pool_name=f"{host.cluster or host.name}/Resources")
             move.words.append(f"into the root resource pool of '{host.cluster or host.name}'")
         return
-    pool = _argument("resource_pool", inventory.resolve_pool, session, ref)
+    pool = _argument("resource_pool", resolve_pool, session, ref)
     owner = host.compute_resource_moid if host is not None else current
     if pool.owner_moid != owner:
         where = f"host '{host.name}'" if host is not None else "the VM's current host"
@@ -889,7 +915,7 @@ def _move_pool(session: Any, vm: VmRef, ref: str | None, host: inventory.HostRef
     move.words.append(f"into resource pool '{pool.name}'")
 
 
-def _move_datastore(session: Any, vm: VmRef, ref: str, host: inventory.HostRef | None, move: _Move) -> None:
+def _move_datastore(session: Any, vm: VmRef, ref: str, host: HostRef | None, move: _Move) -> None:
     facts = _host_facts(session, host.moid if host is not None else vm.host_moid)
     ds = _datastore_on_host(session, "datastore", ref, facts)
     current = _moids(_read(session, vim.VirtualMachine, vm.moid, ("datastore",)).get("datastore"))
@@ -928,21 +954,21 @@ def execute_migrate(call: Execution) -> dict[str, Any]:
             setattr(spec, key, call.obj(vim_type, p[key]))
     call.task(call.vm().RelocateVM_Task, destructive=False, label=f"migrate {p['vm_name']}", spec=spec,
               priority="defaultPriority")
-    now = inventory.vm_facts(call.session, p["vm"])
+    now = vm_facts(call.session, p["vm"])
     return call.result(vm=p["vm_name"], moid=p["vm"], host=now.host, resource_pool=now.resource_pool,
                        datastores=_datastore_names(call.session, p["vm"]))
 
 
 def _datastore_names(session: Any, vm_moid: str) -> list[str]:
-    vm = inventory.managed_object(session, vim.VirtualMachine, vm_moid)
-    to_datastores = inventory.traverse("vmDatastores", vim.VirtualMachine, "datastore")
-    spec = inventory.object_spec(vm, {vim.Datastore: ("name",)}, (to_datastores,))
-    objects = inventory.retrieve(session, spec)
+    vm = managed_object(session, vim.VirtualMachine, vm_moid)
+    to_datastores = traverse("vmDatastores", vim.VirtualMachine, "datastore")
+    spec = object_spec(vm, {vim.Datastore: ("name",)}, (to_datastores,))
+    objects = retrieve(session, spec)
     return sorted(str(o.props.get("name", o.moid)) for o in objects if o.type == "Datastore")
 
 
 def _unused_vm_name(session: Any, name: str) -> None:
-    taken = inventory.find_vm_by_name(session, name)
+    taken = find_vm_by_name(session, name)
     if taken:
         raise errors.InvalidArgument(
             "name", f"a VM named '{name}' already exists on target '{_target(session)}' "
@@ -964,14 +990,14 @@ def plan_clone(session: Any, args: Args) -> Plan:
     folder_path = vm.folder
     params["folder"] = vm.folder_moid
     if args.get("folder") is not None:
-        folder = _argument("folder", inventory.resolve_folder, session, str(args["folder"]))
+        folder = _argument("folder", resolve_folder, session, str(args["folder"]))
         if "VirtualMachine" not in folder.child_types:
             raise errors.InvalidArgument("folder", f"folder '{folder.path or folder.name}' cannot hold VMs")
         params["folder"], folder_path = folder.moid, folder.path
     pool_name = vm.resource_pool
     params["pool"] = vm.resource_pool_moid
     if args.get("resource_pool") is not None:
-        pool = _argument("resource_pool", inventory.resolve_pool, session, str(args["resource_pool"]))
+        pool = _argument("resource_pool", resolve_pool, session, str(args["resource_pool"]))
         params["pool"], pool_name = pool.moid, pool.name
     if params["pool"] is None:
         raise errors.InvalidArgument("resource_pool", f"{_label(vm)} is a template; name the target pool")
@@ -1000,7 +1026,7 @@ def execute_clone(call: Execution) -> dict[str, Any]:
     spec = vim.vm.CloneSpec(location=location, powerOn=False, template=False)
     ref = call.task(call.vm().CloneVM_Task, destructive=False, label=f"clone {p['vm_name']} as {p['name']}",
                     folder=call.obj(vim.Folder, p["folder"]), name=p["name"], spec=spec)
-    clone = inventory.vm_facts(call.session, str(_moid(ref)))
+    clone = vm_facts(call.session, str(_moid(ref)))
     powered = False
     if p["power_on"] and clone.power_state != "poweredOn":
         call.task(call.vm(clone.moid).PowerOnVM_Task, destructive=False, label=f"power on {p['name']}")
@@ -1300,12 +1326,12 @@ def compile_name_regex(pattern: str) -> UserRegex:
 
 
 def _bulk_candidates(
-    session: Any, regex: UserRegex, folder: inventory.FolderRef | None
+    session: Any, regex: UserRegex, folder: FolderRef | None
 ) -> list[_BulkVm]:
-    objects = inventory.sweep(session, [
-        inventory.Query(vim.VirtualMachine, _BULK_VM_PATHS), inventory.Query(vim.ResourcePool, ("name",)),
-        inventory.Query(vim.Folder, ("name", "parent")), inventory.Query(vim.Datacenter, ("name", "parent"))])
-    tree = inventory.FolderTree.from_objects(objects, session.content.rootFolder._moId)
+    objects = sweep(session, [
+        Query(vim.VirtualMachine, _BULK_VM_PATHS), Query(vim.ResourcePool, ("name",)),
+        Query(vim.Folder, ("name", "parent")), Query(vim.Datacenter, ("name", "parent"))])
+    tree = FolderTree.from_objects(objects, session.content.rootFolder._moId)
     names = {o.moid: o.props.get("name") for o in objects if o.type != "VirtualMachine"}
     found: list[_BulkVm] = []
     for o in objects:
@@ -1313,7 +1339,7 @@ def _bulk_candidates(
         path = tree.path(o.props.get("parent"))
         if o.type != "VirtualMachine" or not regex.fullmatch(name):
             continue
-        if folder is not None and not inventory.folder_matches(path, folder.path or folder.name):
+        if folder is not None and not folder_matches(path, folder.path or folder.name):
             continue
         pool = o.props.get("resourcePool")
         ref = VmRef(moid=o.moid, name=name, folder=path, resource_pool=names.get(pool) if pool else None,
@@ -1353,7 +1379,7 @@ def plan_bulk(session: Any, args: Args) -> Plan:
     if action not in BULK_ACTIONS:
         raise errors.InvalidArgument("action", f"must be one of {', '.join(BULK_ACTIONS)}")
     regex = compile_name_regex(str(args["name_regex"]))
-    folder = (_argument("folder", inventory.resolve_folder, session, str(args["folder"]))
+    folder = (_argument("folder", resolve_folder, session, str(args["folder"]))
               if args.get("folder") is not None else None)
     matches = _bulk_candidates(session, regex, folder)
     where = f" in folder '{folder.path or folder.name}'" if folder is not None else ""
