@@ -26,7 +26,7 @@ from gateway.tools.destructive import (
     UNREGISTER_VM,
 )
 from gateway.tools.spec import Category, by_name
-from gateway.vsphere.actions import SAFETY_PREFIX
+from gateway.vsphere.actions.safety import SAFETY_PREFIX
 
 VM = "DC0_H0_VM0"
 OTHER = "DC0_H0_VM1"

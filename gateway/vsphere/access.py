@@ -12,9 +12,6 @@ from pyVmomi import vmodl
 
 from gateway.vsphere.collector import Session
 
-# --------------------------------------------------------------------------------------------------
-# The endpoint and the session's own account
-
 
 def about(session: Session) -> dict[str, Any]:
     """Product facts of the endpoint (no request: read at login). ``instance_uuid`` is None on ESXi."""
