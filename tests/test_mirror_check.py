@@ -41,10 +41,10 @@ from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS
-from gateway.vsphere import inventory, mirror_check
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere import listings, mirror_check
 from gateway.vsphere.mirror import Mirror, Mirrors, _apply_update
 from gateway.vsphere.pool import SessionPool
+from gateway.vsphere.soap_scan import ObjectProps
 
 ADMIN = Principal("alice", "admin", surface="test")
 FIELDS = ["moid", "name", "power_state", "memory_mb", "folder", "host"]
@@ -99,8 +99,8 @@ def wait_task(task: Any) -> None:
 
 def sweep(pool: SessionPool, **args: Any) -> dict[str, Any]:
     """What list_vms says swept live, with the same arguments as the mirror's answer."""
-    query = inventory.VmQuery(fields=tuple(args.get("fields", inventory.DEFAULT_VM_FIELDS)))
-    return pool.run(lambda s: inventory.list_vms(s, query))
+    query = listings.VmQuery(fields=tuple(args.get("fields", listings.DEFAULT_VM_FIELDS)))
+    return pool.run(lambda s: listings.list_vms(s, query))
 
 
 @pytest.fixture

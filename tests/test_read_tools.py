@@ -16,7 +16,7 @@ from gateway.config import Target
 from gateway.tools import read
 from gateway.tools.spec import TARGETS, ToolSpec, by_name
 from gateway.vocabulary import Category, Risk
-from gateway.vsphere.inventory import PrivilegeCheck
+from gateway.vsphere.access import PrivilegeCheck
 from gateway.vsphere.pool import SessionPool
 from gateway.vsphere.scheduler import Scheduler
 

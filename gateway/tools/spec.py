@@ -87,7 +87,7 @@ class ToolSpec:
     params: tuple[Param, ...] = ()
     target_mode: Literal["fanout", "single", "none"] = "single"
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
-    #: the same read given a live inventory mirror's name index (``inventory.Lookup``, or None when
+    #: the same read given a live inventory mirror's name index (``details.Lookup``, or None when
     #: the target has no synced mirror): it may skip its name search, checking the hint live
     read_with_lookup: Callable[[Any, Mapping[str, Any], Any], Any] | None = None
     plan: Callable[[Any, Mapping[str, Any]], Plan] | None = None

@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 from pyVmomi import VmomiSupport, vim, vmodl
 
-from gateway.vsphere import inventory
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere.collector import _plain
+from gateway.vsphere.soap_scan import ObjectProps
 
 PC: Any = vmodl.query.PropertyCollector
 
@@ -150,7 +150,7 @@ def _differ(a: Any, b: Any) -> bool:
 
 def plain_value(name: str, value: Any) -> Any:
     """A pyVmomi property value as the mirror keeps it (references as moids, enum strings as str)."""
-    return untracked(inventory._plain(name, value, strict=False))
+    return untracked(_plain(name, value, strict=False))
 
 
 def untracked(value: Any) -> Any:
