@@ -63,7 +63,7 @@ import httpx2
 from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
 from gateway.guard.redact import shown
-from gateway.store.base import Proposal
+from gateway.proposals import Proposal
 
 log = logging.getLogger(__name__)
 

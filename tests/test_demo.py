@@ -28,8 +28,8 @@ from processes import RunningDemo, free_port, read_until, start_demo
 
 from gateway import demo
 from gateway.auth.roles import RoleBook
-from gateway.guard.policy import Policy
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.store import PolicyStore
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.guard.limits import RateLimiter, RunawayBreaker, check_bulk
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 W, D, R = Category.WRITE, Category.DESTRUCTIVE, Category.READ
 

@@ -40,10 +40,10 @@ from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS
-from gateway.vsphere import inventory, mirror_check
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere import listings, mirror_check
 from gateway.vsphere.mirror import Mirror, Mirrors, _apply_update
 from gateway.vsphere.pool import SessionPool
+from gateway.vsphere.soap_scan import ObjectProps
 
 ADMIN = Principal("alice", "admin", surface="test")
 FIELDS = ["moid", "name", "power_state", "memory_mb", "folder", "host"]
@@ -98,8 +98,8 @@ def wait_task(task: Any) -> None:
 
 def sweep(pool: SessionPool, **args: Any) -> dict[str, Any]:
     """What list_vms says swept live, with the same arguments as the mirror's answer."""
-    query = inventory.VmQuery(fields=tuple(args.get("fields", inventory.DEFAULT_VM_FIELDS)))
-    return pool.run(lambda s: inventory.list_vms(s, query))
+    query = listings.VmQuery(fields=tuple(args.get("fields", listings.DEFAULT_VM_FIELDS)))
+    return pool.run(lambda s: listings.list_vms(s, query))
 
 
 @pytest.fixture
@@ -274,28 +274,31 @@ async def test_two_gateways_on_one_simulator_both_see_a_direct_power_off(
 
 
 @pytest.mark.anyio
-async def test_a_stream_that_stops_delivering_is_found_by_the_next_read_which_sweeps(
+async def test_while_a_stream_that_stopped_delivering_is_unrepaired_reads_sweep_and_are_true(
     sim: Simulator, si: Any, tmp_path: Path,
 ) -> None:
-    """A target whose update stream stops without an error (the launcher's /silence-updates fault):
-    the next read's proof finds it, that read sweeps (and so shows a change made meanwhile), and the
-    mirror is repaired by a resync once the stream delivers again."""
+    """A target whose update stream stops without an error (the launcher's /silence-updates fault): a
+    comparison round finds it, reads sweep meanwhile (so they show a change the stream never
+    delivered), and the mirror answers again once a resync repaired it."""
     gateway = _gateway(sim, tmp_path, "one")
     try:
         await _list(gateway)
         await _synced(gateway)
         sim.control("/silence-updates", {"silenced": True})
-        # the documented bound, not a race: a read proves the stream once the last proof is this old
-        await asyncio.sleep(mirror_check.PROOF_SECONDS)
         vm = find_vm(si, "DC0_H0_VM0")
         await asyncio.to_thread(wait_task, vm.PowerOffVM_Task())
+        await asyncio.to_thread(wait_until, lambda: gateway.mirrors.stats()["vc1"].divergences >= 1, 30,
+                                0.05, "the silent stream found")
+        swept = gateway.mirrors.stats()["vc1"].swept
         assert (await _list(gateway))["DC0_H0_VM0"]["power_state"] == "poweredOff"
-        stats = gateway.mirrors.stats()["vc1"]
-        assert stats.divergences >= 1 and stats.swept >= 1, stats
+        assert gateway.mirrors.stats()["vc1"].swept == swept + 1, "a diverged mirror does not answer"
         assert 'gateway_mirror_divergence_total{target="vc1"}' in gateway.metrics.render()
         sim.control("/silence-updates", {"silenced": False})
-        await _synced(gateway)
+        await asyncio.to_thread(wait_until, lambda: gateway.mirrors.stats()["vc1"].repairs >= 1
+                                and synced(gateway.mirrors, "vc1"), 30, 0.05, "repaired")
+        served = gateway.mirrors.stats()["vc1"].served
         assert (await _list(gateway))["DC0_H0_VM0"]["power_state"] == "poweredOff"
+        assert gateway.mirrors.stats()["vc1"].served == served + 1, "answered by the repaired mirror"
     finally:
         sim.control("/silence-updates", {"silenced": False})
         await gateway.close()

@@ -41,9 +41,9 @@ from gateway import notify
 from gateway.auth.tokens import create_token
 from gateway.guard.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.logs import configure_logging
+from gateway.proposals import Proposal
 from gateway.server.pipeline import proposal_view
 from gateway.server.tls import create_certificate
-from gateway.store.base import Proposal
 from gateway.store.sqlite import SqliteStore
 from gateway.vocabulary import Kind
 

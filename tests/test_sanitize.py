@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from gateway_env import HUMAN, VM0, Env
 
-from gateway.guard.sanitize import clean, clean_text
+from gateway.sanitize import clean, clean_text
 
 HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 

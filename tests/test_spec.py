@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidArgument
-from gateway.tools.spec import TARGET, TARGETS, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGET, TARGETS, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 SPEC = ToolSpec(
     name="resize",

@@ -12,8 +12,9 @@ from simulator import Simulator, find_vm, pyvmomi_connect, read_properties, wait
 
 from gateway.config import Credentials, Target
 from gateway.guard.decision import Verdict
-from gateway.tools.spec import Plan, ToolSpec
-from gateway.vsphere import inventory
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Plan
+from gateway.vsphere import details
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
 MakeSimulator = Callable[..., Simulator]
@@ -83,7 +84,7 @@ class Rig:
         if info is None:
             return [], None
         current = info.currentSnapshot._moId if info.currentSnapshot is not None else None
-        return inventory.flatten_snapshots(info.rootSnapshotList, current), current
+        return details.flatten_snapshots(info.rootSnapshotList, current), current
 
     def snapshot_names(self, name: str) -> list[str]:
         return [row["name"] for row in self.snapshots(name)[0]]

@@ -34,7 +34,7 @@ from enum import Enum
 from typing import Any
 
 from gateway.guard.inputs import storable_text
-from gateway.guard.sanitize import DEFAULT_MAX_LEN, clean_text
+from gateway.sanitize import DEFAULT_MAX_LEN, clean_text
 
 MASK = "***"
 

@@ -22,12 +22,9 @@ from typing import Any, Literal
 
 from gateway.errors import InvalidArgument
 from gateway.guard.redact import redact_text
-from gateway.vocabulary import AffectedObject, Category, Plan, Precondition, ProgressFn, Risk
+from gateway.vocabulary import Category, Plan, ProgressFn, Risk
 
-__all__ = [
-    "TARGET", "TARGETS", "AffectedObject", "Category", "Param", "Plan", "Precondition", "ProgressFn", "Risk",
-    "ToolSpec", "by_name", "looks_like_moid",
-]
+__all__ = ["TARGET", "TARGETS", "Param", "ToolSpec", "by_name", "looks_like_moid"]
 
 
 ParamType = Literal["string", "integer", "number", "boolean", "array", "target", "targets"]
@@ -90,7 +87,7 @@ class ToolSpec:
     params: tuple[Param, ...] = ()
     target_mode: Literal["fanout", "single", "none"] = "single"
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
-    #: the same read given a live inventory mirror's name index (``inventory.Lookup``, or None when
+    #: the same read given a live inventory mirror's name index (``details.Lookup``, or None when
     #: the target has no synced mirror): it may skip its name search, checking the hint live
     read_with_lookup: Callable[[Any, Mapping[str, Any], Any], Any] | None = None
     plan: Callable[[Any, Mapping[str, Any]], Plan] | None = None

@@ -49,7 +49,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     AuditUnavailable,
@@ -62,11 +61,12 @@ from gateway.errors import (
 )
 from gateway.guard import audit
 from gateway.guard.decision import Proposed, proposal_rights
-from gateway.guard.sanitize import clean_text
+from gateway.proposals import FINAL_STATES, Proposal
+from gateway.role import BUILTIN_ROLES, Role
+from gateway.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
 from gateway.store.audit_read import open_audit_reader
-from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (
     CSRF_HEADER,
