@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import gateway
+from gateway.audit.redact import MASK, is_secret_key, redact, redact_text
 from gateway.errors import AuditUnavailable
 from gateway.guard.audit import (
     GENESIS,
@@ -37,7 +38,6 @@ from gateway.guard.audit import (
     stats,
     verify,
 )
-from gateway.guard.redact import MASK, is_secret_key, redact, redact_text
 
 REPO = Path(gateway.__file__).resolve().parents[1]
 T0 = datetime(2026, 3, 28, 12, 0, tzinfo=UTC)

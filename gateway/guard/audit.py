@@ -17,7 +17,7 @@ Contracts:
 - Several processes (server, CLI) may append to the same file at once: each append holds an
   exclusive ``flock`` on the sidecar ``<name>.lock`` (never renamed, so rotation cannot split the
   lock) and re-reads the tail when the file changed since this process last wrote.
-- Rows are bounded (``gateway.guard.redact.bounded``): long strings are cut to a prefix with their
+- Rows are bounded (``gateway.audit.bounds.bounded``): long strings are cut to a prefix with their
   size and digest, containers to ``MAX_ITEMS`` items and ``MAX_BOUNDED_DEPTH`` levels, so no caller
   can write a big row.
 - Rotation by size renames ``<name>`` to ``<name>.1`` (older files shift up) and starts the new file
@@ -32,7 +32,7 @@ Contracts:
   alone cannot.
 - A torn last line (a write interrupted by a crash) is reported by ``verify`` as torn, not as
   tampering; the next append removes it and records an ``audit_repaired`` row with its digest.
-- Secrets never reach the file: ``gateway.guard.redact`` masks values under credential-like keys and
+- Secrets never reach the file: ``gateway.audit.redact`` masks values under credential-like keys and
   credential-shaped text (well-known secret formats wherever they appear); correlation ids are never
   masked (unless one is a token of such a format); a ``result`` is stored only as ``result_digest`` +
   ``result_size``: SHA-256 and length of the answer text the caller was sent (``gateway.answer``).
@@ -62,8 +62,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.answer import Answer, answer_bytes, encode_json
+from gateway.audit.bounds import bounded
 from gateway.errors import AuditUnavailable
-from gateway.guard.redact import bounded
 from gateway.private_files import make_private_dirs, open_private
 
 log = logging.getLogger(__name__)

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NoReturn, TypeVar
 
 from gateway.answer import Answer
+from gateway.audit.redact import shown, shown_text
 from gateway.auth.roles import Role, RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
 from gateway.config import Target, load_targets
@@ -84,7 +85,6 @@ from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy import Decision, TargetPolicy
 from gateway.guard.policy_store import PolicyStore
 from gateway.guard.read_filter import Filtered, ReadFilter, read_args
-from gateway.guard.redact import shown, shown_text
 from gateway.guard.sanitize import clean
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
@@ -1720,7 +1720,7 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
+    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.audit.redact.shown``;
     never the token or its hash)."""
     view = {
         "proposal_id": p.id,

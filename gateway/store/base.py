@@ -67,7 +67,7 @@ class Proposal:
     ``args`` is the call as made: confirm and approve plan again from it, possibly in another process,
     so it is kept as given and never shown (views leave it out, audit rows redact it); ``args_digest``
     binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
-    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.guard.redact.shown``).
+    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.audit.redact.shown``).
     """
 
     id: str
