@@ -38,9 +38,9 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from postgres import discard, start_postgres  # noqa: E402
 from simulator import write_targets  # noqa: E402
 
+from gateway.audit.verify import verify  # noqa: E402
 from gateway.auth.tokens import TokenAuthenticator, create_token  # noqa: E402
 from gateway.devsim import SimulatorProcess, start_simulator  # noqa: E402
-from gateway.guard.audit import verify  # noqa: E402
 from gateway.server.tls import create_certificate  # noqa: E402
 from gateway.store import SqliteStore, StateStore  # noqa: E402
 from gateway.store.audit_pg import PgAuditReader  # noqa: E402
@@ -59,7 +59,7 @@ if os.environ.get("STORE_AT"):
     store = PostgresStore(os.environ["STORE_AT"], max_size=2)
     sink = PgAuditSink(store)
 else:
-    from gateway.guard.audit import AuditSink
+    from gateway.audit.file_sink import AuditSink
     sink = AuditSink(os.environ["AUDIT_FILE"])
 sys.stdin.readline()
 start = time.time()

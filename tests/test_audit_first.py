@@ -19,8 +19,8 @@ import pytest
 from simulator import MakeSimulator, complete_rules, complete_rules_text
 from test_pipeline import ADMIN, PERMISSIVE, VM0, VM1, Env
 
+from gateway.audit.query import read_rows
 from gateway.errors import AuditUnavailable, InvalidArgument
-from gateway.guard.audit import read_rows
 
 pytestmark = pytest.mark.anyio
 OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}

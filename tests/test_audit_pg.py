@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from postgres import PgServer, discard, start_postgres, wait_for
 
+from gateway.audit.chain import row_hash
 from gateway.errors import AuditUnavailable
-from gateway.guard.audit import row_hash
 from gateway.guard.audit_metrics import audit_families
 from gateway.settings import Settings
 from gateway.store import open_audit
@@ -293,7 +293,7 @@ def test_a_failed_checkpoint_is_counted_and_never_fails_the_row(store: PostgresS
 
 def test_replicas_sharing_one_key_verify_against_it_pinned(store: PostgresStore, pg_url: str,
                                                            tmp_path: Path) -> None:
-    from gateway.guard.audit import load_or_create_signing_key
+    from gateway.audit.signing import load_or_create_signing_key
 
     key_file = tmp_path / "signing.key"
     replicas = [PgAuditSink(store, key_file=key_file, checkpoint_rows=3) for _ in range(2)]

@@ -23,6 +23,8 @@ from simulator import (
     write_targets,
 )
 
+from gateway.audit.query import read_rows
+from gateway.audit.verify import verify
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     ApprovalRequired,
@@ -37,7 +39,6 @@ from gateway.errors import (
     RateLimited,
     Stale,
 )
-from gateway.guard.audit import read_rows, verify
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Kind

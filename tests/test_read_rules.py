@@ -14,7 +14,7 @@ from answers import answer_of
 from httpserver import Served, mcp_client, serve
 from simulator import MakeSimulator, complete_rules, find_vm, pyvmomi_connect, wait_until, write_targets
 
-from gateway.guard.audit import read_rows
+from gateway.audit.query import read_rows
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 

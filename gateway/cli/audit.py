@@ -13,18 +13,16 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.cli import add_path_flags, settings_from
-from gateway.errors import AuditUnavailable
-from gateway.guard.audit import (
+from gateway.audit.query import read_rows, stats
+from gateway.audit.signing import (
     SIGNING_KEY_NAME,
-    VerifyReport,
     load_or_create_signing_key,
     parse_public_key,
     public_key_text,
-    read_rows,
-    stats,
-    verify,
 )
+from gateway.audit.verify import VerifyReport, verify
+from gateway.cli import add_path_flags, settings_from
+from gateway.errors import AuditUnavailable
 
 _RELATIVE = re.compile(r"(?P<amount>\d+)(?P<unit>[smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.guard.audit import AuditSink
+from gateway.audit.file_sink import AuditSink
 from gateway.store.base import (
     FINAL_STATES,
     PROPOSAL_STATES,

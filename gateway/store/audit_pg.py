@@ -1,6 +1,6 @@
 """The audit chain in PostgreSQL: one table, one hash chain for every replica.
 
-Rows are the same as the JSONL sink's (``gateway.guard.audit``): redacted and bounded by
+Rows are the same as the JSONL sink's (``gateway.audit.file_sink``): redacted and bounded by
 ``prepare_event``, stamped with ``ts``, ``seq``, ``prev`` and ``hash`` (``row_hash``), so one
 verifier's rules hold for both. ``PgAuditSink.write`` appends in one transaction that first takes a
 transaction-scoped advisory lock (``AUDIT_LOCK``), then reads the head (the highest ``seq``) and
@@ -15,7 +15,7 @@ whose one "file" is the table and whose line numbers are ``seq``). Verification 
 (REPEATABLE READ), so it is consistent while replicas keep appending.
 
 Signed checkpoints, as the file sink makes them and with its code (``sign_checkpoint``,
-``load_or_create_signing_key``, ``_check_checkpoints``): with a ``key_file`` (``Settings.
+``load_or_create_signing_key``, ``check_checkpoints``): with a ``key_file`` (``Settings.
 signing_key_file``, GATEWAY_AUDIT_SIGNING_KEY_FILE: every replica mounts the same key), the sink
 signs the chain's head (Ed25519) into ``audit_checkpoints`` every ``checkpoint_rows`` rows or
 ``checkpoint_seconds`` (the file sink's defaults), right after the row's transaction commits, and on
@@ -49,21 +49,15 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
-from gateway.errors import AuditUnavailable, StateUnavailable
-from gateway.guard.audit import (
+from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_hash
+from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
-    GENESIS,
-    LineFault,
-    VerifyReport,
-    _check_checkpoints,
-    _parse_checkpoints,
-    format_ts,
     load_or_create_signing_key,
-    prepare_event,
-    row_hash,
     sign_checkpoint,
 )
+from gateway.audit.verify import LineFault, VerifyReport, check_checkpoints, parse_checkpoints
+from gateway.errors import AuditUnavailable, StateUnavailable
 from gateway.store.postgres import PROBE_SECONDS, PostgresStore
 
 if TYPE_CHECKING:
@@ -157,7 +151,7 @@ class PgAuditSink:
             self._try_checkpoint(row["seq"], row["hash"], limit)
         return row
 
-    # -- checkpoints (signed as the file sink signs them: ``gateway.guard.audit.sign_checkpoint``) -------
+    # -- checkpoints (signed as the file sink signs them: ``gateway.audit.signing.sign_checkpoint``) -------
 
     def _checkpoint_due(self, seq: int) -> bool:
         with self._lock:
@@ -298,7 +292,7 @@ class PgAuditReader:
         return clauses, params
 
     def stats(self, *, since: datetime | None = None) -> dict[str, Any]:
-        """The same summary as ``gateway.guard.audit.stats``."""
+        """The same summary as ``gateway.audit.query.stats``."""
         clauses, params = self._window(since, None)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         counters = {name: Counter[str]() for name in ("by_phase", "by_tool", "by_target", "by_caller",
@@ -327,7 +321,7 @@ class PgAuditReader:
         """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot).
 
         With ``checkpoints``, the signed heads in ``audit_checkpoints`` are checked in the same
-        snapshot by the file verifier's rules (``gateway.guard.audit.verify``): a table cut below a
+        snapshot by the file verifier's rules (``gateway.audit.verify.verify``): a table cut below a
         signed seq (``cut_tail``) or rewritten and re-chained (``rewritten``) fails."""
         faults: list[LineFault] = []
         count = 0
@@ -339,7 +333,7 @@ class PgAuditReader:
         with self._snapshot() as conn, conn.cursor(name="audit_verify") as cursor:
             if checkpoints:
                 found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
-                entries = _parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
+                entries = parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
             wanted = {entry["seq"] for _, entry in entries or () if type(entry.get("seq")) is int}
             cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
             for record in cursor:
@@ -355,7 +349,7 @@ class PgAuditReader:
         last_seq = None if expected_seq is None else expected_seq - 1
         checkpoint = None
         if entries is not None:
-            checkpoint = _check_checkpoints(self.checkpoint_label, entries, hashes, first_seq, last_seq,
+            checkpoint = check_checkpoints(self.checkpoint_label, entries, hashes, first_seq, last_seq,
                                             public_key)
         return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
                             last_seq=last_seq,

@@ -143,7 +143,7 @@ _V2: Final = (
 )
 _V3: Final = (
     # signed heads of the audit chain (gateway.store.audit_pg): ``body`` is the checkpoint exactly as
-    # signed (``gateway.guard.audit.sign_checkpoint``), ``seq`` copies its seq for reading in order.
+    # signed (``gateway.audit.signing.sign_checkpoint``), ``seq`` copies its seq for reading in order.
     """CREATE TABLE audit_checkpoints (
     id   bigserial PRIMARY KEY,
     seq  bigint NOT NULL,

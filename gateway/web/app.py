@@ -49,6 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.audit.verify import LineFault
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal
 from gateway.errors import (
@@ -60,7 +61,6 @@ from gateway.errors import (
     Unauthorized,
     VSphereError,
 )
-from gateway.guard import audit
 from gateway.guard.decision import Proposed, proposal_rights
 from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
@@ -482,7 +482,7 @@ class WebApi:
                 "torn_last_line": _fault(report.torn_last_line)}
 
 
-def _fault(fault: audit.LineFault | None) -> dict[str, Any] | None:
+def _fault(fault: LineFault | None) -> dict[str, Any] | None:
     if fault is None:
         return None
     return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}
