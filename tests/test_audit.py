@@ -1087,7 +1087,7 @@ def test_a_token_passed_off_as_a_correlation_id_is_still_masked(value: str, expe
 # -- metrics: the sink's counters as Prometheus families ----------------------------------------------
 
 def test_the_sinks_counters_are_prometheus_families(path: Path) -> None:
-    from gateway.guard.audit_metrics import audit_families
+    from gateway.audit.metrics import audit_families
     from gateway.server.metrics import Metrics
 
     metrics = Metrics()
@@ -1105,7 +1105,7 @@ def test_the_sinks_counters_are_prometheus_families(path: Path) -> None:
 
 
 def test_a_sink_without_counters_adds_no_family() -> None:
-    from gateway.guard.audit_metrics import audit_families
+    from gateway.audit.metrics import audit_families
 
     assert audit_families(None) == [] and audit_families(object()) == []
 

@@ -16,11 +16,12 @@ import pytest
 from postgres import PgServer, discard, start_postgres, wait_for
 
 from gateway.audit.chain import row_hash
+from gateway.audit.metrics import audit_families
+from gateway.audit.pg_reader import PgAuditReader
+from gateway.audit.pg_sink import PgAuditSink
 from gateway.errors import AuditUnavailable
-from gateway.guard.audit_metrics import audit_families
 from gateway.settings import Settings
 from gateway.store import open_audit
-from gateway.store.audit_pg import PgAuditReader, PgAuditSink
 from gateway.store.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def test_secrets_are_redacted_before_the_row_reaches_the_table(store: PostgresSt
 _APPENDER = """
 import os, sys
 from gateway.store.postgres import PostgresStore
-from gateway.store.audit_pg import PgAuditSink
+from gateway.audit.pg_sink import PgAuditSink
 store = PostgresStore(os.environ["STORE_AT"])
 sink = PgAuditSink(store)
 print("ready", flush=True)

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from gateway.audit.pg_reader import PgAuditReader
 from gateway.cli.audit import (
     _row_limit,
     _state_key,
@@ -17,7 +18,6 @@ from gateway.cli.audit import (
 )
 from gateway.errors import AuditUnavailable
 from gateway.settings import Settings
-from gateway.store.audit_pg import PgAuditReader
 from gateway.store.postgres import PostgresStore
 
 

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, NoReturn, TypeVar
 
 from gateway.answer import Answer
+from gateway.audit.readers import open_audit_reader
 from gateway.audit.redact import shown, shown_text
 from gateway.auth.roles import Role, RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
@@ -94,7 +95,6 @@ from gateway.server.metrics import Metrics, sample_families
 from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
-from gateway.store.audit_read import open_audit_reader
 from gateway.store.base import Proposal
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore

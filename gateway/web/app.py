@@ -49,6 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.audit.readers import open_audit_reader
 from gateway.audit.verify import LineFault
 from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal
@@ -65,7 +66,6 @@ from gateway.guard.decision import Proposed, proposal_rights
 from gateway.guard.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
-from gateway.store.audit_read import open_audit_reader
 from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (

@@ -51,7 +51,7 @@ class FileAuditReader:
 def open_audit_reader(settings: Settings, store: StateStore) -> AuditReader:
     """The table's reader when ``store`` is the PostgreSQL one of ``settings``, else the file's."""
     if settings.database_url:
-        from gateway.store.audit_pg import PgAuditReader
+        from gateway.audit.pg_reader import PgAuditReader
         from gateway.store.postgres import PostgresStore
 
         if isinstance(store, PostgresStore):
