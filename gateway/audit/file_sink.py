@@ -429,11 +429,7 @@ class AuditSink:
         line = (json.dumps(entry, separators=(",", ":"), sort_keys=True) + "\n").encode("ascii")
         fd = open_private(self.checkpoint_file, os.O_WRONLY | os.O_APPEND)
         try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.durable:
-                os.fdatasync(fd)
+            _write_all(fd, line, flush=self.durable)
         finally:
             os.close(fd)
         self._checkpointed = (tail.seq, time.monotonic())
@@ -508,11 +504,7 @@ class AuditSink:
     def _append_line(self, fd: int, size: int, line: bytes) -> None:
         """Append all of ``line`` and flush it, or cut the file back to ``size`` bytes and raise."""
         try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.durable:
-                os.fdatasync(fd)
+            _write_all(fd, line, flush=self.durable)
         except OSError:
             try:
                 os.ftruncate(fd, size)
@@ -580,6 +572,15 @@ class AuditSink:
                         "and remove them by hand", over_budget_kept, self.path, self.keep,
                         self.max_total_bytes, self.retain_seconds)
         return dropped
+
+
+def _write_all(fd: int, data: bytes, *, flush: bool) -> None:
+    """Write all of ``data`` (continuing after a short write); with ``flush``, to the disk itself."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    if flush:
+        os.fdatasync(fd)
 
 
 def _size_of(path: Path) -> int:
