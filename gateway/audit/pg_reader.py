@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, row_hash
 from gateway.audit.pg_sink import FILTER_COLUMNS
+from gateway.audit.query import RowCounts
 from gateway.audit.verify import LineFault, VerifyReport, check_checkpoints, parse_checkpoints
 from gateway.errors import AuditUnavailable
 from gateway.store.postgres import PostgresStore
@@ -89,29 +89,15 @@ class PgAuditReader:
         return clauses, params
 
     def stats(self, *, since: datetime | None = None) -> dict[str, Any]:
-        """The same summary as ``gateway.audit.query.stats``."""
+        """The same summary as ``gateway.audit.query.stats`` (counted by ``query.RowCounts``)."""
         clauses, params = self._window(since, None)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        counters = {name: Counter[str]() for name in ("by_phase", "by_tool", "by_target", "by_caller",
-                                                       "by_outcome")}
-        rows = 0
-        first_ts = last_ts = None
+        counts = RowCounts(newest_first=False)
         with self._snapshot() as conn, conn.cursor(name="audit_stats") as cursor:
             cursor.execute(f"SELECT body FROM audit_rows {where} ORDER BY seq", params)
             for record in cursor:
-                row = json.loads(record["body"])
-                rows += 1
-                first_ts = first_ts or row.get("ts")
-                last_ts = row.get("ts")
-                for name in counters:
-                    value = row.get(name.removeprefix("by_"))
-                    if isinstance(value, str | int | bool):
-                        counters[name][str(value)] += 1
-        summary: dict[str, Any] = {"rows": rows, "since": params[0] if since is not None else None,
-                                   "first_ts": first_ts, "last_ts": last_ts}
-        summary.update({name: dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
-                        for name, counter in counters.items()})
-        return summary
+                counts.add(json.loads(record["body"]))
+        return counts.summary(since)
 
     def verify(self, *, checkpoints: bool = False,
                public_key: Ed25519PublicKey | None = None) -> VerifyReport:

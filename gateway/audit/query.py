@@ -70,26 +70,48 @@ _STATS_FIELDS = {"by_phase": "phase", "by_tool": "tool", "by_target": "target", 
                  "by_outcome": "outcome"}
 
 
+class RowCounts:
+    """The summary ``stats`` reports, fed one row at a time, oldest first or (``newest_first``) from
+    the end: ``rows``, the ``first_ts``/``last_ts`` seen, and counts by phase, tool, target, caller
+    and outcome. Both the file's ``stats`` and the PostgreSQL reader's count with it."""
+
+    def __init__(self, *, newest_first: bool) -> None:
+        self.newest_first = newest_first
+        self.counters = {name: Counter[str]() for name in _STATS_FIELDS}
+        self.rows = 0
+        self.first_ts: Any = None
+        self.last_ts: Any = None
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self.rows += 1
+        if self.newest_first:
+            self.last_ts = self.last_ts or row.get("ts")
+            self.first_ts = row.get("ts")
+        else:
+            self.first_ts = self.first_ts or row.get("ts")
+            self.last_ts = row.get("ts")
+        for name, field_name in _STATS_FIELDS.items():
+            value = row.get(field_name)
+            if isinstance(value, str | int | bool):
+                self.counters[name][str(value)] += 1
+
+    def summary(self, since: datetime | None) -> dict[str, Any]:
+        """The counts most frequent first, ties by name; ``since`` as the window's start (naive: UTC)."""
+        start = _as_utc(since)
+        summary: dict[str, Any] = {"rows": self.rows, "since": format_ts(start) if start else None,
+                                   "first_ts": self.first_ts, "last_ts": self.last_ts}
+        summary.update({name: dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+                        for name, counter in self.counters.items()})
+        return summary
+
+
 def stats(path: Path, *, since: datetime | None = None) -> dict[str, Any]:
     """Counts of rows (since ``since``) by phase, tool, target, caller and outcome (most frequent first,
     ties by name); plus ``rows`` and the ``first_ts``/``last_ts`` seen. A row lacking a field is not
     counted under it."""
-    counters = {name: Counter[str]() for name in _STATS_FIELDS}
     start = _as_utc(since)
-    rows = 0
-    first_ts = last_ts = None
+    counts = RowCounts(newest_first=True)
     for row in _rows_newest_first(Path(path)):
-        if not _in_window(row, start, None):
-            continue
-        rows += 1
-        last_ts = last_ts or row.get("ts")
-        first_ts = row.get("ts")
-        for name, field_name in _STATS_FIELDS.items():
-            value = row.get(field_name)
-            if isinstance(value, str | int | bool):
-                counters[name][str(value)] += 1
-    summary: dict[str, Any] = {"rows": rows, "since": format_ts(start) if start else None,
-                               "first_ts": first_ts, "last_ts": last_ts}
-    summary.update({name: dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
-                    for name, counter in counters.items()})
-    return summary
+        if _in_window(row, start, None):
+            counts.add(row)
+    return counts.summary(start)
