@@ -63,7 +63,7 @@ import httpx2
 from gateway.audit.redact import shown
 from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
-from gateway.store.base import Proposal
+from gateway.proposals import Proposal
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The task waiter and the mutation plumbing (gateway/vsphere/tasks.py, gateway/vsphere/actions.py).
+"""The task waiter and the mutation plumbing (gateway/vsphere/tasks.py, gateway/vsphere/actions/).
 
 Against a fresh simulator per test: progress relayed from a slowly running task, vSphere errors,
 deadlines (outcome unknown for destructive tasks, timeout for writes), the private collector and
@@ -25,9 +25,12 @@ from gateway import errors
 from gateway.config import Credentials, Target
 from gateway.guard.decision import Verdict
 from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
-from gateway.tools.spec import Plan, ToolSpec
+from gateway.tools.spec import ToolSpec
 from gateway.tools.write import CLONE, POWER_OFF, POWER_ON
-from gateway.vsphere import actions, inventory
+from gateway.vocabulary import Plan
+from gateway.vsphere import details
+from gateway.vsphere.actions import bulk, execution, hardware, planning, power
+from gateway.vsphere.collector import managed_object
 from gateway.vsphere.pool import SessionPool, VSphereSession
 from gateway.vsphere.tasks import wait_for_task
 
@@ -99,7 +102,7 @@ class Rig:
         if info is None:
             return [], None
         current = info.currentSnapshot._moId if info.currentSnapshot is not None else None
-        return inventory.flatten_snapshots(info.rootSnapshotList, current), current
+        return details.flatten_snapshots(info.rootSnapshotList, current), current
 
     def snapshot_names(self, name: str) -> list[str]:
         return [row["name"] for row in self.snapshots(name)[0]]
@@ -146,7 +149,7 @@ def _wait(rig: Rig, vm_name: str, method: str, *, seconds: float, destructive: b
     moid = rig.moid(vm_name)
 
     def go(s: VSphereSession) -> Any:
-        task = getattr(inventory.managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
+        task = getattr(managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
         return wait_for_task(session or s, task, deadline=time.monotonic() + seconds,
                              progress=progress or rig.record, destructive=destructive, label=method)
 
@@ -265,7 +268,7 @@ def test_waiter_destroys_its_filter_and_collector_on_every_path(rig: Rig, outcom
     def go(s: VSphereSession) -> None:
         recorder = _RecordingCollectors(s)
         seen.append(recorder)
-        task = inventory.managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
+        task = managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
         try:
             seconds = 30 if outcome == "success" else 0.5
             wait_for_task(recorder.session, task, deadline=time.monotonic() + seconds, progress=rig.record,
@@ -328,11 +331,11 @@ def test_guest_shutdown_waits_for_the_vm_to_be_off(rig: Rig) -> None:
     moid = rig.moid("DC0_H0_VM0")
     plan = Plan("", (), {"vm": moid, "vm_name": "DC0_H0_VM0"})
 
-    why = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
+    why = rig.run(lambda s: power.guest_shutdown(execution.Execution(s, plan, rig.record), 10))
 
     assert why is None
     assert rig.power("DC0_H0_VM0") == "poweredOff"
-    refused = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
+    refused = rig.run(lambda s: power.guest_shutdown(execution.Execution(s, plan, rig.record), 10))
     assert refused is not None and "refused" in refused  # already off: vSphere refuses, the caller goes hard
 
 
@@ -392,11 +395,11 @@ def _refused_connection_fake(**_kwargs: Any) -> Any:
 def test_a_write_that_was_never_sent_stays_unreachable(rig: Rig) -> None:
     plan = Plan("", (), {"vm": rig.moid("DC0_H0_VM0"), "vm_name": "DC0_H0_VM0"})
 
-    def body(call: actions.Execution) -> dict[str, Any]:
+    def body(call: execution.Execution) -> dict[str, Any]:
         call.invoke(_refused_connection_fake, destructive=False, what="power on")
         return {}
 
-    execute = actions._executor(body)
+    execute = execution._executor(body)
     with pytest.raises(errors.Unreachable) as caught:
         rig.run(lambda s: execute(s, plan, rig.record))
     assert not isinstance(caught.value, errors.OutcomeUnknown)
@@ -426,7 +429,7 @@ def test_clone_names_are_escaped_as_vsphere_escapes_them(rig: Rig, name: str, st
     ("%zz", "%25zz"), ("%2", "%252"), ("plain", "plain"),
 ])
 def test_vsphere_name_escaping(name: str, stored: str) -> None:
-    assert actions.vsphere_name(name) == stored
+    assert planning.vsphere_name(name) == stored
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,7 +442,7 @@ def test_vsphere_name_escaping(name: str, stored: str) -> None:
     ("[ds]image.iso", ("ds", "image.iso")),
 ])
 def test_parse_iso_path_accepts_datastore_paths(value: str, expected: tuple[str, str]) -> None:
-    assert actions.parse_iso_path(value) == expected
+    assert hardware.parse_iso_path(value) == expected
 
 
 @pytest.mark.parametrize("value", [
@@ -447,7 +450,7 @@ def test_parse_iso_path_accepts_datastore_paths(value: str, expected: tuple[str,
 ])
 def test_parse_iso_path_refuses_anything_else_naming_the_field(value: str) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
-        actions.parse_iso_path(value)
+        hardware.parse_iso_path(value)
     assert caught.value.details["field"] == "iso_path"
 
 
@@ -460,11 +463,11 @@ def test_parse_iso_path_refuses_anything_else_naming_the_field(value: str) -> No
     (".*", "anything", True),
 ])
 def test_bulk_name_regex_must_match_the_whole_name(pattern: str, name: str, matches: bool) -> None:
-    assert actions.compile_name_regex(pattern).fullmatch(name) is matches
+    assert bulk.compile_name_regex(pattern).fullmatch(name) is matches
 
 
 @pytest.mark.parametrize("pattern", ["web-(", "x" * 201, "[z-a]"])
 def test_bulk_name_regex_errors_name_the_field(pattern: str) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
-        actions.compile_name_regex(pattern)
+        bulk.compile_name_regex(pattern)
     assert caught.value.details["field"] == "name_regex"

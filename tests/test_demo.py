@@ -29,8 +29,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway import demo
 from gateway.auth.roles import RoleBook
-from gateway.guard.policy import Policy
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.store import PolicyStore
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -43,8 +43,8 @@ from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
 from gateway.cli import build_parser
 from gateway.config import parse_targets
-from gateway.guard.policy import Policy
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.store import PolicyStore
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 

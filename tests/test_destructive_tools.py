@@ -25,8 +25,9 @@ from gateway.tools.destructive import (
     REVERT_SNAPSHOT,
     UNREGISTER_VM,
 )
-from gateway.tools.spec import Category, by_name
-from gateway.vsphere.actions import SAFETY_PREFIX
+from gateway.tools.spec import by_name
+from gateway.vocabulary import Category
+from gateway.vsphere.actions.safety import SAFETY_PREFIX
 
 VM = "DC0_H0_VM0"
 OTHER = "DC0_H0_VM1"

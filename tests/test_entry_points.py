@@ -22,11 +22,11 @@ import yaml
 from argon2 import PasswordHasher
 from simulator import Simulator, complete_rules_text, write_targets
 
-from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal, create_token
 from gateway.errors import GatewayError
 from gateway.guard.decision import Entry, Facts, Party, TokenState, Verdict, authorize
-from gateway.guard.policy import parse_policy_text
+from gateway.guard.policy.parse import parse_policy_text
+from gateway.role import BUILTIN_ROLES, Role
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Category, Risk
@@ -89,7 +89,7 @@ class Rig:
     gw: Gateway
     home: Path
     serial: int = 0
-    #: the rules in force: a broken file keeps the last good ones (gateway.guard.policy_store)
+    #: the rules in force: a broken file keeps the last good ones (gateway.guard.policy.store)
     in_force: str = "builtin"
 
     def rules(self, name: str) -> None:

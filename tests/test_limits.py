@@ -9,7 +9,7 @@ import pytest
 
 from gateway.errors import PolicyDenied, RateLimited
 from gateway.guard.limits import RateLimiter, RunawayBreaker, check_bulk
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 W, D, R = Category.WRITE, Category.DESTRUCTIVE, Category.READ
 

@@ -22,7 +22,7 @@ from test_pipeline import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delet
 
 from gateway import notify
 from gateway.errors import ConfigError, GatewayError
-from gateway.store.base import Proposal
+from gateway.proposals import Proposal
 
 SECRET = "s3cr3t-for-the-test-receiver"
 ENV = {"HOOK_SECRET": SECRET, "CHAT_WEBHOOK_URL": "https://chat.example.com/hooks/T0/B0/xyz"}
@@ -367,7 +367,7 @@ async def test_the_pipeline_reports_every_transition_to_its_listeners(
 
     assert of(done["proposal_id"]) == [("proposed", "pending"), ("approved", "approved"),
                                        ("executing", "executing"), ("executed", "executed")]
-    # re-resolved before any claim: stale is its own state (gateway/guard/lifecycle.py)
+    # re-resolved before any claim: stale is its own state (gateway/proposals.py)
     assert of(stale["proposal_id"]) == [("proposed", "pending"), ("stale", "stale")]
     assert of(denied["proposal_id"]) == [("proposed", "pending"), ("denied", "denied")]
     assert of(cancelled["proposal_id"]) == [("proposed", "pending"), ("cancelled", "cancelled")]

@@ -173,6 +173,42 @@ def test_round_robin_serves_an_agent_from_both_replicas(replicas: Replicas) -> N
     assert all(_served_mcp(log) > 0 for log in replicas.logs), "round-robin reached both replicas"
 
 
+def _metric(r: Replicas, index: int, line_start: str) -> float | None:
+    """One sample of a replica's /metrics (its own port), or None when it has none yet."""
+    answer = httpx2.get(f"{_replica(r, index)}/metrics", headers={"Authorization": f"Bearer {r.token}"},
+                        timeout=30)
+    for line in answer.text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_both_replicas_mirrors_see_a_direct_power_off(replicas: Replicas) -> None:
+    """Each replica's inventory mirror keeps its own session and update queue on the one vCenter: a
+    power-off made directly in vSphere shows in the next read of both, answered by their mirrors."""
+    from simulator import find_vm, pyvmomi_connect
+
+    def power(index: int) -> str:
+        async def read() -> Any:
+            return await _call(_replica(replicas, index), replicas.token, None, "list_vms", {"target": "vc1"})
+        failed, answer = anyio.run(read)
+        assert not failed, answer
+        (vm,) = [v for v in answer["vms"] if v["name"] == "DC0_C0_RP0_VM0"]
+        return str(vm["power_state"])
+
+    synced = 'gateway_mirror_synced{target="vc1"}'
+    served = 'gateway_mirror_reads_total{source="mirror",target="vc1"}'
+    for index in (0, 1):
+        assert power(index) == "poweredOn"  # the first read starts the (lazy) mirror
+        wait_until(lambda i=index: _metric(replicas, i, synced) == 1.0, timeout=60, what="mirror synced")
+    before = [_metric(replicas, i, served) or 0.0 for i in (0, 1)]
+    task = find_vm(pyvmomi_connect(replicas.sim), "DC0_C0_RP0_VM0").PowerOffVM_Task()
+    wait_until(lambda: task.info.state in ("success", "error"), timeout=30, what="the power-off")
+    assert [power(0), power(1)] == ["poweredOff", "poweredOff"]
+    after = [_metric(replicas, i, served) or 0.0 for i in (0, 1)]
+    assert all(a == b + 1 for a, b in zip(after, before, strict=True)), (before, after)  # from the mirrors
+
+
 def test_a_2025_11_25_session_is_served_by_both_replicas_with_plain_round_robin(replicas: Replicas) -> None:
     """One 2025-11-25 client (initialize, then several calls) through nginx round-robin, no hash on
     Mcp-Session-Id: in replica mode the gateway issues no session id, so every request stands alone and

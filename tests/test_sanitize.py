@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.guard.sanitize import clean, clean_text
+from gateway.sanitize import clean, clean_text
 
 HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 

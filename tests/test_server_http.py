@@ -44,7 +44,8 @@ from gateway.server.pipeline import Gateway
 from gateway.server.tls import CertificatePaths, create_certificate
 from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore
-from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
+from gateway.tools.spec import TARGETS, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 pytestmark = pytest.mark.anyio
 MODES = ("legacy", "2026-07-28")

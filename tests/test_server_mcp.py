@@ -32,7 +32,8 @@ from gateway.server.mcp import (
     error_result,
     success_result,
 )
-from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
+from gateway.tools.spec import TARGETS, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 pytestmark = pytest.mark.anyio
 

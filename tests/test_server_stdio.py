@@ -28,7 +28,8 @@ from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import NotFound, PolicyDenied
 from gateway.server.mcp import ProgressSink, build_mcp_server, instructions_for, stdio_principal
-from gateway.tools.spec import TARGET, TARGETS, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGET, TARGETS, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 pytestmark = pytest.mark.anyio
 MODES = ("legacy", "2026-07-28")

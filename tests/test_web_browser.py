@@ -275,7 +275,7 @@ def test_a_cancel_a_confirm_and_a_failure_appear_without_a_reload(
     pending_card(page, second["proposal_id"]).locator("button.approve").click()
     page.click("#confirm-ok")
     card = decided_card(page, second["proposal_id"])
-    # the second proposal's VM went with the first: the lifecycle calls it stale (guard/lifecycle.py)
+    # the second proposal's VM went with the first: the lifecycle calls it stale (gateway/proposals.py)
     expect(card).to_have_attribute("data-state", "stale", timeout=SLOW)
     expect(card.locator(".outcome")).to_contain_text("stale")
     expect(page.locator("#toast")).to_contain_text("Not executed: ")

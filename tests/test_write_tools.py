@@ -12,7 +12,7 @@ from simulator import Simulator
 from test_actions import Rig, start_rig
 
 from gateway import errors
-from gateway.tools.spec import Category, ToolSpec, by_name
+from gateway.tools.spec import ToolSpec, by_name
 from gateway.tools.write import (
     CLONE,
     CREATE_SNAPSHOT,
@@ -26,6 +26,7 @@ from gateway.tools.write import (
     UNMOUNT_ISO,
     WRITE_TOOLS,
 )
+from gateway.vocabulary import Category
 
 VM = "DC0_H0_VM0"
 CLUSTER_VM = "DC0_C0_RP0_VM0"

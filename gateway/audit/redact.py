@@ -17,7 +17,7 @@ Contracts:
   through ``redact_text``. ``gateway.audit.bounds.bounded`` runs the same walk with the audit row's
   size bounds (a long string becomes its prefix, size and digest).
 - ``shown_text`` and ``shown`` are the form for people and models: redacted first, then hidden
-  characters escaped and the length bounded with a visible marker (``gateway.guard.sanitize``), so a
+  characters escaped and the length bounded with a visible marker (``gateway.sanitize``), so a
   cut never leaves half a secret behind. A proposal is made of ``shown`` text, so the stored record
   is already clean; every exit passes it through ``shown`` again (it is idempotent).
 """
@@ -33,7 +33,7 @@ from enum import Enum
 from typing import Any
 
 from gateway.guard.inputs import storable_text
-from gateway.guard.sanitize import DEFAULT_MAX_LEN, clean_text
+from gateway.sanitize import DEFAULT_MAX_LEN, clean_text
 
 MASK = "***"
 
@@ -313,7 +313,7 @@ def redact(value: Any) -> Any:
 
 def shown_text(text: str, max_len: int = DEFAULT_MAX_LEN) -> str:
     """``text`` as people and models are shown it: redacted (``redact_text``), then hidden characters
-    escaped and the length bounded with a visible marker (``gateway.guard.sanitize.clean_text``).
+    escaped and the length bounded with a visible marker (``gateway.sanitize.clean_text``).
     Redacting first means a cut never leaves half a secret behind. Idempotent."""
     return clean_text(redact_text(text), max_len)
 

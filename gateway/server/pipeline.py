@@ -48,7 +48,7 @@ from typing import Any, Final, NoReturn, TypeVar
 from gateway.answer import Answer
 from gateway.audit.readers import open_audit_reader
 from gateway.audit.redact import shown, shown_text
-from gateway.auth.roles import Role, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.errors import (
@@ -81,27 +81,28 @@ from gateway.guard.decision import (
     token_state,
     tool_permitted,
 )
-from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
 from gateway.guard.limits import RateLimiter, RunawayBreaker
-from gateway.guard.policy import Decision, TargetPolicy
-from gateway.guard.policy_store import PolicyStore
-from gateway.guard.read_filter import Filtered, ReadFilter, read_args
-from gateway.guard.sanitize import clean
+from gateway.guard.policy.model import Decision, TargetPolicy
+from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
+from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
+from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
+from gateway.role import Role
+from gateway.sanitize import clean
 from gateway.server import reloads
 from gateway.server.instance import Instance
 from gateway.server.metrics import Metrics, sample_families
 from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
-from gateway.store.base import Proposal
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
 from gateway.store.slots import PgInstance, PgLeader, PgSlots
 from gateway.tools.read import MIRROR_READS, summarize_targets, target_about
-from gateway.tools.registry import Registry, build_registry
-from gateway.tools.spec import Category, Plan, ToolSpec
+from gateway.tools.registry import Registry, build_registry, tool_categories
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category, Plan
 from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler
@@ -271,7 +272,7 @@ class Gateway:
             roles=roles,
         )
         built.append(gateway)
-        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
+        names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
         if isinstance(store, PostgresStore):  # replicas count rate limits and repeats together
             gateway.rate_limiter = PgRateLimiter(store)
             gateway.breaker = PgRunawayBreaker(store)

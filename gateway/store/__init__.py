@@ -10,24 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.audit.file_sink import AuditSink
-from gateway.store.base import (
-    FINAL_STATES,
-    PROPOSAL_STATES,
-    AuditWriter,
-    Proposal,
-    StateStore,
-    TokenRecord,
-    WebSessionRecord,
-    new_id,
-)
+from gateway.store.base import AuditWriter, StateStore, TokenRecord, WebSessionRecord
 from gateway.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
 
 __all__ = [
-    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "SqliteStore", "StateStore", "TokenRecord",
-    "WebSessionRecord", "new_id", "open_audit", "open_store",
+    "AuditWriter", "SqliteStore", "StateStore", "TokenRecord", "WebSessionRecord", "open_audit", "open_store",
 ]
 
 

@@ -36,6 +36,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
+from gateway.proposals import Proposal
 from gateway.store.base import (
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
@@ -43,7 +44,6 @@ from gateway.store.base import (
     TOKEN_KIND_COLUMN,
     WEB_SESSION_COLUMNS,
     Migration,
-    Proposal,
     StateStore,
     TokenRecord,
     WebSessionRecord,

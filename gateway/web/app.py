@@ -51,7 +51,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.audit.readers import open_audit_reader
 from gateway.audit.verify import LineFault
-from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     AuditUnavailable,
@@ -63,10 +62,11 @@ from gateway.errors import (
     VSphereError,
 )
 from gateway.guard.decision import Proposed, proposal_rights
-from gateway.guard.sanitize import clean_text
+from gateway.proposals import FINAL_STATES, Proposal
+from gateway.role import BUILTIN_ROLES, Role
+from gateway.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
-from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (
     CSRF_HEADER,
