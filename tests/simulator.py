@@ -172,7 +172,11 @@ class CountingRelay:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.upstream)
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:  # the simulator is gone (teardown): the client sees its connection close
+                client.close()
+                continue
             with self._lock:
                 self.connections += 1
                 self._sockets += [client, upstream]
