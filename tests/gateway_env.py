@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 from simulator import Simulator, complete_rules, find_vm, pyvmomi_connect, read_properties, write_targets
 
+from gateway.audit.query import read_rows
 from gateway.auth.tokens import Principal, create_token
-from gateway.guard.audit import read_rows
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Kind

@@ -155,7 +155,7 @@ def real_gateway(sim: Any, tmp: Path) -> Any:
 def audit_rows(gateway: Any, *, config_loads: bool = False) -> list[dict[str, Any]]:
     """Every audit row the gateway's engine holds (the file or the PostgreSQL table), oldest first; the
     rows of its configuration loads (``config_reload``) only with ``config_loads``."""
-    from gateway.store.audit_read import open_audit_reader
+    from gateway.audit.readers import open_audit_reader
 
     rows = open_audit_reader(gateway.settings, gateway.store).rows()
     return [row for row in rows if config_loads or row.get("phase") != "config_reload"]

@@ -236,7 +236,7 @@ class CountingRelay:
                 return
             try:
                 upstream = socket.create_connection(self.upstream)
-            except OSError:  # the simulator stopped first (a test's teardown): refuse, as it would
+            except OSError:  # the simulator is gone (teardown): the client sees its connection close
                 client.close()
                 continue
             with self._lock:

@@ -23,8 +23,8 @@ from httpserver import build_gateway
 from processes import chattr, unavailable
 from simulator import CountingRelay, MakeSimulator, complete_rules, complete_rules_text
 
+from gateway.audit.query import read_rows
 from gateway.errors import AuditUnavailable, InvalidArgument
-from gateway.guard.audit import read_rows
 
 pytestmark = pytest.mark.anyio
 OFF = {"target": "vc1", "vm": VM0, "guest_timeout_seconds": 0}

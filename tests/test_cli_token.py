@@ -13,9 +13,9 @@ import yaml
 from gateway_env import PERMISSIVE, VM0, Env, token_principal
 
 from gateway import cli
+from gateway.audit.verify import verify
 from gateway.auth.tokens import TokenAuthenticator, create_token
 from gateway.cli import main
-from gateway.guard import audit
 from gateway.store import SqliteStore
 
 TOKEN_RE = re.compile(r"gwt_[a-z0-9]{12}_[A-Za-z0-9_-]{43}")
@@ -44,7 +44,7 @@ def create(home: Path, capsys: pytest.CaptureFixture[str], name: str = "ci", rol
 def audit_rows(home: Path) -> list[dict[str, object]]:
     """The rows about tokens (a command that builds the gateway also audits the configuration it loads)."""
     path = home / "audit.jsonl"
-    assert audit.verify(path).ok
+    assert verify(path).ok
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [row for row in rows if row.get("phase") != "config_reload"]
 

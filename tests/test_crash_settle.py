@@ -24,8 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 from processes import chattr
 from simulator import MakeSimulator, complete_rules, wait_until, write_targets
 
+from gateway.audit.query import read_rows
 from gateway.auth.tokens import create_token
-from gateway.guard.audit import read_rows
 from gateway.server.tls import create_certificate
 from gateway.store import SqliteStore
 

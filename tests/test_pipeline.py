@@ -33,6 +33,7 @@ from simulator import (
     write_targets,
 )
 
+from gateway.audit.verify import verify
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     ApprovalRequired,
@@ -47,7 +48,6 @@ from gateway.errors import (
     RateLimited,
     Stale,
 )
-from gateway.guard.audit import verify
 from gateway.server.pipeline import Gateway
 from gateway.vocabulary import Kind
 

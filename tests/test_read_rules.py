@@ -15,9 +15,9 @@ from gateway_env import PERMISSIVE, Env
 from httpserver import Served, mcp_client, serve
 from simulator import MakeSimulator, complete_rules, find_vm, pyvmomi_connect, wait_until, write_targets
 
+from gateway.audit.query import read_rows
 from gateway.auth.tokens import Principal
 from gateway.errors import PolicyDenied
-from gateway.guard.audit import read_rows
 from gateway.server.pipeline import Gateway
 from gateway.settings import Settings
 

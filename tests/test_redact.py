@@ -1,4 +1,4 @@
-"""One redaction for everything that leaves the process (``gateway.guard.redact``).
+"""One redaction for everything that leaves the process (``gateway.audit.redact``).
 
 Tables of phrasings and keys that must be masked and of look-alikes that must not (correlation ids,
 ordinary words in VM names); then the real ``gateway serve`` in front of a simulator, with a loopback
@@ -38,8 +38,8 @@ from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, complete_rules, wait_until, write_targets
 
 from gateway import notify
+from gateway.audit.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.auth.tokens import create_token
-from gateway.guard.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.logs import configure_logging
 from gateway.proposals import Proposal
 from gateway.server.pipeline import proposal_view

@@ -31,12 +31,12 @@ from processes import unavailable
 from simulator import MakeSimulator, Simulator, wait_until, write_targets
 
 from gateway.answer import Answer
+from gateway.audit.query import read_rows
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token
 from gateway.cli import serve as serve_cli
 from gateway.cli import settings_from
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument, NotFound
-from gateway.guard.audit import read_rows
 from gateway.server.edge import EdgeConfig
 from gateway.server.mcp import ProgressSink
 from gateway.server.metrics import Metrics

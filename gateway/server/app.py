@@ -49,8 +49,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway.audit.metrics import audit_families
 from gateway.errors import ConfigError
-from gateway.guard.audit_metrics import audit_families
 from gateway.server import edge
 from gateway.server.edge import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server

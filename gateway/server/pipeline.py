@@ -46,6 +46,8 @@ from datetime import UTC, datetime
 from typing import Any, Final, NoReturn, TypeVar
 
 from gateway.answer import Answer
+from gateway.audit.readers import open_audit_reader
+from gateway.audit.redact import shown, shown_text
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal, TokenVerifier
 from gateway.config import Target, load_targets
@@ -83,7 +85,6 @@ from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy.model import Decision, TargetPolicy
 from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
 from gateway.guard.policy.store import PolicyStore
-from gateway.guard.redact import shown, shown_text
 from gateway.notify import Notifier, notifier_for
 from gateway.private_files import make_private_dirs
 from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
@@ -95,7 +96,6 @@ from gateway.server.metrics import Metrics, sample_families
 from gateway.server.read_rules import ReadRules, denial
 from gateway.settings import Settings
 from gateway.store import AuditWriter, StateStore, open_audit, open_store
-from gateway.store.audit_read import open_audit_reader
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
 from gateway.store.slots import PgInstance, PgLeader, PgSlots
@@ -1721,7 +1721,7 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
+    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.audit.redact.shown``;
     never the token or its hash)."""
     view = {
         "proposal_id": p.id,

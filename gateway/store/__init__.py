@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.guard.audit import AuditSink
+from gateway.audit.file_sink import AuditSink
 from gateway.store.base import AuditWriter, StateStore, TokenRecord, WebSessionRecord
 from gateway.store.sqlite import SqliteStore
 
@@ -37,7 +37,7 @@ def open_audit(settings: Settings, store: StateStore) -> AuditWriter:
     """Where audit rows go: the audit table next to the shared state when ``store`` is on PostgreSQL
     (one chain for every replica), else the JSONL file ``Settings.audit_log``."""
     if settings.database_url:
-        from gateway.store.audit_pg import PgAuditSink
+        from gateway.audit.pg_sink import PgAuditSink
         from gateway.store.postgres import PostgresStore
 
         if isinstance(store, PostgresStore):

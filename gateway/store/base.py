@@ -64,8 +64,8 @@ TRANSITION_FIELDS: Final = frozenset(
 
 
 class AuditWriter(Protocol):
-    """The small interface audit rows are written through: the JSONL ``gateway.guard.audit.AuditSink``
-    (embedded mode) or ``gateway.store.audit_pg.PgAuditSink`` (PostgreSQL). ``write`` returns the row as
+    """The small interface audit rows are written through: the JSONL ``gateway.audit.file_sink.AuditSink``
+    (embedded mode) or ``gateway.audit.pg_sink.PgAuditSink`` (PostgreSQL). ``write`` returns the row as
     stored, or raises ``AuditUnavailable`` and the caller refuses the call."""
 
     def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]: ...

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.audit.redact import redact_text
 from gateway.errors import InvalidArgument
-from gateway.guard.redact import redact_text
 from gateway.vocabulary import Category, Plan, ProgressFn, Risk
 
 __all__ = ["TARGET", "TARGETS", "Param", "ToolSpec", "by_name", "looks_like_moid"]

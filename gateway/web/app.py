@@ -49,6 +49,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.audit.readers import open_audit_reader
+from gateway.audit.verify import LineFault
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     AuditUnavailable,
@@ -59,14 +61,12 @@ from gateway.errors import (
     Unauthorized,
     VSphereError,
 )
-from gateway.guard import audit
 from gateway.guard.decision import Proposed, proposal_rights
 from gateway.proposals import FINAL_STATES, Proposal
 from gateway.role import BUILTIN_ROLES, Role
 from gateway.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.pipeline import Gateway, proposal_view
-from gateway.store.audit_read import open_audit_reader
 from gateway.vocabulary import Kind
 from gateway.web.session import (
     CSRF_HEADER,
@@ -482,7 +482,7 @@ class WebApi:
                 "torn_last_line": _fault(report.torn_last_line)}
 
 
-def _fault(fault: audit.LineFault | None) -> dict[str, Any] | None:
+def _fault(fault: LineFault | None) -> dict[str, Any] | None:
     if fault is None:
         return None
     return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}
