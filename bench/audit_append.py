@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.guard.audit import AuditSink, verify
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.verify import verify
 
 EVENT = {
     "phase": "call", "tool": "get_vm_details", "target": "prod-vc1", "caller": "ops-agent", "role": "reader",

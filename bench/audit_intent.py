@@ -26,7 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gateway.guard.audit import AuditSink, verify  # noqa: E402
+from gateway.audit.file_sink import AuditSink  # noqa: E402
+from gateway.audit.verify import verify  # noqa: E402
 
 ROW = {
     "tool": "power_off_vm", "risk": "high", "target": "prod-vc1", "caller": "ops-agent", "role": "operator",

@@ -1,7 +1,7 @@
 """Floors for get_vm_details: the reads a hand-written pyVmomi client makes for the same answer.
 
 ``vm_details`` sends the gateway's own requests (a sweep of every VM's name, then
-``inventory.vm_details_spec``), decoded by pyVmomi: the fair floor. ``vm_details_fewer`` is the older,
+``details.vm_details_spec``), decoded by pyVmomi: the fair floor. ``vm_details_fewer`` is the older,
 smaller floor (the VM's own properties only), kept labelled as such in the tables.
 """
 
@@ -15,14 +15,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 from pyVmomi import vim, vmodl  # noqa: E402
 
-from gateway.vsphere.inventory import _VM_DETAIL_PATHS, vm_details_spec  # noqa: E402  (the same reads)
+from gateway.vsphere.details import _VM_DETAIL_PATHS, vm_details_spec  # noqa: E402  (the same reads)
 from gateway.vsphere.pool import VSphereSession  # noqa: E402
 
 
 def vm_details(session: VSphereSession, name: str) -> int:
     """get_vm_details' reads with bare pyVmomi, the same requests the gateway sends (fair floor): a sweep of
     every VM's name to find the VM, then the gateway's own retrieval of its facts and details and the
-    names they refer to (``inventory.vm_details_spec``), both replies decoded by pyVmomi."""
+    names they refer to (``details.vm_details_spec``), both replies decoded by pyVmomi."""
     content: Any = session.content
     vm = _vm_named(session, name)
     details = content.propertyCollector.RetrievePropertiesEx([vm_details_spec(session, vm._moId)],

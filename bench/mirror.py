@@ -64,7 +64,8 @@ from gateway.auth.tokens import create_token  # noqa: E402
 from gateway.config import Credentials, Target  # noqa: E402
 from gateway.server.tls import create_certificate  # noqa: E402
 from gateway.store.sqlite import SqliteStore  # noqa: E402
-from gateway.vsphere import inventory  # noqa: E402
+from gateway.vsphere import listings, soap_scan  # noqa: E402
+from gateway.vsphere.collector import _view_spec, soap_call  # noqa: E402
 from gateway.vsphere.mirror import Mirror  # noqa: E402
 from gateway.vsphere.pool import SessionPool, VSphereSession  # noqa: E402
 
@@ -76,8 +77,8 @@ _PC: Any = vmodl.query.PropertyCollector
 
 
 def _list_vms_spec(view: Any) -> Any:
-    queries, _active, _columns = inventory._vm_plan(inventory.VmQuery())
-    return inventory._view_spec(view, queries)
+    queries, _active, _columns = listings._vm_plan(listings.VmQuery())
+    return _view_spec(view, queries)
 
 
 @contextlib.contextmanager
@@ -94,8 +95,8 @@ def _view(session: VSphereSession) -> Any:
 def raw_floor(session: VSphereSession, view: Any) -> int:
     """The gateway's list_vms RetrievePropertiesEx, bytes read, nothing decoded; returns the byte count."""
     collector = session.content.propertyCollector
-    body = inventory.soap_call(session.si._stub, collector, "RetrievePropertiesEx",
-                               [[_list_vms_spec(view)], _PC.RetrieveOptions()])
+    body = soap_call(session.si._stub, collector, "RetrievePropertiesEx",
+                     [[_list_vms_spec(view)], _PC.RetrieveOptions()])
     return len(body)
 
 
@@ -273,7 +274,7 @@ def deep_size(value: Any, seen: set[int] | None = None) -> int:
         size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in value.items())
     elif isinstance(value, list | tuple | set | frozenset):
         size += sum(deep_size(v, seen) for v in value)
-    elif isinstance(value, inventory.ObjectProps):
+    elif isinstance(value, soap_scan.ObjectProps):
         size += deep_size(value.type, seen) + deep_size(value.moid, seen) + deep_size(value.props, seen)
     return size
 

@@ -38,12 +38,12 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from postgres import discard, start_postgres  # noqa: E402
 from simulator import write_targets  # noqa: E402
 
+from gateway.audit.pg_reader import PgAuditReader  # noqa: E402
+from gateway.audit.verify import verify  # noqa: E402
 from gateway.auth.tokens import TokenAuthenticator, create_token  # noqa: E402
 from gateway.devsim import SimulatorProcess, start_simulator  # noqa: E402
-from gateway.guard.audit import verify  # noqa: E402
 from gateway.server.tls import create_certificate  # noqa: E402
 from gateway.store import SqliteStore, StateStore  # noqa: E402
-from gateway.store.audit_pg import PgAuditReader  # noqa: E402
 from gateway.store.postgres import PostgresStore  # noqa: E402
 
 HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
@@ -55,11 +55,11 @@ sys.path.insert(0, os.environ["ROOT"])
 event = json.loads(os.environ["EVENT"])
 if os.environ.get("STORE_AT"):
     from gateway.store.postgres import PostgresStore
-    from gateway.store.audit_pg import PgAuditSink
+    from gateway.audit.pg_sink import PgAuditSink
     store = PostgresStore(os.environ["STORE_AT"], max_size=2)
     sink = PgAuditSink(store)
 else:
-    from gateway.guard.audit import AuditSink
+    from gateway.audit.file_sink import AuditSink
     sink = AuditSink(os.environ["AUDIT_FILE"])
 sys.stdin.readline()
 start = time.time()

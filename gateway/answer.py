@@ -7,7 +7,7 @@ the same bytes (``Answer.data``). Whoever holds an answer can check it against t
 ``sha256sum``; nothing is re-encoded with different settings on the way.
 
 Every result becomes an answer through ``Answer.cleaned``: sanitized for the model that reads it
-(``gateway.guard.sanitize``), then encoded. The encoding: compact separators, UTF-8 (no ``\\u``
+(``gateway.sanitize``), then encoded. The encoding: compact separators, UTF-8 (no ``\\u``
 escapes for non-ASCII), keys in the order the tool produced them; a value JSON has no type for (a
 date, say) becomes its ``str``, and the value is then re-read from the text so that ``value`` and
 ``text`` never disagree.
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.guard.sanitize import clean, encoded_is_clean
+from gateway.sanitize import clean, encoded_is_clean
 
 
 def encode_json(value: Any) -> tuple[str, bool]:
@@ -56,7 +56,7 @@ class Answer:
 
     @classmethod
     def cleaned(cls, value: dict[str, Any]) -> Answer:
-        """``value`` sanitized (``gateway.guard.sanitize.clean``), then encoded: the one way a tool's
+        """``value`` sanitized (``gateway.sanitize.clean``), then encoded: the one way a tool's
         result becomes what a caller reads. Blocking for a large value: call from a worker thread.
 
         The encoding is checked first: when it shows no string ``clean`` would change (plain ASCII

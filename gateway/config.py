@@ -267,7 +267,7 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
     return tuple(targets)
 
 
-def _parse_target(
+def _parse_target(  # noqa: C901 - a flat list of independent checks, one per key of a target entry
     entry: Mapping[str, Any], where: Callable[..., str], problems: list[str],
     environ: Mapping[str, str] | None,
 ) -> Target | None:

@@ -45,10 +45,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from gateway.audit.file_sink import AuditSink
 from gateway.auth.local import os_person
 from gateway.auth.tokens import create_token
 from gateway.devsim import REPO, VCSIM_BIN, SimulatorProcess, start_simulator, write_targets
-from gateway.guard.audit import AuditSink
 from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs, open_private, write_private
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore

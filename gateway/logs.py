@@ -2,7 +2,7 @@
 
 ``configure_logging(format, level)`` installs one handler on the root logger (stderr by default, so
 the stdio transport keeps stdout for the protocol). Both formats pass every line through
-``gateway.guard.redact.redact_text``, so a token, password or private key that slipped into a message
+``gateway.audit.redact.redact_text``, so a token, password or private key that slipped into a message
 or a traceback is masked before it is written. A JSON line carries ``ts`` (UTC, ISO 8601,
 milliseconds), ``level``, ``logger`` and ``message``, then any ``extra=`` fields of the call (redacted
 like audit rows: values under credential-like keys become ``"***"``), and ``exc`` with the traceback
@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
+from gateway.audit.redact import redact, redact_text
 from gateway.errors import ConfigError
-from gateway.guard.redact import redact, redact_text
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: the HTTP client's loggers: their INFO and DEBUG lines quote request URLs, and a webhook URL kept in

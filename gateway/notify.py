@@ -60,10 +60,10 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from gateway.audit.redact import shown
 from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
-from gateway.guard.redact import shown
-from gateway.store.base import Proposal
+from gateway.proposals import Proposal
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def _iso(ts: float | None) -> str | None:
 
 def proposal_facts(p: Proposal) -> dict[str, Any]:
     """What a notification says about a proposal: never its token, token hash or arguments; redacted
-    and bounded as every text leaving the process is (``gateway.guard.redact.shown``)."""
+    and bounded as every text leaving the process is (``gateway.audit.redact.shown``)."""
     error = p.error or {}
     facts: dict[str, Any] = shown({
         "proposal_id": p.id, "state": p.state, "target": p.target, "target_host": p.target_host,

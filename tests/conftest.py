@@ -12,20 +12,28 @@ Any test using one of these fixtures gets the ``simulator`` marker (``-m "not si
 - ``pg_server``: a session-scoped real PostgreSQL (tests/postgres.py); ``pg_url``: a fresh database on
   it per test. Skips when PostgreSQL cannot start, except under ``CI=true``. Tests using them, or
   parametrized with ``engine="postgres"``, get the ``postgres`` marker.
+- ``env``: a gateway rig (tests/gateway_env.py) over a fresh two-VM simulator; its gateways close after
+  the test.
+- ``si``: a pyVmomi session on the test module's own ``sim`` fixture (a simulator it starts), logged
+  out afterwards.
+- ``rig``: a vSphere action rig (tests/vsphere_rig.py) on a fresh simulator.
+- ``anyio_backend``: every ``@pytest.mark.anyio`` test and async fixture runs on asyncio.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gateway_env import Env
 from postgres import PgServer, PostgresError, discard, start_postgres
+from processes import unavailable
+from pyVim.connect import Disconnect
 from simulator import (
     VC1_INSTANCE_UUID,
     VC2_INSTANCE_UUID,
@@ -34,8 +42,10 @@ from simulator import (
     SimulatorError,
     build_simulator,
     open_pool,
+    pyvmomi_connect,
     start_simulator,
 )
+from vsphere_rig import Rig, start_rig
 
 from gateway.vsphere.pool import SessionPool
 
@@ -54,6 +64,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.postgres)
 
 
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """The one backend the suite runs async tests on (module scope, like anyio's own fixture, so
+    module-scoped async fixtures can use it)."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     """A real PostgreSQL (initdb + pg_ctl on a loopback port) for the whole run; skip (fail under
@@ -61,10 +78,7 @@ def pg_server() -> Iterator[PgServer]:
     try:
         server = start_postgres()
     except (PostgresError, OSError, subprocess.SubprocessError) as exc:
-        reason = f"PostgreSQL unavailable: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"PostgreSQL unavailable: {exc}")
     try:
         yield server
     finally:
@@ -90,10 +104,7 @@ def vcsim_bin() -> Path:
     try:
         return build_simulator()
     except SimulatorError as exc:
-        reason = f"vcsim launcher unavailable: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"vcsim launcher unavailable: {exc}")
 
 
 def _session_simulator(vcsim_bin: Path, **options: Any) -> Iterator[Simulator]:
@@ -159,6 +170,30 @@ def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
     yield make
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+def si(sim: Simulator) -> Iterator[Any]:
+    """A pyVmomi session on ``sim``, which each module using this defines (the simulator it needs)."""
+    connection = pyvmomi_connect(sim)
+    yield connection
+    Disconnect(connection)
+
+
+@pytest.fixture
+def rig(make_simulator: MakeSimulator) -> Iterator[Rig]:
+    """A fresh simulator (two clustered hosts, a standalone host, two datastores) with a pool and a pyVmomi
+    session; all closed afterwards."""
+    yield from start_rig(make_simulator)
+
+
+@pytest.fixture
+async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
+    """A gateway rig over a fresh two-VM simulator; every gateway it built is closed afterwards."""
+    e = Env(tmp_path, make_simulator(vms=2))
+    yield e
+    for gw in e.gateways:
+        await gw.close()
 
 
 @pytest.fixture(autouse=True)

@@ -131,6 +131,27 @@ def build_gateway(
     return Gateway.build(replace(base, **{"enable_destructive": True, **settings}))
 
 
+READER_ROLES = """roles:
+  vc1-reader: {tools: read, allow_write: [], allow_destructive: [], targets: [vc1], approve: none}
+"""
+
+
+def real_gateway(sim: Any, tmp: Path) -> Any:
+    """A gateway over ``sim`` (target ``vc1``) from its settings' defaults, its home tmp/home holding one
+    extra role, ``vc1-reader``."""
+    from simulator import write_targets
+
+    from gateway.server.runtime import Gateway
+    from gateway.settings import Settings
+
+    env = write_targets(tmp / "targets.yaml", {"vc1": sim})
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    (home / "roles.yaml").write_text(READER_ROLES)
+    (home / "roles.yaml").chmod(0o600)
+    return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
+
+
 def audit_rows(gateway: Any, *, config_loads: bool = False) -> list[dict[str, Any]]:
     """Every audit row the gateway's engine holds (the file or the PostgreSQL table), oldest first; the
     rows of its configuration loads (``config_reload``) only with ``config_loads``."""

@@ -149,6 +149,68 @@ def wait_until(
         time.sleep(interval)
 
 
+class Relay:
+    """A loopback TCP relay to a simulator whose open connections can be cut at any moment: ``sever()``
+    cuts them (new ones are relayed again; ``cuts`` counts the calls); ``switch(backend)`` points new
+    connections at another simulator's port and cuts the open ones, which is a vCenter restart as a
+    client sees it (same address, new process, no sessions). ``close()`` stops it."""
+
+    def __init__(self, backend: int) -> None:
+        self.backend = backend
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._links: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.backend))
+            except OSError:
+                client.close()
+                continue
+            for link in (client, upstream):  # no Nagle delays on relayed small writes
+                link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._links += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def sever(self) -> None:
+        """Cut every open connection (new ones are relayed again)."""
+        with self._lock:
+            links, self._links = self._links, []
+            self.cuts += 1
+        for link in links:
+            with contextlib.suppress(OSError):
+                link.shutdown(socket.SHUT_RDWR)
+            link.close()
+
+    def switch(self, backend: int) -> None:
+        """Point new connections at ``backend`` and cut every open one."""
+        self.backend = backend
+        self.sever()
+
+    def close(self) -> None:
+        self._server.close()
+        self.sever()
+
+
 class CountingRelay:
     """A TCP relay in front of a simulator that counts what reaches it: ``connections`` accepted and
     ``bytes_sent`` from the client towards vSphere. Point a target's ``port`` at ``relay.port``; a
@@ -172,7 +234,11 @@ class CountingRelay:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.upstream)
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:  # the simulator is gone (teardown): the client sees its connection close
+                client.close()
+                continue
             with self._lock:
                 self.connections += 1
                 self._sockets += [client, upstream]

@@ -1,143 +1,34 @@
-"""The task waiter and the mutation plumbing (gateway/vsphere/tasks.py, gateway/vsphere/actions.py).
+"""The task waiter and the mutation plumbing (gateway/vsphere/tasks.py, gateway/vsphere/actions/).
 
 Against a fresh simulator per test: progress relayed from a slowly running task, vSphere errors,
 deadlines (outcome unknown for destructive tasks, timeout for writes), the private collector and
 filter destroyed on every path, and session expiry re-run only before anything changed. Pure
 helpers (ISO paths, bulk name patterns) get table tests.
-
-``Rig`` and ``start_rig`` are shared with test_write_tools.py and test_destructive_tools.py.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pyVim import connect
 from pyVmomi import vim, vmodl
-from simulator import Simulator, find_vm, pyvmomi_connect, read_properties, wait_until
+from simulator import Simulator, wait_until
+from vsphere_rig import Rig, start_rig
 
 from gateway import errors
-from gateway.config import Credentials, Target
-from gateway.guard.decision import Verdict
 from gateway.tools.destructive import DELETE_VM, UNREGISTER_VM
-from gateway.tools.spec import Plan, ToolSpec
 from gateway.tools.write import CLONE, POWER_OFF, POWER_ON
-from gateway.vsphere import actions, inventory
-from gateway.vsphere.pool import SessionPool, VSphereSession
+from gateway.vocabulary import Plan
+from gateway.vsphere.actions import bulk, execution, hardware, planning, power
+from gateway.vsphere.collector import managed_object
+from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.tasks import wait_for_task
 
 MakeSimulator = Callable[..., Simulator]
 CLUSTER_VM = "DC0_C0_RP0_VM0"
-Progress = list[tuple[float, str]]
-
-
-@dataclass
-class Rig:
-    """A fresh simulator, a session pool on it, and a separate pyVmomi session to read effects back."""
-
-    sim: Simulator
-    pool: SessionPool
-    si: Any
-    progress: Progress = field(default_factory=list)
-
-    def run(self, fn: Callable[[VSphereSession], Any]) -> Any:
-        return self.pool.run(fn)
-
-    def vm(self, name: str) -> Any:
-        return find_vm(self.si, name)
-
-    def props(self, obj: Any, *paths: str) -> dict[str, Any]:
-        return read_properties(self.si, obj, *paths)
-
-    def moid(self, name: str) -> str:
-        return str(self.vm(name)._moId)
-
-    def vm_names(self) -> set[str]:
-        return set(self.sim.vm_names())
-
-    def last_task(self) -> str | None:
-        recent = self.props(self.si.content.taskManager, "recentTask").get("recentTask") or []
-        return str(recent[-1]._moId) if recent else None
-
-    def plan(self, spec: ToolSpec, **args: Any) -> Plan:
-        valid = spec.validate({"target": "sim", **args})
-        assert spec.plan is not None
-        plan_fn = spec.plan
-        return self.run(lambda s: plan_fn(s, valid))  # type: ignore[no-any-return]
-
-    def plan_checked(self, spec: ToolSpec, **args: Any) -> Plan:
-        """Plan, then raise the first precondition the plan records (``Plan.unmet``: a state, or an
-        argument naming nothing the VM has) as the error the pipeline answers once the call is
-        authorized (``InvalidState``, ``InvalidArgument``, ``Ambiguous``)."""
-        plan = self.plan(spec, **args)
-        if plan.unmet:
-            first = plan.unmet[0]
-            Verdict(False, first.message, "state", first.code, details=dict(first.details)).raise_if_refused()
-        return plan
-
-    def execute(self, spec: ToolSpec, plan: Plan, *, auto_snapshot: bool = False) -> dict[str, Any]:
-        """Execute like the pipeline does: ``auto_snapshot`` set from policy on tools that declare it."""
-        assert spec.execute is not None
-        execute_fn = spec.execute
-        plan = replace(plan, params={**plan.params, "auto_snapshot": auto_snapshot and spec.snapshot_before})
-        return self.run(lambda s: execute_fn(s, plan, self.record))  # type: ignore[no-any-return]
-
-    def call(self, spec: ToolSpec, *, auto_snapshot: bool = False, **args: Any) -> dict[str, Any]:
-        return self.execute(spec, self.plan(spec, **args), auto_snapshot=auto_snapshot)
-
-    def record(self, fraction: float, message: str) -> None:
-        self.progress.append((fraction, message))
-
-    def snapshots(self, name: str) -> tuple[list[dict[str, Any]], str | None]:
-        """(flattened snapshot rows, current snapshot moid) read through the PropertyCollector."""
-        info = self.props(self.vm(name), "snapshot").get("snapshot")
-        if info is None:
-            return [], None
-        current = info.currentSnapshot._moId if info.currentSnapshot is not None else None
-        return inventory.flatten_snapshots(info.rootSnapshotList, current), current
-
-    def snapshot_names(self, name: str) -> list[str]:
-        return [row["name"] for row in self.snapshots(name)[0]]
-
-    def take_snapshot(self, vm_name: str, snap: str) -> str:
-        """A snapshot taken directly with pyVmomi (bypassing the gateway's rules, e.g. duplicate names)."""
-        vm = self.vm(vm_name)
-        vm.CreateSnapshot_Task(name=snap, description="", memory=False, quiesce=False)
-        return str(wait_until(lambda: self._snapshot_moid(vm_name, snap), what=f"snapshot {snap}"))
-
-    def _snapshot_moid(self, vm_name: str, snap: str) -> str | None:
-        rows = [r for r in self.snapshots(vm_name)[0] if r["name"] == snap]
-        return str(rows[-1]["moid"]) if rows else None
-
-    def power(self, name: str) -> str:
-        return str(self.props(self.vm(name), "runtime.powerState")["runtime.powerState"])
-
-
-def start_rig(make_simulator: MakeSimulator, *, timeout_seconds: float = 30, **options: Any) -> Iterator[Rig]:
-    """By default a cluster of two hosts (VMs DC0_C0_RP0_VM0..1), a standalone host DC0_H0 (VMs
-    DC0_H0_VM0..1) and datastores LocalDS_0..1, with a pool and a pyVmomi session; all closed afterwards.
-    ``timeout_seconds`` is the target's socket timeout."""
-    sim = make_simulator(**{"standalone_hosts": 1, "datastores": 2, **options})
-    target = Target(name="sim", host=sim.host, port=sim.port, credential_env_prefix="SIM", insecure=True,
-                    timeout_seconds=timeout_seconds)
-    pool = SessionPool(target, Credentials(sim.user, sim.password))
-    si = pyvmomi_connect(sim)
-    try:
-        yield Rig(sim, pool, si)
-    finally:
-        pool.close()
-        disconnect: Any = connect.Disconnect  # untyped
-        disconnect(si)
-
-
-@pytest.fixture
-def rig(make_simulator: MakeSimulator) -> Iterator[Rig]:
-    yield from start_rig(make_simulator)
 
 
 def _wait(rig: Rig, vm_name: str, method: str, *, seconds: float, destructive: bool,
@@ -146,7 +37,7 @@ def _wait(rig: Rig, vm_name: str, method: str, *, seconds: float, destructive: b
     moid = rig.moid(vm_name)
 
     def go(s: VSphereSession) -> Any:
-        task = getattr(inventory.managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
+        task = getattr(managed_object(s, vim.VirtualMachine, moid), method)(**kwargs)
         return wait_for_task(session or s, task, deadline=time.monotonic() + seconds,
                              progress=progress or rig.record, destructive=destructive, label=method)
 
@@ -265,7 +156,7 @@ def test_waiter_destroys_its_filter_and_collector_on_every_path(rig: Rig, outcom
     def go(s: VSphereSession) -> None:
         recorder = _RecordingCollectors(s)
         seen.append(recorder)
-        task = inventory.managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
+        task = managed_object(s, vim.VirtualMachine, rig.moid("DC0_H0_VM0")).PowerOffVM_Task()
         try:
             seconds = 30 if outcome == "success" else 0.5
             wait_for_task(recorder.session, task, deadline=time.monotonic() + seconds, progress=rig.record,
@@ -328,11 +219,11 @@ def test_guest_shutdown_waits_for_the_vm_to_be_off(rig: Rig) -> None:
     moid = rig.moid("DC0_H0_VM0")
     plan = Plan("", (), {"vm": moid, "vm_name": "DC0_H0_VM0"})
 
-    why = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
+    why = rig.run(lambda s: power.guest_shutdown(execution.Execution(s, plan, rig.record), 10))
 
     assert why is None
     assert rig.power("DC0_H0_VM0") == "poweredOff"
-    refused = rig.run(lambda s: actions.guest_shutdown(actions.Execution(s, plan, rig.record), 10))
+    refused = rig.run(lambda s: power.guest_shutdown(execution.Execution(s, plan, rig.record), 10))
     assert refused is not None and "refused" in refused  # already off: vSphere refuses, the caller goes hard
 
 
@@ -392,11 +283,11 @@ def _refused_connection_fake(**_kwargs: Any) -> Any:
 def test_a_write_that_was_never_sent_stays_unreachable(rig: Rig) -> None:
     plan = Plan("", (), {"vm": rig.moid("DC0_H0_VM0"), "vm_name": "DC0_H0_VM0"})
 
-    def body(call: actions.Execution) -> dict[str, Any]:
+    def body(call: execution.Execution) -> dict[str, Any]:
         call.invoke(_refused_connection_fake, destructive=False, what="power on")
         return {}
 
-    execute = actions._executor(body)
+    execute = execution._executor(body)
     with pytest.raises(errors.Unreachable) as caught:
         rig.run(lambda s: execute(s, plan, rig.record))
     assert not isinstance(caught.value, errors.OutcomeUnknown)
@@ -426,7 +317,7 @@ def test_clone_names_are_escaped_as_vsphere_escapes_them(rig: Rig, name: str, st
     ("%zz", "%25zz"), ("%2", "%252"), ("plain", "plain"),
 ])
 def test_vsphere_name_escaping(name: str, stored: str) -> None:
-    assert actions.vsphere_name(name) == stored
+    assert planning.vsphere_name(name) == stored
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,7 +330,7 @@ def test_vsphere_name_escaping(name: str, stored: str) -> None:
     ("[ds]image.iso", ("ds", "image.iso")),
 ])
 def test_parse_iso_path_accepts_datastore_paths(value: str, expected: tuple[str, str]) -> None:
-    assert actions.parse_iso_path(value) == expected
+    assert hardware.parse_iso_path(value) == expected
 
 
 @pytest.mark.parametrize("value", [
@@ -447,7 +338,7 @@ def test_parse_iso_path_accepts_datastore_paths(value: str, expected: tuple[str,
 ])
 def test_parse_iso_path_refuses_anything_else_naming_the_field(value: str) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
-        actions.parse_iso_path(value)
+        hardware.parse_iso_path(value)
     assert caught.value.details["field"] == "iso_path"
 
 
@@ -460,11 +351,11 @@ def test_parse_iso_path_refuses_anything_else_naming_the_field(value: str) -> No
     (".*", "anything", True),
 ])
 def test_bulk_name_regex_must_match_the_whole_name(pattern: str, name: str, matches: bool) -> None:
-    assert actions.compile_name_regex(pattern).fullmatch(name) is matches
+    assert bulk.compile_name_regex(pattern).fullmatch(name) is matches
 
 
 @pytest.mark.parametrize("pattern", ["web-(", "x" * 201, "[z-a]"])
 def test_bulk_name_regex_errors_name_the_field(pattern: str) -> None:
     with pytest.raises(errors.InvalidArgument) as caught:
-        actions.compile_name_regex(pattern)
+        bulk.compile_name_regex(pattern)
     assert caught.value.details["field"] == "name_regex"

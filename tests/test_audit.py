@@ -20,24 +20,14 @@ from typing import Any
 import pytest
 
 import gateway
+from gateway.audit.chain import GENESIS, REPAIRED_PHASE, ROTATED_PHASE, canonical_json, row_hash
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.files import checkpoint_path, log_files
+from gateway.audit.query import read_rows, stats
+from gateway.audit.redact import MASK, is_secret_key, redact, redact_text
+from gateway.audit.signing import load_or_create_signing_key, public_key_text
+from gateway.audit.verify import VerifyReport, verify
 from gateway.errors import AuditUnavailable
-from gateway.guard.audit import (
-    GENESIS,
-    REPAIRED_PHASE,
-    ROTATED_PHASE,
-    AuditSink,
-    VerifyReport,
-    canonical_json,
-    checkpoint_path,
-    load_or_create_signing_key,
-    log_files,
-    public_key_text,
-    read_rows,
-    row_hash,
-    stats,
-    verify,
-)
-from gateway.guard.redact import MASK, is_secret_key, redact, redact_text
 
 REPO = Path(gateway.__file__).resolve().parents[1]
 T0 = datetime(2026, 3, 28, 12, 0, tzinfo=UTC)
@@ -397,7 +387,7 @@ _FILL_UP = """
 import json, resource, signal, sys
 from pathlib import Path
 from gateway.errors import AuditUnavailable
-from gateway.guard.audit import AuditSink
+from gateway.audit.file_sink import AuditSink
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
 sink = AuditSink(Path(sys.argv[1]))
@@ -454,7 +444,7 @@ def test_a_log_replaced_under_a_running_writer_shows_as_a_gap(sink: AuditSink, p
 _APPENDER = """
 import sys
 from pathlib import Path
-from gateway.guard.audit import AuditSink
+from gateway.audit.file_sink import AuditSink
 path, name, count, max_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 sink = AuditSink(Path(path), max_bytes=max_bytes, keep=1000)
 print("ready", flush=True)
@@ -1097,7 +1087,7 @@ def test_a_token_passed_off_as_a_correlation_id_is_still_masked(value: str, expe
 # -- metrics: the sink's counters as Prometheus families ----------------------------------------------
 
 def test_the_sinks_counters_are_prometheus_families(path: Path) -> None:
-    from gateway.guard.audit_metrics import audit_families
+    from gateway.audit.metrics import audit_families
     from gateway.server.metrics import Metrics
 
     metrics = Metrics()
@@ -1115,15 +1105,14 @@ def test_the_sinks_counters_are_prometheus_families(path: Path) -> None:
 
 
 def test_a_sink_without_counters_adds_no_family() -> None:
-    from gateway.guard.audit_metrics import audit_families
+    from gateway.audit.metrics import audit_families
 
     assert audit_families(None) == [] and audit_families(object()) == []
 
 
 @pytest.mark.anyio
 async def test_the_servers_metrics_show_the_audit_counters(sim_vc1: Any, tmp_path: Path) -> None:
-    from httpserver import serve  # type: ignore[import-not-found]
-    from test_server_http import real_gateway  # type: ignore[import-not-found]
+    from httpserver import real_gateway, serve
 
     running = serve(tmp_path, real_gateway(sim_vc1, tmp_path))
     try:

@@ -15,20 +15,18 @@ import psycopg
 import pytest
 from postgres import PgServer, discard, start_postgres, wait_for
 
+from gateway.audit.chain import row_hash
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.metrics import audit_families
+from gateway.audit.pg_reader import PgAuditReader
+from gateway.audit.pg_sink import PgAuditSink
+from gateway.audit.query import stats
 from gateway.errors import AuditUnavailable
-from gateway.guard.audit import row_hash
-from gateway.guard.audit_metrics import audit_families
 from gateway.settings import Settings
-from gateway.store.audit_pg import PgAuditReader, PgAuditSink
 from gateway.store.backends import engine_of
 from gateway.store.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -69,7 +67,7 @@ def test_secrets_are_redacted_before_the_row_reaches_the_table(store: PostgresSt
 _APPENDER = """
 import os, sys
 from gateway.store.postgres import PostgresStore
-from gateway.store.audit_pg import PgAuditSink
+from gateway.audit.pg_sink import PgAuditSink
 store = PostgresStore(os.environ["STORE_AT"])
 sink = PgAuditSink(store)
 print("ready", flush=True)
@@ -142,6 +140,28 @@ def test_reader_filters_like_the_file_reader(store: PostgresStore) -> None:
     assert summary["rows"] == 5 and summary["by_tool"] == {"a": 3, "b": 1, "c": 1}
     window = ("2026-11-30T10:01:00.000Z", "2026-11-30T10:05:00.000Z")
     assert (summary["first_ts"], summary["last_ts"]) == window
+
+
+def test_the_table_and_the_file_summarise_the_same_rows_alike(store: PostgresStore, tmp_path: Path) -> None:
+    events = [{"phase": "call", "tool": "a", "caller": "ann", "outcome": "ok"},
+              {"phase": "call", "tool": "b", "caller": "bob", "target": "vc1"},
+              {"phase": "outcome", "tool": "a", "caller": "bob", "outcome": "error"},
+              {"phase": "call", "tool": "c", "caller": "ann", "target": "vc2", "outcome": "ok"}]
+    def clock() -> Iterator[datetime]:
+        return iter([datetime(2026, 11, 30, 10, m, tzinfo=UTC) for m in range(len(events))])
+
+    table_clock, file_clock = clock(), clock()
+    with PgAuditSink(store, clock=lambda: next(table_clock)) as table_sink, \
+            AuditSink(tmp_path / "audit.jsonl", durable=False, clock=lambda: next(file_clock)) as file_sink:
+        for event in events:
+            table_sink.write(event)
+            file_sink.write(event)
+    since = datetime(2026, 11, 30, 10, 1)  # naive: UTC
+    table, file = PgAuditReader(store).stats(since=since), stats(tmp_path / "audit.jsonl", since=since)
+    assert table == file
+    assert (table["rows"], table["first_ts"], table["last_ts"]) == (3, "2026-11-30T10:01:00.000Z",
+                                                                    "2026-11-30T10:03:00.000Z")
+    assert table["by_caller"] == {"ann": 1, "bob": 2} and table["by_outcome"] == {"error": 1, "ok": 1}
 
 
 def test_the_engine_table_picks_the_audit_table_with_postgres_and_the_file_without(
@@ -293,7 +313,7 @@ def test_a_failed_checkpoint_is_counted_and_never_fails_the_row(store: PostgresS
 
 def test_replicas_sharing_one_key_verify_against_it_pinned(store: PostgresStore, pg_url: str,
                                                            tmp_path: Path) -> None:
-    from gateway.guard.audit import load_or_create_signing_key
+    from gateway.audit.signing import load_or_create_signing_key
 
     key_file = tmp_path / "signing.key"
     replicas = [PgAuditSink(store, key_file=key_file, checkpoint_rows=3) for _ in range(2)]

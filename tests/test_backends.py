@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.guard.audit import AuditSink
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.pg_reader import PgAuditReader
+from gateway.audit.pg_sink import PgAuditSink
+from gateway.audit.readers import FileAuditReader
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.settings import Settings
-from gateway.store.audit_pg import PgAuditReader, PgAuditSink
-from gateway.store.audit_read import FileAuditReader
 from gateway.store.backends import ENGINES, engine_of, open_backends
 from gateway.store.instance import Instance
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 import gateway.cli
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.query import read_rows
+from gateway.audit.signing import SIGNING_KEY_NAME
 from gateway.cli import main
 from gateway.cli.audit import parse_when
-from gateway.guard.audit import SIGNING_KEY_NAME, AuditSink, read_rows
 
 NOW = datetime.now(UTC)
 

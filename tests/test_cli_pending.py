@@ -15,7 +15,7 @@ import yaml
 from simulator import complete_rules_text
 
 from gateway.cli import main
-from gateway.store.base import Proposal
+from gateway.proposals import Proposal
 from gateway.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gateway_env import PERMISSIVE, VM0, Env, token_principal
 
 from gateway import cli
+from gateway.audit.verify import verify
 from gateway.auth.tokens import TokenAuthenticator, create_token
 from gateway.cli import main
-from gateway.guard import audit
 from gateway.store import SqliteStore
 
 TOKEN_RE = re.compile(r"gwt_[a-z0-9]{12}_[A-Za-z0-9_-]{43}")
@@ -43,7 +44,7 @@ def create(home: Path, capsys: pytest.CaptureFixture[str], name: str = "ci", rol
 def audit_rows(home: Path) -> list[dict[str, object]]:
     """The rows about tokens (a command that builds the gateway also audits the configuration it loads)."""
     path = home / "audit.jsonl"
-    assert audit.verify(path).ok
+    assert verify(path).ok
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [row for row in rows if row.get("phase") != "config_reload"]
 
@@ -211,3 +212,28 @@ def test_roles_list(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(home, "roles", "list") == 0
     text = capsys.readouterr().out
     assert "vm-operator" in text and "allow_write: power_on_vm" in text
+
+
+# ---------------------------------------------------------------- token revoke cancels the token's proposals
+
+
+@pytest.mark.anyio
+async def test_gateway_token_revoke_cancels_the_tokens_proposals(
+    env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import anyio
+    from simulator import write_targets
+
+    from gateway.cli import main
+
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim}).items():
+        monkeypatch.setenv(key, value)
+    assert await anyio.to_thread.run_sync(main, ["token", "revoke", "agent-r", "--home", str(env.tmp)]) == 0
+    assert proposal["proposal_id"] in capsys.readouterr().out
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "cancelled"
+    (row,) = env.rows(phase="token_revoked")
+    assert row["cancelled_proposals"] == [proposal["proposal_id"]] and row["caller"].startswith("os:")

@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from test_demo import RunningDemo, free_port, read_until
+from processes import RunningDemo, free_port, read_until, start_demo, unavailable
 
 from gateway import demo
 
@@ -40,12 +40,7 @@ def block(language: str, marker: str) -> str:
 @pytest.fixture(scope="module")
 def demo_run(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDemo]:
     port, folder = free_port(), tmp_path_factory.mktemp("clients") / "demo"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
-         "--vcsim", str(vcsim_bin)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process = start_demo(vcsim_bin, port, folder)
     try:
         yield RunningDemo(process, read_until(process, "Ready:", timeout=120), folder, port)
     finally:
@@ -85,10 +80,7 @@ def test_the_python_sdk_program_runs(demo_run: RunningDemo, tmp_path: Path) -> N
 
 def test_the_inspector_cli_commands_run(demo_run: RunningDemo, tmp_path: Path) -> None:
     if shutil.which("npx") is None:
-        why = "Node.js (npx) is not installed; the Inspector needs it (apt-get install nodejs npm)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
+        unavailable("Node.js (npx) is not installed; the Inspector needs it (apt-get install nodejs npm)")
     assert f"npx -y {demo.INSPECTOR} --cli" in demo_run.output, "the demo prints the verified release"
     script = substitute(block("sh", "@modelcontextprotocol/inspector"), demo_run)
     assert script.count(demo.INSPECTOR) == 2
@@ -106,10 +98,7 @@ def test_the_inspector_without_a_token_is_told_to_get_one(demo_run: RunningDemo,
     """The README's promise for a forgotten --header: the gateway's 401 reaches the user, in a terminal (a
     pseudo-terminal from util-linux ``script``) and with --stored-auth-only from a pipe."""
     if shutil.which("npx") is None or shutil.which("script") is None:
-        why = "Node.js (npx) and util-linux script are needed (apt-get install nodejs npm util-linux)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
+        unavailable("Node.js (npx) and util-linux script are needed (apt-get install nodejs npm util-linux)")
     base = f"https://127.0.0.1:{demo_run.port}/mcp"
     command = f"npx -y {demo.INSPECTOR} --cli {base} --transport http --method tools/list"
     env = {**os.environ, "NODE_EXTRA_CA_CERTS": str(demo_run.folder / "tls" / "cert.pem")}

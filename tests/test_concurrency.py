@@ -22,11 +22,6 @@ from gateway.settings import Settings
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def three_target_gateway(tmp: Path, make_simulator: MakeSimulator, silent_port: int, **flags: Any) -> Gateway:
     fast = make_simulator(vms=2)
     slow = make_simulator(vms=2, method_delay={"RetrievePropertiesEx": 400})

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.guard import confirm
-from gateway.store import Proposal, SqliteStore
+from gateway.proposals import IllegalTransition, Proposal
+from gateway.store import SqliteStore
 
 
 def make(**kw: Any) -> Proposal:
@@ -134,7 +135,6 @@ def test_racing_claims_in_several_processes_admit_exactly_one(tmp_path: Path) ->
                                            ("expired", "executing"), ("failed", "executed"),
                                            ("denied", "approved"), ("executing", "pending")])
 def test_the_store_refuses_moves_outside_the_lifecycle_table(tmp_path: Path, start: str, to: str) -> None:
-    from gateway.guard.lifecycle import IllegalTransition
 
     with SqliteStore(tmp_path / "state.db") as store:
         p = make(state=start)

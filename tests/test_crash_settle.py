@@ -21,20 +21,16 @@ from answers import answer_of
 from httpserver import FAST_HASH, Command, https_argv, run_serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from processes import chattr
 from simulator import MakeSimulator, complete_rules, wait_until, write_targets
 
+from gateway.audit.query import read_rows
 from gateway.auth.tokens import create_token
-from gateway.guard.audit import read_rows
 from gateway.server.tls import create_certificate
 from gateway.store import SqliteStore
 
 pytestmark = pytest.mark.anyio
 VM = "DC0_C0_RP0_VM0"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def started(command: Command) -> str:
@@ -146,8 +142,6 @@ async def test_an_outcome_row_lost_with_a_killed_process_is_recovered_at_restart
     """The log turns immutable while a confirmed delete runs: the change finishes, its ``executed`` row
     waits in memory, and the process is killed with it. The restarted gateway finds the proposal
     final in the state store but its row missing from the log, and appends it (``recovered: true``)."""
-    from test_audit_first import _chattr
-
     sim = make_simulator(vms=2)
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -186,7 +180,7 @@ async def test_an_outcome_row_lost_with_a_killed_process_is_recovered_at_restart
             with anyio.fail_after(60):
                 while not any(r.get("proposal_id") == pid for r in read_rows(log, phase="executing")):
                     await anyio.sleep(0.05)
-            _chattr("+i", log)
+            chattr("+i", log)
             frozen = True
         assert not answer["result"].is_error, "the change ran and the caller is told so"
         with SqliteStore(home / "state.db") as store:
@@ -196,7 +190,7 @@ async def test_an_outcome_row_lost_with_a_killed_process_is_recovered_at_restart
         first.process.wait(30)
     finally:
         if frozen:
-            _chattr("-i", log)
+            chattr("-i", log)
         if first.process.poll() is None:
             first.process.kill()
             first.process.wait(30)

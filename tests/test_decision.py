@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.guard.decision import (
     Entry,
     Facts,
@@ -21,7 +20,8 @@ from gateway.guard.decision import (
     token_state,
     tool_permitted,
 )
-from gateway.guard.policy import parse_policy_text
+from gateway.guard.policy.parse import parse_policy_text
+from gateway.role import BUILTIN_ROLES, Role
 from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

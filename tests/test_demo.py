@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import ssl
@@ -15,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +24,14 @@ from answers import answer_of
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from processes import RunningDemo, free_port, read_until, start_demo
 
 from gateway import demo
 from gateway.auth.roles import RoleBook
-from gateway.guard.policy import Policy
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.store import PolicyStore
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def descendants(pid: int) -> set[int]:
@@ -72,48 +64,11 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@dataclass
-class RunningDemo:
-    process: subprocess.Popen[bytes]
-    output: str
-    folder: Path
-    port: int
-
-    def token(self, name: str) -> str:
-        match = re.search(rf"{name} \(\w+\): (gwt_\S+)", self.output)
-        assert match, self.output
-        return match.group(1)
-
-
-def read_until(process: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
-    """stdout of ``process`` up to and including the line holding ``marker``; fail on exit or timeout."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout
-    text = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while marker.encode() not in text or not text.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(f"no {marker!r} within {timeout}s; output so far:\n{text.decode()}")
-            if selector.select(remaining):
-                chunk = os.read(process.stdout.fileno(), 65536)
-                if not chunk:
-                    pytest.fail(f"the demo exited ({process.wait()}) before {marker!r}:\n{text.decode()}")
-                text += chunk
-    return text.decode()
-
-
 @pytest.fixture
 def running_demo(vcsim_bin: Path, tmp_path: Path) -> Iterator[RunningDemo]:
     port = free_port()
     folder = tmp_path / "demo"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
-         "--vcsim", str(vcsim_bin)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process = start_demo(vcsim_bin, port, folder)
     try:
         yield RunningDemo(process, read_until(process, "Ready:", timeout=120), folder, port)
     finally:

@@ -18,9 +18,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,43 +31,23 @@ import anyio
 import httpx2
 import pytest
 import yaml
-from argon2 import PasswordHasher
+from httpserver import FAST_HASH, GATEWAY_MAIN
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import MakeSimulator, Simulator, wait_until, write_targets
+from processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
+from simulator import MakeSimulator, Simulator, write_targets
 
 from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
 from gateway.cli import build_parser
 from gateway.config import parse_targets
-from gateway.guard.policy import Policy
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.store import PolicyStore
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
-GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"
-FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
-
-
-def need(tool: str, package: str) -> str:
-    """The path of ``tool``; skip (fail under CI=true) naming the Debian package when it is missing."""
-    candidates = (shutil.which(tool), f"/usr/sbin/{tool}", f"/sbin/{tool}")
-    path = next((p for p in candidates if p and Path(p).is_file()), None)
-    if path is None:
-        reason = f"{tool} is not installed (Debian: apt-get install {package})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def accepts_serve(argv: list[str]) -> None:
@@ -122,36 +99,11 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ nginx
 
-NGINX_MAIN = """\
-daemon off;
-master_process off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log info;
-events {{ worker_connections 128; }}
-http {{
-    log_format ids '$request_id $status $request_uri';
-    access_log {tmp}/access.log ids;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    include {tmp}/gateway.conf;
-}}
-"""
-
 
 def nginx_site(upstream_port: int, listen_port: int, cert: Path, key: Path) -> str:
     """deploy/nginx/gateway.conf with its addresses, name and certificate paths made local."""
-    text = (DEPLOY / "nginx" / "gateway.conf").read_text()
-    swaps = {"server 127.0.0.1:8080;": f"server 127.0.0.1:{upstream_port};",
-             "listen 443 ssl;": f"listen 127.0.0.1:{listen_port} ssl;",
-             "server_name gateway.example.com;": "server_name localhost;",
-             "/etc/nginx/tls/gateway.crt": str(cert), "/etc/nginx/tls/gateway.key": str(key)}
-    for old, new in swaps.items():
-        assert old in text, f"the nginx recipe no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    return text
+    upstream = {"server 127.0.0.1:8080;": f"server 127.0.0.1:{upstream_port};"}
+    return local_nginx_recipe("gateway.conf", upstream, listen_port, cert, key)
 
 
 def serve_command_in(recipe: Path) -> list[str]:
@@ -176,25 +128,6 @@ class Proxied:
     def request_ids(self) -> set[str]:
         """The $request_id of every request nginx logged."""
         return {line.split()[0] for line in self.access_log.read_text().splitlines() if line.strip()}
-
-
-def wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
-    def listening() -> bool:
-        assert process.poll() is None, log.read_text(errors="replace")
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_until(listening, timeout=60, interval=0.1, what=f"a listener on port {port}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @pytest.fixture

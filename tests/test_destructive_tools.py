@@ -7,13 +7,12 @@ unknown, and bulk runs that stop at the first failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from pyVmomi import vim
-from simulator import Simulator, wait_until
-from test_actions import Rig, start_rig
+from simulator import wait_until
+from vsphere_rig import Rig
 
 from gateway import errors
 from gateway.tools.destructive import (
@@ -25,16 +24,12 @@ from gateway.tools.destructive import (
     REVERT_SNAPSHOT,
     UNREGISTER_VM,
 )
-from gateway.tools.spec import Category, by_name
-from gateway.vsphere.actions import SAFETY_PREFIX
+from gateway.tools.spec import by_name
+from gateway.vocabulary import Category
+from gateway.vsphere.actions.safety import SAFETY_PREFIX
 
 VM = "DC0_H0_VM0"
 OTHER = "DC0_H0_VM1"
-
-
-@pytest.fixture
-def rig(make_simulator: Callable[..., Simulator]) -> Iterator[Rig]:
-    yield from start_rig(make_simulator)
 
 
 def _power_off(rig: Rig, *names: str) -> None:

@@ -3,11 +3,14 @@
 The application under test is the real one (``build_app``) with real tokens in a real SQLite store
 and real metrics; only the call pipeline is a stand-in (``StandInGateway``), since nothing here
 reaches a tool. Requests go through httpx2's ASGI transport, or raw ASGI messages where a test needs
-to control how the body arrives.
+to control how the body arrives. Last, refused tokens in the audit (``RefusalAudit``): a revoked or
+expired token's refusal row names the token's id and why, aggregated per (address, reason), over the
+real HTTPS server in front of the real gateway.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -18,12 +21,13 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from argon2 import PasswordHasher
+from httpserver import FAST_HASH, Served, audit_rows, build_gateway, serve
+from simulator import Simulator, wait_until
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.answer import Answer
-from gateway.auth.tokens import Principal, TokenAuthenticator, Verdict, create_token
+from gateway.auth.tokens import Principal, TokenAuthenticator, Verdict, create_token, parse_token_id
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument
 from gateway.server.app import build_app, self_check
@@ -41,12 +45,6 @@ from gateway.store.sqlite import SqliteStore
 from gateway.tools.spec import ToolSpec
 
 pytestmark = pytest.mark.anyio
-FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)  # verification reads the hash's cost
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class _Role:
@@ -562,3 +560,43 @@ async def test_tokens_not_yet_proven_have_their_own_budget_that_a_proven_token_s
     answers["after"] = await status(made_up[2])
     assert answers == {"held": 401, "second made-up": 503, "proven": 200, "after": 401}
     assert 'gateway_auth_failures_total{reason="busy"} 1.0' in metrics.render()
+
+
+# ---------------------------------------------------------------- refused tokens in the audit, over HTTPS
+
+
+@pytest.fixture
+def served(sim_vc1: Simulator, tmp_path: Path) -> Iterator[Served]:
+    running = serve(tmp_path, build_gateway(tmp_path, sim_vc1), edge={"refusal_audit_seconds": 0.2})
+    yield running
+    running.stop()
+    anyio.run(running.gateway.close)
+
+
+def test_revoked_and_expired_tokens_are_audited_by_id_and_reason(served: Served) -> None:
+    store = served.gateway.store
+    revoked = served.tokens["bob"]
+    store.update_token("bob", revoked=True)
+    expired, expired_rec = create_token(store, "old-ci", "reader", expires_in=60, now=time.time() - 120,
+                                        hasher=FAST_HASH)
+    revoked_id = parse_token_id(revoked)
+
+    async def knock() -> list[int]:
+        statuses = []
+        for token in (revoked, revoked, revoked, expired, expired):
+            async with served.http(token) as http:
+                statuses.append((await http.get("/metrics")).status_code)
+        return statuses
+
+    assert anyio.run(knock) == [401] * 5
+
+    def refusals() -> list[dict[str, Any]]:
+        return [r for r in audit_rows(served.gateway) if r["phase"] == "token_refused"]
+
+    wait_until(lambda: sum(r["count"] for r in refusals()) >= 5, timeout=30, what="refusal rows")
+    by_reason = {r["reason"]: r for r in refusals()}
+    assert set(by_reason) == {"revoked", "expired"}, refusals()
+    assert by_reason["revoked"]["count"] == 3 and by_reason["revoked"]["token_ids"] == [revoked_id]
+    assert by_reason["expired"]["count"] == 2 and by_reason["expired"]["token_ids"] == [expired_rec.token_id]
+    text = json.dumps(refusals())
+    assert all(t.split("_", 2)[2] not in text for t in (revoked, expired)), "never the secret"

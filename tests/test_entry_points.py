@@ -25,7 +25,6 @@ from argon2 import PasswordHasher
 from simulator import Simulator, complete_rules_text, write_targets
 
 from gateway.auth.local import os_person
-from gateway.auth.roles import BUILTIN_ROLES, Role
 from gateway.auth.tokens import Principal, create_token
 from gateway.cli import main
 from gateway.errors import GatewayError
@@ -40,7 +39,8 @@ from gateway.guard.decision import (
     proposal_rights,
     sees_target_addresses,
 )
-from gateway.guard.policy import parse_policy_text
+from gateway.guard.policy.parse import parse_policy_text
+from gateway.role import BUILTIN_ROLES, Role
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Category, Kind, Risk
@@ -93,17 +93,12 @@ TOOLS: dict[str, tuple[Category, Risk, dict[str, Any], tuple[tuple[str, Category
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Rig:
     gw: Gateway
     home: Path
     serial: int = 0
-    #: the rules in force: a broken file keeps the last good ones (gateway.guard.policy_store)
+    #: the rules in force: a broken file keeps the last good ones (gateway.guard.policy.store)
     in_force: str = "builtin"
     #: the environment the gateway's settings were read from (credentials), for the CLI
     env: dict[str, str] = field(default_factory=dict)

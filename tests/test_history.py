@@ -15,7 +15,7 @@ from simulator import MakeSimulator, Simulator, open_pool, wait_until
 from gateway import errors
 from gateway.guard.patterns import compile_user_regex
 from gateway.vsphere import history as h
-from gateway.vsphere import inventory as inv
+from gateway.vsphere import resolve
 from gateway.vsphere.history import Record, Window
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
@@ -185,7 +185,7 @@ def vc(make_simulator: MakeSimulator) -> Iterator[SessionPool]:
 
 def post(session: VSphereSession, vm_name: str, kind: Any, **fields: Any) -> None:
     """Post one event about ``vm_name`` (the simulator stamps key, time and user)."""
-    vm = inv.resolve_vm(session, vm_name)
+    vm = resolve.resolve_vm(session, vm_name)
     argument = vim.event.VmEventArgument(vm=vm.managed_object(session), name=vm.name)
     event = kind(key=0, chainId=0, createdTime=datetime.now(UTC), userName="", vm=argument, **fields)
     session.content.eventManager.PostEvent(event)
@@ -273,7 +273,7 @@ def test_a_window_busier_than_max_scan_raises_rather_than_truncating(vc: Session
 
 def _run_task(session: VSphereSession, vm_name: str, method: str, *args: Any) -> str:
     """Run one VM task and wait for it through the PropertyCollector; returns the task's key."""
-    vm = inv.resolve_vm(session, vm_name).managed_object(session)
+    vm = resolve.resolve_vm(session, vm_name).managed_object(session)
     task = getattr(vm, method)(*args)
     spec = vmodl.query.PropertyCollector.FilterSpec(
         objectSet=[vmodl.query.PropertyCollector.ObjectSpec(obj=task)],
@@ -330,7 +330,7 @@ def test_tasks_are_read_from_a_task_history_collector_on_real_tasks(make_simulat
 def test_a_busy_task_window_raises_rather_than_truncating(make_simulator: MakeSimulator) -> None:
     pool = open_pool("vc", make_simulator(vms=1))
     try:
-        moid = pool.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM0").moid)
+        moid = pool.run(lambda s: resolve.resolve_vm(s, "DC0_C0_RP0_VM0").moid)
         for i in range(12):
             pool.run(lambda s, i=i: _run_task(s, moid, "Rename_Task", f"n{i}"))
         with pytest.raises(errors.ScanLimitReached):

@@ -14,9 +14,9 @@ from answers import answer_of
 from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from simulator import Simulator
 
+from gateway.audit.bounds import bounded
 from gateway.auth.tokens import Principal
 from gateway.errors import InvalidArgument
-from gateway.guard.audit import bounded
 from gateway.guard.inputs import storable_text, unstorable_field
 
 ADMIN = Principal(name="agent-a", role="admin", surface="test")

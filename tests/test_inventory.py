@@ -23,9 +23,10 @@ from simulator import (
 )
 
 from gateway import errors
-from gateway.vsphere import inventory as inv
-from gateway.vsphere.inventory import ObjectProps, Page, VmQuery
+from gateway.vsphere import access, collector, details, listings, resolve, soap_scan
+from gateway.vsphere.listings import VmQuery
 from gateway.vsphere.pool import SessionPool, VSphereSession
+from gateway.vsphere.soap_scan import ObjectProps, Page
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -100,7 +101,7 @@ def test_decoder_reads_scalars_references_arrays_and_missing_paths() -> None:
         '<missingSet><path>guest.customizationInfo</path><fault xsi:type="InvalidProperty"><name>x</name>'
         '</fault></missingSet></objects></returnval></RetrievePropertiesExResponse>'
     )
-    page = inv.parse_retrieve_result(reply(body))
+    page = soap_scan.parse_retrieve_result(reply(body))
     assert page.token == "page-2"
     [vm] = page.objects
     assert (vm.type, vm.moid, vm.missing) == ("VirtualMachine", "vm-7", ("guest.customizationInfo",))
@@ -114,15 +115,15 @@ def test_decoder_reads_scalars_references_arrays_and_missing_paths() -> None:
 
 def test_decoder_answers_empty_replies_and_refuses_data_objects() -> None:
     empty = reply('<RetrievePropertiesExResponse xmlns="urn:vim25"/>')
-    assert inv.parse_retrieve_result(empty) == Page([], None)
+    assert soap_scan.parse_retrieve_result(empty) == Page([], None)
     complex_value = (
         '<RetrievePropertiesExResponse xmlns="urn:vim25"><returnval><objects>'
         '<obj type="VirtualMachine">vm-1</obj><propSet><name>summary</name>'
         '<val xsi:type="VirtualMachineSummary"><overallStatus>green</overallStatus></val></propSet>'
         '</objects></returnval></RetrievePropertiesExResponse>'
     )
-    with pytest.raises(inv.ComplexValueError, match="summary"):
-        inv.parse_retrieve_result(reply(complex_value))
+    with pytest.raises(soap_scan.ComplexValueError, match="summary"):
+        soap_scan.parse_retrieve_result(reply(complex_value))
 
 
 def _objects(props: dict[str, str] | None = None, moid: str = "vm-1", kind: str = "VirtualMachine",
@@ -194,10 +195,10 @@ def _outcome(decode: Callable[[bytes], Page], body: bytes) -> Page | str:
 @pytest.mark.parametrize("name", [*_SCANNED, *_DEFERRED])
 def test_scanner_agrees_with_elementtree(name: str) -> None:
     body = {**_SCANNED, **_DEFERRED}[name]
-    scanned = inv.scan_retrieve_result(body)
+    scanned = soap_scan.scan_retrieve_result(body)
     assert (scanned is not None) == (name in _SCANNED)
-    tree = _outcome(inv.parse_retrieve_tree, body)
-    assert _outcome(inv.parse_retrieve_result, body) == tree
+    tree = _outcome(soap_scan.parse_retrieve_tree, body)
+    assert _outcome(soap_scan.parse_retrieve_result, body) == tree
     if scanned is not None:
         assert scanned == tree
 
@@ -206,16 +207,16 @@ def test_scanner_agrees_with_elementtree(name: str) -> None:
                          + [(n, 1) for n in list(_DEFERRED)[:3]])
 def test_replies_left_to_elementtree_are_counted(name: str, counted: int) -> None:
     body = {**_SCANNED, **_DEFERRED}[name]
-    before = inv.DECODER.fallbacks
-    _outcome(inv.parse_retrieve_result, body)
-    assert inv.DECODER.fallbacks - before == counted
+    before = soap_scan.DECODER.fallbacks
+    _outcome(soap_scan.parse_retrieve_result, body)
+    assert soap_scan.DECODER.fallbacks - before == counted
 
 
 def test_scanner_reads_references_and_line_ends_as_xml_does() -> None:
-    page = inv.scan_retrieve_result(_SCANNED["references"])
+    page = soap_scan.scan_retrieve_result(_SCANNED["references"])
     assert page is not None
     assert page.objects[0].props == {"name": 'a & b <c> AB"', "cr": "a\nb\nc\r", "host": "host-1"}
-    tokens = inv.scan_retrieve_result(_SCANNED["tokens and non-ASCII"])
+    tokens = soap_scan.scan_retrieve_result(_SCANNED["tokens and non-ASCII"])
     assert tokens is not None and tokens.token == "t&1" and tokens.objects[0].moid == "vm&2"
 
 
@@ -231,7 +232,8 @@ def test_collect_pages_follows_every_token() -> None:
         asked.append(token)
         return pages[token]
 
-    result = inv.collect_pages(Page([obj("vm-1")], "t1"), more, lambda _t: pytest.fail("nothing to cancel"))
+    result = collector.collect_pages(Page([obj("vm-1")], "t1"), more,
+                                     lambda _t: pytest.fail("nothing to cancel"))
     assert [o.moid for o in result] == ["vm-1", "vm-2", "vm-3"]
     assert asked == ["t1", "t2"]
 
@@ -243,7 +245,7 @@ def test_collect_pages_cancels_the_outstanding_token_when_a_page_fails() -> None
         raise OSError("connection dropped")
 
     with pytest.raises(OSError):
-        inv.collect_pages(Page([obj("vm-1")], "t1"), more, cancelled.append)
+        collector.collect_pages(Page([obj("vm-1")], "t1"), more, cancelled.append)
     assert cancelled == ["t1"]
 
 
@@ -258,7 +260,7 @@ def test_folder_tree_builds_paths_below_the_root() -> None:
         ObjectProps("Folder", "f-vm", {"name": "vm", "parent": "dc-1"}),
         ObjectProps("Folder", "f-prod", {"name": "prod", "parent": "f-vm"}),
     ]
-    tree = inv.FolderTree.from_objects(objects, "group-d1")
+    tree = resolve.FolderTree.from_objects(objects, "group-d1")
     assert tree.path("f-prod") == "/DC0/vm/prod"
     assert tree.path("f-vm") == "/DC0/vm"
     assert tree.path("vapp-1") is None
@@ -275,7 +277,7 @@ def test_folder_tree_builds_paths_below_the_root() -> None:
     (None, "prod", False),
 ])
 def test_folder_filter_takes_paths_or_names(path: str | None, wanted: str, expected: bool) -> None:
-    assert inv.folder_matches(path, wanted) is expected
+    assert resolve.folder_matches(path, wanted) is expected
 
 
 def _vm(moid: str, name: str, created: datetime | None, power: str = "poweredOn") -> ObjectProps:
@@ -306,18 +308,18 @@ SWEPT = [
     (VmQuery(regex=re.compile("web"), power_state="poweredOn"), ["web-1"]),
 ])
 def test_vm_filters_combine(query: VmQuery, names: list[str]) -> None:
-    result = inv.vm_rows(SWEPT, query, "group-d1")
+    result = listings.vm_rows(SWEPT, query, "group-d1")
     assert [row["name"] for row in result["vms"]] == names
     assert result["count"] == len(names)
 
 
 def test_vm_rows_shape_columns_limit_and_undated_vms() -> None:
-    result = inv.vm_rows(SWEPT, VmQuery(fields=("name", "host", "created_at"), limit=1,
+    result = listings.vm_rows(SWEPT, VmQuery(fields=("name", "host", "created_at"), limit=1,
                                         created_before=T0 + timedelta(days=30)), "group-d1")
     assert result == {"count": 2, "truncated": True, "without_created_at": 1,
                       "vms": [{"name": "web-1", "host": "esx-a", "created_at": "2025-01-01T00:00:00+00:00"}]}
     with pytest.raises(errors.InvalidArgument, match="colour"):
-        inv.vm_rows(SWEPT, VmQuery(fields=("name", "colour")), "group-d1")
+        listings.vm_rows(SWEPT, VmQuery(fields=("name", "colour")), "group-d1")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,11 +327,11 @@ def test_vm_rows_shape_columns_limit_and_undated_vms() -> None:
 
 
 def test_list_vms_rows_agree_with_the_simulator(vc1: SessionPool, sim_vc1: Simulator) -> None:
-    result = vc1.run(lambda s: inv.list_vms(s, VmQuery()))
+    result = vc1.run(lambda s: listings.list_vms(s, VmQuery()))
     truth = {vm["moid"]: vm for vm in sim_vc1.inventory()["vms"]}
     assert result["count"] == len(truth) == 4
     for row in result["vms"]:
-        assert set(row) == set(inv.DEFAULT_VM_FIELDS)
+        assert set(row) == set(listings.DEFAULT_VM_FIELDS)
         known = truth[row["moid"]]
         assert (row["name"], row["power_state"], row["connection_state"]) == (
             known["name"], known["power_state"], known["connection_state"])
@@ -341,33 +343,34 @@ def test_list_vms_rows_agree_with_the_simulator(vc1: SessionPool, sim_vc1: Simul
 @pytest.mark.parametrize("pool_name", ["vc1", "esx"])
 def test_fast_decoder_and_pyvmomi_decoder_agree(pool_name: str, request: pytest.FixtureRequest) -> None:
     pool: SessionPool = request.getfixturevalue(pool_name)
-    everything = VmQuery(fields=tuple(inv.VM_COLUMNS))
-    fast = pool.run(lambda s: inv.list_vms(s, everything))
-    slow = pool.run(lambda s: inv.list_vms(s, everything, fast=False))
+    everything = VmQuery(fields=tuple(listings.VM_COLUMNS))
+    fast = pool.run(lambda s: listings.list_vms(s, everything))
+    slow = pool.run(lambda s: listings.list_vms(s, everything, fast=False))
     assert fast == slow
     assert fast["count"] == 4 if pool_name == "vc1" else 2
 
 
 def test_the_simulators_replies_take_the_scanner(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
     replies: list[bytes] = []
-    send = inv.soap_call
+    send = collector.soap_call
 
     def recording(*args: Any) -> bytes:
         replies.append(send(*args))
         return replies[-1]
 
-    monkeypatch.setattr(inv, "soap_call", recording)
-    vc1.run(lambda s: inv.list_vms(s, VmQuery(fields=tuple(inv.VM_COLUMNS))))
+    monkeypatch.setattr(collector, "soap_call", recording)
+    vc1.run(lambda s: listings.list_vms(s, VmQuery(fields=tuple(listings.VM_COLUMNS))))
     assert replies
     for body in replies:
-        scanned = inv.scan_retrieve_result(body)
-        assert scanned is not None and scanned == inv.parse_retrieve_tree(body)
+        scanned = soap_scan.scan_retrieve_result(body)
+        assert scanned is not None and scanned == soap_scan.parse_retrieve_tree(body)
 
 
 def test_fast_path_raises_the_targets_own_fault(vc1: SessionPool) -> None:
     def read_gone_vm(session: VSphereSession, fast: bool) -> Any:
-        gone = inv.managed_object(session, vim.VirtualMachine, "vm-999999")
-        return inv.retrieve(session, inv.object_spec(gone, {vim.VirtualMachine: ("name",)}), fast=fast)
+        gone = collector.managed_object(session, vim.VirtualMachine, "vm-999999")
+        spec = collector.object_spec(gone, {vim.VirtualMachine: ("name",)})
+        return collector.retrieve(session, spec, fast=fast)
 
     for fast in (True, False):
         with pytest.raises(errors.NotFound, match="ManagedObjectNotFound"):
@@ -380,8 +383,8 @@ def test_list_vms_costs_the_same_requests_for_10_and_300_vms(make_simulator: Mak
         sim = make_simulator(clusters=1, hosts_per_cluster=2, standalone_hosts=0, vms=count)
         pool = open_pool(f"vc{count}", sim)
         try:
-            query = VmQuery(fields=tuple(inv.VM_COLUMNS), regex=re.compile("VM"))
-            result, methods = logged(pool, functools.partial(inv.list_vms, query=query))
+            query = VmQuery(fields=tuple(listings.VM_COLUMNS), regex=re.compile("VM"))
+            result, methods = logged(pool, functools.partial(listings.list_vms, query=query))
         finally:
             pool.close()
         assert result["count"] == count
@@ -395,59 +398,59 @@ def test_list_vms_costs_the_same_requests_for_10_and_300_vms(make_simulator: Mak
 
 
 def test_resolve_vm_by_name_and_by_moid_gives_the_same_facts(vc1: SessionPool) -> None:
-    by_name = vc1.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM0"))
-    by_moid = vc1.run(lambda s: inv.resolve_vm(s, by_name.moid))
+    by_name = vc1.run(lambda s: resolve.resolve_vm(s, "DC0_C0_RP0_VM0"))
+    by_moid = vc1.run(lambda s: resolve.resolve_vm(s, by_name.moid))
     assert by_name == by_moid
     assert (by_name.folder, by_name.datacenter, by_name.cluster, by_name.resource_pool) == (
         "/DC0/vm", "DC0", "DC0_C0", "Resources")
     assert by_name.host in ("DC0_C0_H0", "DC0_C0_H1")
     assert (by_name.power_state, by_name.connection_state) == ("poweredOn", "connected")
-    standalone = vc1.run(lambda s: inv.resolve_vm(s, "DC0_H0_VM1"))
+    standalone = vc1.run(lambda s: resolve.resolve_vm(s, "DC0_H0_VM1"))
     assert (standalone.host, standalone.cluster) == ("DC0_H0", None)
 
 
 def test_resolve_vm_costs_one_sweep_and_one_facts_read(vc1: SessionPool) -> None:
-    _ref, methods = logged(vc1, lambda s: inv.resolve_vm(s, "DC0_H0_VM0"))
+    _ref, methods = logged(vc1, lambda s: resolve.resolve_vm(s, "DC0_H0_VM0"))
     assert methods == ["CreateContainerView", "RetrievePropertiesEx", "DestroyView", "RetrievePropertiesEx"]
 
 
 def test_unknown_vm_names_the_target_and_the_list_tool(vc1: SessionPool) -> None:
     with pytest.raises(errors.NotFound) as caught:
-        vc1.run(lambda s: inv.resolve_vm(s, "dc0_c0_rp0_vm0"))
+        vc1.run(lambda s: resolve.resolve_vm(s, "dc0_c0_rp0_vm0"))
     assert "'vc1'" in caught.value.message and "list_vms" in caught.value.message
     assert caught.value.code == "not_found"
 
 
 def test_resolve_on_esx(esx: SessionPool) -> None:
-    vm = esx.run(lambda s: inv.resolve_vm(s, "ha-host_VM0"))
+    vm = esx.run(lambda s: resolve.resolve_vm(s, "ha-host_VM0"))
     assert (vm.folder, vm.datacenter, vm.resource_pool, vm.cluster) == (
         "/ha-datacenter/vm", "ha-datacenter", "Resources", None)
-    host = esx.run(lambda s: inv.resolve_host(s, "ha-host"))
+    host = esx.run(lambda s: resolve.resolve_host(s, "ha-host"))
     assert host.name == vm.host and host.cluster is None
-    pool = esx.run(lambda s: inv.resolve_pool(s, "Resources"))
+    pool = esx.run(lambda s: resolve.resolve_pool(s, "Resources"))
     assert pool.owner_moid == "ha-compute-res"
 
 
 def test_resolvers_for_hosts_datastores_networks_pools_folders(vc1: SessionPool) -> None:
-    host = vc1.run(lambda s: inv.resolve_host(s, "DC0_C0_H1"))
+    host = vc1.run(lambda s: resolve.resolve_host(s, "DC0_C0_H1"))
     assert (host.cluster, host.connection_state, host.in_maintenance) == ("DC0_C0", "connected", False)
-    assert vc1.run(lambda s: inv.resolve_host(s, host.moid)) == host
-    ds = vc1.run(lambda s: inv.resolve_datastore(s, "LocalDS_1"))
+    assert vc1.run(lambda s: resolve.resolve_host(s, host.moid)) == host
+    ds = vc1.run(lambda s: resolve.resolve_datastore(s, "LocalDS_1"))
     assert ds.accessible is True and ds.capacity_bytes and ds.free_bytes
-    assert vc1.run(lambda s: inv.resolve_datastore(s, ds.moid)).name == "LocalDS_1"
-    net = vc1.run(lambda s: inv.resolve_network(s, "DC0_DVPG0"))
+    assert vc1.run(lambda s: resolve.resolve_datastore(s, ds.moid)).name == "LocalDS_1"
+    net = vc1.run(lambda s: resolve.resolve_network(s, "DC0_DVPG0"))
     assert net.type == "dvs.DistributedVirtualPortgroup"
-    assert vc1.run(lambda s: inv.resolve_network(s, "VM Network")).type == "Network"
+    assert vc1.run(lambda s: resolve.resolve_network(s, "VM Network")).type == "Network"
     with pytest.raises(errors.Ambiguous) as caught:
-        vc1.run(lambda s: inv.resolve_pool(s, "Resources"))
+        vc1.run(lambda s: resolve.resolve_pool(s, "Resources"))
     assert len(caught.value.details["candidates"]) == 2
-    pool = vc1.run(lambda s: inv.resolve_pool(s, "DC0_C0/Resources"))
+    pool = vc1.run(lambda s: resolve.resolve_pool(s, "DC0_C0/Resources"))
     assert pool.owner == "DC0_C0" and pool.moid in caught.value.details["candidates"]
-    folder = vc1.run(lambda s: inv.resolve_folder(s, "/DC0/vm"))
+    folder = vc1.run(lambda s: resolve.resolve_folder(s, "/DC0/vm"))
     assert folder.name == "vm" and "VirtualMachine" in folder.child_types
-    assert vc1.run(lambda s: inv.resolve_folder(s, "DC0/vm")) == folder
-    assert vc1.run(lambda s: inv.resolve_folder(s, "vm")) == folder
-    assert vc1.run(lambda s: inv.resolve_cluster(s, "DC0_C0")).name == "DC0_C0"
+    assert vc1.run(lambda s: resolve.resolve_folder(s, "DC0/vm")) == folder
+    assert vc1.run(lambda s: resolve.resolve_folder(s, "vm")) == folder
+    assert vc1.run(lambda s: resolve.resolve_cluster(s, "DC0_C0")).name == "DC0_C0"
 
 
 def test_duplicate_names_are_ambiguous_until_named_by_moid(make_simulator: MakeSimulator) -> None:
@@ -461,14 +464,14 @@ def test_duplicate_names_are_ambiguous_until_named_by_moid(make_simulator: MakeS
         Disconnect(si)  # type: ignore[no-untyped-call]
     pool = open_pool("dup", sim)
     try:
-        moids = pool.run(lambda s: inv.find_vm_by_name(s, "DC0_C0_RP0_VM0"))
+        moids = pool.run(lambda s: resolve.find_vm_by_name(s, "DC0_C0_RP0_VM0"))
         assert len(moids) == 2
         with pytest.raises(errors.Ambiguous) as caught:
-            pool.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM0"))
+            pool.run(lambda s: resolve.resolve_vm(s, "DC0_C0_RP0_VM0"))
         assert caught.value.details["candidates"] == moids
         assert all(m in caught.value.message for m in moids)
-        assert pool.run(lambda s: inv.resolve_vm(s, moids[1])).moid == moids[1]
-        listed = pool.run(lambda s: inv.list_vms(s, VmQuery(name="DC0_C0_RP0_VM0")))
+        assert pool.run(lambda s: resolve.resolve_vm(s, moids[1])).moid == moids[1]
+        listed = pool.run(lambda s: listings.list_vms(s, VmQuery(name="DC0_C0_RP0_VM0")))
         assert [r["moid"] for r in listed["vms"]] == moids
     finally:
         pool.close()
@@ -483,22 +486,22 @@ def test_connection_state_filter_finds_orphaned_vms(make_simulator: MakeSimulato
     sim.control("/vm/connection-state", {"vm": "DC0_C0_RP0_VM1", "state": "orphaned"})
     pool = open_pool("orph", sim)
     try:
-        orphaned = pool.run(lambda s: inv.list_vms(s, VmQuery(connection_state="orphaned")))
+        orphaned = pool.run(lambda s: listings.list_vms(s, VmQuery(connection_state="orphaned")))
         assert [(r["name"], r["connection_state"]) for r in orphaned["vms"]] == [
             ("DC0_C0_RP0_VM1", "orphaned")]
-        connected = pool.run(lambda s: inv.list_vms(s, VmQuery(connection_state="connected")))
+        connected = pool.run(lambda s: listings.list_vms(s, VmQuery(connection_state="connected")))
         assert [r["name"] for r in connected["vms"]] == ["DC0_C0_RP0_VM0"]
-        assert pool.run(lambda s: inv.resolve_vm(s, "DC0_C0_RP0_VM1")).connection_state == "orphaned"
+        assert pool.run(lambda s: resolve.resolve_vm(s, "DC0_C0_RP0_VM1")).connection_state == "orphaned"
     finally:
         pool.close()
 
 
 def test_creation_date_filters_judge_only_dated_vms(vc1: SessionPool) -> None:
     # The simulator sets no config.createDate: every VM is undated, so no date filter may match one.
-    after = vc1.run(lambda s: inv.list_vms(s, VmQuery(created_after=datetime(2000, 1, 1, tzinfo=UTC))))
-    before = vc1.run(lambda s: inv.list_vms(s, VmQuery(created_before=datetime(2100, 1, 1, tzinfo=UTC))))
+    after = vc1.run(lambda s: listings.list_vms(s, VmQuery(created_after=datetime(2000, 1, 1, tzinfo=UTC))))
+    before = vc1.run(lambda s: listings.list_vms(s, VmQuery(created_before=datetime(2100, 1, 1, tzinfo=UTC))))
     assert after == before == {"count": 0, "vms": [], "without_created_at": 4}
-    rows = vc1.run(lambda s: inv.list_vms(s, VmQuery()))["vms"]
+    rows = vc1.run(lambda s: listings.list_vms(s, VmQuery()))["vms"]
     assert {r["created_at"] for r in rows} == {None}
 
 
@@ -514,18 +517,18 @@ def test_folder_and_pool_filters(make_simulator: MakeSimulator) -> None:
     pool = open_pool("folders", sim)
     try:
         def names(query: VmQuery) -> list[str]:
-            return [r["name"] for r in pool.run(lambda s: inv.list_vms(s, query))["vms"]]
+            return [r["name"] for r in pool.run(lambda s: listings.list_vms(s, query))["vms"]]
 
         assert names(VmQuery(folder="/DC0/vm/prod")) == ["DC0_H0_VM0"]
         assert names(VmQuery(folder="prod")) == ["DC0_H0_VM0"]
         assert len(names(VmQuery(folder="/DC0/vm"))) == 4
         assert "DC0_H0_VM0" not in names(VmQuery(folder="vm"))
-        assert pool.run(lambda s: inv.resolve_vm(s, "DC0_H0_VM0")).folder == "/DC0/vm/prod"
-        cluster_pool = pool.run(lambda s: inv.resolve_pool(s, "DC0_C0/Resources"))
+        assert pool.run(lambda s: resolve.resolve_vm(s, "DC0_H0_VM0")).folder == "/DC0/vm/prod"
+        cluster_pool = pool.run(lambda s: resolve.resolve_pool(s, "DC0_C0/Resources"))
         assert names(VmQuery(resource_pool=cluster_pool.moid)) == ["DC0_C0_RP0_VM0", "DC0_C0_RP0_VM1"]
         assert len(names(VmQuery(resource_pool="Resources"))) == 4
         query = VmQuery(name="DC0_H0_VM0", fields=("folder", "resource_pool"))
-        row = pool.run(lambda s: inv.list_vms(s, query))
+        row = pool.run(lambda s: listings.list_vms(s, query))
         assert row["vms"] == [{"folder": "/DC0/vm/prod", "resource_pool": "Resources"}]
     finally:
         pool.close()
@@ -536,45 +539,45 @@ def test_folder_and_pool_filters(make_simulator: MakeSimulator) -> None:
 
 
 def test_list_hosts_clusters_datastores(vc1: SessionPool, sim_vc1: Simulator) -> None:
-    hosts = vc1.run(lambda s: inv.list_hosts(s))
+    hosts = vc1.run(lambda s: listings.list_hosts(s))
     known = sorted(h["name"] for h in sim_vc1.inventory()["hosts"])
     assert sorted(h["name"] for h in hosts["hosts"]) == known
     assert sum(h["vm_count"] for h in hosts["hosts"]) == 4
-    in_cluster = vc1.run(lambda s: inv.list_hosts(s, "DC0_C0"))
+    in_cluster = vc1.run(lambda s: listings.list_hosts(s, "DC0_C0"))
     assert {h["cluster"] for h in in_cluster["hosts"]} == {"DC0_C0"} and in_cluster["count"] == 2
     with pytest.raises(errors.NotFound, match="list_clusters"):
-        vc1.run(lambda s: inv.list_hosts(s, "nope"))
-    clusters = vc1.run(lambda s: inv.list_clusters(s))
+        vc1.run(lambda s: listings.list_hosts(s, "nope"))
+    clusters = vc1.run(lambda s: listings.list_clusters(s))
     [cluster] = clusters["clusters"]
     assert (cluster["name"], cluster["datacenter"], cluster["host_count"]) == ("DC0_C0", "DC0", 2)
     assert cluster["drs_enabled"] is True
-    datastores = vc1.run(lambda s: inv.list_datastores(s))
+    datastores = vc1.run(lambda s: listings.list_datastores(s))
     assert [d["name"] for d in datastores["datastores"]] == ["LocalDS_0", "LocalDS_1"]
     assert all(d["accessible"] and d["capacity_mb"] > d["free_mb"] > 0 for d in datastores["datastores"])
 
 
 def test_details_of_vm_host_cluster_datastore(vc1: SessionPool) -> None:
-    vm = vc1.run(lambda s: inv.get_vm_details(s, "DC0_C0_RP0_VM0"))
+    vm = vc1.run(lambda s: details.get_vm_details(s, "DC0_C0_RP0_VM0"))
     assert (vm["name"], vm["cluster"], vm["folder"]) == ("DC0_C0_RP0_VM0", "DC0_C0", "/DC0/vm")
     assert vm["disks"] and vm["disks"][0]["file"].startswith("[LocalDS_0]")
     assert vm["nics"] and vm["nics"][0]["network"] == "DC0_DVPG0"
     assert vm["datastores"] == ["LocalDS_0"] and vm["current_snapshot"] is None
-    host = vc1.run(lambda s: inv.get_host_details(s, "DC0_H0"))
+    host = vc1.run(lambda s: details.get_host_details(s, "DC0_H0"))
     assert host["vms"] == ["DC0_H0_VM0", "DC0_H0_VM1"] and host["cluster"] is None
     assert "LocalDS_0" in host["datastores"] and host["product"].startswith("VMware ESXi")
-    cluster = vc1.run(lambda s: inv.get_cluster_details(s, "DC0_C0"))
+    cluster = vc1.run(lambda s: details.get_cluster_details(s, "DC0_C0"))
     assert [h["name"] for h in cluster["hosts"]] == ["DC0_C0_H0", "DC0_C0_H1"]
     assert [p["name"] for p in cluster["resource_pools"]] == ["Resources"]
-    ds = vc1.run(lambda s: inv.get_datastore_details(s, "LocalDS_0"))
+    ds = vc1.run(lambda s: details.get_datastore_details(s, "LocalDS_0"))
     assert ds["vms"] == ["DC0_C0_RP0_VM0", "DC0_C0_RP0_VM1", "DC0_H0_VM0", "DC0_H0_VM1"]
     assert ds["hosts"] and all(m["mounted"] for m in ds["hosts"])
 
 
 def test_details_on_esx(esx: SessionPool) -> None:
-    vm = esx.run(lambda s: inv.get_vm_details(s, "ha-host_VM1"))
-    assert vm["host"] == esx.run(lambda s: inv.list_hosts(s))["hosts"][0]["name"]
-    assert esx.run(lambda s: inv.list_clusters(s)) == {"clusters": [], "count": 0}
-    assert esx.run(lambda s: inv.get_host_details(s, "ha-host"))["vms"] == ["ha-host_VM0", "ha-host_VM1"]
+    vm = esx.run(lambda s: details.get_vm_details(s, "ha-host_VM1"))
+    assert vm["host"] == esx.run(lambda s: listings.list_hosts(s))["hosts"][0]["name"]
+    assert esx.run(lambda s: listings.list_clusters(s)) == {"clusters": [], "count": 0}
+    assert esx.run(lambda s: details.get_host_details(s, "ha-host"))["vms"] == ["ha-host_VM0", "ha-host_VM1"]
 
 
 def test_snapshot_tree_is_flattened_with_parents_and_current(make_simulator: MakeSimulator) -> None:
@@ -588,8 +591,8 @@ def test_snapshot_tree_is_flattened_with_parents_and_current(make_simulator: Mak
         Disconnect(si)  # type: ignore[no-untyped-call]
     pool = open_pool("snaps", sim)
     try:
-        result = pool.run(lambda s: inv.list_snapshots(s, "DC0_C0_RP0_VM0"))
-        without = pool.run(lambda s: inv.list_snapshots(s, "DC0_C0_RP0_VM1"))
+        result = pool.run(lambda s: details.list_snapshots(s, "DC0_C0_RP0_VM0"))
+        without = pool.run(lambda s: details.list_snapshots(s, "DC0_C0_RP0_VM1"))
     finally:
         pool.close()
     base, patched = result["snapshots"]
@@ -607,16 +610,16 @@ def test_snapshot_tree_is_flattened_with_parents_and_current(make_simulator: Mak
 
 
 def test_about_and_privileges(vc1: SessionPool, esx: SessionPool, sim_vc1: Simulator) -> None:
-    about = vc1.run(inv.about)
+    about = vc1.run(access.about)
     assert about["instance_uuid"] == sim_vc1.instance_uuid and about["api_type"] == "VirtualCenter"
-    assert esx.run(inv.about)["instance_uuid"] is None
-    check = vc1.run(lambda s: inv.check_privileges(s, ["System.View", "VirtualMachine.Interact.PowerOn"]))
-    assert check == inv.PrivilegeCheck(
+    assert esx.run(access.about)["instance_uuid"] is None
+    check = vc1.run(lambda s: access.check_privileges(s, ["System.View", "VirtualMachine.Interact.PowerOn"]))
+    assert check == access.PrivilegeCheck(
         sim_vc1.user, {"System.View": True, "VirtualMachine.Interact.PowerOn": True})
 
 
 def test_sweep_reads_only_scalar_paths(vc1: SessionPool) -> None:
-    with pytest.raises(inv.ComplexValueError):
-        vc1.run(lambda s: inv.sweep(s, [inv.Query(vim.VirtualMachine, ("summary",))]))
-    with pytest.raises(inv.ComplexValueError):
-        vc1.run(lambda s: inv.sweep(s, [inv.Query(vim.VirtualMachine, ("summary",))], fast=False))
+    with pytest.raises(soap_scan.ComplexValueError):
+        vc1.run(lambda s: collector.sweep(s, [collector.Query(vim.VirtualMachine, ("summary",))]))
+    with pytest.raises(soap_scan.ComplexValueError):
+        vc1.run(lambda s: collector.sweep(s, [collector.Query(vim.VirtualMachine, ("summary",))], fast=False))

@@ -6,10 +6,15 @@ import threading
 from collections.abc import Sequence
 
 import pytest
+from gateway_env import HUMAN, PERMISSIVE, Env
 
-from gateway.errors import PolicyDenied, RateLimited
+from gateway.auth.tokens import Principal
+from gateway.errors import (
+    PolicyDenied,
+    RateLimited,
+)
 from gateway.guard.limits import RateLimiter, RunawayBreaker, check_bulk
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 W, D, R = Category.WRITE, Category.DESTRUCTIVE, Category.READ
 
@@ -209,3 +214,41 @@ def test_check_bulk(count: int, limit: int | None, denied: bool) -> None:
     assert wire["code"] == "policy_denied" and wire["rule"] == "limits:max_bulk_objects"
     assert (wire["count"], wire["limit"], wire["target"]) == (count, limit, "prod")
     assert f"batches of at most {limit}" in wire["message"]
+
+
+# ---------------------------------------------------------------- read limits in the pipeline
+
+
+@pytest.mark.anyio
+async def test_read_rate_limit_is_enforced(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"max_calls_per_minute": {"read": 2}}}})
+    reader = Principal(name="watcher", role="reader", surface="test")
+    for _ in range(2):
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+    with pytest.raises(RateLimited):
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+
+
+@pytest.mark.anyio
+async def test_one_callers_reads_never_spend_another_callers_budget(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"max_calls_per_minute": {"read": 3}}}})
+    reader = Principal(name="watcher", role="reader", surface="test")
+    for _ in range(3):
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+    with pytest.raises(RateLimited) as spent:
+        await gw.call(reader, "list_vms", {"target": "vc1"})
+    assert (await gw.call(HUMAN, "list_vms", {"target": "vc1"}))["count"] >= 2  # alice's own budget
+    assert "caller 'watcher'" in spent.value.message
+
+
+@pytest.mark.anyio
+async def test_the_target_wide_ceiling_counts_every_caller_together(env: Env) -> None:
+    limits = {"max_calls_per_minute": {"read": 5}, "target_max_calls_per_minute": {"read": 3}}
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": limits}})
+    callers = [Principal(name=f"agent-{i}", role="reader", surface="test") for i in range(3)]
+    for caller in callers:
+        await gw.call(caller, "list_vms", {"target": "vc1"})
+    with pytest.raises(RateLimited, match=r"target_max_calls_per_minute\.read"):
+        await gw.call(HUMAN, "list_vms", {"target": "vc1"})
+    (row,) = env.rows(phase="denied", tool="list_vms")
+    assert row["caller"] == "alice" and row["error_code"] == "rate_limited"

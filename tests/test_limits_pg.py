@@ -10,7 +10,7 @@ from postgres import wait_for
 from gateway.errors import RateLimited
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 
 @pytest.fixture

@@ -7,11 +7,8 @@ answered by the mirror; ``stats().served`` proves the mirror answered rather tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +17,10 @@ import anyio
 import pytest
 from answers import answer_of
 from httpserver import mcp_client, serve
-from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
 from simulator import (
     MakeSimulator,
+    Relay,
     Simulator,
     find_vm,
     open_pool,
@@ -40,12 +37,12 @@ from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS, READ_TOOLS
-from gateway.vsphere import inventory
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere import details, listings, resolve
 from gateway.vsphere.mirror import MIRRORED, Mirrors, _apply_update
 from gateway.vsphere.pool import SessionPool
+from gateway.vsphere.soap_scan import ObjectProps
 
-ALL_VM_FIELDS = list(inventory.VM_COLUMNS)
+ALL_VM_FIELDS = list(listings.VM_COLUMNS)
 
 
 def credentials(*pairs: tuple[Target, Simulator]) -> dict[str, str]:
@@ -92,13 +89,6 @@ def mirrors(sim: Simulator) -> Iterator[Mirrors]:
     built.close()
 
 
-@pytest.fixture
-def si(sim: Simulator) -> Iterator[Any]:
-    connection = pyvmomi_connect(sim)
-    yield connection
-    Disconnect(connection)
-
-
 def names(result: dict[str, Any]) -> list[str]:
     return [row["name"] for row in result["vms"]]
 
@@ -138,8 +128,8 @@ def test_updates_apply_enter_modify_remove_and_leave(updates: list[Any], expecte
 
 def test_the_mirror_keeps_only_what_the_list_tools_read() -> None:
     vm_paths = set(MIRRORED[vim.VirtualMachine])
-    assert vm_paths == {"name"} | {p for c in inventory.VM_COLUMNS.values() for p in c.paths} | {
-        p for f in inventory.VM_FILTERS.values() for p in f.paths}
+    assert vm_paths == {"name"} | {p for c in listings.VM_COLUMNS.values() for p in c.paths} | {
+        p for f in listings.VM_FILTERS.values() for p in f.paths}
     assert "config.hardware.device" not in vm_paths
     assert set(MIRROR_READS) <= {spec.name for spec in READ_TOOLS}
 
@@ -150,11 +140,11 @@ def test_the_mirror_keeps_only_what_the_list_tools_read() -> None:
 def test_mirror_answers_equal_sweeps(sim: Simulator, mirrors: Mirrors) -> None:
     pool = SessionPool(sim_target("vc1", sim), Credentials(sim.user, sim.password))
     try:
-        swept_vms = pool.run(lambda s: inventory.list_vms(s, inventory.VmQuery(fields=tuple(ALL_VM_FIELDS))))
-        swept_hosts = pool.run(lambda s: inventory.list_hosts(s))
-        swept_cluster_hosts = pool.run(lambda s: inventory.list_hosts(s, "DC0_C0"))
-        swept_datastores = pool.run(lambda s: inventory.list_datastores(s))
-        swept_clusters = pool.run(lambda s: inventory.list_clusters(s))
+        swept_vms = pool.run(lambda s: listings.list_vms(s, listings.VmQuery(fields=tuple(ALL_VM_FIELDS))))
+        swept_hosts = pool.run(lambda s: listings.list_hosts(s))
+        swept_cluster_hosts = pool.run(lambda s: listings.list_hosts(s, "DC0_C0"))
+        swept_datastores = pool.run(lambda s: listings.list_datastores(s))
+        swept_clusters = pool.run(lambda s: listings.list_clusters(s))
     finally:
         pool.close()
     assert mirrored(mirrors, "vc1", "list_vms", fields=ALL_VM_FIELDS) == swept_vms
@@ -302,11 +292,6 @@ def _gateway(sim: Simulator, tmp: Path) -> Gateway:
     return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
     sim: Simulator, si: Any, tmp_path: Path,
@@ -350,30 +335,30 @@ def test_a_name_hint_is_checked_live_and_a_wrong_one_falls_back_to_the_search(
     _wait_task(renamed.Rename_Task("renamed-behind-the-hint"))
     pool = open_pool("vc1", sim)
     searched: list[str] = []
-    real_find = inventory._find
+    real_find = resolve._find
 
     def counting_find(session: Any, kind: Any, ref: str) -> str:
         searched.append(ref)
         return real_find(session, kind, ref)
 
-    def hinted(moid: str) -> inventory.Lookup:
+    def hinted(moid: str) -> details.Lookup:
         return lambda vim_type, ref: moid
 
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(inventory, "_find", counting_find)
-            right = pool.run(lambda s: inventory.get_vm_details(s, "DC0_H0_VM1", hinted(other)))
+            patch.setattr(details, "_find", counting_find)
+            right = pool.run(lambda s: details.get_vm_details(s, "DC0_H0_VM1", hinted(other)))
             assert (right["moid"], right["name"]) == (other, "DC0_H0_VM1")
             assert searched == [], "a right hint: no search"
-            by_moid = pool.run(lambda s: inventory.get_vm_details(s, other, hinted(other)))
+            by_moid = pool.run(lambda s: details.get_vm_details(s, other, hinted(other)))
             assert by_moid["name"] == "DC0_H0_VM1" and searched == []
             # a stale hint: the VM it names was renamed since; the search says what a sweep would
             with pytest.raises(errors.NotFound):
-                pool.run(lambda s: inventory.get_vm_details(s, "DC0_H0_VM0", hinted(renamed._moId)))
+                pool.run(lambda s: details.get_vm_details(s, "DC0_H0_VM0", hinted(renamed._moId)))
             assert searched == ["DC0_H0_VM0"]
             # a hint naming another VM, or one that no longer exists: searched, right answer
-            wrong = pool.run(lambda s: inventory.get_vm_details(s, "renamed-behind-the-hint", hinted(other)))
-            gone = pool.run(lambda s: inventory.get_vm_details(s, "DC0_H0_VM1", hinted("vm-999999")))
+            wrong = pool.run(lambda s: details.get_vm_details(s, "renamed-behind-the-hint", hinted(other)))
+            gone = pool.run(lambda s: details.get_vm_details(s, "DC0_H0_VM1", hinted("vm-999999")))
             assert (wrong["moid"], gone["moid"]) == (renamed._moId, other)
             assert searched == ["DC0_H0_VM0", "renamed-behind-the-hint", "DC0_H0_VM1"]
     finally:
@@ -387,7 +372,7 @@ async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search
     gateway = _gateway(sim, tmp_path)
     caller = Principal("alice", "admin", surface="test")
     searched: list[str] = []
-    real_find = inventory._find
+    real_find = resolve._find
 
     def counting_find(session: Any, kind: Any, ref: str) -> str:
         searched.append(ref)
@@ -395,7 +380,7 @@ async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search
 
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(inventory, "_find", counting_find)
+            patch.setattr(details, "_find", counting_find)
             cold = await gateway.call(caller, "get_vm_details", {"target": "vc1", "vm": "DC0_H0_VM0"})
             assert searched == ["DC0_H0_VM0"], "no mirror yet: the name is searched"
             await gateway.call(caller, "list_vms", {"target": "vc1"})  # starts the mirror
@@ -417,58 +402,6 @@ async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search
 
 
 # ------------------------------------------------------------------------------ a vCenter restart
-
-
-class Relay:
-    """A TCP relay on a fixed loopback port to whichever simulator is current: replacing the simulator
-    behind it is a vCenter restart as a client sees it (same address, new process, no sessions)."""
-
-    def __init__(self, backend: int) -> None:
-        self.backend = backend
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self._links: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.backend))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._links += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for s in (source, sink):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def switch(self, backend: int) -> None:
-        """Point new connections at ``backend`` and cut every open one."""
-        self.backend = backend
-        with self._lock:
-            links, self._links = self._links, []
-        for link in links:
-            with contextlib.suppress(OSError):
-                link.shutdown(socket.SHUT_RDWR)
-            link.close()
-
-    def close(self) -> None:
-        self._server.close()
-        self.switch(self.backend)
 
 
 def test_a_restarted_vcenter_is_resynced(make_simulator: MakeSimulator) -> None:
@@ -519,7 +452,7 @@ def test_a_fan_out_takes_each_target_wholly_from_one_source(make_simulator: Make
 
 async def _sweep_vms(pool: SessionPool, rest: list[str], swept: list[list[str]]) -> dict[str, dict[str, Any]]:
     swept.append(rest)
-    rows = await asyncio.to_thread(pool.run, lambda s: inventory.list_vms(s, inventory.VmQuery()))
+    rows = await asyncio.to_thread(pool.run, lambda s: listings.list_vms(s, listings.VmQuery()))
     return {name: {"ok": rows} for name in rest}
 
 

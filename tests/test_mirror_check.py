@@ -16,8 +16,6 @@ import contextlib
 import dataclasses
 import logging
 import random
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
 from simulator import (
     MakeSimulator,
+    Relay,
     Simulator,
     find_vm,
     pyvmomi_connect,
@@ -41,10 +40,10 @@ from gateway.config import ConfigProblems, Credentials, Target, parse_targets
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS
-from gateway.vsphere import inventory, mirror_check
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere import listings, mirror_check
 from gateway.vsphere.mirror import Mirror, Mirrors, _apply_update
 from gateway.vsphere.pool import SessionPool
+from gateway.vsphere.soap_scan import ObjectProps
 
 ADMIN = Principal("alice", "admin", surface="test")
 FIELDS = ["moid", "name", "power_state", "memory_mb", "folder", "host"]
@@ -99,20 +98,13 @@ def wait_task(task: Any) -> None:
 
 def sweep(pool: SessionPool, **args: Any) -> dict[str, Any]:
     """What list_vms says swept live, with the same arguments as the mirror's answer."""
-    query = inventory.VmQuery(fields=tuple(args.get("fields", inventory.DEFAULT_VM_FIELDS)))
-    return pool.run(lambda s: inventory.list_vms(s, query))
+    query = listings.VmQuery(fields=tuple(args.get("fields", listings.DEFAULT_VM_FIELDS)))
+    return pool.run(lambda s: listings.list_vms(s, query))
 
 
 @pytest.fixture
 def sim(make_simulator: MakeSimulator) -> Simulator:
     return make_simulator(clusters=1, hosts_per_cluster=2, standalone_hosts=1, vms=2, datastores=1)
-
-
-@pytest.fixture
-def si(sim: Simulator) -> Iterator[Any]:
-    connection = pyvmomi_connect(sim)
-    yield connection
-    Disconnect(connection)
 
 
 @pytest.fixture
@@ -262,7 +254,7 @@ async def test_two_gateways_on_one_simulator_both_see_a_direct_power_off(
 ) -> None:
     first, second = _gateway(sim, tmp_path, "first"), _gateway(sim, tmp_path, "second")
     try:
-        for gateway in (first, second):  # the second one's filter silences the first's in the simulator
+        for gateway in (first, second):  # each session keeps its own update queue, as on vCenter
             await _list(gateway)
             await _synced(gateway)
         vm = find_vm(si, "DC0_C0_RP0_VM0")
@@ -273,11 +265,43 @@ async def test_two_gateways_on_one_simulator_both_see_a_direct_power_off(
         await second.call(ADMIN, "power_on_vm", {"target": "vc1", "vm": "DC0_C0_RP0_VM0"})
         for gateway in (first, second):
             assert (await _list(gateway))["DC0_C0_RP0_VM0"]["power_state"] == "poweredOn"
-        assert first.mirrors.stats()["vc1"].divergences >= 1, "the frozen stream was not noticed"
-        assert 'gateway_mirror_divergence_total{target="vc1"}' in first.metrics.render()
+        for gateway in (first, second):
+            stats = gateway.mirrors.stats()["vc1"]
+            assert stats.served >= 2 and stats.divergences == 0, stats  # answered by healthy mirrors
     finally:
         await first.close()
         await second.close()
+
+
+@pytest.mark.anyio
+async def test_while_a_stream_that_stopped_delivering_is_unrepaired_reads_sweep_and_are_true(
+    sim: Simulator, si: Any, tmp_path: Path,
+) -> None:
+    """A target whose update stream stops without an error (the launcher's /silence-updates fault): a
+    comparison round finds it, reads sweep meanwhile (so they show a change the stream never
+    delivered), and the mirror answers again once a resync repaired it."""
+    gateway = _gateway(sim, tmp_path, "one")
+    try:
+        await _list(gateway)
+        await _synced(gateway)
+        sim.control("/silence-updates", {"silenced": True})
+        vm = find_vm(si, "DC0_H0_VM0")
+        await asyncio.to_thread(wait_task, vm.PowerOffVM_Task())
+        await asyncio.to_thread(wait_until, lambda: gateway.mirrors.stats()["vc1"].divergences >= 1, 30,
+                                0.05, "the silent stream found")
+        swept = gateway.mirrors.stats()["vc1"].swept
+        assert (await _list(gateway))["DC0_H0_VM0"]["power_state"] == "poweredOff"
+        assert gateway.mirrors.stats()["vc1"].swept == swept + 1, "a diverged mirror does not answer"
+        assert 'gateway_mirror_divergence_total{target="vc1"}' in gateway.metrics.render()
+        sim.control("/silence-updates", {"silenced": False})
+        await asyncio.to_thread(wait_until, lambda: gateway.mirrors.stats()["vc1"].repairs >= 1
+                                and synced(gateway.mirrors, "vc1"), 30, 0.05, "repaired")
+        served = gateway.mirrors.stats()["vc1"].served
+        assert (await _list(gateway))["DC0_H0_VM0"]["power_state"] == "poweredOff"
+        assert gateway.mirrors.stats()["vc1"].served == served + 1, "answered by the repaired mirror"
+    finally:
+        sim.control("/silence-updates", {"silenced": False})
+        await gateway.close()
 
 
 @pytest.mark.anyio
@@ -325,60 +349,6 @@ async def test_after_the_target_ends_every_session_a_direct_rename_shows_in_the_
         await second.close()
 
 
-class Relay:
-    """A loopback TCP relay to the simulator whose open connections can be severed at any moment."""
-
-    def __init__(self, backend: int) -> None:
-        self.backend = backend
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        self._links: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.cuts = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.backend))
-            except OSError:
-                client.close()
-                continue
-            for link in (client, upstream):  # no Nagle delays on relayed small writes
-                link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._links += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for s in (source, sink):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def sever(self) -> None:
-        """Cut every open connection (new ones are relayed again)."""
-        with self._lock:
-            links, self._links = self._links, []
-            self.cuts += 1
-        for link in links:
-            with contextlib.suppress(OSError):
-                link.shutdown(socket.SHUT_RDWR)
-            link.close()
-
-    def close(self) -> None:
-        self._server.close()
-        self.sever()
-
-
 def test_after_a_reconnect_a_direct_change_shows_in_the_next_read(sim: Simulator, si: Any) -> None:
     relay = Relay(sim.port)
     target = dataclasses.replace(sim_target("vc1", sim), port=relay.port)
@@ -403,9 +373,11 @@ def test_a_frozen_stream_is_found_without_any_read_logged_counted_and_repaired(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="gateway.vsphere.mirror")
     watched = start_mirrors(sim, mirror_check_seconds=2)
-    other = start_mirrors(sim, "other")  # its filter silences the watched mirror's in the simulator
     try:
+        wait_until(lambda: synced(watched, "vc1"), timeout=30, what="the mirror synced")
+        sim.control("/silence-updates", {"silenced": True})  # the stream stops delivering, silently
         wait_until(lambda: watched.stats()["vc1"].divergences >= 1, timeout=20, what="divergence found")
+        sim.control("/silence-updates", {"silenced": False})
         wait_until(lambda: watched.stats()["vc1"].repairs >= 1 and synced(watched, "vc1"), timeout=30,
                    what="divergence repaired")
         assert watched.stats()["vc1"].served == 0, "found by the background check, not by a read"
@@ -415,7 +387,7 @@ def test_a_frozen_stream_is_found_without_any_read_logged_counted_and_repaired(
         samples = {(name, labels.get("target")): value for name, _k, _h, labels, value in watched.samples()}
         assert samples[("gateway_mirror_divergence_total", "vc1")] >= 1
     finally:
-        other.close()
+        sim.control("/silence-updates", {"silenced": False})
         watched.close()
 
 
@@ -574,8 +546,4 @@ def _props(si: Any, obj: Any, *paths: str) -> list[Any]:
     result = si.content.propertyCollector.RetrievePropertiesEx([spec], pc.RetrieveOptions())
     return list(result.objects[0].propSet)
 
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 

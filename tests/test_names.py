@@ -13,7 +13,7 @@ from gateway.config import NameKind, NameRef
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 KNOWN = KnownNames(targets=("vc-1", "vc-2", "lab-01"),
                    tools={"list_vms": Category.READ, "power_off_vm": Category.WRITE,

@@ -17,12 +17,12 @@ from typing import Any
 import anyio
 import pytest
 import yaml
+from gateway_env import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
 from simulator import MakeSimulator, find_vm, pyvmomi_connect, read_properties, wait_until, write_targets
-from test_pipeline import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
 
 from gateway import notify
 from gateway.errors import ConfigError, GatewayError
-from gateway.store.base import Proposal
+from gateway.proposals import Proposal
 
 SECRET = "s3cr3t-for-the-test-receiver"
 ENV = {"HOOK_SECRET": SECRET, "CHAT_WEBHOOK_URL": "https://chat.example.com/hooks/T0/B0/xyz"}
@@ -229,11 +229,6 @@ async def gated(tmp_path: Path, make_simulator: MakeSimulator, receiver: Receive
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_gated_proposal_tells_humans_without_delaying_the_call(
     gated: tuple[Env, Any], receiver: Receiver,
 ) -> None:
@@ -367,7 +362,7 @@ async def test_the_pipeline_reports_every_transition_to_its_listeners(
 
     assert of(done["proposal_id"]) == [("proposed", "pending"), ("approved", "approved"),
                                        ("executing", "executing"), ("executed", "executed")]
-    # re-resolved before any claim: stale is its own state (gateway/guard/lifecycle.py)
+    # re-resolved before any claim: stale is its own state (gateway/proposals.py)
     assert of(stale["proposal_id"]) == [("proposed", "pending"), ("stale", "stale")]
     assert of(denied["proposal_id"]) == [("proposed", "pending"), ("denied", "denied")]
     assert of(cancelled["proposal_id"]) == [("proposed", "pending"), ("cancelled", "cancelled")]

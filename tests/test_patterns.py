@@ -30,7 +30,7 @@ from gateway.errors import InvalidArgument
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.read import parse_regex
-from gateway.vsphere.actions import compile_name_regex
+from gateway.vsphere.actions.bulk import compile_name_regex
 
 #: exponential for a backtracking engine on names like the simulator's (DC0_C0_RP0_VM0)
 PATHOLOGICAL = "^DC(((.*)*)*)*x"
@@ -47,7 +47,7 @@ READ = "from gateway.tools.read import parse_regex; "
 SITES = {
     "regex": READ + "pattern = parse_regex('regex', PATTERN)",
     "entity_name": READ + "pattern = parse_regex('entity_name', PATTERN)",
-    "name_regex": "from gateway.vsphere.actions import compile_name_regex as c; pattern = c(PATTERN)",
+    "name_regex": "from gateway.vsphere.actions.bulk import compile_name_regex as c; pattern = c(PATTERN)",
 }
 MATCH_ALL = """
 PATTERN = {pattern!r}
@@ -105,11 +105,6 @@ def test_matching_meaning_is_kept(pattern: str, name: str, search: bool, whole: 
 
 
 # ---------------------------------------------------------------------------- the real server
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

@@ -5,17 +5,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import yaml
+from gateway_env import (
+    ADMIN,
+    HUMAN,
+    OTHER,
+    PERMISSIVE,
+    READER,
+    VM0,
+    VM1,
+    Env,
+    propose_delete,
+    role,
+    token_principal,
+    write_roles,
+)
 from simulator import (
-    MakeSimulator,
-    Simulator,
-    complete_rules,
     find_vm,
     pyvmomi_connect,
     read_properties,
@@ -23,6 +33,7 @@ from simulator import (
     write_targets,
 )
 
+from gateway.audit.verify import verify
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     ApprovalRequired,
@@ -37,87 +48,10 @@ from gateway.errors import (
     RateLimited,
     Stale,
 )
-from gateway.guard.audit import read_rows, verify
 from gateway.server.runtime import Gateway
-from gateway.settings import Settings
 from gateway.vocabulary import Kind
 
 pytestmark = pytest.mark.anyio
-
-ADMIN = Principal(name="agent-a", role="admin", surface="test")
-OTHER = Principal(name="agent-b", role="admin", surface="test")
-READER = Principal(name="watcher", role="reader", surface="test")
-HUMAN = Principal(name="alice", role="admin", surface="web", kind=Kind.PERSON)
-VM0 = "DC0_C0_RP0_VM0"
-VM1 = "DC0_C0_RP0_VM1"
-PERMISSIVE = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow"}}
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Env:
-    """A gateway over one fresh simulator, built the way ``gateway serve`` builds it."""
-
-    def __init__(self, tmp: Path, sim: Simulator) -> None:
-        self.tmp, self.sim = tmp, sim
-        self.clock = Clock()
-        self.gateways: list[Gateway] = []
-
-    def build(
-        self,
-        rules: Mapping[str, Any] | None = None,
-        targets_extra: Mapping[str, Any] | None = None,
-        **settings: Any,
-    ) -> Gateway:
-        env = write_targets(self.tmp / "targets.yaml", {"vc1": self.sim}, {"vc1": dict(targets_extra or {})})
-        self.write_rules(PERMISSIVE if rules is None else rules)
-        base = Settings.from_env({"GATEWAY_HOME": str(self.tmp), **env})
-        values = {"enable_destructive": True, **settings}
-        gw = Gateway.build(Settings(**{**base.__dict__, **values}))
-        gw.clock = self.clock
-        self.gateways.append(gw)
-        return gw
-
-    def write_rules(self, rules: Mapping[str, Any]) -> None:
-        (self.tmp / "rules.yaml").write_text(yaml.safe_dump(complete_rules(rules)))
-
-    def rows(self, **filters: Any) -> list[dict[str, Any]]:
-        return read_rows(self.tmp / "audit.jsonl", **filters)
-
-    def vm_exists(self, name: str) -> bool:
-        si = pyvmomi_connect(self.sim)
-        try:
-            find_vm(si, name)
-            return True
-        except LookupError:
-            return False
-
-    def power_state(self, name: str) -> str:
-        si = pyvmomi_connect(self.sim)
-        return str(read_properties(si, find_vm(si, name), "runtime.powerState")["runtime.powerState"])
-
-
-@pytest.fixture
-async def env(tmp_path: Path, make_simulator: MakeSimulator) -> AsyncIterator[Env]:
-    e = Env(tmp_path, make_simulator(vms=2))
-    yield e
-    for gw in e.gateways:
-        await gw.close()
-
-
-async def propose_delete(gw: Gateway, vm: str = VM0, who: Principal = ADMIN) -> dict[str, Any]:
-    return await gw.call(who, "delete_vm", {"target": "vc1", "vm": vm, "force_power_off": True})
 
 
 # ---------------------------------------------------------------- writes
@@ -602,3 +536,135 @@ async def test_a_file_refused_at_start_is_an_audit_row(env: Env, file: str, text
     (row,) = [r for r in config_rows(env, file) if r["outcome"] == "refused"]
     assert problem in row["error"] and row["effect"] == "the gateway did not start"
     assert row["sha256"] == sha256_of(env.tmp / f"{file}.yaml")
+
+
+# ---------------------------------------------------------------- bulk calls: reach, and each object
+
+
+async def test_bulk_delete_needs_delete_vm_in_the_role(env: Env) -> None:
+    write_roles(env.tmp, {"bulker": role(destructive=("bulk_vm_action",))})
+    gw = env.build()
+    bulker = token_principal(gw, "bulk-agent", "bulker")
+    with pytest.raises(Forbidden, match="delete_vm"):
+        await gw.call(
+            bulker,
+            "bulk_vm_action",
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
+        )
+    assert gw.store.list_proposals(["pending"]) == []
+    (row,) = env.rows(phase="denied", tool="bulk_vm_action")
+    assert "delete_vm" in row["decision"]["reason"]
+
+
+async def test_each_object_of_a_bulk_call_is_judged_as_the_tool_it_runs(env: Env) -> None:
+    rules = {
+        **PERMISSIVE,
+        "rules": [
+            {"name": "keep-vm1", "action": "deny", "match": {"tools": ["delete_vm"], "vm_patterns": [VM1]}}
+        ],
+    }
+    gw = env.build(rules=rules)
+    with pytest.raises(PolicyDenied, match="keep-vm1"):
+        await gw.call(
+            HUMAN,
+            "bulk_vm_action",
+            {
+                "target": "vc1",
+                "action": "delete_vm",
+                "name_regex": "DC0_C0_RP0_VM.*",
+                "force_power_off": True,
+            },
+        )
+    assert gw.store.list_proposals(["pending"]) == []
+
+
+# ---------------------------------------------------------------- re-authorization at execution
+
+
+async def test_confirm_after_demotion_is_refused(env: Env) -> None:
+    write_roles(
+        env.tmp,
+        {
+            "deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+            "writer": role(write=("power_off_vm",)),
+        },
+    )
+    gw = env.build()
+    agent = token_principal(gw, "agent-d", "deleter")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    gw.store.update_token("agent-d", role="writer")  # what `gateway token set-role` does
+    demoted = Principal(name=agent.name, role="writer", token_id=agent.token_id, surface="https")
+    with pytest.raises(GatewayError) as caught:
+        await gw.call(demoted, "confirm_action", {"token": proposal["token"]})
+    assert caught.value.code in ("forbidden", "not_found", "policy_denied")
+    assert env.vm_exists(VM0)
+
+
+async def test_approval_after_demotion_is_refused(env: Env) -> None:
+    write_roles(
+        env.tmp,
+        {
+            "deleter": role(write=("power_off_vm",), destructive=("delete_vm",)),
+            "writer": role(write=("power_off_vm",)),
+        },
+    )
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-d", "deleter")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert proposal["requires_human_approval"] is True
+    gw.store.update_token("agent-d", role="writer")
+    with pytest.raises(GatewayError):
+        await gw.approve(proposal["proposal_id"], HUMAN)
+    assert env.vm_exists(VM0)
+
+
+async def test_confirm_after_target_gained_web_approval_is_refused(env: Env) -> None:
+    gw = env.build()
+    agent = token_principal(gw, "agent-w", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert proposal["requires_human_approval"] is False
+    env.write_rules({**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    with pytest.raises(ApprovalRequired):
+        await gw.call(agent, "confirm_action", {"token": proposal["token"]})
+    assert env.vm_exists(VM0)
+
+
+async def test_approval_after_revoke_is_refused_and_revoke_cancels(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    gw.store.update_token("agent-r", revoked=True)  # a revoke that bypassed the server's own path
+    with pytest.raises((ConfirmationInvalid, Forbidden, NotFound)):
+        await gw.approve(proposal["proposal_id"], HUMAN)
+    assert env.vm_exists(VM0)
+
+
+async def test_revoking_a_token_cancels_its_pending_proposals_audited(env: Env) -> None:
+    gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    cancelled = gw.revoke_token("agent-r", by=Principal(name="cli:root", role="admin", surface="cli"))
+    assert cancelled == [proposal["proposal_id"]]
+    p = gw.store.get_proposal(proposal["proposal_id"])
+    assert p is not None and p.state == "cancelled"
+    (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
+    assert row["reason"] == "token revoked"
+
+
+async def test_the_server_cancels_proposals_of_tokens_revoked_elsewhere(env: Env) -> None:
+    gw = env.build()
+    agent = token_principal(gw, "agent-r", "admin")
+    proposal = await gw.call(agent, "delete_vm", {"target": "vc1", "vm": VM0, "force_power_off": True})
+    assert gw.cancel_orphaned() == []
+    gw.store.update_token("agent-r", revoked=True)  # another process, without the gateway's path
+    assert gw.cancel_orphaned() == [proposal["proposal_id"]]
+    with pytest.raises(Forbidden, match="revoked"):  # the token first, before anything about the proposal
+        await gw.call(agent, "confirm_action", {"token": proposal["token"]})
+    (row,) = [r for r in env.rows(phase="cancelled") if r["proposal_id"] == proposal["proposal_id"]]
+    assert row["reason"] == "token revoked" and row["caller"] == "gateway"
+    assert env.vm_exists(VM0)

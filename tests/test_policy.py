@@ -14,20 +14,16 @@ from zoneinfo import ZoneInfo
 import pytest
 from simulator import complete_rules_text
 
-from gateway.auth.roles import Role
 from gateway.config import ConfigProblems, Target
 from gateway.errors import ConfigError
 from gateway.guard.decision import Entry, Facts, Party, TokenState, authorize
-from gateway.guard.policy import (
-    CallFacts,
-    Decision,
-    Policy,
-    evaluate,
-    parse_policy,
-    parse_policy_text,
-)
-from gateway.guard.policy_store import SECTIONS, PolicyStore, PolicyUnavailable, RulesLoad, section_problems
-from gateway.tools.spec import AffectedObject, Category, Risk
+from gateway.guard.policy.describe import describe
+from gateway.guard.policy.evaluate import evaluate
+from gateway.guard.policy.model import CallFacts, Decision, Policy
+from gateway.guard.policy.parse import SECTIONS, parse_policy, parse_policy_text, section_problems
+from gateway.guard.policy.store import PolicyStore, PolicyUnavailable, RulesLoad
+from gateway.role import Role
+from gateway.vocabulary import AffectedObject, Category, Risk
 
 REPO = Path(__file__).resolve().parent.parent
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -499,7 +495,7 @@ def test_store_without_file_uses_builtin_defaults(tmp_path: Path) -> None:
     store = PolicyStore(tmp_path / "rules.yaml")
     assert store.current().builtin
     assert decided(store, call(**DESTROY), NOW).rule == "defaults"
-    shown = store.describe([Target("dev", "h", "DEV")])
+    shown = describe(store, [Target("dev", "h", "DEV")])
     assert shown["status"] == "builtin" and "no rules file" in shown["note"]
 
 
@@ -529,7 +525,7 @@ def test_store_keeps_the_last_good_rules_on_a_bad_reload_and_recovers(tmp_path: 
     with pytest.raises(PolicyUnavailable) as info:
         store.current()
     assert isinstance(info.value, ConfigError) and "dry_rn" in info.value.problems[0]
-    shown = store.describe([])
+    shown = describe(store, [])
     assert shown["status"] == "error" and "dry_rn" in shown["errors"][0] and "last good" in shown["effect"]
     path.write_text(complete_rules_text("defaults: {destructive: allow, dry_run: true}\n"))
     recovered = decided(store, call(**DESTROY), NOW)
@@ -557,7 +553,7 @@ def test_store_without_good_rules_fails_closed_reads_included(tmp_path: Path, se
         refused = decided(store, call(**changes), NOW)
         assert (refused.allowed, refused.rule) == (False, "policy:error")
     assert store.snapshot()[0] is None and "unusable" in (store.snapshot()[1] or "")
-    assert "no good rules" in store.describe([])["effect"]
+    assert "no good rules" in describe(store, [])["effect"]
 
 
 EXAMPLE = (REPO / "rules.example.yaml").read_text()
@@ -623,7 +619,7 @@ def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> Non
     path = tmp_path / "rules.yaml"
     path.write_text((REPO / "rules.example.yaml").read_text())
     targets = [Target("prod-vc1", "h", "P", tags=("env:prod",)), Target("lab", "h", "L")]
-    shown = PolicyStore(path).describe(targets)
+    shown = describe(PolicyStore(path), targets)
     assert shown["status"] == "ok"
     prod, lab = shown["targets"]["prod-vc1"], shown["targets"]["lab"]
     assert prod["destructive"] == "allow" and prod["set_by"]["destructive"] == "targets:prod-*"
@@ -632,7 +628,6 @@ def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> Non
     assert prod["maintenance_windows"] == ["prod-weeknights", "prod-weekend"]
     assert lab["max_bulk_objects"] is None and lab["maintenance_windows"] == []
     assert shown["defaults"]["destructive"] == "deny"
-
 
 
 def test_store_target_limits_keep_the_last_good_rules_while_broken(tmp_path: Path) -> None:

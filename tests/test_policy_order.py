@@ -10,8 +10,12 @@ from typing import Any
 import anyio
 import pytest
 from answers import answer_of
+from gateway_env import HUMAN, PERMISSIVE, VM0, VM1, Env
 from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from simulator import MakeSimulator, find_vm, pyvmomi_connect, wait_until
+
+from gateway.errors import PolicyDenied
+from gateway.server.runtime import Gateway
 
 PROTECTED = "DC0_C0_RP0_VM0"
 OPEN = "DC0_C0_RP0_VM1"
@@ -98,3 +102,97 @@ def test_a_name_two_vms_carry_is_judged_on_both_before_the_candidates_are_named(
     finally:
         served.stop()
         anyio.run(served.gateway.close)
+
+
+# ---------------------------------------------------------------- in the pipeline: policy before state
+
+
+@pytest.mark.anyio
+async def test_protected_powered_on_vm_delete_gets_the_policy_denial(env: Env) -> None:
+    rules = {**PERMISSIVE, "protected": [{"name": "keep-vm0", "vm_patterns": [VM0]}]}
+    gw = env.build(rules=rules)
+    assert env.power_state(VM0) == "poweredOn"
+    with pytest.raises(PolicyDenied, match="keep-vm0") as caught:
+        await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM0})
+    assert "power" not in caught.value.message.lower()
+
+
+@pytest.mark.anyio
+async def test_broken_rules_file_answers_with_the_policy_error(env: Env) -> None:
+    first = env.build()
+    (env.tmp / "rules.yaml").write_text("defaults: [this is not\n")
+    gw = Gateway.build(first.settings)  # broken at its start: no good rules to keep
+    env.gateways.append(gw)
+    with pytest.raises(PolicyDenied, match="policy file") as caught:
+        await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": VM1})
+    assert "power" not in caught.value.message.lower()
+
+
+@pytest.mark.anyio
+async def test_power_state_advice_only_after_the_policy(env: Env) -> None:
+    rules = {
+        **PERMISSIVE,
+        "protected": [{"name": "keep-vm0", "vm_patterns": [VM0], "min_risk_level": "medium"}],
+    }
+    gw = env.build(rules=rules)
+    with pytest.raises(PolicyDenied, match="keep-vm0"):  # already on: still the policy's answer first
+        await gw.call(HUMAN, "power_on_vm", {"target": "vc1", "vm": VM0})
+    from gateway.errors import InvalidState
+
+    with pytest.raises(InvalidState, match="poweredOn"):  # allowed by policy: now the state advice
+        await gw.call(HUMAN, "power_on_vm", {"target": "vc1", "vm": VM1})
+
+
+# ---------------------------------------------------------------- a denied call hears no state
+
+
+#: (case, tool, arguments, how to put VM0 in the state the plan objects to)
+STATE_CASES = [
+    ("orphaned power", "power_off_vm", {"vm": "DC0_C0_RP0_VM0"}, "orphaned"),
+    ("orphaned snapshot", "create_snapshot", {"vm": "DC0_C0_RP0_VM0", "name": "s1"}, "orphaned"),
+    ("orphaned delete", "delete_vm", {"vm": "DC0_C0_RP0_VM0", "force_power_off": True}, "orphaned"),
+    (
+        "orphaned bulk",
+        "bulk_vm_action",
+        {"action": "delete_vm", "name_regex": "DC0_C0_RP0_VM0", "force_power_off": True},
+        "orphaned",
+    ),
+    ("hot add", "reconfigure_vm", {"vm": "DC0_C0_RP0_VM0", "cpu_count": 2}, "powered on"),
+    ("no iso", "unmount_iso", {"vm": "DC0_C0_RP0_VM0"}, "powered on"),
+    ("no snapshot", "revert_snapshot", {"vm": "DC0_C0_RP0_VM0"}, "powered on"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("case", "tool", "args", "state"), STATE_CASES, ids=[c[0] for c in STATE_CASES])
+@pytest.mark.parametrize("denied", [True, False], ids=["denied", "allowed"])
+async def test_a_denied_call_never_hears_about_object_state(
+    tmp_path: Path,
+    make_simulator: MakeSimulator,
+    case: str,
+    tool: str,
+    args: dict[str, Any],
+    state: str,
+    denied: bool,
+) -> None:
+    """A deny rule naming the VM answers with the denial, whatever state the VM is in; a caller the policy
+    lets through hears the state advice (``invalid_state``) and nothing reaches vSphere."""
+    from gateway.errors import InvalidState, PolicyDenied
+
+    env = Env(tmp_path, make_simulator(vms=2))
+    rule = {"name": "hands-off-vm0", "action": "deny", "match": {"vm_patterns": [VM0]}}
+    gw = env.build(rules={**PERMISSIVE, "rules": [rule] if denied else []})
+    try:
+        if state == "orphaned":
+            env.sim.control("/vm/connection-state", {"vm": VM0, "state": "orphaned"})
+        expected = PolicyDenied if denied else InvalidState
+        with pytest.raises((PolicyDenied, InvalidState)) as caught:
+            await gw.call(HUMAN, tool, {"target": "vc1", **args})
+        assert type(caught.value) is expected, f"{case}: {caught.value.code}: {caught.value.message}"
+        if denied:
+            assert "hands-off-vm0" in caught.value.message
+            for word in ("orphaned", "power", "hot", "iso", "snapshot"):
+                assert word not in caught.value.message.lower(), caught.value.message
+        assert env.vm_exists(VM0)
+    finally:
+        await gw.close()

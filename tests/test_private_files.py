@@ -22,18 +22,14 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, write_targets
 
-from gateway.guard.audit import AuditSink, load_or_create_signing_key
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.signing import load_or_create_signing_key
 from gateway.private_files import make_private_dirs, open_private, write_private
 from gateway.server.tls import CertificatePaths, create_certificate
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

@@ -15,11 +15,6 @@ from gateway.settings import Settings
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_slow_task_reports_progress_to_the_client(
     tmp_path: Path, make_simulator: MakeSimulator
 ) -> None:

@@ -1,4 +1,4 @@
-"""Read rules, pure: which objects a read shows, per role, from plain answers (guard.read_filter)."""
+"""Read rules, pure: which objects a read shows, per role, from plain answers (guard.policy.read_filter)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from gateway.guard.policy import CallFacts, Policy, evaluate, parse_policy_text
-from gateway.guard.read_filter import (
+from gateway.guard.policy.evaluate import evaluate
+from gateway.guard.policy.model import CallFacts, Policy
+from gateway.guard.policy.parse import parse_policy_text
+from gateway.guard.policy.read_filter import (
     ReadFilter,
     Shaping,
     Subject,
@@ -20,7 +22,7 @@ from gateway.guard.read_filter import (
     read_filter,
     unreachable_rules,
 )
-from gateway.tools.registry import all_tools
+from gateway.tools.registry import tool_categories
 from gateway.vocabulary import Category, Risk
 
 NOW = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)
@@ -186,7 +188,7 @@ def test_events_and_tasks_about_hidden_objects_are_withheld() -> None:
     assert shown.answer is not None and [t["key"] for t in shown.answer["tasks"]] == ["t2"]
 
 
-TOOLS = {spec.name: spec.kind for spec in all_tools(destructive=True)}
+TOOLS = tool_categories()
 
 UNREACHABLE_CASES: list[tuple[str, str, list[str]]] = [
     ("vm-pattern-on-list-hosts", "{tools: [list_hosts], vm_patterns: [x]}",

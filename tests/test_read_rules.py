@@ -11,10 +11,13 @@ from typing import Any
 import pytest
 import yaml
 from answers import answer_of
+from gateway_env import PERMISSIVE, Env
 from httpserver import Served, mcp_client, serve
 from simulator import MakeSimulator, complete_rules, find_vm, pyvmomi_connect, wait_until, write_targets
 
-from gateway.guard.audit import read_rows
+from gateway.audit.query import read_rows
+from gateway.auth.tokens import Principal
+from gateway.errors import PolicyDenied
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 
@@ -28,11 +31,6 @@ RULES: dict[str, dict[str, Any]] = {
     "by-folder": {"name": "hide-secret", "action": "deny",
                   "match": {"roles": ["reader"], "tools": ["read"], "folders": ["/DC0/vm/secret"]}},
 }
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def prepare_simulator(make_simulator: MakeSimulator) -> Any:
@@ -113,3 +111,27 @@ async def test_a_read_deny_rule_hides_the_vm_from_that_role_only(served: Served,
     denied = [r for r in read_rows(served.gateway.settings.audit_log, phase="denied", caller="bob")
               if r.get("tool") in ("get_vm_details", "list_snapshots")]
     assert {r["error_code"] for r in denied} == {"policy_denied"} and len(denied) == 2
+
+
+# ---------------------------------------------------------------- a deny rule on reads, in the pipeline
+
+
+async def test_read_deny_rule_is_enforced(env: Env) -> None:
+    rules = {
+        **PERMISSIVE,
+        "rules": [
+            {
+                "name": "no-reads-for-watcher",
+                "action": "deny",
+                "match": {"tools": ["read"], "callers": ["watcher"]},
+            }
+        ],
+    }
+    gw = env.build(rules=rules)
+    watcher = Principal(name="watcher", role="reader", surface="test")
+    with pytest.raises(PolicyDenied, match="no-reads-for-watcher"):
+        await gw.call(watcher, "list_vms", {"target": "vc1"})
+    (row,) = env.rows(phase="denied", tool="list_vms")
+    assert row["decision"]["rule"] == "rule:no-reads-for-watcher"
+    other = Principal(name="someone", role="reader", surface="test")
+    assert (await gw.call(other, "list_vms", {"target": "vc1"}))["count"] >= 2

@@ -14,8 +14,9 @@ from simulator import MakeSimulator, Simulator, credentials_env, open_pool, sim_
 from gateway import errors
 from gateway.config import Target
 from gateway.tools import read
-from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec, by_name
-from gateway.vsphere.inventory import PrivilegeCheck
+from gateway.tools.spec import TARGETS, ToolSpec, by_name
+from gateway.vocabulary import Category, Risk
+from gateway.vsphere.access import PrivilegeCheck
 from gateway.vsphere.pool import SessionPool
 from gateway.vsphere.scheduler import Scheduler
 

@@ -1,4 +1,4 @@
-"""One redaction for everything that leaves the process (``gateway.guard.redact``).
+"""One redaction for everything that leaves the process (``gateway.audit.redact``).
 
 Tables of phrasings and keys that must be masked and of look-alikes that must not (correlation ids,
 ordinary words in VM names); then the real ``gateway serve`` in front of a simulator, with a loopback
@@ -38,12 +38,12 @@ from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, complete_rules, wait_until, write_targets
 
 from gateway import notify
+from gateway.audit.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.auth.tokens import create_token
-from gateway.guard.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
 from gateway.logs import configure_logging
+from gateway.proposals import Proposal
 from gateway.server.proposal_flow import proposal_view
 from gateway.server.tls import create_certificate
-from gateway.store.base import Proposal
 from gateway.store.sqlite import SqliteStore
 from gateway.vocabulary import Kind
 
@@ -214,6 +214,7 @@ def test_the_http_clients_request_lines_never_carry_a_url(tmp_path: Path) -> Non
 # ------------------------------------------------------------------------- the real server, end to end
 
 SECRET_REGEX = "(?:password is Hunter2|AKIAIOSFODNN7EXAMPLE)?DC0_H0_VM[01]"
+CLEAN_REGEX = "DC0_H0_VM[01]"
 LEAKS = ("Hunter2", "AKIAIOSFODNN7EXAMPLE")
 HOOK_SECRET = "s3cr3t-for-the-test-receiver"
 HOOK_PART = "5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
@@ -266,11 +267,6 @@ def _receiver() -> Iterator[_Receiver]:
         thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _home(tmp: Path, sim: Simulator, receiver: _Receiver) -> tuple[dict[str, str], dict[str, str]]:
     """GATEWAY_HOME with targets, rules (vc1 needs a human), notifications and two admin tokens."""
     home = tmp / "home"
@@ -321,8 +317,14 @@ async def test_a_secret_in_name_regex_never_leaves_the_host_in_clear(
                                       verify=tls)
             async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http),
                                     mode="2026-07-28") as client:
-                proposed = answer_of(await client.call_tool("bulk_vm_action", {
+                refused = answer_of(await client.call_tool("bulk_vm_action", {
                     "target": "vc1", "action": "delete_vm", "name_regex": SECRET_REGEX,
+                    "force_power_off": True}))
+                assert refused["error"]["code"] == "invalid_argument", refused
+                assert "name_regex" in refused["error"]["message"], refused
+                # the same selection without the secret is proposed: every exit below is live
+                proposed = answer_of(await client.call_tool("bulk_vm_action", {
+                    "target": "vc1", "action": "delete_vm", "name_regex": CLEAN_REGEX,
                     "force_power_off": True}))
                 assert proposed.get("state") == "pending", proposed
                 pending = answer_of(await client.call_tool("list_pending_actions", {}))
@@ -345,13 +347,19 @@ async def test_a_secret_in_name_regex_never_leaves_the_host_in_clear(
     assert [p["proposal_id"] for p in pending["pending"]] == [pid], pending
     assert pid in cards and pid in receiver.bodies("/hook")[0] and pid in receiver.bodies("/chat")[0]
     assert row["plan_summary"] == proposed["summary"]
-    # every column but ``args``: that is the call itself, which confirm and approve plan again from
-    # (possibly in another process), so it holds name_regex as given
-    stored = {key: row[key] for key in row.keys() if key != "args"}  # noqa: SIM118 (sqlite3.Row)
-    exits = {"the answer": json.dumps(proposed), "list_pending_actions": json.dumps(pending),
+    # every column, ``args`` (the call itself, planned again at confirm or approval) included: a
+    # proposal never takes an argument holding a secret
+    stored = {key: row[key] for key in row.keys()}  # noqa: SIM118 (sqlite3.Row)
+    exits = {"the refusal": json.dumps(refused), "the answer": json.dumps(proposed),
+             "list_pending_actions": json.dumps(pending),
              "the card": cards,
              "the webhook": receiver.bodies("/hook")[0], "the chat post": receiver.bodies("/chat")[0],
              "the proposals table": json.dumps(stored), "the log": log.read_text()}
+    audit = (Path(env["GATEWAY_HOME"]) / "audit.jsonl").read_text()
+    refusals = [r for r in map(json.loads, audit.splitlines())
+                if r.get("tool") == "bulk_vm_action" and r.get("error_code") == "invalid_argument"]
+    assert len(refusals) == 1, refusals  # the refusal is audited once, its argument masked
+    exits["the audit log"] = audit
     leaked = {where: found for where, text in exits.items()
               if (found := [secret for secret in (*LEAKS, HOOK_PART, TOKEN_PART) if secret in text])}
     assert leaked == {}, leaked

@@ -11,7 +11,7 @@ from gateway.auth.tokens import Principal
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.registry import ReadOnlyGateError, all_tools, build_registry, verify_read_only
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 
 def test_destructive_tools_exist_only_when_enabled() -> None:

@@ -31,11 +31,12 @@ import pytest
 import yaml
 from answers import answer_of
 from argon2 import PasswordHasher
+from httpserver import GATEWAY_MAIN
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from postgres import PgServer, discard, start_postgres
+from processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
 from simulator import MakeSimulator, Simulator, complete_rules_text, wait_until, write_targets
-from test_deploy import GATEWAY_MAIN, NGINX_MAIN, free_port, need, stop, wait_for_port
 
 from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
@@ -65,16 +66,9 @@ class Replicas:
 
 def replicas_site(ports: tuple[int, int], listen_port: int, cert: Path, key: Path) -> str:
     """deploy/nginx/gateway-replicas.conf with its addresses, name and certificate paths made local."""
-    text = (REPO / "deploy" / "nginx" / "gateway-replicas.conf").read_text()
-    swaps = {"server 127.0.0.1:8080 ": f"server 127.0.0.1:{ports[0]} ",
-             "server 127.0.0.1:8081 ": f"server 127.0.0.1:{ports[1]} ",
-             "listen 443 ssl;": f"listen 127.0.0.1:{listen_port} ssl;",
-             "server_name gateway.example.com;": "server_name localhost;",
-             "/etc/nginx/tls/gateway.crt": str(cert), "/etc/nginx/tls/gateway.key": str(key)}
-    for old, new in swaps.items():
-        assert old in text, f"the nginx recipe no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    return text
+    upstreams = {"server 127.0.0.1:8080 ": f"server 127.0.0.1:{ports[0]} ",
+                 "server 127.0.0.1:8081 ": f"server 127.0.0.1:{ports[1]} "}
+    return local_nginx_recipe("gateway-replicas.conf", upstreams, listen_port, cert, key)
 
 
 def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -171,6 +165,42 @@ def test_round_robin_serves_an_agent_from_both_replicas(replicas: Replicas) -> N
 
     assert anyio.run(agent) == [False] * 4
     assert all(_served_mcp(log) > 0 for log in replicas.logs), "round-robin reached both replicas"
+
+
+def _metric(r: Replicas, index: int, line_start: str) -> float | None:
+    """One sample of a replica's /metrics (its own port), or None when it has none yet."""
+    answer = httpx2.get(f"{_replica(r, index)}/metrics", headers={"Authorization": f"Bearer {r.token}"},
+                        timeout=30)
+    for line in answer.text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_both_replicas_mirrors_see_a_direct_power_off(replicas: Replicas) -> None:
+    """Each replica's inventory mirror keeps its own session and update queue on the one vCenter: a
+    power-off made directly in vSphere shows in the next read of both, answered by their mirrors."""
+    from simulator import find_vm, pyvmomi_connect
+
+    def power(index: int) -> str:
+        async def read() -> Any:
+            return await _call(_replica(replicas, index), replicas.token, None, "list_vms", {"target": "vc1"})
+        failed, answer = anyio.run(read)
+        assert not failed, answer
+        (vm,) = [v for v in answer["vms"] if v["name"] == "DC0_C0_RP0_VM0"]
+        return str(vm["power_state"])
+
+    synced = 'gateway_mirror_synced{target="vc1"}'
+    served = 'gateway_mirror_reads_total{source="mirror",target="vc1"}'
+    for index in (0, 1):
+        assert power(index) == "poweredOn"  # the first read starts the (lazy) mirror
+        wait_until(lambda i=index: _metric(replicas, i, synced) == 1.0, timeout=60, what="mirror synced")
+    before = [_metric(replicas, i, served) or 0.0 for i in (0, 1)]
+    task = find_vm(pyvmomi_connect(replicas.sim), "DC0_C0_RP0_VM0").PowerOffVM_Task()
+    wait_until(lambda: task.info.state in ("success", "error"), timeout=30, what="the power-off")
+    assert [power(0), power(1)] == ["poweredOff", "poweredOff"]
+    after = [_metric(replicas, i, served) or 0.0 for i in (0, 1)]
+    assert all(a == b + 1 for a, b in zip(after, before, strict=True)), (before, after)  # from the mirrors
 
 
 def test_a_2025_11_25_session_is_served_by_both_replicas_with_plain_round_robin(replicas: Replicas) -> None:

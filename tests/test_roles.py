@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.auth.roles import BUILTIN_ROLES, Role, RoleBook, load_roles, parse_roles, permits
+from gateway.auth.roles import RoleBook, load_roles, parse_roles
 from gateway.config import ConfigProblems
 from gateway.guard.decision import may_read_audit_row
-from gateway.tools.spec import Category
+from gateway.role import BUILTIN_ROLES, Role, permits
+from gateway.vocabulary import Category
 
 R, W, D = Category.READ, Category.WRITE, Category.DESTRUCTIVE
 READER, ADMIN = BUILTIN_ROLES["reader"], BUILTIN_ROLES["admin"]

@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from gateway_env import HUMAN, VM0, Env
 
-from gateway.guard.sanitize import clean, clean_text
+from gateway.sanitize import clean, clean_text
 
 HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 
@@ -141,3 +142,27 @@ def test_plain_rows_come_back_as_they_are() -> None:
     assert clean(rows) is rows
     tricky: Any = {"k": ({"a": "b"},), ("tuple", "key"): "v"}  # a key JSON cannot encode: the slow path
     assert clean(tricky) == tricky and clean(tricky) is not tricky
+
+
+# ---------------------------------------------------------------- proposals and pending lists
+
+
+@pytest.mark.anyio
+async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) -> None:
+    from simulator import find_vm, pyvmomi_connect, read_properties, wait_until
+
+    from gateway.server.proposal_flow import proposal_view
+
+    sneaky = "DC0_C0_RP0_VM0\u202etxt.exe\u200b"
+    si = pyvmomi_connect(env.sim)
+    task = find_vm(si, VM0).Rename_Task(newName=sneaky)
+    wait_until(lambda: read_properties(si, task, "info.state")["info.state"] in ("success", "error"))
+    gw = env.build()
+    proposal = await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": sneaky, "force_power_off": True})
+    listed = (await gw.call(HUMAN, "list_pending_actions", {}))["pending"]
+    stored = gw.store.get_proposal(proposal["proposal_id"])
+    assert stored is not None
+    shown = [proposal["summary"], proposal["affected"], listed, proposal_view(stored, gw.clock())]
+    for text in map(str, shown):
+        assert "\u202e" not in text and "\u200b" not in text
+    assert "txt.exe" in proposal["summary"], "the name is still there, its hidden characters made visible"

@@ -32,7 +32,8 @@ from gateway.server.mcp import (
     error_result,
     success_result,
 )
-from gateway.tools.spec import TARGETS, Category, Risk, ToolSpec
+from gateway.tools.spec import TARGETS, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 pytestmark = pytest.mark.anyio
 
@@ -41,11 +42,6 @@ ANSWER = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
 PROGRESS = b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":0.5}}'
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no"), (b"mcp-session-id", b"abc")]
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def event(data: bytes, *extra: bytes) -> bytes:

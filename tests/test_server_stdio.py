@@ -28,17 +28,13 @@ from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import NotFound, PolicyDenied
 from gateway.server.mcp import ProgressSink, build_mcp_server, instructions_for, stdio_principal
-from gateway.tools.spec import TARGET, TARGETS, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGET, TARGETS, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 pytestmark = pytest.mark.anyio
 MODES = ("legacy", "2026-07-28")
 REPO = Path(__file__).resolve().parent.parent
 GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"  # the `gateway` command
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 SPECS = (

@@ -38,11 +38,6 @@ pytestmark = pytest.mark.anyio
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def real_gateway(sim: Simulator, tmp: Path) -> Gateway:
     env = write_targets(tmp / "targets.yaml", {"vc1": sim})
     home = tmp / "home"

@@ -20,7 +20,9 @@ import pytest
 from postgres import PgServer, discard, open_store_at, start_postgres, wait_for
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.store import Proposal, SqliteStore, StateStore, TokenRecord, WebSessionRecord, new_id
+from gateway.ids import new_id
+from gateway.proposals import Proposal
+from gateway.store import SqliteStore, StateStore, TokenRecord, WebSessionRecord
 from gateway.store.postgres import PostgresStore
 from gateway.vocabulary import Kind
 

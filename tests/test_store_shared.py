@@ -58,11 +58,6 @@ except OSError:
 """
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def index_free_for_another_process(db: Path) -> bool:
     """Whether another process could take ``db``'s shared-memory index as unused and rebuild it."""
     done = subprocess.run([sys.executable, "-c", _TRY_DMS, f"{db}-shm", str(SHM_DMS_BYTE)], timeout=60,

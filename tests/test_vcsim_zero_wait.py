@@ -9,13 +9,11 @@ the patched collector computed at once (the ticker path never counts).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pyVim.connect import Disconnect
 from pyVmomi import vim, vmodl
-from simulator import MakeSimulator, Simulator, find_vm, pyvmomi_connect
+from simulator import MakeSimulator, Simulator, find_vm
 
 _PC: Any = vmodl.query.PropertyCollector
 
@@ -23,13 +21,6 @@ _PC: Any = vmodl.query.PropertyCollector
 @pytest.fixture
 def sim(make_simulator: MakeSimulator) -> Simulator:
     return make_simulator(clusters=0, standalone_hosts=1, vms=2, datastores=1)
-
-
-@pytest.fixture
-def si(sim: Simulator) -> Iterator[Any]:
-    service = pyvmomi_connect(sim)
-    yield service
-    Disconnect(service)
 
 
 def _at_once(sim: Simulator) -> int:

@@ -2,7 +2,7 @@
 driven by Playwright, against the real gateway over HTTPS with simulated vCenters behind it, and an
 agent speaking MCP. Each scenario saves screenshots to test-artifacts/web/.
 
-The server and MCP helpers come from tests/test_web.py. Playwright's sync API owns this thread's
+The server and MCP helpers come from tests/webserver.py. Playwright's sync API owns this thread's
 event loop while the browser is open, so the agent's (async) MCP calls run in a helper thread.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import http.server
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from httpserver import REPO
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -30,8 +30,9 @@ from playwright.sync_api import (
     expect,
     sync_playwright,
 )
+from processes import unavailable
 from simulator import find_vm, pyvmomi_connect, wait_until
-from test_web import REPO, WebServer, mcp_call, propose_delete, web_server
+from webserver import WebServer, mcp_call, propose_delete, web_server
 
 pytestmark = pytest.mark.browser
 
@@ -60,10 +61,7 @@ def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.is_file():
-        reason = f"{CHROMIUM} is missing: apt-get install -y chromium"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
@@ -275,7 +273,7 @@ def test_a_cancel_a_confirm_and_a_failure_appear_without_a_reload(
     pending_card(page, second["proposal_id"]).locator("button.approve").click()
     page.click("#confirm-ok")
     card = decided_card(page, second["proposal_id"])
-    # the second proposal's VM went with the first: the lifecycle calls it stale (guard/lifecycle.py)
+    # the second proposal's VM went with the first: the lifecycle calls it stale (gateway/proposals.py)
     expect(card).to_have_attribute("data-state", "stale", timeout=SLOW)
     expect(card.locator(".outcome")).to_contain_text("stale")
     expect(page.locator("#toast")).to_contain_text("Not executed: ")

@@ -3,16 +3,16 @@ read back through a separate pyVmomi session, and every bad argument refused in 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from pyVmomi import vim
 from simulator import Simulator
-from test_actions import Rig, start_rig
+from vsphere_rig import Rig, start_rig
 
 from gateway import errors
-from gateway.tools.spec import Category, ToolSpec, by_name
+from gateway.tools.spec import ToolSpec, by_name
 from gateway.tools.write import (
     CLONE,
     CREATE_SNAPSHOT,
@@ -26,14 +26,10 @@ from gateway.tools.write import (
     UNMOUNT_ISO,
     WRITE_TOOLS,
 )
+from gateway.vocabulary import Category
 
 VM = "DC0_H0_VM0"
 CLUSTER_VM = "DC0_C0_RP0_VM0"
-
-
-@pytest.fixture
-def rig(make_simulator: Callable[..., Simulator]) -> Iterator[Rig]:
-    yield from start_rig(make_simulator)
 
 
 def _refused_before_any_task(rig: Rig, spec: ToolSpec, error: type[errors.GatewayError],

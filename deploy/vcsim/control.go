@@ -58,6 +58,7 @@ var routes = map[string]route{
 	"/delay":                 {http.MethodPost, (*controller).delay},
 	"/slow-task":             {http.MethodPost, (*controller).slowTask},
 	"/fail-next":             {http.MethodPost, (*controller).failNext},
+	"/silence-updates":       {http.MethodPost, (*controller).silenceUpdates},
 	"/status-next":           {http.MethodPost, (*controller).statusNext},
 	"/terminate-sessions":    {http.MethodPost, (*controller).terminateSessions},
 	"/reset":                 {http.MethodPost, (*controller).reset},
@@ -328,6 +329,19 @@ func (c *controller) slowTask(body []byte) (interface{}, error) {
 	}
 	c.gate.setSlow(r)
 	return c.gate.rules(), nil
+}
+
+// silenceUpdates is a fault: {"silenced": true} makes every update stream stop delivering, silently, until
+// {"silenced": false} (a stream that a real target broke without an error).
+func (c *controller) silenceUpdates(body []byte) (interface{}, error) {
+	var req struct {
+		Silenced bool `json:"silenced"`
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, err
+	}
+	simulator.UpdatesSilenced.Store(req.Silenced)
+	return map[string]bool{"silenced": req.Silenced}, nil
 }
 
 func (c *controller) failNext(body []byte) (interface{}, error) {

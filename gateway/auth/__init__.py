@@ -1,9 +1,11 @@
-"""Who is calling (bearer tokens -> ``Principal``) and what they may do (``Role``, ``permits``)."""
+"""Who is calling (bearer tokens -> ``Principal``) and which roles roles.yaml defines (``RoleBook``).
 
-from gateway.auth.roles import BUILTIN_ROLES, Role, RoleBook, permits
+What a role may do (``Role``, ``permits``) is the ground-floor ``gateway.role``.
+"""
+
+from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal, TokenAuthenticator, TokenVerifier, create_token
 
 __all__ = [
-    "BUILTIN_ROLES", "Principal", "Role", "RoleBook", "TokenAuthenticator", "TokenVerifier", "create_token",
-    "permits",
+    "Principal", "RoleBook", "TokenAuthenticator", "TokenVerifier", "create_token",
 ]

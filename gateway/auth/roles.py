@@ -1,4 +1,4 @@
-"""Roles: which tools and targets a token may use, and whether it may approve proposals.
+"""Roles from roles.yaml: which tools and targets a token may use, and whether it may approve proposals.
 
 Two roles are built in and cannot be redefined: ``reader`` (every read tool, every target, approves
 nothing) and ``admin`` (every tool, every target, approves any proposal but its own). The approve
@@ -8,7 +8,8 @@ Custom roles come from ``roles.yaml`` (see ``roles.example.yaml`` for the format
 key). Parsing is strict so that a mistake narrows instead of widening: every key is required, "all"
 is spelled ``"*"``, unknown keys are errors, and write and destructive tools are granted by name only.
 
-``permits`` is the pure decision; ``RoleBook`` follows the file: it reloads when the content
+The ``Role`` record, the built-in roles and the pure ``permits`` are ``gateway.role``; this module
+parses roles.yaml into roles, and ``RoleBook`` follows the file: it reloads when the content
 changes, and while the file is broken it serves the built-in roles only (custom roles are refused,
 the reason goes to the log, never to a caller).
 """
@@ -23,102 +24,23 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position, suggestion
-from gateway.vocabulary import Category
+from gateway.role import APPROVE_RIGHTS, AUDIT_RIGHTS, BUILTIN_ROLES, ApproveRight, AuditRight, Role
 
 log = logging.getLogger(__name__)
 
-ApproveRight = Literal["none", "any", "others"]
-APPROVE_RIGHTS: Final = ("none", "any", "others")
-AuditRight = Literal["none", "own", "all"]
-AUDIT_RIGHTS: Final = ("none", "own", "all")
 #: every custom role sets these
 ROLE_KEYS: Final = ("tools", "allow_write", "allow_destructive", "targets", "approve")
 #: optional keys and the value a role gets without them (the narrowest)
 OPTIONAL_ROLE_KEYS: Final[Mapping[str, str]] = {"audit": "none"}
-#: target values that mean "every target" in a call (names reserved by targets.yaml)
-ALL_TARGETS: Final = frozenset({"all", "*"})
-
 _ROLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 _GLOB_CHARS = frozenset("*?[]")
 #: a roles.yaml modified this recently is re-read even if its stat looks unchanged (same-tick edits)
 _RACY_NS: Final = 2_000_000_000
-
-
-@dataclass(frozen=True)
-class Role:
-    """What a role may do. ``tools`` is ``"read"``, ``"*"`` or a set of tool names."""
-
-    name: str
-    tools: Literal["read", "*"] | frozenset[str]
-    allow_write: frozenset[str] = frozenset()
-    allow_destructive: frozenset[str] = frozenset()
-    targets: Literal["*"] | tuple[str, ...] = "*"
-    approve: ApproveRight = "none"
-    #: which audit rows the role may read: none, its own calls (caller = the token's name), or all
-    #: rows of its targets
-    audit: AuditRight = "none"
-
-    @property
-    def all_targets(self) -> bool:
-        return self.targets == "*"
-
-    def permits_tool(self, tool: str, category: Category) -> bool:
-        """``tools`` first ("read": the read category; "*": everything; a list: those names), then the
-        write or destructive tools named in ``allow_write`` / ``allow_destructive`` for that category."""
-        if self.tools == "*" or (self.tools == "read" and category == Category.READ):
-            return True
-        if isinstance(self.tools, frozenset) and tool in self.tools:
-            return True
-        extra = {Category.WRITE: self.allow_write, Category.DESTRUCTIVE: self.allow_destructive}
-        return tool in extra.get(category, frozenset())
-
-    def permits_target(self, target: str) -> bool:
-        """A target name matched against the globs; "all" (every target) needs ``targets: "*"``."""
-        if self.all_targets:
-            return True
-        if target in ALL_TARGETS:
-            return False
-        return any(fnmatchcase(target, pattern) for pattern in self.targets)
-
-    def describe(self, catalog: Mapping[str, Category] | None = None) -> dict[str, Any]:
-        """What the role really allows, as plain JSON-able values (for ``gateway roles list``):
-        ``allow_write`` / ``allow_destructive`` are every write / destructive tool the role may call,
-        whichever key grants it ("*" when ``tools: "*"``); ``catalog`` (tool name -> category) lets a
-        ``tools`` list count too."""
-        def listed(value: frozenset[str] | str | tuple[str, ...]) -> list[str] | str:
-            return value if isinstance(value, str) else sorted(value)
-
-        def granted(category: Category, extra: frozenset[str]) -> list[str] | str:
-            if self.tools == "*":
-                return "*"
-            named = {t for t in self.tools if catalog and catalog.get(t) == category} \
-                if isinstance(self.tools, frozenset) else set()
-            return sorted(named | extra)
-
-        return {"name": self.name, "tools": listed(self.tools),
-                "allow_write": granted(Category.WRITE, self.allow_write),
-                "allow_destructive": granted(Category.DESTRUCTIVE, self.allow_destructive),
-                "targets": listed(self.targets), "approve": self.approve, "audit": self.audit}
-
-
-
-BUILTIN_ROLES: Final[Mapping[str, Role]] = {
-    "reader": Role("reader", tools="read", targets="*", approve="none", audit="own"),
-    "admin": Role("admin", tools="*", targets="*", approve="any", audit="all"),
-}
-
-
-def permits(role: Role, tool: str, category: Category, target: str | None) -> bool:
-    """May ``role`` call ``tool`` (of ``category``) on ``target``? ``target=None`` for tools that take
-    none (list_targets, confirm_action, ...); ``"all"`` only for roles with every target. Pure."""
-    return role.permits_tool(tool, category) and (target is None or role.permits_target(target))
 
 
 # -- parsing ---------------------------------------------------------------------------------------

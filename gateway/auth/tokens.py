@@ -38,7 +38,8 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from gateway.errors import InvalidArgument, StateUnavailable
-from gateway.store.base import ID_LENGTH, StateStore, TokenRecord, new_id
+from gateway.ids import ID_LENGTH, new_id
+from gateway.store.base import StateStore, TokenRecord
 from gateway.vocabulary import Kind
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""``gateway audit``: read, summarise and verify the audit log (the file named by settings.audit_log)."""
+"""``gateway audit``: read, summarise and verify the audit log: the file named by settings.audit_log, or
+the ``audit_rows`` table when the chain lives in PostgreSQL (GATEWAY_DATABASE_URL), with the same output."""
 
 from __future__ import annotations
 
@@ -9,22 +10,25 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.cli import add_path_flags, settings_from
-from gateway.errors import AuditUnavailable
-from gateway.guard.audit import (
+from gateway.audit.query import read_rows, stats
+from gateway.audit.signing import (
     SIGNING_KEY_NAME,
-    VerifyReport,
     load_or_create_signing_key,
     parse_public_key,
     public_key_text,
-    read_rows,
-    stats,
-    verify,
 )
+from gateway.audit.verify import VerifyReport, verify
+from gateway.cli import add_path_flags, settings_from
+from gateway.errors import AuditUnavailable
+
+if TYPE_CHECKING:
+    from gateway.audit.pg_reader import PgAuditReader
+    from gateway.settings import Settings
+    from gateway.store.postgres import PostgresStore
 
 _RELATIVE = re.compile(r"(?P<amount>\d+)(?P<unit>[smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -138,8 +142,7 @@ def _row_limit(args: argparse.Namespace) -> int | None:
 
 def show_log(args: argparse.Namespace) -> int:
     if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
-        from gateway.cli import audit_db
-        return audit_db.show_log(args, shared)
+        return _show_table_log(args, shared)
     path = shared.audit_log
     limit = _row_limit(args)
     try:
@@ -183,8 +186,7 @@ def render_stats(summary: Mapping[str, Any]) -> str:
 
 def show_stats(args: argparse.Namespace) -> int:
     if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
-        from gateway.cli import audit_db
-        return audit_db.show_stats(args, shared)
+        return _show_table_stats(args, shared)
     path = shared.audit_log
     try:
         summary = stats(path, since=args.since)
@@ -254,8 +256,7 @@ def describe_checkpoints(report: VerifyReport) -> list[str]:
 
 def run_verify(args: argparse.Namespace) -> int:
     if (settings := settings_from(args)).database_url:  # the chain is in PostgreSQL
-        from gateway.cli import audit_db
-        return audit_db.run_verify(args, settings)
+        return _verify_table(args, settings)
     path = settings.audit_log
     pinned: Ed25519PublicKey | None = args.public_key
     if args.checkpoint and pinned is None:
@@ -291,3 +292,62 @@ def show_key(args: argparse.Namespace) -> int:
 def _unreadable(path: object, exc: OSError) -> int:
     print(f"gateway: cannot read the audit log {path}: {exc.strerror or exc}", file=sys.stderr)
     return 1
+
+
+# -- the chain in PostgreSQL (GATEWAY_DATABASE_URL): the same output, read from the audit_rows table ------
+
+
+def _table_reader(settings: Settings) -> tuple[PostgresStore, PgAuditReader]:
+    """The audit table's reader on its own small pool (imported here: only PostgreSQL mode needs it)."""
+    from gateway.audit.pg_reader import PgAuditReader
+    from gateway.store.postgres import PostgresStore
+
+    assert settings.database_url is not None
+    store = PostgresStore(settings.database_url, max_size=2)
+    return store, PgAuditReader(store)
+
+
+def _show_table_log(args: argparse.Namespace, settings: Settings) -> int:
+    store, reader = _table_reader(settings)
+    limit = _row_limit(args)
+    try:
+        rows = reader.rows(last=limit, since=args.since, until=args.until, target=args.target, tool=args.tool,
+                           phase=args.phase, caller=args.caller, correlation_id=args.correlation_id)
+    except AuditUnavailable as exc:
+        print(f"gateway: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    return print_rows(rows, args, limit, where=reader.where)
+
+
+def _show_table_stats(args: argparse.Namespace, settings: Settings) -> int:
+    store, reader = _table_reader(settings)
+    try:
+        summary = reader.stats(since=args.since)
+    except AuditUnavailable as exc:
+        print(f"gateway: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    print(json.dumps(summary, ensure_ascii=False) if args.json else render_stats(summary))
+    return 0
+
+
+def _verify_table(args: argparse.Namespace, settings: Settings) -> int:
+    pinned = args.public_key
+    if args.checkpoint and pinned is None:
+        pinned = _state_key(settings.signing_key_file)
+    store, reader = _table_reader(settings)
+    try:
+        report = reader.verify(checkpoints=args.checkpoint, public_key=pinned)
+    except AuditUnavailable as exc:
+        print(f"gateway: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    if not report.rows:
+        print(f"no audit rows in {reader.where} (check GATEWAY_DATABASE_URL)", file=sys.stderr)
+        return 1
+    print("\n".join(line for line in (*describe(report), *describe_checkpoints(report)) if line))
+    return 0 if report.ok else 1

@@ -3,7 +3,7 @@
 Each problem is one line on stderr, ``file:line:column: where in the file: what is wrong; the fix``,
 in the order of the files (targets.yaml, rules.yaml, roles.yaml), then the names one file uses for
 what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``), and
-the rules whose object fields can never apply to the tools they name (``gateway.guard.read_filter``).
+the rules whose object fields can never apply to the tools they name (``gateway.guard.policy.read_filter``).
 A short summary of each good file goes to stdout. Exit 1 on any problem.
 """
 
@@ -15,13 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.auth.roles import BUILTIN_ROLES, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
-from gateway.guard.policy_store import PolicyStore
-from gateway.guard.read_filter import unreachable_rules
+from gateway.guard.policy.read_filter import unreachable_rules
+from gateway.guard.policy.store import PolicyStore
+from gateway.role import BUILTIN_ROLES
+from gateway.tools.registry import tool_categories
 
 
 def register(sub: Any) -> None:
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             policy = PolicyStore(settings.rules_file).current()
             refs += policy.refs
-            problems += unreachable_rules(policy, KnownNames.of(targets, ()).tools)
+            problems += unreachable_rules(policy, tool_categories())
             summary.append((settings.rules_file, f"rules: {settings.rules_file} ok"))
         except ConfigError as exc:
             problems += exc.details.get("problems") or [exc.message]
@@ -69,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary.append((settings.roles_file, f"roles: {settings.roles_file} absent; built-in roles reader "
                                              "and admin only"))
-    problems += [str(u) for u in unknown_names(refs, KnownNames.of(targets, role_names))]
+    known = KnownNames.of(targets, role_names, tool_categories())
+    problems += [str(u) for u in unknown_names(refs, known)]
     problems = list(dict.fromkeys(problems))
     for path, line in summary:
         if not any(p.startswith(str(path)) for p in problems):  # a file with a problem is not "ok"

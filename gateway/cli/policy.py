@@ -16,7 +16,9 @@ from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.describe import describe
+from gateway.guard.policy.store import PolicyStore
+from gateway.tools.registry import tool_categories
 
 
 def register(sub: Any) -> None:
@@ -35,8 +37,8 @@ def run_show(args: argparse.Namespace) -> int:
         known_targets = load_targets(settings.targets_file)
     except ConfigProblems:
         known_targets = None  # the policy can still be shown for its defaults; `gateway check` explains
-    known = KnownNames.of(known_targets, RoleBook(settings.roles_file).roles())
-    report = PolicyStore(settings.rules_file).describe(known_targets or (), known)
+    known = KnownNames.of(known_targets, RoleBook(settings.roles_file).roles(), tool_categories())
+    report = describe(PolicyStore(settings.rules_file), known_targets or (), known)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:

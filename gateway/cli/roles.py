@@ -8,14 +8,15 @@ import json
 import time
 from typing import Any
 
-from gateway.auth.roles import BUILTIN_ROLES, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames, unknown_names
+from gateway.role import BUILTIN_ROLES
 from gateway.settings import Settings
 from gateway.store import open_store
 from gateway.store.backends import engine_of
-from gateway.tools.registry import all_tools
+from gateway.tools.registry import tool_categories
 
 
 def register(sub: Any) -> None:
@@ -55,7 +56,7 @@ def run_check(args: argparse.Namespace) -> int:
         targets: tuple[Target, ...] | None = None
         with contextlib.suppress(ConfigProblems):  # `gateway check` explains a broken targets.yaml
             targets = load_targets(settings.targets_file)
-        problems = [str(u) for u in unknown_names(refs, KnownNames.of(targets, ()))]
+        problems = [str(u) for u in unknown_names(refs, KnownNames.of(targets, (), tool_categories()))]
         problems += token_problems(settings, book)
     for problem in problems:
         print(problem)
@@ -71,7 +72,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     book = RoleBook(settings.roles_file)
-    catalog = {spec.name: spec.kind for spec in all_tools(destructive=True)}
+    catalog = tool_categories()
     rows = [{**role.describe(catalog),
              "source": "built-in" if name in BUILTIN_ROLES else str(settings.roles_file)}
             for name, role in book.roles().items()]

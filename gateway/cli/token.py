@@ -19,12 +19,12 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.audit.file_sink import AuditSink
 from gateway.auth.local import os_person
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import create_token, parse_expiry
 from gateway.cli import add_path_flags, settings_from
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
-from gateway.guard.audit import AuditSink
 from gateway.settings import Settings
 from gateway.store import StateStore, open_store
 from gateway.store.base import TokenRecord

@@ -11,7 +11,7 @@ caller a confirmation token (shown once; only its sha256 is stored). The token i
 - gated by a human where the target requires web approval: the agent's own confirm is refused and
   a human with the ``approve`` right confirms on the page (/ui) or with ``gateway pending approve``.
 
-The moves a proposal can make are the table in ``gateway.guard.lifecycle``; who may make them, and
+The moves a proposal can make are the table in ``gateway.proposals``; who may make them, and
 whether the rules still allow the change, is ``gateway.guard.decision.authorize``.
 """
 
@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gateway.errors import ConfirmationExpired, ConfirmationInvalid, GatewayError
-from gateway.store.base import Proposal, new_id
+from gateway.ids import new_id
+from gateway.proposals import Proposal
 
 TOKEN_PREFIX: Final = "gwc_"
 

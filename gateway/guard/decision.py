@@ -42,7 +42,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from gateway.auth.roles import Role
 from gateway.errors import (
     Ambiguous,
     ApprovalRequired,
@@ -56,8 +55,10 @@ from gateway.errors import (
     PolicyDenied,
     Stale,
 )
-from gateway.guard.policy import CallFacts, Decision, Policy, evaluate
-from gateway.guard.read_filter import ReadFilter, read_filter
+from gateway.guard.policy.evaluate import evaluate
+from gateway.guard.policy.model import CallFacts, Decision, Policy
+from gateway.guard.policy.read_filter import ReadFilter, read_filter
+from gateway.role import Role
 from gateway.vocabulary import AffectedObject, Category, Kind, Precondition, Risk
 
 
@@ -103,7 +104,7 @@ class Proposed:
 
     @classmethod
     def of(cls, proposal: Any) -> Proposed:
-        """From a stored proposal (``store.base.Proposal``)."""
+        """From a stored proposal (``gateway.proposals.Proposal``)."""
         return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id)
 
 
@@ -417,7 +418,7 @@ def call_facts(f: Facts) -> CallFacts:
 
 
 def read_rules(f: Facts) -> ReadFilter | None:
-    """What a read authorized on ``f`` may show (``guard.read_filter``), or None: everything."""
+    """What a read authorized on ``f`` may show (``guard.policy.read_filter``), or None: everything."""
     if f.entry is not Entry.READ:
         return None
     return read_filter(f.rules, call_facts(f), f.now)

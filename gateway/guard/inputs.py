@@ -11,7 +11,7 @@ So:
   argument key and every string value, nested), so the pipeline refuses it as an invalid argument
   before anything else looks at the call;
 - ``storable_text(text)`` escapes every such character visibly (``\\u0000``, ``\\udc80``, the escape
-  style of ``guard.sanitize``), and the audit's bounding step applies it to every key and string of
+  style of ``gateway.sanitize``), and the audit's bounding step applies it to every key and string of
   every row, so the refusal itself is written on both engines alike.
 
 Pure: imports nothing from the gateway.

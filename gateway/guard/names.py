@@ -16,19 +16,17 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.config import NameRef, Target, suggestion
 from gateway.errors import ConfigError
-from gateway.tools.registry import all_tools
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.read_filter import unreachable_rules
+from gateway.guard.policy.store import PolicyStore
+from gateway.role import Role
 from gateway.vocabulary import Category
-
-if TYPE_CHECKING:
-    from gateway.auth.roles import RoleBook
-    from gateway.guard.policy import Policy
-    from gateway.guard.policy_store import PolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +41,13 @@ class KnownNames:
     roles: tuple[str, ...]
 
     @classmethod
-    def of(cls, targets: Sequence[Target] | None, roles: Iterable[str]) -> KnownNames:
-        """Build from loaded targets (None: unknown) and role names; tools are every tool this build
-        offers, destructive ones included (a server may enable them later)."""
-        tools = {spec.name: spec.kind for spec in all_tools(destructive=True)}
+    def of(cls, targets: Sequence[Target] | None, roles: Iterable[str],
+           tools: Mapping[str, Category]) -> KnownNames:
+        """Build from loaded targets (None: unknown), role names and the tools with their categories (for
+        the server and the CLI: every tool this build offers, destructive ones included, as
+        ``gateway.tools.registry.tool_categories`` gives them: a server may enable them later)."""
         names = None if targets is None else tuple(t.name for t in targets)
-        return cls(names, tools, tuple(roles))
+        return cls(names, dict(tools), tuple(roles))
 
 
 @dataclass(frozen=True)
@@ -118,21 +117,29 @@ def log_unknown_names(refs: Iterable[NameRef], known: KnownNames) -> None:
         log.warning("%s (the gateway keeps running; `gateway check` lists every such name)", unknown)
 
 
-def watch(policy: PolicyStore, roles: RoleBook, targets: Sequence[Target]) -> None:
+class RoleSource(Protocol):
+    """What ``watch`` needs of the roles file (``gateway.auth.roles.RoleBook``): its roles, and a hook
+    called with the names a newly loaded file uses."""
+
+    on_refs: Callable[[list[NameRef]], None] | None
+
+    def roles(self) -> dict[str, Role]: ...
+
+
+def watch(policy: PolicyStore, roles: RoleSource, targets: Sequence[Target],
+          tools: Mapping[str, Category]) -> None:
     """Log names that match nothing, and rules whose object fields can never apply to the tools they
     name, whenever ``policy`` or ``roles`` loads a new valid file (for the server: a warning at load).
-    The rules file is read now; roles.yaml on its first lookup (its loading writes a config_reload
-    audit row, which belongs to the running server)."""
-    # read_filter imports policy, which imports this module: imported here, when the server starts
-    from gateway.guard.read_filter import unreachable_rules
+    ``tools``: every tool of this build with its category. The rules file is read now; roles.yaml on
+    its first lookup (its loading writes a config_reload audit row, which belongs to the running server)."""
 
     def loaded(policy: Policy) -> None:
-        known = KnownNames.of(targets, roles.roles())
+        known = KnownNames.of(targets, roles.roles(), tools)
         log_unknown_names(policy.refs, known)
         for problem in unreachable_rules(policy, known.tools):
             log.warning("%s (the gateway keeps running; `gateway check` reports it as an error)", problem)
 
     policy.on_load = loaded
-    roles.on_refs = lambda refs: log_unknown_names(refs, KnownNames.of(targets, ()))
+    roles.on_refs = lambda refs: log_unknown_names(refs, KnownNames.of(targets, (), tools))
     with contextlib.suppress(ConfigError):
         policy.current()

@@ -29,7 +29,8 @@ from gateway.guard.decision import (
     authorize_resolved,
 )
 from gateway.guard.limits import RateLimiter
-from gateway.guard.policy import Decision, TargetPolicy
+from gateway.guard.policy.model import Decision, TargetPolicy
+from gateway.proposals import Proposal
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import (
     ALL,
@@ -45,8 +46,8 @@ from gateway.server.context import (
 )
 from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
-from gateway.store.base import Proposal
-from gateway.tools.spec import Category, Plan, ToolSpec
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category, Plan
 
 Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]
 #: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)

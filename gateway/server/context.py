@@ -11,12 +11,13 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from gateway.auth.roles import Role
 from gateway.auth.tokens import Principal
 from gateway.errors import StateUnavailable
 from gateway.guard.decision import Entry, Party
-from gateway.guard.sanitize import clean
-from gateway.tools.spec import Category, ToolSpec
+from gateway.role import Role
+from gateway.sanitize import clean
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 

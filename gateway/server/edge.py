@@ -517,7 +517,7 @@ def _bearer(headers: Headers) -> str | None:
 
 
 class AuditWriter(Protocol):
-    """Where refused tokens are recorded (``gateway.guard.audit.AuditSink``); ``write`` may block."""
+    """Where refused tokens are recorded (``gateway.audit.file_sink.AuditSink``); ``write`` may block."""
 
     def write(self, event: Mapping[str, Any]) -> Any: ...
 

@@ -7,16 +7,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.answer import Answer
-from gateway.auth.roles import Role
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.guard.decision import Party, Verdict
+from gateway.proposals import Proposal
+from gateway.role import Role
 from gateway.server.call_path import CallPath
 from gateway.server.context import ProgressSink
 from gateway.server.facts import FactsNow
 from gateway.server.moves import EXECUTION_GRACE_SECONDS, LifecycleListener
-from gateway.store.base import Proposal
-from gateway.tools.spec import Category, ToolSpec
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category
 
 
 class GatewayFacade:

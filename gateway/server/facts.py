@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.auth.roles import Role, RoleBook
+from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.guard import confirm
@@ -20,10 +20,13 @@ from gateway.guard.decision import (
     token_state,
     tool_permitted,
 )
-from gateway.guard.policy_store import PolicyStore
-from gateway.store.base import Proposal, StateStore
+from gateway.guard.policy.store import PolicyStore
+from gateway.proposals import Proposal
+from gateway.role import Role
+from gateway.store.base import StateStore
 from gateway.tools.registry import Registry
-from gateway.tools.spec import Category, Plan, ToolSpec
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category, Plan
 
 
 class FactsNow:

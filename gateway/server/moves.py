@@ -12,15 +12,15 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from gateway.audit.readers import AuditReader
 from gateway.auth.tokens import Principal
 from gateway.guard.decision import TokenState
-from gateway.guard.lifecycle import FINAL_STATES, OPEN_STATES
+from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import GATEWAY_ACTOR, off_loop
 from gateway.server.facts import FactsNow
-from gateway.store.audit_read import AuditReader
 from gateway.store.backends import InstanceLock, Leader
-from gateway.store.base import Proposal, StateStore
+from gateway.store.base import StateStore
 from gateway.tools.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ class Moves:
         **fields: Any,
     ) -> Proposal | None:
         """THE way a proposal changes state: the lifecycle edge by the store's compare-and-set (the store
-        refuses any move outside guard/lifecycle.py), its audit row, then the lifecycle listeners. None
+        refuses any move outside the table in gateway/proposals.py), its audit row, then the listeners. None
         if another caller moved it first. A row the audit cannot take now waits in memory (the server
         reports unready) and is appended once it can be. (``move`` is the same for the event loop; the
         ``executing`` claim writes its row first, as the intent: see ``claim``.)"""

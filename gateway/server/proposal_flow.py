@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gateway.answer import Answer
+from gateway.audit.redact import shown, shown_text
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import (
@@ -23,15 +24,13 @@ from gateway.errors import (
 )
 from gateway.guard import confirm
 from gateway.guard.decision import Entry, Proposed, Verdict, authorize, proposal_rights
-from gateway.guard.lifecycle import OPEN_STATES
-from gateway.guard.policy import Decision
-from gateway.guard.redact import shown, shown_text
+from gateway.guard.policy.model import Decision
+from gateway.proposals import OPEN_STATES, Proposal
 from gateway.server.calls import Handler
 from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
-from gateway.store.base import Proposal
-from gateway.tools.spec import Plan
+from gateway.vocabulary import Plan
 
 
 class ProposalFlow:

@@ -1,4 +1,4 @@
-"""Read rules on the read path: the one place a read's answer is filtered (``guard.read_filter``).
+"""Read rules on the read path: the one place a read's answer is filtered (``guard.policy.read_filter``).
 
 The pipeline authorizes a read per target and keeps, per target, what the read may show (a
 ``ReadFilter``, or None). After the mirror or the sweep answered, ``ReadRules`` filters each
@@ -17,7 +17,7 @@ from typing import Any
 from gateway.answer import Answer
 from gateway.config import Target
 from gateway.errors import PolicyDenied
-from gateway.guard.read_filter import (
+from gateway.guard.policy.read_filter import (
     VM_FACT_FIELDS,
     Filtered,
     ReadFilter,

@@ -10,13 +10,14 @@ from typing import Any
 from gateway.answer import Answer
 from gateway.errors import Forbidden, GatewayError, PolicyDenied, RateLimited
 from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
-from gateway.guard.policy import TargetPolicy
-from gateway.guard.read_filter import Filtered, ReadFilter, read_args
+from gateway.guard.policy.model import TargetPolicy
+from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
 from gateway.server.calls import Calls
 from gateway.server.context import ALL, CallContext, ProgressSink, off_loop, redact_args, target_label
 from gateway.server.read_rules import ReadRules, denial
 from gateway.tools.read import summarize_targets, target_about
-from gateway.tools.spec import Category, ToolSpec
+from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category
 from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler

@@ -22,8 +22,8 @@ from typing import Any, Final, TypeVar
 
 from gateway.config import Target
 from gateway.errors import ConfigError
-from gateway.guard.policy import Policy
-from gateway.guard.policy_store import RulesLoad
+from gateway.guard.policy.model import Policy
+from gateway.guard.policy.store import RulesLoad
 
 PHASE: Final = "config_reload"
 #: at most this many problems are kept in a refusal row (the audit bounds each string on its own)

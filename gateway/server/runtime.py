@@ -23,8 +23,8 @@ How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``
       -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
          unready) and is appended as soon as the audit is writable again (server/audit_trail.py)
 
-Every proposal move goes through ``Moves.move`` (server/moves.py: the lifecycle table of
-guard/lifecycle.py, the store's compare-and-set, an audit row, then the lifecycle listeners); the
+Every proposal move goes through ``Moves.move`` (server/moves.py: the lifecycle table in
+gateway/proposals.py, the store's compare-and-set, an audit row, then the lifecycle listeners); the
 sweeper there expires, cancels orphans and settles dead claims.
 """
 
@@ -39,7 +39,7 @@ from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.guard import names
-from gateway.guard.policy_store import PolicyStore
+from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
 from gateway.server.audit_trail import AuditTrail
@@ -49,7 +49,7 @@ from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.backends import Backends, open_backends
-from gateway.tools.registry import Registry, build_registry
+from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
 
 
@@ -128,7 +128,7 @@ class Gateway(GatewayFacade):
             trail=trail,
         )
         built.append(gateway)
-        names.watch(policy, roles, targets)  # a name in rules.yaml or roles.yaml matching nothing: WARNING
+        names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
         return gateway
 
     async def start(self) -> None:

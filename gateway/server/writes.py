@@ -10,18 +10,18 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from gateway.answer import Answer
+from gateway.audit.redact import shown, shown_text
 from gateway.config import Target
 from gateway.errors import GatewayError, OutcomeUnknown, PolicyDenied
 from gateway.guard import confirm
 from gateway.guard.decision import Entry
 from gateway.guard.limits import RunawayBreaker
-from gateway.guard.policy import Decision
-from gateway.guard.redact import shown, shown_text
+from gateway.guard.policy.model import Decision
+from gateway.proposals import Proposal
 from gateway.server.calls import Calls
 from gateway.server.context import ALL, CallContext, ProgressSink, cut, redact_args
 from gateway.server.moves import Moves
-from gateway.store.base import Proposal
-from gateway.tools.spec import Category, Plan
+from gateway.vocabulary import Category, Plan
 from gateway.vsphere.scheduler import Scheduler
 
 

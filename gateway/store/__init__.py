@@ -10,25 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.store.base import (
-    FINAL_STATES,
-    PROPOSAL_STATES,
-    AuditWriter,
-    Proposal,
-    StateStore,
-    TokenRecord,
-    WebSessionRecord,
-    new_id,
-)
+from gateway.store.base import AuditWriter, StateStore, TokenRecord, WebSessionRecord
 from gateway.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
 
-__all__ = [
-    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "SqliteStore", "StateStore", "TokenRecord",
-    "WebSessionRecord", "new_id", "open_store",
-]
+__all__ = ["AuditWriter", "SqliteStore", "StateStore", "TokenRecord", "WebSessionRecord", "open_store"]
 
 
 def open_store(settings: Settings) -> StateStore:

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.guard.audit import AuditSink
+from gateway.audit.file_sink import AuditSink
+from gateway.audit.readers import AuditReader, FileAuditReader
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.private_files import make_private_dirs
-from gateway.store.audit_read import AuditReader, FileAuditReader
 from gateway.store.base import AuditWriter, StateStore
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
@@ -86,7 +86,7 @@ def _pg_store(settings: Settings) -> StateStore:
 
 
 def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
-    from gateway.store.audit_pg import PgAuditSink
+    from gateway.audit.pg_sink import PgAuditSink
     from gateway.store.postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)
@@ -94,7 +94,7 @@ def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
 
 
 def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
-    from gateway.store.audit_pg import PgAuditReader
+    from gateway.audit.pg_reader import PgAuditReader
     from gateway.store.postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)

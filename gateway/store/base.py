@@ -12,30 +12,13 @@ one load balancer. Both run the versioned schema migrations of their engine when
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from gateway.errors import ConfigError
-from gateway.guard.lifecycle import FINAL_STATES, STATES, check_edge
+from gateway.proposals import STATES, Proposal, check_edge
 from gateway.vocabulary import Kind
-
-#: every state a proposal can be in; the moves between them are ``gateway.guard.lifecycle.EDGES``
-PROPOSAL_STATES: Final = STATES
-__all__ = [
-    "FINAL_STATES", "PROPOSAL_STATES", "AuditWriter", "Proposal", "StateStore", "TokenRecord",
-    "WebSessionRecord", "check_edge", "new_id",
-]
-
-_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
-ID_LENGTH: Final = 12
-
-
-def new_id() -> str:
-    """A short random id (12 lowercase letters/digits, ~62 bits): never starts with ``-`` on a command
-    line and contains no ``_``, so it can sit between the separators of a token."""
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(ID_LENGTH))
 
 
 @dataclass(frozen=True)
@@ -61,47 +44,6 @@ class TokenRecord:
 
 
 @dataclass(frozen=True)
-class Proposal:
-    """A destructive call waiting for confirmation. Only the sha256 of its confirmation token is kept.
-
-    ``args`` is the call as made: confirm and approve plan again from it, possibly in another process,
-    so it is kept as given and never shown (views leave it out, audit rows redact it); ``args_digest``
-    binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
-    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.guard.redact.shown``).
-    """
-
-    id: str
-    token_hash: str
-    caller: str
-    role: str
-    surface: str
-    target: str
-    target_host: str
-    tool: str
-    args: dict[str, Any]
-    args_digest: str
-    plan_summary: str
-    affected: list[dict[str, Any]]
-    plan_params: dict[str, Any]
-    created_at: float
-    expires_at: float
-    state: str = "pending"
-    require_web_approval: bool = False
-    approved_by: str | None = None
-    decided_at: float | None = None
-    outcome: str | None = None
-    result: Any = None
-    error: dict[str, Any] | None = None
-    correlation_id: str | None = None
-    #: who holds the ``executing`` claim: ``<instance id>`` of the gateway process running the change
-    executor: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.state not in PROPOSAL_STATES:
-            raise ValueError(f"unknown proposal state {self.state!r}")
-
-
-@dataclass(frozen=True)
 class WebSessionRecord:
     """One signed-in browser of the approval page as stored. ``key`` is the sha256 of the session id
     that travels in the cookie (the id itself is never stored); ``csrf`` is compared in constant time."""
@@ -122,8 +64,8 @@ TRANSITION_FIELDS: Final = frozenset(
 
 
 class AuditWriter(Protocol):
-    """The small interface audit rows are written through: the JSONL ``gateway.guard.audit.AuditSink``
-    (embedded mode) or ``gateway.store.audit_pg.PgAuditSink`` (PostgreSQL). ``write`` returns the row as
+    """The small interface audit rows are written through: the JSONL ``gateway.audit.file_sink.AuditSink``
+    (embedded mode) or ``gateway.audit.pg_sink.PgAuditSink`` (PostgreSQL). ``write`` returns the row as
     stored, or raises ``AuditUnavailable`` and the caller refuses the call."""
 
     def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]: ...
@@ -285,7 +227,7 @@ def check_transition(from_states: Sequence[str], to_state: str, fields: Mapping[
 
 
 def check_states(states: Sequence[str]) -> None:
-    unknown = set(states) - PROPOSAL_STATES
+    unknown = set(states) - STATES
     if unknown:
         raise ValueError(f"unknown proposal states: {sorted(unknown)}")
 

@@ -17,7 +17,7 @@ from gateway.errors import RateLimited
 from gateway.guard.limits import RATE_WINDOW_SECONDS, RateLimiter, RunawayBreaker, budgets
 from gateway.store.postgres import PostgresStore
 from gateway.store.slots import lock_key
-from gateway.tools.spec import Category
+from gateway.vocabulary import Category
 
 __all__ = ["PgRateLimiter", "PgRunawayBreaker"]
 

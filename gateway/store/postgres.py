@@ -36,6 +36,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
+from gateway.proposals import Proposal
 from gateway.store.base import (
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
@@ -43,7 +44,6 @@ from gateway.store.base import (
     TOKEN_KIND_COLUMN,
     WEB_SESSION_COLUMNS,
     Migration,
-    Proposal,
     StateStore,
     TokenRecord,
     WebSessionRecord,
@@ -116,7 +116,7 @@ _V1: Final = (
     last_seen  double precision NOT NULL
 )""",
     "CREATE INDEX web_sessions_created ON web_sessions (created_at)",
-    # The audit chain of every replica (gateway.store.audit_pg): ``body`` is the row exactly as
+    # The audit chain of every replica (gateway.audit.pg_sink): ``body`` is the row exactly as
     # stamped; the other columns copy fields of it for filtering.
     """CREATE TABLE audit_rows (
     seq            bigint PRIMARY KEY,
@@ -142,8 +142,8 @@ _V2: Final = (
 )""",
 )
 _V3: Final = (
-    # signed heads of the audit chain (gateway.store.audit_pg): ``body`` is the checkpoint exactly as
-    # signed (``gateway.guard.audit.sign_checkpoint``), ``seq`` copies its seq for reading in order.
+    # signed heads of the audit chain (gateway.audit.pg_sink): ``body`` is the checkpoint exactly as
+    # signed (``gateway.audit.signing.sign_checkpoint``), ``seq`` copies its seq for reading in order.
     """CREATE TABLE audit_checkpoints (
     id   bigserial PRIMARY KEY,
     seq  bigint NOT NULL,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
 from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs
+from gateway.proposals import Proposal
 from gateway.store.base import (
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
@@ -41,7 +42,6 @@ from gateway.store.base import (
     TOKEN_KIND_COLUMN,
     WEB_SESSION_COLUMNS,
     Migration,
-    Proposal,
     StateStore,
     TokenRecord,
     WebSessionRecord,
@@ -57,7 +57,7 @@ from gateway.store.base import (
 )
 from gateway.vocabulary import Kind
 
-__all__ = ["Proposal", "SqliteStore", "TokenRecord", "secure_directory"]
+__all__ = ["SqliteStore", "secure_directory"]
 
 log = logging.getLogger(__name__)
 

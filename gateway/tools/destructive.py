@@ -6,9 +6,10 @@ A call returns a proposal; ``confirm_action`` executes it after re-planning. Rev
 
 from __future__ import annotations
 
-from gateway.tools.spec import TARGET, Category, Param, Risk, ToolSpec
+from gateway.tools.spec import TARGET, Param, ToolSpec
 from gateway.tools.write import VM
-from gateway.vsphere import actions
+from gateway.vocabulary import Category, Risk
+from gateway.vsphere.actions import bulk, hardware, removal, snapshots
 
 TIMEOUT = Param(
     "timeout_seconds", "number",
@@ -27,7 +28,7 @@ DELETE_SNAPSHOT = ToolSpec(
             Param("snapshot", "string", "Snapshot name (exact) or moid (snapshot-12).", required=True),
             Param("remove_children", "boolean", "Also delete every snapshot below it.", default=False),
             TIMEOUT),
-    plan=actions.plan_delete_snapshot, execute=actions.execute_delete_snapshot,
+    plan=snapshots.plan_delete_snapshot, execute=snapshots.execute_delete_snapshot,
     privileges=("VirtualMachine.State.RemoveSnapshot",),
 )
 
@@ -39,7 +40,7 @@ REVERT_SNAPSHOT = ToolSpec(
     params=(TARGET, VM,
             Param("snapshot", "string", "Snapshot name (exact) or moid; omit for the current snapshot."),
             TIMEOUT),
-    plan=actions.plan_revert_snapshot, execute=actions.execute_revert_snapshot,
+    plan=snapshots.plan_revert_snapshot, execute=snapshots.execute_revert_snapshot,
     privileges=("VirtualMachine.State.RevertToSnapshot", "VirtualMachine.State.CreateSnapshot"),
     snapshot_before=True,
 )
@@ -50,7 +51,7 @@ DELETE_VM = ToolSpec(
                 "force_power_off, and an orphaned, inaccessible or invalid VM (use unregister_vm for those).",
     category=Category.DESTRUCTIVE, risk=Risk.CRITICAL,
     params=(TARGET, VM, FORCE_POWER_OFF, TIMEOUT),
-    plan=actions.plan_delete_vm, execute=actions.execute_delete_vm,
+    plan=removal.plan_delete_vm, execute=removal.execute_delete_vm,
     privileges=("VirtualMachine.Inventory.Delete", "VirtualMachine.Interact.PowerOff"),
 )
 
@@ -60,7 +61,7 @@ UNREGISTER_VM = ToolSpec(
                 "orphaned, inaccessible or invalid VM record, which delete_vm cannot touch.",
     category=Category.DESTRUCTIVE, risk=Risk.HIGH,
     params=(TARGET, VM, TIMEOUT),
-    plan=actions.plan_unregister_vm, execute=actions.execute_unregister_vm,
+    plan=removal.plan_unregister_vm, execute=removal.execute_unregister_vm,
     privileges=("VirtualMachine.Inventory.Unregister",),
 )
 
@@ -76,7 +77,7 @@ REMOVE_DISK = ToolSpec(
             Param("delete_files", "boolean", "Also delete the disk's file from the datastore.",
                   default=False),
             TIMEOUT),
-    plan=actions.plan_remove_disk, execute=actions.execute_remove_disk,
+    plan=hardware.plan_remove_disk, execute=hardware.execute_remove_disk,
     privileges=("VirtualMachine.Config.RemoveDisk", "VirtualMachine.State.CreateSnapshot"),
     snapshot_before=True,
 )
@@ -91,13 +92,13 @@ BULK_VM_ACTION = ToolSpec(
     category=Category.DESTRUCTIVE, risk=Risk.CRITICAL,
     params=(TARGET,
             Param("action", "string", "What to do to each matching VM.", required=True,
-                  enum=actions.BULK_ACTIONS),
+                  enum=bulk.BULK_ACTIONS),
             Param("name_regex", "string",
                   "Regular expression the whole VM name must match, e.g. 'test-\\d+'.", required=True),
             Param("folder", "string", "Only VMs in this folder or below (moid, path or name)."),
             FORCE_POWER_OFF,
             TIMEOUT),
-    plan=actions.plan_bulk, execute=actions.execute_bulk, reach=actions.bulk_reach,
+    plan=bulk.plan_bulk, execute=bulk.execute_bulk, reach=bulk.bulk_reach,
     privileges=("VirtualMachine.Inventory.Delete", "VirtualMachine.Interact.PowerOff",
                 "VirtualMachine.State.RemoveSnapshot", "VirtualMachine.State.RevertToSnapshot",
                 "VirtualMachine.State.CreateSnapshot"),

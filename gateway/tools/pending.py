@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.tools.spec import Category, Param, Risk, ToolSpec
+from gateway.tools.spec import Param, ToolSpec
+from gateway.vocabulary import Category, Risk
 
 _TOKEN = Param("token", "string", "The confirmation token returned by the proposal.", required=True)
 

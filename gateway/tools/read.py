@@ -19,8 +19,9 @@ from typing import Any
 from gateway.config import Target
 from gateway.errors import InvalidArgument
 from gateway.guard.patterns import UserRegex, compile_user_regex
-from gateway.tools.spec import TARGETS, Category, Param, Risk, ToolSpec
-from gateway.vsphere import history, inventory, mirror, perf
+from gateway.tools.spec import TARGETS, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
+from gateway.vsphere import access, details, history, listings, mirror, perf
 
 ReadFn = Callable[[Any, Mapping[str, Any]], dict[str, Any]]
 
@@ -53,14 +54,14 @@ def parse_regex(field: str, value: str | None) -> UserRegex | None:
     return None if value is None else compile_user_regex(field, value)
 
 
-def vm_query(args: Mapping[str, Any]) -> inventory.VmQuery:
-    """list_vms arguments as an ``inventory.VmQuery``."""
-    fields = tuple(args.get("fields") or inventory.DEFAULT_VM_FIELDS)
-    unknown = [f for f in fields if f not in inventory.VM_COLUMNS]
+def vm_query(args: Mapping[str, Any]) -> listings.VmQuery:
+    """list_vms arguments as an ``listings.VmQuery``."""
+    fields = tuple(args.get("fields") or listings.DEFAULT_VM_FIELDS)
+    unknown = [f for f in fields if f not in listings.VM_COLUMNS]
     if unknown:
         raise InvalidArgument("fields", f"unknown column(s) {', '.join(unknown)}; choose from "
-                                        f"{', '.join(inventory.VM_COLUMNS)}")
-    return inventory.VmQuery(
+                                        f"{', '.join(listings.VM_COLUMNS)}")
+    return listings.VmQuery(
         name=args.get("name"), regex=parse_regex("regex", args.get("regex")), folder=args.get("folder"),
         resource_pool=args.get("resource_pool"), power_state=args.get("power_state"),
         connection_state=args.get("connection_state"),
@@ -98,7 +99,7 @@ def task_query(args: Mapping[str, Any], now: datetime | None = None) -> history.
 
 
 def _list_vms(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    return inventory.list_vms(session, vm_query(args))
+    return listings.list_vms(session, vm_query(args))
 
 
 def _by(ref_param: str, fn: Callable[[Any, str], dict[str, Any]]) -> ReadFn:
@@ -107,13 +108,13 @@ def _by(ref_param: str, fn: Callable[[Any, str], dict[str, Any]]) -> ReadFn:
 
 
 def _vm_details(session: Any, args: Mapping[str, Any],
-                lookup: inventory.Lookup | None = None) -> dict[str, Any]:
-    """get_vm_details; with a mirror's ``lookup`` it may skip the name sweep (``inventory.Lookup``)."""
-    return inventory.get_vm_details(session, args["vm"], lookup)
+                lookup: details.Lookup | None = None) -> dict[str, Any]:
+    """get_vm_details; with a mirror's ``lookup`` it may skip the name sweep (``details.Lookup``)."""
+    return details.get_vm_details(session, args["vm"], lookup)
 
 
 def _list_hosts(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
-    return inventory.list_hosts(session, args.get("cluster"))
+    return listings.list_hosts(session, args.get("cluster"))
 
 
 def _vm_performance(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,14 +135,14 @@ def _tasks(session: Any, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _mirror_list_vms(view: mirror.View, args: Mapping[str, Any]) -> dict[str, Any]:
-    return inventory.vm_rows(view.objects, vm_query(args), view.root_folder)
+    return listings.vm_rows(view.objects, vm_query(args), view.root_folder)
 
 
 MIRROR_READS: dict[str, mirror.MirrorRead] = {
     "list_vms": _mirror_list_vms,
-    "list_hosts": lambda view, args: inventory.host_rows(view, view.objects, args.get("cluster")),
-    "list_clusters": lambda view, _args: inventory.cluster_rows(view.objects, view.root_folder),
-    "list_datastores": lambda view, _args: inventory.datastore_rows(view.objects),
+    "list_hosts": lambda view, args: listings.host_rows(view, view.objects, args.get("cluster")),
+    "list_clusters": lambda view, _args: listings.cluster_rows(view.objects, view.root_folder),
+    "list_datastores": lambda view, _args: listings.datastore_rows(view.objects),
 }
 
 
@@ -186,8 +187,8 @@ _LIST_VMS_PARAMS = (
                                       "never match)."),
     Param("created_after", "string", "Created after this ISO-8601 time (VMs without a creation date never "
                                      "match)."),
-    Param("fields", "array", "Columns to return; default: " + ", ".join(inventory.DEFAULT_VM_FIELDS)
-          + "; also: " + ", ".join(c for c in inventory.VM_COLUMNS if c not in inventory.DEFAULT_VM_FIELDS)
+    Param("fields", "array", "Columns to return; default: " + ", ".join(listings.DEFAULT_VM_FIELDS)
+          + "; also: " + ", ".join(c for c in listings.VM_COLUMNS if c not in listings.DEFAULT_VM_FIELDS)
           + "."),
     Param("limit", "integer", "Return at most this many rows (sorted by name); 'truncated' marks a cut.",
           minimum=1),
@@ -223,17 +224,17 @@ READ_TOOLS: tuple[ToolSpec, ...] = (
                Param("cluster", "string", "Only hosts of this cluster (name or moid).")),
     _read_tool("get_host_details", "One ESXi host in depth: hardware, product and build, states, usage, and "
                "the names of its datastores, networks and VMs.",
-               _by("host", inventory.get_host_details), _ref("host", "The host")),
+               _by("host", details.get_host_details), _ref("host", "The host")),
     _read_tool("list_clusters", "List clusters with capacity, host and datastore counts, and whether DRS and "
-               "HA are enabled.", lambda session, _args: inventory.list_clusters(session)),
+               "HA are enabled.", lambda session, _args: listings.list_clusters(session)),
     _read_tool("get_cluster_details", "One cluster: capacity, DRS/HA settings, its hosts with their states, "
                "datastores and resource pools.",
-               _by("cluster", inventory.get_cluster_details), _ref("cluster", "The cluster")),
+               _by("cluster", details.get_cluster_details), _ref("cluster", "The cluster")),
     _read_tool("list_datastores", "List datastores with type, capacity, free and provisioned space, "
                "accessibility, maintenance mode and VM count.",
-               lambda session, _args: inventory.list_datastores(session)),
+               lambda session, _args: listings.list_datastores(session)),
     _read_tool("get_datastore_details", "One datastore: space, type, URL, the hosts that mount it and the "
-               "VMs on it.", _by("datastore", inventory.get_datastore_details),
+               "VMs on it.", _by("datastore", details.get_datastore_details),
                _ref("datastore", "The datastore")),
     _read_tool("get_events", "Events in a time window (start/end, or minutes back from now), newest first, "
                "read by scrolling the whole window. Filters: event_type (an exact type such as "
@@ -249,7 +250,7 @@ READ_TOOLS: tuple[ToolSpec, ...] = (
                _by("vm", history.get_customization_status), _VM),
     _read_tool("list_snapshots", "A VM's snapshot tree, flattened: id, name, description, creation time, "
                "power state, parent, depth and which one is current.",
-               _by("vm", inventory.list_snapshots), _VM),
+               _by("vm", details.list_snapshots), _VM),
 )
 
 
@@ -268,7 +269,7 @@ LIST_TARGETS = ToolSpec(
 
 def target_about(session: Any) -> dict[str, Any]:
     """Product facts of one target (read at login; no extra request)."""
-    return inventory.about(session)
+    return access.about(session)
 
 
 def summarize_targets(
@@ -315,7 +316,7 @@ def _target_row(target: Target, result: Mapping[str, Any] | None) -> dict[str, A
 _STATUS = {True: "granted", False: "not_granted_at_root", None: "undetermined"}
 
 
-def access_report(check: inventory.PrivilegeCheck, tools: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+def access_report(check: access.PrivilegeCheck, tools: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     """Per privilege and per tool: granted / not granted at the root folder / undetermined.
 
     A tool is ``ready`` when every privilege it needs is granted, ``missing`` when one is known not to
@@ -351,7 +352,7 @@ def access_info_reader(privileges_by_tool: Mapping[str, Sequence[str]]) -> ReadF
             raise InvalidArgument("tool", f"unknown tool '{tool}'; known: {', '.join(sorted(table))}")
         tools = {tool: table[tool]} if tool else table
         wanted = sorted({p for privs in tools.values() for p in privs})
-        return access_report(inventory.check_privileges(session, wanted), tools)
+        return access_report(access.check_privileges(session, wanted), tools)
 
     return read
 

@@ -14,8 +14,9 @@ from gateway.errors import ConfigError
 from gateway.tools.destructive import DESTRUCTIVE_TOOLS
 from gateway.tools.pending import PENDING_TOOLS
 from gateway.tools.read import LIST_TARGETS, READ_TOOLS, access_info_tool
-from gateway.tools.spec import Category, Param, ToolSpec, by_name
+from gateway.tools.spec import Param, ToolSpec, by_name
 from gateway.tools.write import WRITE_TOOLS
+from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,12 @@ def all_tools(*, destructive: bool) -> list[ToolSpec]:
         specs += PENDING_TOOLS
     specs.append(access_info_tool(specs))
     return specs
+
+
+def tool_categories() -> dict[str, Category]:
+    """Every tool this build offers, destructive ones included (a server may enable them later), with
+    its category: what names in rules.yaml and roles.yaml are checked against."""
+    return {spec.name: spec.kind for spec in all_tools(destructive=True)}
 
 
 def apply_read_only(specs: Sequence[ToolSpec]) -> tuple[list[ToolSpec], list[str]]:

@@ -20,13 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.audit.redact import redact_text
 from gateway.errors import InvalidArgument
-from gateway.vocabulary import AffectedObject, Category, Plan, Precondition, ProgressFn, Risk
+from gateway.vocabulary import Category, Plan, ProgressFn, Risk
 
-__all__ = [
-    "TARGET", "TARGETS", "AffectedObject", "Category", "Param", "Plan", "Precondition", "ProgressFn", "Risk",
-    "ToolSpec", "by_name", "looks_like_moid",
-]
+__all__ = ["TARGET", "TARGETS", "Param", "ToolSpec", "by_name", "looks_like_moid"]
 
 
 ParamType = Literal["string", "integer", "number", "boolean", "array", "target", "targets"]
@@ -89,7 +87,7 @@ class ToolSpec:
     params: tuple[Param, ...] = ()
     target_mode: Literal["fanout", "single", "none"] = "single"
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
-    #: the same read given a live inventory mirror's name index (``inventory.Lookup``, or None when
+    #: the same read given a live inventory mirror's name index (``details.Lookup``, or None when
     #: the target has no synced mirror): it may skip its name search, checking the hint live
     read_with_lookup: Callable[[Any, Mapping[str, Any], Any], Any] | None = None
     plan: Callable[[Any, Mapping[str, Any]], Plan] | None = None
@@ -149,7 +147,15 @@ class ToolSpec:
                     out[p.name] = p.default
                 continue
             out[p.name] = _check_value(p, args[p.name])
+        if self.keeps_arguments:
+            _refuse_credentials(out)
         return out
+
+    @property
+    def keeps_arguments(self) -> bool:
+        """A call of this tool becomes a proposal, which keeps its arguments until it is confirmed,
+        approved or settled (to plan it again then) and shows what they resolved to to people."""
+        return self.category is Category.DESTRUCTIVE and self.plan is not None
 
     def reaches(self, args: Mapping[str, Any]) -> tuple[str, ...]:
         return self.reach(args) if self.reach is not None else ()
@@ -188,7 +194,21 @@ def _finite(p: Param, value: Any) -> Any:
     return value
 
 
-def _check_value(p: Param, value: Any) -> Any:
+def _refuse_credentials(args: Mapping[str, Any]) -> None:
+    """A proposal never keeps a secret: an argument holding credential-shaped text (what the audit's
+    redaction would mask: ``password is ...``, an access key, a token) is refused, so neither the
+    stored proposal nor anything shown or sent from it can carry one. The refusal names the argument,
+    never its value."""
+    for name, value in args.items():
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(text, str) and redact_text(text) != text for text in texts):
+            raise InvalidArgument(
+                name, "holds text shaped like a credential (a password phrase, a key or a token); a "
+                "proposal keeps its arguments and shows what they select to the people who approve it, so "
+                "it never takes a secret: remove it from the argument")
+
+
+def _check_value(p: Param, value: Any) -> Any:  # noqa: C901 - one flat check per JSON-schema keyword
     if p.type == "targets":
         if isinstance(value, str) and value:
             return _bounded_string(p, value, MAX_TARGET_CHARS)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from functools import partial
 
 from gateway.guard import datastore_path
-from gateway.tools.spec import TARGET, Category, Param, Risk, ToolSpec
-from gateway.vsphere import actions
+from gateway.tools.spec import TARGET, Param, ToolSpec
+from gateway.vocabulary import Category, Risk
+from gateway.vsphere.actions import hardware, placement, power, snapshots
 
 VM = Param("vm", "string", "VM name (exact, case-sensitive) or moid such as vm-123.", required=True)
 TIMEOUT = Param(
@@ -24,8 +25,8 @@ def _power(name: str, op: str, description: str, risk: Risk, privilege: str,
     return ToolSpec(
         name=name, description=description, category=Category.WRITE, risk=risk,
         params=(TARGET, VM, *extra, TIMEOUT),
-        plan=partial(actions.plan_power, op),
-        execute=actions.execute_power_off if op == "power_off" else partial(actions.execute_power, op),
+        plan=partial(power.plan_power, op),
+        execute=power.execute_power_off if op == "power_off" else partial(power.execute_power, op),
         privileges=(privilege,),
     )
 
@@ -61,7 +62,7 @@ CREATE_SNAPSHOT = ToolSpec(
             Param("quiesce", "boolean", "Quiesce the guest file systems first (needs VMware Tools).",
                   default=False),
             TIMEOUT),
-    plan=actions.plan_create_snapshot, execute=actions.execute_create_snapshot,
+    plan=snapshots.plan_create_snapshot, execute=snapshots.execute_create_snapshot,
     privileges=("VirtualMachine.State.CreateSnapshot",),
 )
 
@@ -81,7 +82,7 @@ RECONFIGURE = ToolSpec(
             Param("add_nic_network", "string",
                   "Add a vmxnet3 network adapter on this network or distributed port group (name or moid)."),
             TIMEOUT),
-    plan=actions.plan_reconfigure, execute=actions.execute_reconfigure,
+    plan=hardware.plan_reconfigure, execute=hardware.execute_reconfigure,
     privileges=("VirtualMachine.Config.CPUCount", "VirtualMachine.Config.Memory",
                 "VirtualMachine.Config.AddNewDisk", "VirtualMachine.Config.AddRemoveDevice",
                 "Datastore.AllocateSpace", "Network.Assign"),
@@ -97,7 +98,7 @@ MOUNT_ISO = ToolSpec(
                   "(inside that datastore: a path that leaves it with '..' is refused).",
                   required=True, normalize=datastore_path.canonical_iso_path),
             TIMEOUT),
-    plan=actions.plan_mount_iso, execute=actions.execute_mount_iso,
+    plan=hardware.plan_mount_iso, execute=hardware.execute_mount_iso,
     privileges=("VirtualMachine.Interact.SetCDMedia", "VirtualMachine.Config.AddRemoveDevice",
                 "Datastore.Browse"),
 )
@@ -107,7 +108,7 @@ UNMOUNT_ISO = ToolSpec(
     description="Eject every ISO image mounted on the VM's CD-ROM drives (the drives stay, empty).",
     category=Category.WRITE, risk=Risk.LOW,
     params=(TARGET, VM, TIMEOUT),
-    plan=actions.plan_unmount_iso, execute=actions.execute_unmount_iso,
+    plan=hardware.plan_unmount_iso, execute=hardware.execute_unmount_iso,
     privileges=("VirtualMachine.Interact.SetCDMedia",),
 )
 
@@ -121,7 +122,7 @@ MIGRATE = ToolSpec(
             Param("datastore", "string", "Destination datastore (name or moid)."),
             Param("resource_pool", "string", "Destination resource pool (name, cluster/name, or moid)."),
             TIMEOUT),
-    plan=actions.plan_migrate, execute=actions.execute_migrate,
+    plan=placement.plan_migrate, execute=placement.execute_migrate,
     privileges=("Resource.HotMigrate", "Resource.ColdMigrate", "Resource.AssignVMToPool",
                 "Datastore.AllocateSpace"),
 )
@@ -138,7 +139,7 @@ CLONE = ToolSpec(
             Param("datastore", "string", "Datastore for the clone's files (default: the source's)."),
             Param("power_on", "boolean", "Power the clone on once it exists.", default=False),
             TIMEOUT),
-    plan=actions.plan_clone, execute=actions.execute_clone,
+    plan=placement.plan_clone, execute=placement.execute_clone,
     privileges=("VirtualMachine.Provisioning.Clone", "VirtualMachine.Inventory.CreateFromExisting",
                 "Resource.AssignVMToPool", "Datastore.AllocateSpace", "VirtualMachine.Interact.PowerOn"),
 )

@@ -32,8 +32,8 @@ from pyVmomi import vim, vmodl
 
 from gateway import errors
 from gateway.guard.patterns import UserRegex
-from gateway.vsphere import inventory
-from gateway.vsphere.inventory import Session, iso
+from gateway.vsphere.collector import Session, iso, object_spec, retrieve_objects
+from gateway.vsphere.resolve import resolve_vm
 
 log = logging.getLogger(__name__)
 
@@ -439,9 +439,9 @@ def get_customization_status(session: Session, ref: str, *, max_events: int = 10
 
     The events are the newest ``max_events`` Customization* events of this VM (one collector page).
     """
-    vm = inventory.resolve_vm(session, ref)
+    vm = resolve_vm(session, ref)
     mo = vm.managed_object(session)
-    objects = inventory.retrieve_objects(session, inventory.object_spec(
+    objects = retrieve_objects(session, object_spec(
         mo, {vim.VirtualMachine: ("guest.customizationInfo",)}))
     props = objects[0] if objects else None
     guest = _guest_block(props.props.get("guest.customizationInfo")) if props else None

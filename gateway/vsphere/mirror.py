@@ -27,10 +27,12 @@ Fresh by default
     target within that many seconds, and its answers carry ``mirror_age_seconds``.
 
 The mirror checks itself (``gateway.vsphere.mirror_check``)
-    Each freshness poll proves the stream live (it must bring back a change of the mirror's own
-    marker); finished tasks and objects that entered and left in one update set are read live before
-    a poll answers; rolling and full rounds compare the mirror with live reads in between. A
-    divergence is logged, counted and repaired by a resync; until then reads sweep.
+    Every comparison round proves the stream live (its poll must bring back a change of the mirror's
+    own marker), so a stream that stops delivering silently is found within one rolling round (at most
+    5 s); a read's poll proves it too when no poll did within ``PROOF_SECONDS``; finished
+    tasks and objects that entered and left in one update set are read live before a poll answers;
+    rolling and full rounds compare the mirror with live reads in between. A divergence is logged,
+    counted and repaired by a resync; until then reads sweep.
 
 Fallback, never mixed
     ``Mirrors.answer`` returns a whole answer computed under the mirror's lock from one state, or
@@ -64,10 +66,10 @@ from pyVmomi import vim, vmodl
 from gateway import errors
 from gateway.answer import Answer
 from gateway.config import Target
-from gateway.vsphere import inventory, mirror_check
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere import details, listings, mirror_check, soap_scan
 from gateway.vsphere.mirror_check import CONTROL_TYPES, Marker, Schedule
 from gateway.vsphere.pool import SessionPool, VSphereSession
+from gateway.vsphere.soap_scan import ObjectProps
 
 log = logging.getLogger(__name__)
 
@@ -86,20 +88,20 @@ MAX_SHAPED_ANSWERS = 4
 """Answers kept per mirror until the inventory changes (distinct reads or arguments; oldest goes
 first). Each holds its rows (about 0.7 MB per 1,000 VMs listed with every column)."""
 
-_VM_PATHS = tuple(sorted({"name"} | {p for c in inventory.VM_COLUMNS.values() for p in c.paths}
-                         | {p for f in inventory.VM_FILTERS.values() for p in f.paths}))
+_VM_PATHS = tuple(sorted({"name"} | {p for c in listings.VM_COLUMNS.values() for p in c.paths}
+                         | {p for f in listings.VM_FILTERS.values() for p in f.paths}))
 
 MIRRORED: dict[Any, tuple[str, ...]] = {
     vim.VirtualMachine: _VM_PATHS,
-    vim.HostSystem: tuple(sorted({p for q in inventory.LIST_HOSTS_QUERIES if q.type is vim.HostSystem
+    vim.HostSystem: tuple(sorted({p for q in listings.LIST_HOSTS_QUERIES if q.type is vim.HostSystem
                                   for p in q.paths})),
     vim.ComputeResource: ("name",),
-    vim.ClusterComputeResource: tuple(sorted({p for q in inventory.LIST_CLUSTERS_QUERIES
+    vim.ClusterComputeResource: tuple(sorted({p for q in listings.LIST_CLUSTERS_QUERIES
                                               if q.type is vim.ClusterComputeResource for p in q.paths})),
     vim.ResourcePool: ("name",),
     vim.Folder: ("name", "parent"),
     vim.Datacenter: ("name", "parent"),
-    vim.Datastore: tuple(sorted({p for q in inventory.LIST_DATASTORES_QUERIES for p in q.paths})),
+    vim.Datastore: tuple(sorted({p for q in listings.LIST_DATASTORES_QUERIES for p in q.paths})),
     vim.Network: ("name",),
 }
 """Types and properties a mirror keeps: what list_vms (every column and filter), list_hosts,
@@ -190,6 +192,8 @@ class Mirror:
         self._view: Any = None
         # the self-check (loop thread only, except the counters under the lock)
         self._marker: Marker | None = None
+        #: when a poll last brought back the marker's change (None: not since the last resync)
+        self._proved_at: float | None = None
         self._schedule = Schedule(target.mirror_check_seconds, clock())
         self._tasks_seen: set[str] = set()
         self._tasks_running: set[str] = set()
@@ -283,7 +287,7 @@ class Mirror:
         """The moid of the one ``vim_type`` object ``ref`` names in the mirror (a moid wins over names,
         as in a search), or None (not synced, unknown, or several objects carry that name).
 
-        A hint for reads that then read the object live (``inventory.Lookup``): no freshness poll, as the
+        A hint for reads that then read the object live (``details.Lookup``): no freshness poll, as the
         live read checks the name; blocking on the lock, so called on a worker thread."""
         type_name = vim_type._wsdlName
         with self._lock:
@@ -421,7 +425,7 @@ class Mirror:
             wanted = self._requested
             zero = wanted > self._polled
         if zero:
-            if self._poll(session, prove=True):
+            if self._poll(session, prove=self._proof_due()):
                 with self._lock:
                     self._polled = max(self._polled, wanted)
                     self._lock.notify_all()
@@ -458,8 +462,16 @@ class Mirror:
                 count = len(self._objects)
             self._diverge("its update stream did not deliver the mirror's own change", count)
             return False
+        if prove:
+            self._proved_at = self._clock()
         self._recheck(session)
         return True
+
+    def _proof_due(self) -> bool:
+        """Whether a read's poll must prove the stream (change the marker and see it come back): when
+        no poll did since the last resync or within ``PROOF_SECONDS`` (comparison rounds prove it more
+        often than that while they run)."""
+        return self._proved_at is None or self._clock() - self._proved_at >= mirror_check.PROOF_SECONDS
 
     def _wait(self, session: VSphereSession, seconds: int) -> Applied | None:
         try:
@@ -566,6 +578,7 @@ class Mirror:
             content.propertyCollector.CancelWaitForUpdates()
         self._drop_filter()
         self._resync_wanted = False
+        self._proved_at = None
         self._view = content.viewManager.CreateContainerView(content.rootFolder, list(MIRRORED), True)
         self._marker = Marker(session)
         collector = content.propertyCollector
@@ -780,7 +793,7 @@ class Mirrors:
         swept = await sweep(rest) if rest else {}
         return {n: mirrored[n] or swept[n] for n in names}
 
-    def lookup(self, target: str) -> inventory.Lookup | None:
+    def lookup(self, target: str) -> details.Lookup | None:
         """``target``'s mirror as a name index for live reads, when it has one that is synced (never
         starts one); None otherwise. Called on the read's worker thread."""
         with self._lock:
@@ -827,7 +840,7 @@ class Mirrors:
 
     def decoder_fallbacks(self) -> int:
         """Sweep replies the fast scanner left to ElementTree, since the process started."""
-        return inventory.DECODER.fallbacks
+        return soap_scan.DECODER.fallbacks
 
     def close(self) -> None:
         with self._lock:

@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 from pyVmomi import VmomiSupport, vim, vmodl
 
-from gateway.vsphere import inventory
-from gateway.vsphere.inventory import ObjectProps
+from gateway.vsphere.collector import _plain
+from gateway.vsphere.soap_scan import ObjectProps
 
 PC: Any = vmodl.query.PropertyCollector
 
@@ -60,6 +60,12 @@ MIN_SLICE = 20
 
 MAX_ROUND_SECONDS = 5.0
 MIN_ROUND_SECONDS = 0.5
+
+PROOF_SECONDS = 2 * MAX_ROUND_SECONDS
+"""A read's freshness poll proves the stream live only when no poll did within this long. Every
+comparison round proves it (rolling rounds at most ``MAX_ROUND_SECONDS`` apart), so reads prove only
+when rounds stall: a proof costs the target a change and each of its filters a recomputation (about
+0.4 s per read at 3,000 VMs in the simulator), which a read should not pay while rounds do it."""
 
 CONTROL_TYPES = frozenset({"ListView", "TaskManager"})
 """Objects in the mirror's filter that are not mirrored: the marker and the task list."""
@@ -144,7 +150,7 @@ def _differ(a: Any, b: Any) -> bool:
 
 def plain_value(name: str, value: Any) -> Any:
     """A pyVmomi property value as the mirror keeps it (references as moids, enum strings as str)."""
-    return untracked(inventory._plain(name, value, strict=False))
+    return untracked(_plain(name, value, strict=False))
 
 
 def untracked(value: Any) -> Any:

@@ -17,8 +17,8 @@ from typing import Any
 
 from pyVmomi import vim
 
-from gateway.vsphere import inventory
-from gateway.vsphere.inventory import Session, iso
+from gateway.vsphere.collector import Session, iso, object_spec, retrieve_objects
+from gateway.vsphere.resolve import resolve_vm
 
 REALTIME_INTERVAL = 20
 """Seconds between realtime samples (vCenter and ESXi)."""
@@ -77,7 +77,7 @@ def _counter_ids(session: Session, manager: Any, vm: Any) -> dict[str, int]:
     available = {m.counterId for m in metrics}
     if not available:
         return {}
-    objects = inventory.retrieve_objects(session, inventory.object_spec(
+    objects = retrieve_objects(session, object_spec(
         manager, {vim.PerformanceManager: ("perfCounter",)}))
     infos = objects[0].props.get("perfCounter", []) if objects else []
     wanted = {m.counter for m in METRICS}
@@ -86,7 +86,7 @@ def _counter_ids(session: Session, manager: Any, vm: Any) -> dict[str, int]:
 
 def get_vm_performance(session: Session, ref: str, samples: int = 15) -> dict[str, Any]:
     """The VM's latest ``samples`` realtime samples (20 s apart) of CPU, memory, disk and network."""
-    vm_ref = inventory.resolve_vm(session, ref)
+    vm_ref = resolve_vm(session, ref)
     vm = vm_ref.managed_object(session)
     manager = session.content.perfManager
     out: dict[str, Any] = {"vm": vm_ref.name, "vm_moid": vm_ref.moid, "interval_seconds": REALTIME_INTERVAL,

@@ -50,7 +50,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.answer import Answer
-from gateway.auth.roles import BUILTIN_ROLES, Role
+from gateway.audit.verify import LineFault
 from gateway.auth.tokens import Principal
 from gateway.errors import (
     AuditUnavailable,
@@ -61,13 +61,13 @@ from gateway.errors import (
     Unauthorized,
     VSphereError,
 )
-from gateway.guard import audit
 from gateway.guard.decision import Proposed, audit_view, may_read_audit_row, proposal_rights
-from gateway.guard.sanitize import clean_text
+from gateway.proposals import FINAL_STATES, Proposal
+from gateway.role import BUILTIN_ROLES, Role
+from gateway.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
 from gateway.server.proposal_flow import proposal_view
 from gateway.server.runtime import Gateway
-from gateway.store.base import FINAL_STATES, Proposal
 from gateway.vocabulary import Kind
 from gateway.web.session import (
     CSRF_HEADER,
@@ -485,7 +485,7 @@ class WebApi:
                 "torn_last_line": _fault(report.torn_last_line)}
 
 
-def _fault(fault: audit.LineFault | None) -> dict[str, Any] | None:
+def _fault(fault: LineFault | None) -> dict[str, Any] | None:
     if fault is None:
         return None
     return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}

@@ -12,6 +12,7 @@ package simulator
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/vmware/govmomi/vim25/mo"
 	"github.com/vmware/govmomi/vim25/types"
@@ -26,13 +27,29 @@ func (l collectorListener) Reference() types.ManagedObjectReference {
 	return types.ManagedObjectReference{Type: "PropertyCollector", Value: fmt.Sprintf("%s@%p", l.pc.Self.Value, l.pc)}
 }
 
-func (l collectorListener) PutObject(o mo.Reference) { l.pc.PutObject(o) }
+// UpdatesSilenced is a fault for tests (the control endpoint's /silence-updates): while it is set, no
+// collector's queue receives the registry's changes, so every update stream stops delivering without an
+// error (what the listener bug above did to all sessions but one). Results computed when a filter is
+// created or read directly are unaffected.
+var UpdatesSilenced atomic.Bool
 
-func (l collectorListener) UpdateObject(o mo.Reference, changes []types.PropertyChange) {
-	l.pc.UpdateObject(o, changes)
+func (l collectorListener) PutObject(o mo.Reference) {
+	if !UpdatesSilenced.Load() {
+		l.pc.PutObject(o)
+	}
 }
 
-func (l collectorListener) RemoveObject(ref types.ManagedObjectReference) { l.pc.RemoveObject(ref) }
+func (l collectorListener) UpdateObject(o mo.Reference, changes []types.PropertyChange) {
+	if !UpdatesSilenced.Load() {
+		l.pc.UpdateObject(o, changes)
+	}
+}
+
+func (l collectorListener) RemoveObject(ref types.ManagedObjectReference) {
+	if !UpdatesSilenced.Load() {
+		l.pc.RemoveObject(ref)
+	}
+}
 
 // sessionListener is what WaitForUpdatesEx and DestroyPropertyCollector register and remove (patched
 // calls in property_collector.go).

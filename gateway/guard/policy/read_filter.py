@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
-from gateway.guard.policy import OBJECT_FIELDS, CallFacts, Policy, Rule, evaluate
+from gateway.guard.policy.evaluate import evaluate
+from gateway.guard.policy.model import OBJECT_FIELDS, CallFacts, Policy, Rule
 from gateway.vocabulary import AffectedObject, Category
 
 #: object fields that match VMs (by name, folder path, resource pool); ``names`` matches any object

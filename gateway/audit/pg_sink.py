@@ -1,6 +1,6 @@
 """The audit chain in PostgreSQL: one table, one hash chain for every replica.
 
-Rows are the same as the JSONL sink's (``gateway.guard.audit``): redacted and bounded by
+Rows are the same as the JSONL sink's (``gateway.audit.file_sink``): redacted and bounded by
 ``prepare_event``, stamped with ``ts``, ``seq``, ``prev`` and ``hash`` (``row_hash``), so one
 verifier's rules hold for both. ``PgAuditSink.write`` appends in one transaction that first takes a
 transaction-scoped advisory lock (``AUDIT_LOCK``), then reads the head (the highest ``seq``) and
@@ -9,23 +9,13 @@ inserts the next row: two replicas appending at once are serialised, never fork 
 ``synchronous_commit`` makes it durable); otherwise it raises ``AuditUnavailable`` and the caller
 refuses the call (fail closed). Waiting is bounded by ``timeout`` (lock and statement timeouts).
 
-``PgAuditReader`` gives ``gateway audit log|stats|verify`` the same answers as the file readers:
-``rows`` (filters as ``read_rows``), ``stats`` (as ``stats``) and ``verify`` (a ``VerifyReport``
-whose one "file" is the table and whose line numbers are ``seq``). Verification reads one snapshot
-(REPEATABLE READ), so it is consistent while replicas keep appending.
-
 Signed checkpoints, as the file sink makes them and with its code (``sign_checkpoint``,
-``load_or_create_signing_key``, ``_check_checkpoints``): with a ``key_file`` (``Settings.
-signing_key_file``, GATEWAY_AUDIT_SIGNING_KEY_FILE: every replica mounts the same key), the sink
-signs the chain's head (Ed25519) into ``audit_checkpoints`` every ``checkpoint_rows`` rows or
-``checkpoint_seconds`` (the file sink's defaults), right after the row's transaction commits, and on
-``close`` (the head as the table holds it then). A failed checkpoint is logged and counted
-(``checkpoint_failures``), never fails the row, which is already durable. ``PgAuditReader.verify(
-checkpoints=True)`` reads the checkpoints in the rows' snapshot and reports a table cut below a
-signed seq (``cut_tail``) or rewritten and re-chained (``rewritten``), which the chain alone cannot.
-An attacker able to delete checkpoint rows as well as audit rows is caught only down to the newest
-checkpoint left (or by ``missing`` when none is); pin the public key (``--public-key``) so forged
-checkpoints by another key fail as ``key_mismatch``.
+``load_or_create_signing_key``): with a ``key_file`` (``Settings.signing_key_file``,
+GATEWAY_AUDIT_SIGNING_KEY_FILE: every replica mounts the same key), the sink signs the chain's head
+(Ed25519) into ``audit_checkpoints`` every ``checkpoint_rows`` rows or ``checkpoint_seconds`` (the
+file sink's defaults), right after the row's transaction commits, and on ``close`` (the head as the
+table holds it then). A failed checkpoint is logged and counted (``checkpoint_failures``), never
+fails the row, which is already durable. ``gateway.audit.pg_reader`` reads and verifies the table.
 
 ``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts, checkpoints
 and checkpoint failures; no size).
@@ -41,44 +31,36 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
-from gateway.errors import AuditUnavailable, StateUnavailable
-from gateway.guard.audit import (
+from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_hash
+from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
-    GENESIS,
-    LineFault,
-    VerifyReport,
-    _check_checkpoints,
-    _parse_checkpoints,
-    format_ts,
     load_or_create_signing_key,
-    prepare_event,
-    row_hash,
     sign_checkpoint,
 )
+from gateway.errors import AuditUnavailable, StateUnavailable
 from gateway.store.postgres import PROBE_SECONDS, PostgresStore
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from gateway.store.base import AuditWriter
 
-__all__ = ["AUDIT_LOCK", "PgAuditReader", "PgAuditSink"]
+__all__ = ["AUDIT_LOCK", "FILTER_COLUMNS", "PgAuditSink"]
 
 log = logging.getLogger(__name__)
 
 #: key of the transaction-scoped advisory lock held while a row is appended
 AUDIT_LOCK: Final = 0x61_75_64_69_74  # "audit"
 #: columns copied out of a row for filtering (the row itself is ``body``)
-_FILTER_COLUMNS: Final = ("phase", "tool", "target", "caller", "correlation_id")
+FILTER_COLUMNS: Final = ("phase", "tool", "target", "caller", "correlation_id")
 
 
 def _utcnow() -> datetime:
@@ -140,7 +122,7 @@ class PgAuditSink:
                 conn.execute(
                     "INSERT INTO audit_rows (seq, ts, phase, tool, target, caller, correlation_id, hash, "
                     "body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (row["seq"], row["ts"], *(_column(row.get(c)) for c in _FILTER_COLUMNS), row["hash"],
+                    (row["seq"], row["ts"], *(_column(row.get(c)) for c in FILTER_COLUMNS), row["hash"],
                      json.dumps(row, separators=(",", ":"))))
         except (psycopg.Error, StateUnavailable) as exc:
             if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
@@ -157,7 +139,7 @@ class PgAuditSink:
             self._try_checkpoint(row["seq"], row["hash"], limit)
         return row
 
-    # -- checkpoints (signed as the file sink signs them: ``gateway.guard.audit.sign_checkpoint``) -------
+    # -- checkpoints (signed as the file sink signs them: ``gateway.audit.signing.sign_checkpoint``) -------
 
     def _checkpoint_due(self, seq: int) -> bool:
         with self._lock:
@@ -244,142 +226,6 @@ class PgAuditSink:
                 with self._lock:
                     self._stats["checkpoint_failures"] += 1
                 log.warning("could not write a closing checkpoint of %s: %s", self.where, exc)
-
-
-class PgAuditReader:
-    """``gateway audit log|stats|verify`` on the audit table."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self.store = store
-        self.where = f"{store.where} (table audit_rows)"
-        self.label = Path(store.where.removeprefix("postgresql://") + "#audit_rows")
-        self.checkpoint_label = Path(store.where.removeprefix("postgresql://") + "#audit_checkpoints")
-
-    @contextmanager
-    def _snapshot(self) -> Iterator[psycopg.Connection[Any]]:
-        try:
-            with self.store.pool.connection() as conn, conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                yield conn
-        except psycopg.Error as exc:
-            log.error("audit: cannot read %s: %s", self.where, exc)
-            raise AuditUnavailable(f"cannot read {self.where}; check PostgreSQL and the gateway log"
-                                   ) from None
-
-    def rows(self, *, last: int | None = None, since: datetime | None = None,
-             until: datetime | None = None, target: str | None = None, tool: str | None = None,
-             phase: str | None = None, caller: str | None = None,
-             correlation_id: str | None = None) -> list[dict[str, Any]]:
-        """Rows matching every filter, oldest first; with ``last`` only the newest ``last`` of them."""
-        if last is not None and last <= 0:
-            return []
-        clauses, params = self._window(since, until)
-        for name, value in zip(_FILTER_COLUMNS, (phase, tool, target, caller, correlation_id), strict=True):
-            if value is not None:
-                clauses.append(f"{name} = %s")
-                params.append(value)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        limit = "" if last is None else f"LIMIT {int(last)}"
-        with self._snapshot() as conn:
-            found = conn.execute(f"SELECT body FROM audit_rows {where} ORDER BY seq DESC {limit}",
-                                 params).fetchall()
-        return [json.loads(r["body"]) for r in reversed(found)]
-
-    @staticmethod
-    def _window(since: datetime | None, until: datetime | None) -> tuple[list[str], list[Any]]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if since is not None:
-            clauses.append("ts >= %s")
-            params.append(format_ts(since if since.tzinfo else since.replace(tzinfo=UTC)))
-        if until is not None:
-            clauses.append("ts <= %s")
-            params.append(format_ts(until if until.tzinfo else until.replace(tzinfo=UTC)))
-        return clauses, params
-
-    def stats(self, *, since: datetime | None = None) -> dict[str, Any]:
-        """The same summary as ``gateway.guard.audit.stats``."""
-        clauses, params = self._window(since, None)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        counters = {name: Counter[str]() for name in ("by_phase", "by_tool", "by_target", "by_caller",
-                                                       "by_outcome")}
-        rows = 0
-        first_ts = last_ts = None
-        with self._snapshot() as conn, conn.cursor(name="audit_stats") as cursor:
-            cursor.execute(f"SELECT body FROM audit_rows {where} ORDER BY seq", params)
-            for record in cursor:
-                row = json.loads(record["body"])
-                rows += 1
-                first_ts = first_ts or row.get("ts")
-                last_ts = row.get("ts")
-                for name in counters:
-                    value = row.get(name.removeprefix("by_"))
-                    if isinstance(value, str | int | bool):
-                        counters[name][str(value)] += 1
-        summary: dict[str, Any] = {"rows": rows, "since": params[0] if since is not None else None,
-                                   "first_ts": first_ts, "last_ts": last_ts}
-        summary.update({name: dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
-                        for name, counter in counters.items()})
-        return summary
-
-    def verify(self, *, checkpoints: bool = False,
-               public_key: Ed25519PublicKey | None = None) -> VerifyReport:
-        """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot).
-
-        With ``checkpoints``, the signed heads in ``audit_checkpoints`` are checked in the same
-        snapshot by the file verifier's rules (``gateway.guard.audit.verify``): a table cut below a
-        signed seq (``cut_tail``) or rewritten and re-chained (``rewritten``) fails."""
-        faults: list[LineFault] = []
-        count = 0
-        first_seq: int | None = None
-        expected_seq: int | None = None
-        expected_prev = GENESIS
-        entries: list[tuple[int, dict[str, Any]]] | None = None
-        hashes: dict[int, str] = {}
-        with self._snapshot() as conn, conn.cursor(name="audit_verify") as cursor:
-            if checkpoints:
-                found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
-                entries = _parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
-            wanted = {entry["seq"] for _, entry in entries or () if type(entry.get("seq")) is int}
-            cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
-            for record in cursor:
-                seq = int(record["seq"])
-                problem = _problem(record, expected_seq, expected_prev)
-                if problem is not None:
-                    faults.append(LineFault(self.label, seq, *problem))
-                first_seq = seq if first_seq is None else first_seq
-                count += 1
-                expected_seq, expected_prev = seq + 1, str(record["hash"])
-                if seq in wanted:
-                    hashes[seq] = str(record["hash"])
-        last_seq = None if expected_seq is None else expected_seq - 1
-        checkpoint = None
-        if entries is not None:
-            checkpoint = _check_checkpoints(self.checkpoint_label, entries, hashes, first_seq, last_seq,
-                                            public_key)
-        return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
-                            last_seq=last_seq,
-                            first_broken_line=faults[0] if faults else None, torn_last_line=None,
-                            problems=len(faults), starts_after_rotation=False, checkpoint=checkpoint)
-
-
-def _problem(record: Mapping[str, Any], expected_seq: int | None,
-             expected_prev: str) -> tuple[str, str] | None:
-    try:
-        row = json.loads(record["body"])
-    except ValueError:
-        return "not_json", "the row's body is not a stamped JSON row"
-    if not isinstance(row, dict) or row.get("seq") != record["seq"] or row.get("hash") != record["hash"]:
-        return "hash_mismatch", "the row's columns do not match its body: it was edited after writing"
-    if row_hash(row) != row["hash"]:
-        return "hash_mismatch", "the row's content does not match its hash: it was edited after writing"
-    want = 1 if expected_seq is None else expected_seq
-    if row["seq"] != want:
-        what = "rows are missing" if row["seq"] > want else "rows are out of order"
-        return "seq_gap", f"expected seq {want}, found {row['seq']}: {what}"
-    if row.get("prev") != expected_prev:
-        return "prev_mismatch", "prev does not match the hash of the row before: a row was replaced"
-    return None
 
 
 if TYPE_CHECKING:

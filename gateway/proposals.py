@@ -1,4 +1,5 @@
-"""The life of a proposal as one pure transition table: the only moves a proposal can make.
+"""The proposal record of the two-phase flow and its life as one pure transition table: the only moves
+a proposal can make.
 
 ::
 
@@ -16,13 +17,14 @@ gateway died mid-task, or the connection dropped): it is never retried.
 
 Stores accept only these edges (``check_edge``), so an illegal move is impossible whatever calls the
 store; the server makes every move through one method that audits it and notifies listeners.
-Pure: imports nothing from the gateway.
+Ground floor: imports nothing from the gateway.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final
 
 EDGES: Final[Mapping[str, frozenset[str]]] = {
     "pending": frozenset({"approved", "executing", "denied", "cancelled", "expired", "stale"}),
@@ -64,3 +66,46 @@ def check_edge(from_states: Iterable[str], to_state: str) -> tuple[str, ...]:
 def sources(to_state: str) -> tuple[str, ...]:
     """Every state with an edge to ``to_state`` (what a compare-and-set to it may start from)."""
     return tuple(sorted(s for s, out in EDGES.items() if to_state in out))
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A destructive call waiting for confirmation. Only the sha256 of its confirmation token is kept.
+
+    ``args`` is the call as made: confirm and approve plan again from it, possibly in another process,
+    so it is kept as given and never shown (views leave it out, audit rows redact it); it never holds
+    credential-shaped text, which argument validation refuses for every tool whose calls become
+    proposals (``ToolSpec.keeps_arguments``); ``args_digest``
+    binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
+    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.audit.redact.shown``).
+    """
+
+    id: str
+    token_hash: str
+    caller: str
+    role: str
+    surface: str
+    target: str
+    target_host: str
+    tool: str
+    args: dict[str, Any]
+    args_digest: str
+    plan_summary: str
+    affected: list[dict[str, Any]]
+    plan_params: dict[str, Any]
+    created_at: float
+    expires_at: float
+    state: str = "pending"
+    require_web_approval: bool = False
+    approved_by: str | None = None
+    decided_at: float | None = None
+    outcome: str | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    correlation_id: str | None = None
+    #: who holds the ``executing`` claim: ``<instance id>`` of the gateway process running the change
+    executor: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"unknown proposal state {self.state!r}")

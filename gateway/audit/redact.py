@@ -14,10 +14,10 @@ Contracts:
   Discord, ``?token=``, ``?sig=``). Correlation ids (``cid=``, ``X-Request-ID``, ``correlation_id``)
   are never masked, unless one is a token of such a format. Linear in the length of the text.
 - ``redact`` walks a value: values under credential-like keys become ``"***"``, every string goes
-  through ``redact_text``. ``bounded`` adds the audit row's size bounds (a long string becomes its
-  prefix, size and digest).
+  through ``redact_text``. ``gateway.audit.bounds.bounded`` runs the same walk with the audit row's
+  size bounds (a long string becomes its prefix, size and digest).
 - ``shown_text`` and ``shown`` are the form for people and models: redacted first, then hidden
-  characters escaped and the length bounded with a visible marker (``gateway.guard.sanitize``), so a
+  characters escaped and the length bounded with a visible marker (``gateway.sanitize``), so a
   cut never leaves half a secret behind. A proposal is made of ``shown`` text, so the stored record
   is already clean; every exit passes it through ``shown`` again (it is idempotent).
 """
@@ -25,7 +25,6 @@ Contracts:
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -34,7 +33,7 @@ from enum import Enum
 from typing import Any
 
 from gateway.guard.inputs import storable_text
-from gateway.guard.sanitize import DEFAULT_MAX_LEN, clean_text
+from gateway.sanitize import DEFAULT_MAX_LEN, clean_text
 
 MASK = "***"
 
@@ -301,7 +300,6 @@ def _redact_piece(text: str) -> str:
             text = pattern.sub(replacement, text)
     return text
 
-
 def redact(value: Any) -> Any:
     """A JSON-native copy of ``value`` safe to log.
 
@@ -310,27 +308,12 @@ def redact(value: Any) -> Any:
     ``redact_text``. Keys become strings, tuples and sets lists, enums their values, datetimes ISO
     text, non-finite floats text and anything else its (redacted) ``str()``.
     """
-    return _Walk(None).value(value, 0)
-
-
-def bounded(value: Any) -> Any:
-    """``redact(value)`` bounded in size, as audit rows store values.
-
-    A string longer than ``MAX_STRING_CHARS`` (after redaction) becomes ``{"cut": <its first
-    CUT_KEEP_CHARS characters>, "size": <UTF-8 bytes>, "sha256": <hex digest of the redacted text>}``;
-    a list or mapping keeps its first ``MAX_ITEMS`` items and ends with ``{"more_items": n}`` (a list)
-    or a ``"more_items"`` key (a mapping); nesting deeper than ``MAX_BOUNDED_DEPTH`` becomes
-    ``"<nested too deep>"``; and once ``MAX_ROW_CHARS`` characters of text have been kept in one value,
-    every further string is cut to its size and digest alone. So no caller can make a row large.
-    Every key and string has its NUL characters and lone surrogates escaped first
-    (``guard.inputs.storable_text``), so every engine can store the row.
-    """
-    return _Walk(_Budget(MAX_ROW_CHARS)).value(value, 0)
+    return Walk().value(value, 0)
 
 
 def shown_text(text: str, max_len: int = DEFAULT_MAX_LEN) -> str:
     """``text`` as people and models are shown it: redacted (``redact_text``), then hidden characters
-    escaped and the length bounded with a visible marker (``gateway.guard.sanitize.clean_text``).
+    escaped and the length bounded with a visible marker (``gateway.sanitize.clean_text``).
     Redacting first means a cut never leaves half a secret behind. Idempotent."""
     return clean_text(redact_text(text), max_len)
 
@@ -339,58 +322,28 @@ def shown(value: Any, max_len: int = DEFAULT_MAX_LEN) -> Any:
     """``redact(value)`` with every string (keys too) bounded as ``shown_text`` bounds it: the form of
     a proposal's summary and affected objects, the pending card, ``list_pending_actions`` and the
     facts a notification carries. Idempotent."""
-    return _Walk(None, max_len).value(value, 0)
+    return Walk(max_len).value(value, 0)
 
 
-#: audit rows keep strings up to this many characters whole
-MAX_STRING_CHARS = 1024
-#: of a longer string, this many leading characters are kept (with its size and digest)
-CUT_KEEP_CHARS = 96
-#: items kept of one list or mapping in an audit row
-MAX_ITEMS = 100
-#: nesting kept in an audit row (the row itself is level 0)
-MAX_BOUNDED_DEPTH = 12
-#: characters of text kept across one row, all strings together
-MAX_ROW_CHARS = 16 * 1024
+#: a container nested deeper than a walk's ``max_depth`` becomes this text
+TOO_DEEP = "<nested too deep>"
+#: the key (a mapping) or item (a list) that says how many items a walk with ``max_items`` left out
 MORE_ITEMS = "more_items"
-_TOO_DEEP = "<nested too deep>"
-
-
-class _Budget:
-    """Characters of text one bounded value may still keep."""
-
-    def __init__(self, chars: int) -> None:
-        self.chars = chars
-
-    def text(self, text: str) -> Any:
-        if len(text) <= min(MAX_STRING_CHARS, self.chars):
-            self.chars -= len(text)
-            return text
-        keep = max(0, min(CUT_KEEP_CHARS, self.chars))
-        self.chars -= keep
-        data = text.encode("utf-8", "surrogatepass")
-        return {"cut": text[:keep], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _bounded_key(key: str) -> str:
-    """A mapping key kept short: a long one keeps its start and a digest (distinct keys stay distinct)."""
-    if len(key) <= CUT_KEEP_CHARS:
-        return key
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{key[:CUT_KEEP_CHARS]}...sha256:{digest}"
-
-
 _CONTAINERS = (Mapping, list, tuple, set, frozenset)
 
 
-class _Walk:
-    """One walk over a value: redaction always; with a budget, the audit row's bounds on size as well;
-    with ``shown_len``, the bounds of text shown to people (hidden characters escaped, a visible cut)."""
+class Walk:
+    """One walk over a value: redaction always; with ``shown_len``, the bounds of text shown to
+    people (hidden characters escaped, a visible cut). ``gateway.audit.bounds`` subclasses it to add
+    the audit row's bounds on size (``text``, ``key``, ``max_depth`` and ``max_items``)."""
 
-    def __init__(self, budget: _Budget | None, shown_len: int | None = None) -> None:
-        self.budget = budget
+    #: containers nested this deep become ``TOO_DEEP``
+    max_depth = _MAX_DEPTH
+    #: items kept of one list or mapping (None: all of them)
+    max_items: int | None = None
+
+    def __init__(self, shown_len: int | None = None) -> None:
         self.shown_len = shown_len
-        self.max_depth = _MAX_DEPTH if budget is None else MAX_BOUNDED_DEPTH
 
     def value(self, value: Any, depth: int) -> Any:
         if value is None or isinstance(value, bool | int):
@@ -400,7 +353,7 @@ class _Walk:
         if isinstance(value, float):
             return value if math.isfinite(value) else str(value)
         if depth >= self.max_depth and isinstance(value, _CONTAINERS):
-            return _TOO_DEEP
+            return TOO_DEEP
         if isinstance(value, Mapping):
             return self.mapping(value, depth)
         if isinstance(value, list | tuple | set | frozenset):
@@ -408,21 +361,17 @@ class _Walk:
         return self.scalar(value, depth)
 
     def text(self, text: str) -> Any:
-        if self.budget is not None:
-            return self.budget.text(text)
         return text if self.shown_len is None else clean_text(text, self.shown_len)
 
     def key(self, key: Any) -> str:
         name = storable_text(str(key))
-        if self.budget is not None:
-            return _bounded_key(name)
         return name if self.shown_len is None else clean_text(name, self.shown_len)
 
     def mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for index, (key, item) in enumerate(value.items()):
-            if self.budget is not None and index >= MAX_ITEMS:
-                out[MORE_ITEMS] = len(value) - MAX_ITEMS
+            if self.max_items is not None and index >= self.max_items:
+                out[MORE_ITEMS] = len(value) - self.max_items
                 break
             name = self.key(key)
             strength = _key_strength(name)
@@ -436,12 +385,12 @@ class _Walk:
         return out
 
     def sequence(self, value: Any, depth: int) -> list[Any]:
-        if self.budget is None:
+        if self.max_items is None:
             return [self.value(v, depth + 1) for v in value]
         out: list[Any] = []
         for index, item in enumerate(value):
-            if index >= MAX_ITEMS:
-                out.append({MORE_ITEMS: len(value) - MAX_ITEMS})
+            if index >= self.max_items:
+                out.append({MORE_ITEMS: len(value) - self.max_items})
                 break
             out.append(self.value(item, depth + 1))
         return out
@@ -454,5 +403,3 @@ class _Walk:
         if isinstance(value, bytes | bytearray):
             return f"<{len(value)} bytes>"
         return self.text(redact_text(storable_text(str(value))))
-
-

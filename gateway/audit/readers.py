@@ -8,7 +8,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.guard import audit
+from gateway.audit.query import read_rows, stats
+from gateway.audit.verify import VerifyReport, verify
 from gateway.settings import Settings
 from gateway.store.base import StateStore
 
@@ -23,11 +24,11 @@ class AuditReader(Protocol):
 
     def stats(self, *, since: datetime | None = None) -> dict[str, Any]: ...
 
-    def verify(self) -> audit.VerifyReport: ...
+    def verify(self) -> VerifyReport: ...
 
 
 class FileAuditReader:
-    """The JSONL log and its rotated files (``gateway.guard.audit``)."""
+    """The JSONL log and its rotated files (``gateway.audit.query``, ``gateway.audit.verify``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -37,20 +38,20 @@ class FileAuditReader:
              until: datetime | None = None, target: str | None = None, tool: str | None = None,
              phase: str | None = None, caller: str | None = None,
              correlation_id: str | None = None) -> list[dict[str, Any]]:
-        return audit.read_rows(self.path, last=last, since=since, until=until, target=target, tool=tool,
+        return read_rows(self.path, last=last, since=since, until=until, target=target, tool=tool,
                                phase=phase, caller=caller, correlation_id=correlation_id)
 
     def stats(self, *, since: datetime | None = None) -> dict[str, Any]:
-        return audit.stats(self.path, since=since)
+        return stats(self.path, since=since)
 
-    def verify(self) -> audit.VerifyReport:
-        return audit.verify(self.path)
+    def verify(self) -> VerifyReport:
+        return verify(self.path)
 
 
 def open_audit_reader(settings: Settings, store: StateStore) -> AuditReader:
     """The table's reader when ``store`` is the PostgreSQL one of ``settings``, else the file's."""
     if settings.database_url:
-        from gateway.store.audit_pg import PgAuditReader
+        from gateway.audit.pg_reader import PgAuditReader
         from gateway.store.postgres import PostgresStore
 
         if isinstance(store, PostgresStore):

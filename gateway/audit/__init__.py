@@ -1,0 +1,17 @@
+"""The audit trail: everything about audit rows except the decision of when to write one.
+
+One line per tool call and per lifecycle event. Every row is stamped with ``ts`` (UTC, ms), ``seq``
+(1, 2, 3, ... across rotated files), ``prev`` (the previous row's hash; ``GENESIS`` for the first)
+and ``hash``: the SHA-256 of the row's canonical JSON (sorted keys, compact, ASCII) without ``hash``.
+Editing, deleting, reordering or inserting a line breaks the chain at that line, which ``verify``
+names. The chain is unkeyed: it proves the file is internally consistent, not who wrote it. Someone
+able to rewrite the whole file from the edit onwards can forge a consistent one, so ship the lines
+off the host (any log pipeline can tail the file) when that matters.
+
+Modules: ``redact`` (masking secrets in every text and value that leaves the process), ``bounds``
+(the row's size bounds), ``chain`` (a row's canonical bytes, hash and stamps), ``signing`` (Ed25519
+checkpoints of the chain's head), ``files`` (the JSONL log's files and reading them), ``file_sink``
+(appending, rotation, retention, the lock file), ``pg_sink`` and ``pg_reader`` (the chain in a
+PostgreSQL table), ``verify`` (walking the chain and its checkpoints), ``query`` (rows by filter,
+counts), ``readers`` (one reading interface for either place) and ``metrics`` (Prometheus families).
+"""

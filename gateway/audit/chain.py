@@ -1,0 +1,90 @@
+"""Audit rows and their hash chain: what a row holds before stamping, its canonical bytes and hash,
+and the timestamp format every sink and reader shares.
+
+Every row carries ``ts`` (UTC, ms), ``seq`` (1, 2, 3, ...), ``prev`` (the previous row's hash;
+``GENESIS`` for the first) and ``hash``: the SHA-256 of the row's canonical JSON without ``hash``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.answer import Answer, answer_bytes, encode_json
+from gateway.audit.bounds import bounded
+
+GENESIS = "0" * 64
+#: phase of the row that opens a file after rotation
+ROTATED_PHASE = "audit_rotated"
+#: phase of the row recording that a torn (crash-interrupted) last line was removed
+REPAIRED_PHASE = "audit_repaired"
+#: fields the sink stamps; callers cannot set them
+STAMPED = ("ts", "seq", "prev", "hash")
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, compact separators, ASCII: the bytes a row's hash is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def row_hash(row: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the row's canonical JSON without its own ``hash`` field (``prev`` included)."""
+    return hashlib.sha256(canonical_json({k: v for k, v in row.items() if k != "hash"})).hexdigest()
+
+
+def result_fingerprint(result: Any) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of a tool result's answer text (``gateway.answer``): what the log
+    keeps of it. ``result`` may be the ``Answer`` the caller was sent, or its bytes."""
+    if isinstance(result, bytes | bytearray):
+        data = bytes(result)
+    elif isinstance(result, Answer):
+        data = result.data
+    else:
+        try:
+            data = answer_bytes(encode_json(result)[0])
+        except (TypeError, ValueError):
+            data = repr(result).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def prepare_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's event as it will be logged, before stamping: stamp fields dropped, ``result``
+    replaced by its digest and size, everything else redacted and bounded (see ``bounded``)."""
+    body = {k: v for k, v in event.items() if k not in STAMPED and k != "result"}
+    if "result" in event:
+        body["result_digest"], body["result_size"] = result_fingerprint(event["result"])
+    prepared: dict[str, Any] = bounded(body)
+    return prepared
+
+
+def format_ts(moment: datetime) -> str:
+    """ISO-8601 UTC with milliseconds and a ``Z``: ``2026-08-20T14:02:11.204Z``."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_ts(text: Any) -> datetime | None:
+    """A row's ``ts`` as an aware datetime, or None when missing or malformed."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+
+def parse_row(raw: bytes) -> dict[str, Any] | None:
+    """A stamped row from one line, or None when the line is not one."""
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(row, dict) and type(row.get("seq")) is int and isinstance(row.get("hash"), str)
+            and isinstance(row.get("prev"), str)):
+        return None
+    return row

@@ -1,0 +1,144 @@
+"""Deciding one call: ``evaluate`` is a pure function of the call's facts, the policy and the clock.
+
+How ``evaluate`` decides, in this order:
+
+1. protected: a destructive call affecting a protected object is denied; so is a write call whose
+   risk reaches the entry's ``min_risk_level`` when one is set. ``override=true`` does not apply.
+2. bulk limit: a write or destructive call affecting more objects than the target's
+   ``max_bulk_objects`` is denied.
+3. rules: the first rule whose ``match`` fits decides (deny, allow or require_approval). A deny rule
+   with ``unless_override: true`` is skipped when the request carries ``override=true``, and the
+   evaluation goes on with the next rules and then step 4: an override removes that rule's
+   objection but never grants more than the rest of the policy does. The decision names it.
+4. per-target settings over defaults: the action for the call's category on its target.
+5. maintenance windows, on top of any allow: when windows are declared for the call's target and
+   risk level, the call must fall inside one of them, otherwise it is denied naming the next opening.
+
+An allowed destructive call on a target with ``require_web_approval`` needs a human's approval, as
+does any call allowed through a ``require_approval`` action (for a plain write, the pipeline turns it
+into a proposal that a human approves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gateway.guard.limits import bulk_denial
+from gateway.guard.policy.model import Action, CallFacts, Decision, Policy, Rule, TargetPolicy
+from gateway.vocabulary import Category
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    action: Action
+    rule: str
+    reason: str
+    overridden: tuple[str, ...] = ()
+
+
+def evaluate(facts: CallFacts, policy: Policy, now: datetime) -> Decision:
+    """Decide one call. Pure: the same facts, policy and ``now`` (timezone-aware) give the same answer."""
+    if now.utcoffset() is None:
+        raise ValueError("evaluate needs a timezone-aware 'now', e.g. datetime.now(UTC)")
+    settings = policy.target_settings(facts.target)
+    flags = {"dry_run": settings.dry_run, "auto_snapshot": settings.auto_snapshot_before_destroy}
+    verdict = _protected(facts, policy) or _bulk(facts, settings) or _first_rule(facts, policy, settings)
+    if verdict.action is Action.ALLOW or verdict.action is Action.REQUIRE_APPROVAL:
+        verdict = _window(facts, policy, now, verdict.overridden) or verdict
+    if verdict.action is Action.DENY:
+        return Decision(False, verdict.reason, verdict.rule, overridden=verdict.overridden, **flags)
+    web = facts.category is Category.DESTRUCTIVE and settings.require_web_approval
+    reason = verdict.reason + (f"; target '{facts.target}' requires a human approval for destructive "
+                               "calls (require_web_approval)" if web else "")
+    approval = verdict.action is Action.REQUIRE_APPROVAL or web
+    return Decision(True, reason, verdict.rule, approval, overridden=verdict.overridden, **flags)
+
+
+def _protected(facts: CallFacts, policy: Policy) -> _Verdict | None:
+    for entry in policy.protected:
+        if not entry.covers(facts):
+            continue
+        for obj in facts.affected:
+            if entry.protects(obj):
+                why = f": {entry.reason}" if entry.reason else ""
+                return _Verdict(Action.DENY, f"protected:{entry.name}",
+                                f"{obj.type} '{obj.name}' ({obj.moid}) is protected by '{entry.name}'{why}; "
+                                "override does not apply (change 'protected' in rules.yaml to allow it)")
+    return None
+
+
+def _bulk(facts: CallFacts, settings: TargetPolicy) -> _Verdict | None:
+    if facts.category is Category.READ:
+        return None
+    reason = bulk_denial(facts.count, settings.max_bulk_objects, facts.target)
+    return None if reason is None else _Verdict(Action.DENY, settings.origins["max_bulk_objects"], reason)
+
+
+def _first_rule(facts: CallFacts, policy: Policy, settings: TargetPolicy) -> _Verdict:
+    overridden: list[str] = []
+    for rule in policy.rules:
+        if not rule.matches(facts):
+            continue
+        if rule.action is Action.DENY and rule.unless_override and facts.override:
+            overridden.append(rule.name)
+            continue
+        return _rule_verdict(rule, tuple(overridden))
+    return _category_verdict(facts, settings, tuple(overridden))
+
+
+def _rule_verdict(rule: Rule, overridden: tuple[str, ...]) -> _Verdict:
+    why = f": {rule.reason}" if rule.reason else ""
+    reasons = {
+        Action.DENY: f"denied by rule '{rule.name}'{why}"
+                     + ("; override=true skips this rule (the rest of the policy still applies)"
+                        if rule.unless_override else ""),
+        Action.ALLOW: f"allowed by rule '{rule.name}'{why}",
+        Action.REQUIRE_APPROVAL: f"rule '{rule.name}' requires a human approval{why}",
+    }
+    return _Verdict(rule.action, f"rule:{rule.name}", reasons[rule.action] + _override_note(overridden),
+                    overridden)
+
+
+def _category_verdict(facts: CallFacts, settings: TargetPolicy, overridden: tuple[str, ...]) -> _Verdict:
+    category, target = facts.category.value, facts.target
+    action = settings.categories[facts.category]
+    origin = settings.origins[category]
+    reasons = {
+        Action.ALLOW: f"{category} calls are allowed on target '{target}' ({origin})",
+        Action.DENY: f"{category} calls are denied on target '{target}' ({origin}); to permit them set "
+                     f"'{category}: allow' under defaults or targets.{target} in rules.yaml",
+        Action.REQUIRE_APPROVAL: f"{category} calls on target '{target}' require a human approval ({origin})",
+    }
+    return _Verdict(action, origin, reasons[action] + _override_note(overridden), overridden)
+
+
+def _override_note(overridden: tuple[str, ...]) -> str:
+    if not overridden:
+        return ""
+    return f" (override=true skipped deny rule{'s' if len(overridden) > 1 else ''} " \
+           f"{', '.join(repr(n) for n in overridden)})"
+
+
+def _window(facts: CallFacts, policy: Policy, now: datetime, overridden: tuple[str, ...]) -> _Verdict | None:
+    windows = [w for w in policy.maintenance_windows if w.applies(facts.target, facts.risk)]
+    if not windows or any(w.is_open(now) for w in windows):
+        return None
+    opening, window = min(((w.next_opening(now), w) for w in windows), key=lambda pair: pair[0])
+    return _Verdict(
+        Action.DENY, f"window:{window.name}",
+        f"{facts.risk.value}-risk calls on target '{facts.target}' may run only inside a maintenance "
+        f"window; the next is '{window.name}' ({window.describe()}), opening "
+        f"{opening:%Y-%m-%d %H:%M %Z} (in {_span(opening - now)})",
+        overridden,
+    )
+
+
+def _span(delta: timedelta) -> str:
+    minutes = max(int(delta.total_seconds() // 60), 0)
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{minutes}m"]
+    return " ".join(p for p in parts if p)

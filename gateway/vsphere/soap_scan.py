@@ -1,0 +1,297 @@
+"""Decoding ``RetrievePropertiesEx`` / ``ContinueRetrievePropertiesEx`` replies into plain objects.
+
+``parse_retrieve_result`` reads a reply in the plain shape vSphere sends for scalar sweeps with a few
+regular expressions (``scan_retrieve_result``: several times cheaper than pyVmomi's deserializer or
+ElementTree on large inventories) and anything else with ElementTree; both give the same ``ObjectProps``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+Props = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectProps:
+    """One object of a retrieval: its type (``VirtualMachine``), moid and plain property values."""
+
+    type: str
+    moid: str
+    props: Props
+    missing: tuple[str, ...] = ()
+
+
+class Page(NamedTuple):
+    objects: list[ObjectProps]
+    token: str | None
+
+
+class ComplexValueError(ValueError):
+    """A swept path returned a data object; sweeps take only scalar paths (a programming error)."""
+
+
+def _parse_datetime(text: str) -> datetime:
+    parsed = datetime.fromisoformat(text)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _parse_bool(text: str) -> bool:
+    return text in ("true", "1")
+
+
+_SCALARS: dict[str, Callable[[str], Any]] = {
+    "string": str, "int": int, "long": int, "short": int, "byte": int, "boolean": _parse_bool,
+    "double": float, "float": float, "dateTime": _parse_datetime, "ManagedObjectReference": str,
+}
+"""Converters by XML schema type (prefix stripped); any other type (enums, moid types) reads as text."""
+
+_XSI_TYPE = "{http://www.w3.org/2001/XMLSchema-instance}type"
+
+
+def _xml_value(path: str, val: ET.Element) -> Any:
+    kind = (val.get(_XSI_TYPE) or "string").rpartition(":")[2]
+    if len(val) == 0 and not kind.startswith("ArrayOf"):
+        return _SCALARS.get(kind, str)(val.text or "")
+    if not kind.startswith("ArrayOf") or any(len(item) for item in val):
+        raise ComplexValueError(f"property '{path}' holds a {kind}; sweeps read scalar paths only")
+    convert = _SCALARS.get(kind[len("ArrayOf"):], str)
+    return [convert(item.text or "") for item in val]
+
+
+def parse_retrieve_result(body: bytes) -> Page:
+    """Decode a ``RetrievePropertiesEx``/``ContinueRetrievePropertiesEx`` SOAP reply into plain objects.
+
+    Replies in the plain shape vSphere sends for scalar sweeps are decoded by ``scan_retrieve_result``;
+    anything else (arrays, missing properties, comments, unusual prefixes) by ElementTree. Both give
+    the same objects. Raises ``ComplexValueError`` for a data-object value and ``ET.ParseError`` for
+    malformed XML.
+    """
+    page = scan_retrieve_result(body)
+    if page is not None:
+        return page
+    DECODER.fell_back()
+    return parse_retrieve_tree(body)
+
+
+class DecoderCounters:
+    """How many replies the fast scanner decoded and how many fell back to ElementTree (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.fallbacks = 0
+
+    def fell_back(self) -> None:
+        with self._lock:
+            self.fallbacks += 1
+
+
+DECODER = DecoderCounters()
+"""Process-wide counters of ``parse_retrieve_result`` (exposed with the mirrors' statistics)."""
+
+
+def parse_retrieve_tree(body: bytes) -> Page:
+    """``parse_retrieve_result`` through ElementTree, whatever the reply's shape."""
+    envelope = ET.fromstring(body)
+    response = next(iter(next(iter(envelope))), None)  # Envelope > Body > *Response
+    if response is None:
+        return Page([], None)
+    ns = response.tag[: response.tag.index("}") + 1] if response.tag.startswith("{") else ""
+    objects: list[ObjectProps] = []
+    token: str | None = None
+    for returnval in response:
+        for child in returnval:
+            if child.tag == ns + "objects":
+                objects.append(_xml_object(child, ns))
+            elif child.tag == ns + "token":
+                token = child.text or None
+    return Page(objects, token)
+
+
+# The scanner: ElementTree builds ~20 elements per VM and costs several times what the simulator needs
+# to answer; matching the known shape with a few regular expressions costs a fifth of that. It accepts
+# only compact replies whose every byte it accounts for and otherwise answers None, so whatever it does
+# not recognise is left to ElementTree (which also reports malformed XML).
+_XSI = "http://www.w3.org/2001/XMLSchema-instance"
+_QNAME = r"[A-Za-z_][\w.\-]*"
+_PROLOGUE = re.compile(
+    rf'(?:<\?xml(?P<decl>[^<>?]*)\?>)?\s*<(?P<p>(?:{_QNAME}:)?)Envelope(?P<env>(?:\s[^<>]*)?)>\s*'
+    rf'<(?P=p)Body(?P<body>(?:\s[^<>]*)?)>\s*<(?P<resp>{_QNAME})(?P<resp_attrs>(?:\s[^<>]*)?)><returnval>')
+_DECLARATION = re.compile(r'\s+version=(["\'])1\.0\1(?:\s+encoding=(["\'])(?i:utf-8)\2)?'
+                          r'(?:\s+standalone=(["\'])(?:yes|no)\3)?\s*')
+_ATTRIBUTE = re.compile(rf'\s+((?:{_QNAME}:)?{_QNAME})\s*=\s*"([^"<&\t\n\r]*)"')
+_TOKEN = re.compile(r"<token>([^<]*)</token>")
+# Only single negated characters ([^<]): the regex engine scans those many times faster than sets.
+_OBJECT = re.compile(
+    r'<objects><obj type="([^"]*)">([^<]*)</obj>'
+    r'((?:<propSet><name>[^<]*</name><val\b[^>]*>[^<]*</val></propSet>)*)</objects>')
+_PROPERTY = re.compile(r'<propSet><name>([^<]*)</name><val\b([^>]*)>([^<]*)</val></propSet>')
+_ATTRIBUTE_VALUE = re.compile(r'[^"<&\t\n\r]*')
+_CONTROL_BYTES = bytes(c for c in range(32) if c not in (9, 10, 13))
+_NOT_XML_CHAR = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+_REFERENCE = re.compile(r"&(?:#([0-9]+)|#x([0-9A-Fa-f]+)|(lt|gt|amp|quot|apos));")
+_NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"', "apos": "'"}
+
+
+class _Unrecognised(Exception):
+    """The scanner met something outside the shape it knows: ElementTree decodes the reply instead."""
+
+
+def scan_retrieve_result(body: bytes) -> Page | None:
+    """The reply decoded by regular expressions, or None when it is not in the plain shape: one
+    envelope, body and response, then a ``returnval`` holding only a token and objects whose
+    properties are all scalar values, without whitespace, comments or CDATA between elements."""
+    try:
+        return _scan(body)
+    except (_Unrecognised, UnicodeDecodeError, ValueError, OverflowError):
+        return None  # ValueError/OverflowError: a value that does not convert; ElementTree will say so
+
+
+def _scan(body: bytes) -> Page:
+    text = body.decode("utf-8")
+    head = _PROLOGUE.match(text)
+    if (head is None or _has_non_xml_chars(body) or "\ufffe" in text or "\uffff" in text or "]]>" in text
+            or not _plain_declaration(head["decl"])):
+        raise _Unrecognised
+    prefix, response = head["p"], head["resp"]
+    scope: dict[str, str] = {}
+    for attrs in (head["env"], head["body"], head["resp_attrs"]):
+        scope.update(_declared(_attributes(attrs)))
+    if prefix and prefix[:-1] not in scope:
+        raise _Unrecognised
+    kinds: dict[str, Callable[[str], Any] | None] = {}
+    types: dict[str, str] = {}
+    objects: list[ObjectProps] = []
+    plain = "&" not in text and "\r" not in text  # no references, no line ends to normalise: as is
+    token, pos = _scan_token(text, head.end(), None)
+    while (match := _OBJECT.match(text, pos)) is not None:
+        objects.append(_scan_object(match, scope, kinds, types, plain))
+        pos = match.end()
+    token, pos = _scan_token(text, pos, token)
+    epilogue = rf"</returnval></{response}>\s*</{re.escape(prefix)}Body>\s*</{re.escape(prefix)}Envelope>\s*"
+    if re.fullmatch(epilogue, text[pos:]) is None:
+        raise _Unrecognised
+    return Page(objects, token)
+
+
+def _has_non_xml_chars(body: bytes) -> bool:
+    """Raw characters XML forbids (C0 controls but tab and line ends; U+FFFE, U+FFFF): malformed."""
+    return len(body.translate(None, _CONTROL_BYTES)) != len(body)
+
+
+def _plain_declaration(declaration: str | None) -> bool:
+    return declaration is None or _DECLARATION.fullmatch(declaration) is not None
+
+
+def _scan_token(text: str, pos: int, token: str | None) -> tuple[str | None, int]:
+    match = _TOKEN.match(text, pos)
+    if match is None:
+        return token, pos
+    if token is not None:
+        raise _Unrecognised  # two tokens: let ElementTree keep the last, as it always has
+    return _xml_text(match[1]) or None, match.end()
+
+
+def _attributes(attrs: str) -> dict[str, str]:
+    """``name="value"`` pairs covering all of ``attrs`` (else unrecognised: other quoting, entities...)."""
+    found: dict[str, str] = {}
+    pos = 0
+    for match in _ATTRIBUTE.finditer(attrs):
+        if match.start() != pos or match[1] in found:
+            raise _Unrecognised
+        found[match[1]] = match[2]
+        pos = match.end()
+    if attrs[pos:].strip():
+        raise _Unrecognised
+    return found
+
+
+def _declared(attrs: Mapping[str, str]) -> dict[str, str]:
+    return {name[6:]: uri for name, uri in attrs.items() if name.startswith("xmlns:")}
+
+
+def _scan_object(
+    match: re.Match[str], scope: Mapping[str, str], kinds: dict[str, Callable[[str], Any] | None],
+    types: dict[str, str], plain: bool,
+) -> ObjectProps:
+    """One ``objects`` element; ``kinds`` and ``types`` remember the few distinct attribute strings.
+    ``plain``: the reply holds no reference and no carriage return, so text is taken as it is."""
+    props: Props = {}
+    for name, attrs, raw in _PROPERTY.findall(match[3]):
+        convert = kinds.get(attrs, _UNSEEN)
+        if convert is _UNSEEN:
+            convert = kinds[attrs] = _converter(attrs, scope)
+        if not plain:
+            raw, name = _xml_text(raw), _xml_text(name)
+        props[name] = raw if convert is str else [] if convert is None else convert(raw)
+    kind = match[1]
+    return ObjectProps(types[kind] if kind in types else types.setdefault(kind, _attribute_value(kind)),
+                       match[2] if plain else _xml_text(match[2]), props)
+
+
+_UNSEEN: Any = object()
+
+
+def _attribute_value(raw: str) -> str:
+    if _ATTRIBUTE_VALUE.fullmatch(raw) is None:
+        raise _Unrecognised  # entities, markup or whitespace an XML parser would normalise
+    return raw
+
+
+def _converter(attrs: str, scope: Mapping[str, str]) -> Callable[[str], Any] | None:
+    """How to read a ``val`` with these attributes: its xsi:type's converter; None for an (empty) array."""
+    found = _attributes(attrs)
+    local = {**scope, **_declared(found)}
+    kind = "string"
+    for name, value in found.items():
+        attr_prefix, _, local_name = name.rpartition(":")
+        if attr_prefix and attr_prefix != "xmlns" and attr_prefix not in local:
+            raise _Unrecognised  # an unbound prefix: malformed, ElementTree reports it
+        if local_name == "type" and attr_prefix and local.get(attr_prefix) == _XSI:
+            kind = value.rpartition(":")[2]
+    if kind.startswith("ArrayOf"):
+        return None
+    return _SCALARS.get(kind, str)
+
+
+def _xml_text(raw: str) -> str:
+    """Character data as an XML parser reports it: line ends normalised, references replaced."""
+    if "\r" in raw:
+        raw = raw.replace("\r\n", "\n").replace("\r", "\n")
+    if "&" not in raw:
+        return raw
+    if raw.count("&") != len(_REFERENCE.findall(raw)):
+        raise _Unrecognised  # an entity XML does not predefine (or a bare &): malformed here
+    return _REFERENCE.sub(_dereference, raw)
+
+
+def _dereference(match: re.Match[str]) -> str:
+    decimal, hexadecimal, name = match.groups()
+    if name:
+        return _NAMED[name]
+    code = int(decimal) if decimal else int(hexadecimal, 16)
+    char = chr(code)  # ValueError/OverflowError beyond U+10FFFF: unrecognised
+    if _NOT_XML_CHAR.match(char) or 0xD800 <= code <= 0xDFFF:
+        raise _Unrecognised
+    return char
+
+
+def _xml_object(element: ET.Element, ns: str) -> ObjectProps:
+    children = iter(element)
+    obj = next(children)
+    props: Props = {}
+    missing: list[str] = []
+    prop_set, missing_set = ns + "propSet", ns + "missingSet"
+    for child in children:
+        if child.tag == prop_set:
+            name = child[0].text or ""
+            props[name] = _xml_value(name, child[1])
+        elif child.tag == missing_set:
+            missing.append(child[0].text or "")
+    return ObjectProps(obj.get("type") or "", obj.text or "", props, tuple(missing))

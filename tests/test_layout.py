@@ -1,0 +1,136 @@
+"""The package's floors, measured with ``bench/layout.py`` over ``gateway/``: no import cycle (lazy and
+``TYPE_CHECKING`` imports included) and no module importing a module on a higher floor.
+
+The floors, bottom up (a module may import its own floor and the floors below it, never above):
+
+====  ===============================================================================================
+0     ground: ``gateway`` (the package), ``vocabulary``, ``errors``, ``proposals``, ``role``, ``answer``,
+      ``sanitize``, ``ids``, ``config``, ``settings``, ``private_files``
+1     ``guard``: pure decisions (policy, names, limits, confirm, decision, ...)
+2     ``store`` (state, limits and slots on SQLite or PostgreSQL) and ``audit`` (the audit trail)
+3     ``vsphere``: the simulator-tested vSphere client (its scheduler takes slots from ``store``)
+4     ``auth``, ``notify``, ``tools``, ``logs``
+5     ``server``
+6     ``web``, ``cli``, ``demo``, ``devsim``, ``__main__``
+====  ===============================================================================================
+
+Module sizes are reported by ``python bench/layout.py`` but not asserted here (they hold only once
+every module is split); a module on no floor fails ``test_every_module_has_a_floor``: add it to
+``FLOORS``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: floor of every module, by the longest matching dotted prefix (see the module doc)
+FLOORS: dict[str, int] = {
+    "gateway": 0, "gateway.vocabulary": 0, "gateway.errors": 0, "gateway.proposals": 0, "gateway.role": 0,
+    "gateway.answer": 0, "gateway.sanitize": 0, "gateway.ids": 0, "gateway.config": 0,
+    "gateway.settings": 0, "gateway.private_files": 0,
+    "gateway.guard": 1,
+    "gateway.store": 2, "gateway.audit": 2,
+    "gateway.vsphere": 3,
+    "gateway.auth": 4, "gateway.notify": 4, "gateway.tools": 4, "gateway.logs": 4,
+    "gateway.server": 5,
+    "gateway.web": 6, "gateway.cli": 6, "gateway.demo": 6, "gateway.devsim": 6, "gateway.__main__": 6,
+}
+
+
+def _load_layout() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_layout", REPO / "bench" / "layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+layout = _load_layout()
+
+
+def floor(name: str) -> int | None:
+    """The floor of module ``name`` (longest prefix in ``FLOORS``), None when it has none."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        found = FLOORS.get(".".join(parts[:end]))
+        if found is not None and (end > 1 or name == "gateway"):
+            return found
+    return None
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Every import of a module on a higher floor than the importer's, as ``a (floor) -> b (floor)``."""
+    modules = layout.load(root)
+    found = []
+    for name, module in sorted(modules.items()):
+        here = floor(name)
+        for other in sorted(module.imports):
+            there = floor(other)
+            if here is not None and there is not None and there > here:
+                found.append(f"{name} ({here}) -> {other} ({there})")
+    return found
+
+
+def cycles(root: Path) -> list[list[str]]:
+    found: list[list[str]] = layout.cycles(layout.load(root))
+    return found
+
+
+def test_every_module_has_a_floor() -> None:
+    assert [name for name in sorted(layout.load(REPO)) if floor(name) is None] == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(REPO) == []
+
+
+def test_nothing_imports_upward() -> None:
+    assert upward_imports(REPO) == []
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in {"gateway/__init__.py": "", **files}.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"gateway/errors.py": "", "gateway/guard/__init__.py": "",
+      "gateway/guard/confirm.py": "from gateway.errors import GatewayError\n"}, []),
+    ({"gateway/store/__init__.py": "", "gateway/store/base.py": "", "gateway/guard/__init__.py": "",
+      "gateway/guard/confirm.py": "from gateway.store.base import Proposal\n"},
+     ["gateway.guard.confirm (1) -> gateway.store.base (2)"]),
+    ({"gateway/tools/__init__.py": "", "gateway/tools/registry.py": "", "gateway/guard/__init__.py": "",
+      "gateway/guard/names.py": "def watch():\n    from gateway.tools.registry import all_tools\n"},
+     ["gateway.guard.names (1) -> gateway.tools.registry (4)"]),
+    ({"gateway/auth/__init__.py": "", "gateway/auth/roles.py": "", "gateway/guard/__init__.py": "",
+      "gateway/guard/names.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from gateway.auth.roles import RoleBook\n"},
+     ["gateway.guard.names (1) -> gateway.auth.roles (4)"]),
+], ids=["downward", "guard-to-store", "lazy-guard-to-tools", "type-checking-guard-to-auth"])
+def test_an_upward_import_is_found(tmp_path: Path, files: dict[str, str], expected: list[str]) -> None:
+    assert upward_imports(_tree(tmp_path, files)) == expected
+
+
+def test_a_cycle_through_a_lazy_import_is_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "gateway/guard/__init__.py": "",
+        "gateway/guard/names.py": "def watch():\n    from gateway.guard.policy import Policy\n",
+        "gateway/guard/policy.py": "from gateway.guard.names import KnownNames\n",
+    })
+    assert cycles(root) == [["gateway.guard.names", "gateway.guard.policy"]]
+
+
+def test_floors_read_by_longest_prefix() -> None:
+    assert [floor(n) for n in ("gateway", "gateway.role", "gateway.guard.policy.model", "gateway.cli.audit",
+                               "gateway.audit.chain", "gateway.unplaced")] == [0, 0, 1, 6, 2, None]
