@@ -4,7 +4,9 @@ The table below enumerates role x tool x target x policy x entry point; for each
 verdict is ``authorize`` on facts written out by hand here (plain values), and the actual one is what
 the real gateway does over a real simulator, real store and real rules file: a call (read, write,
 destructive proposal, bulk proposal), ``confirm_action``, ``cancel_action``, a human's approve and
-deny. The gateway runs with ``dry_run`` so an allowed confirm or approval changes nothing.
+deny. The gateway runs with ``dry_run`` so an allowed confirm or approval changes nothing. The web page's
+approve, deny and Audit tab are driven over HTTPS (tests/webserver.py); ``gateway pending list``,
+``approve`` and ``deny`` through the CLI's ``main``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import pytest
 import yaml
 from argon2 import PasswordHasher
 from simulator import Simulator, complete_rules_text, write_targets
+from webserver import PEOPLE, PERSONS, RULES_YAML, decide, propose_delete, sign_in, web_server
+from webserver import ROLES_YAML as WEB_ROLES_YAML
 
 from gateway.auth.local import os_person
 from gateway.auth.tokens import Principal, create_token
@@ -35,7 +39,9 @@ from gateway.guard.decision import (
     Proposed,
     TokenState,
     Verdict,
+    audit_view,
     authorize,
+    may_read_audit_row,
     proposal_rights,
     sees_target_addresses,
 )
@@ -127,11 +133,12 @@ async def rig(tmp_path: Path, sim_vc1: Simulator) -> AsyncIterator[Rig]:
     await gw.close()
 
 
-def role_of(name: str) -> Role:
+def role_of(name: str, roles: dict[str, dict[str, Any]] = ROLES) -> Role:
+    """The role ``name`` from plain values: a built-in one, else its entry in ``roles`` (roles.yaml)."""
     role = BUILTIN_ROLES.get(name)
     if role is not None:
         return role
-    spec = ROLES[name]
+    spec = roles[name]
     tools = spec["tools"] if isinstance(spec["tools"], str) else frozenset(spec["tools"])
     targets = spec["targets"] if spec["targets"] == "*" else tuple(spec["targets"])
     return Role(
@@ -141,6 +148,7 @@ def role_of(name: str) -> Role:
         frozenset(spec["allow_destructive"]),
         targets,
         spec["approve"],
+        spec.get("audit", "none"),
     )
 
 
@@ -352,4 +360,93 @@ async def test_every_listing_and_the_cli_reach_the_decisions_verdict(
                                             str(rig.home)])
     if (denied == 0) != want_deny.allowed:
         mismatches.append(("os", "pending deny", denied, want_deny.to_dict()))
+    # `gateway pending approve`: the admin's new proposal, and the deleter's after its token lost delete_vm
+    fresh = {role: await rig.gw.call(who, "delete_vm", {"target": "vc1", **TOOLS["delete_vm"][2]})
+             for role, who in proposers.items()}
+    rig.gw.store.update_token(proposers["deleter"].name, role="reader")  # `gateway token set-role`
+    monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "true")  # the shell serves delete_vm as the rig does,
+    monkeypatch.setenv("GATEWAY_DRY_RUN", "true")  # and changes nothing
+    permissive = parse_policy_text(POLICIES["permissive"], "rules.yaml")
+    for role, role_now in (("admin", "admin"), ("deleter", "reader")):
+        owner = Party(proposers[role].name, TokenState.USABLE, role_of(role_now))
+        want_approve = authorize(Facts(entry=Entry.APPROVE, actor=shell, tool="delete_vm", category=category,
+                                       risk=risk, now=datetime.now(UTC), target="vc1", target_known=True,
+                                       owner=owner, rules=permissive,
+                                       change_tools=rig.gw.change_tools))
+        approved = await asyncio.to_thread(main, ["pending", "approve", fresh[role]["proposal_id"], "--home",
+                                                  str(rig.home)])
+        if (approved == 0) != want_approve.allowed:
+            mismatches.append(("os", f"pending approve ({role} -> {role_now})", approved,
+                               want_approve.to_dict()))
     assert mismatches == []
+
+
+WEB_ROLES: dict[str, dict[str, Any]] = yaml.safe_load(WEB_ROLES_YAML)["roles"]
+#: the page's viewers (people, tests/webserver.py): admin, reader, lead (approve: others, audit: none),
+#: lab-approver (lab-* only, audit: all)
+VIEWERS = sorted(PERSONS)
+WEB_VM = "DC0_C0_RP0_VM0"
+
+
+def _web_party(name: str) -> Party:
+    return Party(name, TokenState.USABLE, role_of(PEOPLE[name], WEB_ROLES),
+                 Kind.PERSON if name in PERSONS else Kind.AGENT)
+
+
+async def _page_code(response: Any) -> str | None:
+    if response.status_code == 200:
+        return None
+    code: str = response.json()["error"]["code"]
+    return code
+
+
+async def test_the_pages_approve_deny_and_audit_tab_reach_the_decisions_verdict(
+    vcsim_bin: Path, tmp_path: Path
+) -> None:
+    """The page over HTTPS (tests/webserver.py, dry run): each person approves or denies a fresh proposal
+    (an agent's or olga's, on a gated prod target or a lab one), then opens the Audit tab. Each answer is
+    what ``authorize`` (Entry.APPROVE / Entry.DENY), ``audit_view`` and ``may_read_audit_row`` say on
+    plain values."""
+    rules = parse_policy_text(RULES_YAML, "rules.yaml")
+    category, risk, _args, _reaches = TOOLS["delete_vm"]
+    mismatches: list[tuple[Any, ...]] = []
+    with web_server(tmp_path, vcsim_bin, dry_run=True) as served:
+        clients = {name: served.http() for name in VIEWERS}
+        try:
+            csrf = {name: await sign_in(client, served, name) for name, client in clients.items()}
+            for viewer, proposer, target, action in itertools.product(
+                VIEWERS, ("agent", "olga"), ("prod-vc", "lab-vc"), ("approve", "deny")
+            ):
+                made = await propose_delete(served, proposer, target, WEB_VM)
+                entry = Entry.APPROVE if action == "approve" else Entry.DENY
+                want = authorize(Facts(entry=entry, actor=_web_party(viewer), tool="delete_vm",
+                                       category=category, risk=risk, now=datetime.now(UTC), target=target,
+                                       target_known=True, owner=_web_party(proposer), rules=rules,
+                                       change_tools=served.gateway.change_tools))
+                got = await _page_code(await decide(clients[viewer], served, csrf[viewer],
+                                                    made["proposal_id"], action))
+                if got != want.code:
+                    mismatches.append((viewer, proposer, target, action, got, want.code, want.reason))
+            for viewer in VIEWERS:
+                role = role_of(PEOPLE[viewer], WEB_ROLES)
+                rows = served.audit_rows()
+                assert len(rows) < 500, "the tab's 500-row tail must cover the whole log for this table"
+                gate = audit_view(role)
+                want_rows: Any = ([r for r in rows if may_read_audit_row(role, viewer, r)] if gate.allowed
+                                  else gate.code)
+                response = await clients[viewer].get("/ui/api/audit", params={"last": 500})
+                got_rows: Any = response.json()["rows"] if response.status_code == 200 else \
+                    await _page_code(response)
+                if got_rows != want_rows:
+                    mismatches.append((viewer, "audit tab", _keys(got_rows), _keys(want_rows)))
+        finally:
+            for client in clients.values():
+                await client.aclose()
+    assert mismatches == []
+
+
+def _keys(rows: Any) -> Any:
+    """Rows as (phase, caller, target), short enough to read in a failure."""
+    if not isinstance(rows, list):
+        return rows
+    return [(r.get("phase"), r.get("caller"), r.get("target")) for r in rows]

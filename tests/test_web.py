@@ -8,12 +8,11 @@ The running server and its MCP helpers are in tests/webserver.py.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import html.parser
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,15 @@ import pytest
 from httpserver import FAST_HASH, REPO
 from pyVim.connect import Disconnect
 from simulator import Simulator, find_vm, pyvmomi_connect
-from webserver import WebServer, mcp_call, propose_delete, web_server
+from webserver import (
+    WebServer,
+    change_headers,
+    decide,
+    mcp_call,
+    propose_delete,
+    signed_in,
+    web_server,
+)
 
 from gateway.auth.tokens import Principal, create_token
 from gateway.vocabulary import Kind
@@ -39,34 +46,6 @@ STATIC = REPO / "gateway" / "web" / "static"
 
 
 # ---------------------------------------------------------------------------- HTTP helpers
-
-
-def change_headers(server: WebServer, csrf: str | None) -> dict[str, str]:
-    headers = {"Origin": server.origin, "Content-Type": "application/json"}
-    if csrf is not None:
-        headers["X-CSRF-Token"] = csrf
-    return headers
-
-
-async def sign_in(client: httpx2.AsyncClient, server: WebServer, who: str) -> str:
-    """Sign ``who`` in on ``client`` (its cookie jar keeps the session); return the CSRF token."""
-    response = await client.post("/ui/api/sign-in", json={"token": server.tokens[who]},
-                                 headers={"Origin": server.origin})
-    assert response.status_code == 200, response.text
-    csrf: str = response.json()["csrf"]
-    return csrf
-
-
-@contextlib.asynccontextmanager
-async def signed_in(server: WebServer, who: str) -> AsyncIterator[tuple[httpx2.AsyncClient, str]]:
-    async with server.http() as client:
-        yield client, await sign_in(client, server, who)
-
-
-async def decide(client: httpx2.AsyncClient, server: WebServer, csrf: str | None, proposal_id: str,
-                 action: str) -> httpx2.Response:
-    return await client.post(f"/ui/api/proposals/{proposal_id}/{action}", json={},
-                             headers=change_headers(server, csrf))
 
 
 async def listed(client: httpx2.AsyncClient) -> dict[str, dict[str, Any]]:

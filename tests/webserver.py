@@ -10,7 +10,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,8 +133,9 @@ class WebServer:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
-def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
-    """The server for ``prod`` and ``lab``, plus ``lab-down``: a target nobody answers for."""
+def start_web_server(tmp: Path, prod: Simulator, lab: Simulator, *, dry_run: bool = False) -> WebServer:
+    """The server for ``prod`` and ``lab``, plus ``lab-down``: a target nobody answers for. ``dry_run``:
+    an approved change is planned and audited but not made."""
     sims = {"prod-vc": prod, "prod-alias": prod, "lab-vc": lab}
     env = credentials_env(sims)
     prefix = credential_prefix("lab-down")
@@ -149,7 +150,7 @@ def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
     roles.chmod(0o600)
     settings = Settings.from_env(env, home=str(tmp / "home"), targets=str(tmp / "targets.yaml"),
                                  rules=str(tmp / "rules.yaml"), roles=str(roles), enable_destructive=True,
-                                 web_ui=True)
+                                 web_ui=True, dry_run=dry_run or None)
     gateway = Gateway.build(settings)
     offset = [0.0]
     gateway.clock = lambda: time.time() + offset[0]
@@ -170,13 +171,13 @@ def start_web_server(tmp: Path, prod: Simulator, lab: Simulator) -> WebServer:
 
 
 @contextlib.contextmanager
-def web_server(tmp: Path, vcsim_bin: Path) -> Iterator[WebServer]:
+def web_server(tmp: Path, vcsim_bin: Path, *, dry_run: bool = False) -> Iterator[WebServer]:
     """Two fresh simulators (tests delete their VMs) and the server in front of them."""
     prod = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=2)
     lab = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=2)
     running = None
     try:
-        running = start_web_server(tmp, prod, lab)
+        running = start_web_server(tmp, prod, lab, dry_run=dry_run)
         yield running
     finally:
         if running is not None:
@@ -204,3 +205,34 @@ async def propose_delete(server: WebServer, who: str, target: str, vm: str) -> d
     assert not failed, body
     assert body["state"] == "pending", body
     return body
+
+
+# ---------------------------------------------------------------------------- the page over HTTP
+
+
+def change_headers(server: WebServer, csrf: str | None) -> dict[str, str]:
+    headers = {"Origin": server.origin, "Content-Type": "application/json"}
+    if csrf is not None:
+        headers["X-CSRF-Token"] = csrf
+    return headers
+
+
+async def sign_in(client: httpx2.AsyncClient, server: WebServer, who: str) -> str:
+    """Sign ``who`` in on ``client`` (its cookie jar keeps the session); return the CSRF token."""
+    response = await client.post("/ui/api/sign-in", json={"token": server.tokens[who]},
+                                 headers={"Origin": server.origin})
+    assert response.status_code == 200, response.text
+    csrf: str = response.json()["csrf"]
+    return csrf
+
+
+@contextlib.asynccontextmanager
+async def signed_in(server: WebServer, who: str) -> AsyncIterator[tuple[httpx2.AsyncClient, str]]:
+    async with server.http() as client:
+        yield client, await sign_in(client, server, who)
+
+
+async def decide(client: httpx2.AsyncClient, server: WebServer, csrf: str | None, proposal_id: str,
+                 action: str) -> httpx2.Response:
+    return await client.post(f"/ui/api/proposals/{proposal_id}/{action}", json={},
+                             headers=change_headers(server, csrf))
