@@ -440,8 +440,11 @@ def test_a_fan_out_takes_each_target_wholly_from_one_source(make_simulator: Make
         vms = asyncio.run(built.fan_out(["a", "b"], "list_vms", {"target": "all"},
                                         lambda rest: _sweep_vms(pool_b, rest, swept)))
         assert list(vms) == ["a", "b"]
-        assert vms["a"]["ok"]["count"] == 1 and vms["b"]["ok"]["count"] == 2
+        assert vms["a"]["ok"].value["count"] == 1 and vms["b"]["ok"]["count"] == 2
         assert swept == [["b"]] and built.stats()["a"].served == 1
+        kept = asyncio.run(built.answer("a", "list_vms", {"target": "all"}))
+        assert kept is not None and isinstance(vms["a"]["ok"], Answer)
+        assert vms["a"]["ok"].text is kept.text, "the mirror's text, not re-encoded"
         hosts = asyncio.run(built.fan_out(["a"], "list_hosts", {"target": "all", "cluster": "nope"},
                                           no_sweep))
         assert hosts["a"]["error"]["code"] == "not_found"

@@ -65,7 +65,8 @@ class ReadRules:
                       filters: Mapping[str, ReadFilter | None],
                       shaping: Shaping) -> dict[str, dict[str, Any]]:
         """A fan-out's per-target results, each target's answer filtered; a target whose one object is
-        hidden answers ``policy_denied``, as a target the policy refuses does."""
+        hidden answers ``policy_denied``, as a target the policy refuses does. A mirror's encoded answer
+        the rules leave as it is stays encoded; a filtered one is a new plain value."""
         out = dict(results)
 
         async def settle(name: str) -> None:
@@ -74,7 +75,9 @@ class ReadRules:
                 return
             shown = await self.shown(tool, name, result["ok"], filters.get(name), shaping)
             refusal = {k: v for k, v in denial(tool, name, shown).to_wire().items() if k != "decision"}
-            out[name] = {"ok": shown.answer} if shown.answer is not None else {"error": refusal}
+            kept = result["ok"]
+            ok = kept if isinstance(kept, Answer) and shown.answer is kept.value else shown.answer
+            out[name] = {"ok": ok} if shown.answer is not None else {"error": refusal}
 
         await asyncio.gather(*(settle(name) for name in results))
         return out

@@ -1,5 +1,6 @@
 """Reads: the targets a read goes to (each authorized and rate limited by the gate), the mirror or a
-live sweep, read rules, and the answer encoded once with its audit row; ``list_targets`` too."""
+live sweep, read rules, and the answer encoded once with its audit row (a fan-out composed of each
+target's encoded answer); ``list_targets`` too."""
 
 from __future__ import annotations
 
@@ -108,11 +109,12 @@ class Reads:
                     ),
                 )
                 answered = await self.read_rules.fan_out(ctx.spec.name, answered, filters, shaping)
-                result = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
+                per_target = {n: refused[n] if n in refused else answered[n] for n in dict.fromkeys(names)}
                 outcomes = {
                     n: "ok" if "ok" in r else r.get("error", {}).get("code", "error")
-                    for n, r in result.items()
+                    for n, r in per_target.items()
                 }
+                result = await asyncio.to_thread(fan_out_answer, per_target)
         except GatewayError as exc:
             await self.trail.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
@@ -146,3 +148,14 @@ class Reads:
         out = await asyncio.to_thread(Answer.cleaned, {"targets": rows, "count": len(rows)})
         await self.trail.record(ctx.row("call", outcome="ok", result=out))
         return out
+
+
+def fan_out_answer(results: Mapping[str, Mapping[str, Any]]) -> Answer:
+    """A fan-out's answer composed of each target's encoded text: a mirror's answer (an ``Answer``) as it
+    is, never decoded; a swept or filtered value, or an error, encoded (and sanitized) here, once.
+    Blocking for big values: call it from a worker thread."""
+    parts: dict[str, Answer] = {}
+    for name, result in results.items():
+        ok = result.get("ok")
+        parts[name] = Answer.composed({"ok": ok}) if isinstance(ok, Answer) else Answer.cleaned(dict(result))
+    return Answer.composed(parts)

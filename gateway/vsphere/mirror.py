@@ -777,8 +777,9 @@ class Mirrors:
                       sweep: Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]],
                       ) -> dict[str, dict[str, Any]]:
         """A fan-out read: each target answered by its mirror when it can, the others by ``sweep(rest)``;
-        ``{name: {"ok": ...} | {"error": ...}}`` in the order of ``names``. Each target's answer comes
-        wholly from one source."""
+        ``{name: {"ok": ...} | {"error": ...}}`` in the order of ``names``, a mirror's ``ok`` being its
+        encoded ``Answer`` (its text is sent as it is), a sweep's the plain value. Each target's answer
+        comes wholly from one source."""
         names = list(dict.fromkeys(names))
 
         async def settle(name: str) -> dict[str, Any] | None:
@@ -786,7 +787,7 @@ class Mirrors:
                 answer = await self.answer(name, tool, args)
             except errors.GatewayError as exc:
                 return {"error": exc.to_wire()}
-            return None if answer is None else {"ok": answer.value}
+            return None if answer is None else {"ok": answer}
 
         mirrored = dict(zip(names, await asyncio.gather(*(settle(n) for n in names)), strict=True))
         rest = [n for n in names if mirrored[n] is None]
