@@ -47,6 +47,8 @@ __all__ = [
     "credential_prefix",
     "credentials_env",
     "find_vm",
+    "mirror_credentials",
+    "mirror_synced",
     "open_pool",
     "pyvmomi_connect",
     "read_properties",
@@ -293,3 +295,19 @@ def complete_rules_text(text: str) -> str:
     body = text if text.endswith("\n") or not text else text + "\n"
     return body + "".join(f"{name}: {'{}' if isinstance(RULES_SECTIONS[name], dict) else '[]'}\n"
                           for name in missing)
+
+
+def mirror_credentials(*pairs: tuple[Target, Simulator]) -> dict[str, str]:
+    """The environment a mirror of each (target, simulator) pair logs in with."""
+    env: dict[str, str] = {}
+    for target, sim in pairs:
+        env[f"{target.credential_env_prefix}_USER"] = sim.user
+        env[f"{target.credential_env_prefix}_PASSWORD"] = sim.password
+    return env
+
+
+def mirror_synced(mirrors: Any, name: str, resyncs: int = 0) -> bool:
+    """Whether ``mirrors`` (``gateway.vsphere.mirror.Mirrors``) holds target ``name`` synced, after at
+    least ``resyncs`` resyncs."""
+    stats = mirrors.stats().get(name)
+    return stats is not None and stats.state == "synced" and stats.resyncs >= resyncs

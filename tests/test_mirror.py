@@ -23,6 +23,8 @@ from simulator import (
     Relay,
     Simulator,
     find_vm,
+    mirror_credentials,
+    mirror_synced,
     open_pool,
     pyvmomi_connect,
     sim_target,
@@ -33,7 +35,7 @@ from simulator import (
 from gateway import errors
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
-from gateway.config import ConfigProblems, Credentials, Target, parse_targets
+from gateway.config import ConfigProblems, Credentials, parse_targets
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS, READ_TOOLS
@@ -44,18 +46,6 @@ from gateway.vsphere.soap_scan import ObjectProps
 
 ALL_VM_FIELDS = list(listings.VM_COLUMNS)
 
-
-def credentials(*pairs: tuple[Target, Simulator]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for target, sim in pairs:
-        env[f"{target.credential_env_prefix}_USER"] = sim.user
-        env[f"{target.credential_env_prefix}_PASSWORD"] = sim.password
-    return env
-
-
-def synced(mirrors: Mirrors, name: str, resyncs: int = 0) -> bool:
-    stats = mirrors.stats().get(name)
-    return stats is not None and stats.state == "synced" and stats.resyncs >= resyncs
 
 
 def answer(mirrors: Mirrors, target: str, tool: str, **args: Any) -> dict[str, Any] | None:
@@ -82,9 +72,9 @@ def sim(make_simulator: MakeSimulator) -> Simulator:
 @pytest.fixture
 def mirrors(sim: Simulator) -> Iterator[Mirrors]:
     target = sim_target("vc1", sim)
-    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
     assert answer(built, "vc1", "list_vms") is None, "a cold mirror must not answer"
-    wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+    wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
     yield built
     built.close()
 
@@ -180,10 +170,10 @@ def test_a_listing_is_shaped_once_per_change_of_the_inventory(sim: Simulator, si
         return MIRROR_READS["list_vms"](view, args)
 
     target = sim_target("vc1", sim)
-    built = Mirrors([target], credentials((target, sim)), {"list_vms": counting})
+    built = Mirrors([target], mirror_credentials((target, sim)), {"list_vms": counting})
     try:
         assert answer(built, "vc1", "list_vms") is None
-        wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
         first = mirrored(built, "vc1", "list_vms")
         first["added_by_a_caller"] = True  # a caller's copy: the kept answer does not change
         second = mirrored(built, "vc1", "list_vms")
@@ -228,7 +218,7 @@ def test_host_maintenance_shows_in_the_next_read(mirrors: Mirrors, si: Any) -> N
 def test_terminated_sessions_resync(sim: Simulator, mirrors: Mirrors, si: Any) -> None:
     sim.control("/terminate-sessions", {})
     # Until the mirror notices, reads sweep; once it has logged in again it resyncs from scratch.
-    wait_until(lambda: synced(mirrors, "vc1", resyncs=1), timeout=40, what="mirror resynced")
+    wait_until(lambda: mirror_synced(mirrors, "vc1", resyncs=1), timeout=40, what="mirror resynced")
     vm = find_vm(pyvmomi_connect(sim), "DC0_C0_RP0_VM0")
     _wait_task(vm.PowerOffVM_Task())
     rows = {r["name"]: r for r in mirrored(mirrors, "vc1", "list_vms")["vms"]}
@@ -237,10 +227,10 @@ def test_terminated_sessions_resync(sim: Simulator, mirrors: Mirrors, si: Any) -
 
 def test_staleness_allowed_answers_say_how_old(sim: Simulator) -> None:
     target = sim_target("vc1", sim, max_staleness_seconds=3600.0)
-    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
     try:
         assert answer(built, "vc1", "list_vms") is None
-        wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
         result = mirrored(built, "vc1", "list_vms")
         assert 0 <= result["mirror_age_seconds"] < 3600
     finally:
@@ -249,7 +239,7 @@ def test_staleness_allowed_answers_say_how_old(sim: Simulator) -> None:
 
 def test_an_opted_out_target_always_sweeps(sim: Simulator) -> None:
     target = sim_target("vc1", sim, mirror="off")
-    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
     try:
         assert answer(built, "vc1", "list_vms") is None
         assert built.stats() == {}
@@ -260,11 +250,12 @@ def test_an_opted_out_target_always_sweeps(sim: Simulator) -> None:
 def test_a_slowed_target_does_not_delay_another(make_simulator: MakeSimulator) -> None:
     slow_sim, fast_sim = make_simulator(vms=1), make_simulator(vms=1)
     slow, fast = sim_target("slow", slow_sim), sim_target("fast", fast_sim)
-    built = Mirrors([slow, fast], credentials((slow, slow_sim), (fast, fast_sim)), MIRROR_READS)
+    built = Mirrors([slow, fast], mirror_credentials((slow, slow_sim), (fast, fast_sim)), MIRROR_READS)
     try:
         for name in ("slow", "fast"):
             answer(built, name, "list_vms")
-        wait_until(lambda: synced(built, "slow") and synced(built, "fast"), timeout=30, what="both synced")
+        wait_until(lambda: mirror_synced(built, "slow") and mirror_synced(built, "fast"), timeout=30,
+                   what="both synced")
         slow_sim.control("/delay", {"method_delay": {"WaitForUpdatesEx": 60_000}})
 
         async def both() -> tuple[bool, Answer | None]:
@@ -303,7 +294,7 @@ async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
             first = await client.call_tool("list_vms", {"target": "vc1"})  # swept; starts the mirror
             assert not first.is_error
             await anyio.to_thread.run_sync(
-                lambda: wait_until(lambda: synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
+                lambda: wait_until(lambda: mirror_synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
             vm = find_vm(si, "DC0_H0_VM1")
             await anyio.to_thread.run_sync(lambda: _wait_task(vm.Rename_Task("renamed-over-https")))
             result = await client.call_tool("list_vms", {"target": "vc1", "fields": ["name"]})
@@ -385,7 +376,7 @@ async def test_get_vm_details_takes_the_vm_from_the_mirror_without_a_name_search
             assert searched == ["DC0_H0_VM0"], "no mirror yet: the name is searched"
             await gateway.call(caller, "list_vms", {"target": "vc1"})  # starts the mirror
             await anyio.to_thread.run_sync(
-                lambda: wait_until(lambda: synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
+                lambda: wait_until(lambda: mirror_synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
             warm = await gateway.call(caller, "get_vm_details", {"target": "vc1", "vm": "DC0_H0_VM0"})
             assert searched == ["DC0_H0_VM0"], "a synced mirror names the VM: no search"
             assert warm == cold
@@ -412,12 +403,12 @@ def test_a_restarted_vcenter_is_resynced(make_simulator: MakeSimulator) -> None:
     built = Mirrors([target], env, MIRROR_READS)
     try:
         answer(built, "vc1", "list_vms")
-        wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
         assert mirrored(built, "vc1", "list_vms")["count"] == 1
         second = make_simulator(vms=3, user=None)  # the "restarted" vCenter has other VMs
         first.stop()
         relay.switch(second.port)
-        wait_until(lambda: synced(built, "vc1", resyncs=1), timeout=40, what="mirror resynced")
+        wait_until(lambda: mirror_synced(built, "vc1", resyncs=1), timeout=40, what="mirror resynced")
         assert mirrored(built, "vc1", "list_vms")["count"] == 3
     finally:
         built.close()
@@ -427,7 +418,7 @@ def test_a_restarted_vcenter_is_resynced(make_simulator: MakeSimulator) -> None:
 def test_a_fan_out_takes_each_target_wholly_from_one_source(make_simulator: MakeSimulator) -> None:
     sim_a, sim_b = make_simulator(vms=1), make_simulator(vms=2)
     a, b = sim_target("a", sim_a), sim_target("b", sim_b, mirror="off")
-    built = Mirrors([a, b], credentials((a, sim_a), (b, sim_b)), MIRROR_READS)
+    built = Mirrors([a, b], mirror_credentials((a, sim_a), (b, sim_b)), MIRROR_READS)
     pool_b = SessionPool(b, Credentials(sim_b.user, sim_b.password))
     swept: list[list[str]] = []
 
@@ -436,7 +427,7 @@ def test_a_fan_out_takes_each_target_wholly_from_one_source(make_simulator: Make
 
     try:
         answer(built, "a", "list_vms")
-        wait_until(lambda: synced(built, "a"), timeout=30, what="mirror synced")
+        wait_until(lambda: mirror_synced(built, "a"), timeout=30, what="mirror synced")
         vms = asyncio.run(built.fan_out(["a", "b"], "list_vms", {"target": "all"},
                                         lambda rest: _sweep_vms(pool_b, rest, swept)))
         assert list(vms) == ["a", "b"]
@@ -482,11 +473,11 @@ def test_mirror_settings_parse() -> None:
 
 def test_an_eager_mirror_syncs_before_any_read(sim: Simulator) -> None:
     target = sim_target("vc1", sim, mirror="eager")
-    built = Mirrors([target], credentials((target, sim)), MIRROR_READS)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
     try:
         assert built.stats() == {}
         built.start_eager()
-        wait_until(lambda: synced(built, "vc1"), timeout=30, what="eager mirror synced")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="eager mirror synced")
         assert built.stats()["vc1"].served == built.stats()["vc1"].swept == 0
         assert mirrored(built, "vc1", "list_vms")["count"] == 4  # the first read is already mirrored
     finally:

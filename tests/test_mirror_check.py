@@ -29,6 +29,8 @@ from simulator import (
     Relay,
     Simulator,
     find_vm,
+    mirror_credentials,
+    mirror_synced,
     pyvmomi_connect,
     sim_target,
     wait_until,
@@ -52,18 +54,6 @@ FIELDS = ["moid", "name", "power_state", "memory_mb", "folder", "host"]
 # ------------------------------------------------------------------------------ helpers
 
 
-def env_for(*pairs: tuple[Target, Simulator]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for target, sim in pairs:
-        env[f"{target.credential_env_prefix}_USER"] = sim.user
-        env[f"{target.credential_env_prefix}_PASSWORD"] = sim.password
-    return env
-
-
-def synced(mirrors: Mirrors, name: str, resyncs: int = 0) -> bool:
-    stats = mirrors.stats().get(name)
-    return stats is not None and stats.state == "synced" and stats.resyncs >= resyncs
-
 
 def answer(mirrors: Mirrors, target: str, **args: Any) -> dict[str, Any] | None:
     got = asyncio.run(mirrors.answer(target, "list_vms", {"target": target, **args}))
@@ -85,9 +75,9 @@ def rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def start_mirrors(sim: Simulator, name: str = "vc1", **options: Any) -> Mirrors:
     target = sim_target(name, sim, **options)
-    built = Mirrors([target], env_for((target, sim)), MIRROR_READS)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
     answer(built, name)  # starts it
-    wait_until(lambda: synced(built, name), timeout=30, what=f"{name} mirror synced")
+    wait_until(lambda: mirror_synced(built, name), timeout=30, what=f"{name} mirror synced")
     return built
 
 
@@ -245,7 +235,7 @@ async def _list(gateway: Gateway) -> dict[str, dict[str, Any]]:
 
 
 async def _synced(gateway: Gateway) -> None:
-    await asyncio.to_thread(wait_until, lambda: synced(gateway.mirrors, "vc1"), 30, 0.02, "synced")
+    await asyncio.to_thread(wait_until, lambda: mirror_synced(gateway.mirrors, "vc1"), 30, 0.02, "synced")
 
 
 @pytest.mark.anyio
@@ -295,7 +285,7 @@ async def test_while_a_stream_that_stopped_delivering_is_unrepaired_reads_sweep_
         assert 'gateway_mirror_divergence_total{target="vc1"}' in gateway.metrics.render()
         sim.control("/silence-updates", {"silenced": False})
         await asyncio.to_thread(wait_until, lambda: gateway.mirrors.stats()["vc1"].repairs >= 1
-                                and synced(gateway.mirrors, "vc1"), 30, 0.05, "repaired")
+                                and mirror_synced(gateway.mirrors, "vc1"), 30, 0.05, "repaired")
         served = gateway.mirrors.stats()["vc1"].served
         assert (await _list(gateway))["DC0_H0_VM0"]["power_state"] == "poweredOff"
         assert gateway.mirrors.stats()["vc1"].served == served + 1, "answered by the repaired mirror"
@@ -338,8 +328,8 @@ async def test_after_the_target_ends_every_session_a_direct_rename_shows_in_the_
         for gateway in (first, second):
             assert "renamed-1" in await _list(gateway)
         for gateway in (first, second):
-            await asyncio.to_thread(wait_until, lambda g=gateway: synced(g.mirrors, "vc1", resyncs=1), 40,
-                                    0.02, "resynced")
+            await asyncio.to_thread(wait_until, lambda g=gateway: mirror_synced(g.mirrors, "vc1", resyncs=1),
+                                    40, 0.02, "resynced")
         await asyncio.to_thread(lambda: wait_task(find_vm(si, "renamed-1").Rename_Task("renamed-2")))
         for gateway in (first, second):
             assert "renamed-2" in await _list(gateway)
@@ -352,12 +342,12 @@ async def test_after_the_target_ends_every_session_a_direct_rename_shows_in_the_
 def test_after_a_reconnect_a_direct_change_shows_in_the_next_read(sim: Simulator, si: Any) -> None:
     relay = Relay(sim.port)
     target = dataclasses.replace(sim_target("vc1", sim), port=relay.port)
-    built = Mirrors([target], env_for((target, sim)), MIRROR_READS)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
     try:
         answer(built, "vc1")
-        wait_until(lambda: synced(built, "vc1"), timeout=30, what="mirror synced")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
         relay.sever()
-        wait_until(lambda: synced(built, "vc1", resyncs=1), timeout=40, what="mirror reconnected")
+        wait_until(lambda: mirror_synced(built, "vc1", resyncs=1), timeout=40, what="mirror reconnected")
         wait_task(find_vm(si, "DC0_H0_VM0").PowerOffVM_Task())
         assert rows(mirrored(built, "vc1", fields=FIELDS))["DC0_H0_VM0"]["power_state"] == "poweredOff"
     finally:
@@ -374,11 +364,11 @@ def test_a_frozen_stream_is_found_without_any_read_logged_counted_and_repaired(
     caplog.set_level(logging.WARNING, logger="gateway.vsphere.mirror")
     watched = start_mirrors(sim, mirror_check_seconds=2)
     try:
-        wait_until(lambda: synced(watched, "vc1"), timeout=30, what="the mirror synced")
+        wait_until(lambda: mirror_synced(watched, "vc1"), timeout=30, what="the mirror synced")
         sim.control("/silence-updates", {"silenced": True})  # the stream stops delivering, silently
         wait_until(lambda: watched.stats()["vc1"].divergences >= 1, timeout=20, what="divergence found")
         sim.control("/silence-updates", {"silenced": False})
-        wait_until(lambda: watched.stats()["vc1"].repairs >= 1 and synced(watched, "vc1"), timeout=30,
+        wait_until(lambda: watched.stats()["vc1"].repairs >= 1 and mirror_synced(watched, "vc1"), timeout=30,
                    what="divergence repaired")
         assert watched.stats()["vc1"].served == 0, "found by the background check, not by a read"
         warnings = [r.getMessage() for r in caplog.records if "diverged" in r.getMessage()]
@@ -410,7 +400,7 @@ def test_a_lost_update_is_found_counted_and_repaired_and_reads_sweep_meanwhile(
         assert stats.checks[kind] >= 1 and stats.repairs == 0
         assert answer(built, "vc1", fields=FIELDS) is None, "a diverged mirror does not answer: reads sweep"
         sim.control("/delay", {"method_delay": {}})
-        wait_until(lambda: built.stats()["vc1"].repairs == 1 and synced(built, "vc1"), timeout=30,
+        wait_until(lambda: built.stats()["vc1"].repairs == 1 and mirror_synced(built, "vc1"), timeout=30,
                    what="repaired")
         assert rows(mirrored(built, "vc1", fields=FIELDS)) == truth
     finally:
@@ -448,7 +438,8 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
     # datastore's free space), so full rounds find real divergences too
     targets = {name: dataclasses.replace(sim_target(name, sim, mirror_check_seconds=check), port=relay.port)
                for name, check in (("a", 10.0), ("b", 300.0))}
-    built = Mirrors(list(targets.values()), env_for(*((t, sim) for t in targets.values())), MIRROR_READS)
+    logins = mirror_credentials(*((t, sim) for t in targets.values()))
+    built = Mirrors(list(targets.values()), logins, MIRROR_READS)
     si = pyvmomi_connect(sim)
     direct = SessionPool(sim_target("direct", sim), Credentials(sim.user, sim.password))
     log: list[str] = []
@@ -456,7 +447,7 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
     try:
         for name in targets:
             answer(built, name)
-            wait_until(lambda name=name: synced(built, name), timeout=30, what=f"{name} synced")
+            wait_until(lambda name=name: mirror_synced(built, name), timeout=30, what=f"{name} synced")
         folders = [si.content.rootFolder.childEntity[0].vmFolder, make_folder(si, "elsewhere")]
         view = si.content.viewManager.CreateContainerView(si.content.rootFolder, [vim.VirtualMachine], True)
         vms = list(view.view)
@@ -471,7 +462,7 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
             got = answer(built, name, fields=FIELDS)
             if got is None:  # swept (as the gateway would); let the mirror recover before the next round
                 with contextlib.suppress(TimeoutError):
-                    wait_until(lambda name=name: synced(built, name), timeout=3, what="mirror back")
+                    wait_until(lambda name=name: mirror_synced(built, name), timeout=3, what="mirror back")
                 continue
             truth = sweep(direct, fields=FIELDS)
             assert got == truth, f"round {round_} ({name}) after {log[-6:]}: {_diff(got, truth)}"
@@ -488,8 +479,8 @@ def test_differential_random_changes_and_cut_connections_against_direct_sweeps(
         b = built._mirror("b")
         assert b is not None
         b.close()
-        wait_until(lambda: synced(built, "a") and built.stats()["a"].divergences == built.stats()[
-            "a"].repairs, timeout=40, what="a synced, its divergences all repaired")
+        wait_until(lambda: mirror_synced(built, "a") and built.stats()["a"].divergences == built.stats()[
+            "a"].repairs, timeout=40, what="a mirror_synced, its divergences all repaired")
         assert answer(built, "a", fields=FIELDS) == sweep(direct, fields=FIELDS)
     finally:
         built.close()
