@@ -83,6 +83,13 @@ class FactsNow:
         role = self.roles.get(record.role)
         return Party(p.caller, token_state(record, self.clock()), role)
 
+    def of_proposal(self, entry: Entry, actor: Party, spec: ToolSpec, proposal: Proposal,
+                    owner: Party) -> Facts:
+        """The gate's facts about an existing proposal (cancel, confirm, approve, deny, the page's
+        buttons): its call as made, its target and proposer, before anything is resolved."""
+        return self.facts(entry, actor, spec, proposal.args, target=proposal.target, owner=owner,
+                          proposal=proposal, resolved=False)
+
     def facts(
         self,
         entry: Entry,

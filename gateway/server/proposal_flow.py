@@ -167,16 +167,7 @@ class ProposalFlow:
         proposal = await self._by_token(ctx, args)
         spec = self.registry.get(proposal.tool) or ctx.spec
         owner = await off_loop(self.facts.owner, proposal)
-        facts = self.facts.facts(
-            Entry.CANCEL,
-            ctx.party,
-            spec,
-            proposal.args,
-            target=proposal.target,
-            owner=owner,
-            proposal=proposal,
-            resolved=False,
-        )
+        facts = self.facts.of_proposal(Entry.CANCEL, ctx.party, spec, proposal, owner)
         facts = replace(
             facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem
         )
@@ -210,18 +201,7 @@ class ProposalFlow:
         spec = self.registry.get(proposal.tool) or unknown_tool(proposal.tool)
         actor, owner = self.facts.party(human), self.facts.owner(proposal)
         deny, approve = (
-            authorize(
-                self.facts.facts(
-                    entry,
-                    actor,
-                    spec,
-                    proposal.args,
-                    target=proposal.target,
-                    owner=owner,
-                    proposal=proposal,
-                    resolved=False,
-                )
-            )
+            authorize(self.facts.of_proposal(entry, actor, spec, proposal, owner))
             for entry in (Entry.DENY, Entry.APPROVE)
         )
         return deny, approve
@@ -296,16 +276,7 @@ class ProposalFlow:
         assert spec is not None and target is not None and spec.plan is not None
         entry = Entry.APPROVE if approved else Entry.CONFIRM
         owner = await off_loop(self.facts.owner, proposal)
-        gate = self.facts.facts(
-            entry,
-            party,
-            spec,
-            proposal.args,
-            target=target.name,
-            owner=owner,
-            proposal=proposal,
-            resolved=False,
-        )
+        gate = self.facts.of_proposal(entry, party, spec, proposal, owner)
         await self.calls.check(ctx, gate, {}, proposal_id=proposal.id)
         await self.calls.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
