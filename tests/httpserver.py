@@ -93,10 +93,12 @@ async def mcp_client(
     token: str,
     mode: str,
     headers: Mapping[str, str] | None = None,
+    **options: Any,
 ) -> AsyncIterator[Client]:
+    """The SDK's client over HTTPS; ``options`` go to ``mcp.Client`` (``elicitation_callback``, say)."""
     http = served.http(token, headers)
     transport = streamable_http_client(f"{served.base}/mcp", http_client=http)
-    async with http, Client(transport, mode=mode) as client:
+    async with http, Client(transport, mode=mode, **options) as client:
         yield client
 
 

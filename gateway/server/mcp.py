@@ -45,6 +45,7 @@ from gateway.errors import GatewayError, Unauthorized
 from gateway.guard.decision import sees_target_addresses
 from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
+from gateway.server.elicitation import asker_of, asker_var
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class _Handlers:
             return error_result(exc.to_wire())
         sink = _progress_sink(ctx) if _wants_progress(ctx) else None
         mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
+        asker_var.set(asker_of(ctx))  # whether (and how) the person at the client can be asked
         with self.in_flight:
             try:
                 answer = await self.gateway.answer(principal, params.name, params.arguments or {},

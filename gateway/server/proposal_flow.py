@@ -28,6 +28,7 @@ from gateway.guard.policy.model import Decision
 from gateway.proposals import OPEN_STATES, Proposal
 from gateway.server.calls import Handler
 from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
+from gateway.server.elicitation import InBand
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
@@ -49,6 +50,8 @@ class ProposalFlow:
         self.moves = moves
         self.confirm_ttl_seconds = confirm_ttl_seconds
         self.clock = moves.clock
+        #: who confirms a fresh proposal: the agent's token, or the person at the client (elicitation)
+        self.in_band = InBand(self.trail)
 
     def handlers(self) -> dict[str, Handler]:
         """The proposal tools, answered here (``Calls.local``)."""
@@ -63,7 +66,12 @@ class ProposalFlow:
         plan: Plan,
         decision: Decision,
         digest: str,
-    ) -> dict[str, Any]:
+        progress: ProgressSink | None = None,
+    ) -> dict[str, Any] | Answer:
+        route = self.in_band.route(decision)
+        refusal = self.in_band.refusal(route, decision)
+        if refusal is not None:
+            await self.calls.refused(ctx, args, refusal, target=target.name)
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = target.proposal_ttl_seconds or self.confirm_ttl_seconds
@@ -109,7 +117,7 @@ class ProposalFlow:
             if decision.require_approval
             else f'confirm_action(token="{token}") within {int(ttl)}s'
         )
-        return {
+        answer = {
             "state": "pending",
             "proposal_id": proposal.id,
             "target": target.name,
@@ -125,6 +133,15 @@ class ProposalFlow:
             "note": f"Nothing has changed yet. This proposal acts on target '{target.name}' "
             f"({target.address}): check the target and the affected objects before confirming.",
         }
+        return await self.in_band.settle(self, ctx, proposal, answer, route, decision.confirm_by, progress)
+
+    async def withdraw(self, ctx: CallContext, proposal: Proposal, reason: str) -> None:
+        """Cancel ``proposal`` because the person at the client did not confirm it (one move, one row)."""
+        moved = await self.moves.move(proposal, OPEN_STATES, "cancelled", actor=ctx.principal,
+                                      correlation_id=ctx.correlation_id, decided_at=self.clock(),
+                                      reason=reason)
+        if moved is None:
+            await self._lost(ctx, proposal, "the proposal was no longer pending; nothing to cancel")
 
     async def _list_pending(
         self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None

@@ -29,7 +29,8 @@ class Proposer(Protocol):
     """Where a change needing a confirmation or a human's approval goes (``server.proposal_flow``)."""
 
     async def propose(self, ctx: CallContext, target: Target, args: dict[str, Any], plan: Plan,
-                      decision: Decision, digest: str) -> dict[str, Any]: ...
+                      decision: Decision, digest: str,
+                      progress: ProgressSink | None = None) -> dict[str, Any] | Answer: ...
 
 
 class Writes:
@@ -74,7 +75,7 @@ class Writes:
         decision = self.calls.decision_of(verdict, target)
         if spec.kind is Category.DESTRUCTIVE or decision.require_approval:
             assert self.proposer is not None  # the runtime wires the proposal flow in
-            return await self.proposer.propose(ctx, target, args, plan, decision, digest)
+            return await self.proposer.propose(ctx, target, args, plan, decision, digest, progress)
         return await self.execute(ctx, target, plan, decision, args, progress)
 
     async def execute(

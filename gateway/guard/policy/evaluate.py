@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from gateway.guard.limits import bulk_denial
 from gateway.guard.policy.model import Action, CallFacts, Decision, Policy, Rule, TargetPolicy
@@ -37,6 +38,7 @@ class _Verdict:
     rule: str
     reason: str
     overridden: tuple[str, ...] = ()
+    confirm_by: str | None = None
 
 
 def evaluate(facts: CallFacts, policy: Policy, now: datetime) -> Decision:
@@ -44,8 +46,10 @@ def evaluate(facts: CallFacts, policy: Policy, now: datetime) -> Decision:
     if now.utcoffset() is None:
         raise ValueError("evaluate needs a timezone-aware 'now', e.g. datetime.now(UTC)")
     settings = policy.target_settings(facts.target)
-    flags = {"dry_run": settings.dry_run, "auto_snapshot": settings.auto_snapshot_before_destroy}
     verdict = _protected(facts, policy) or _bulk(facts, settings) or _first_rule(facts, policy, settings)
+    flags: dict[str, Any] = {"dry_run": settings.dry_run,
+                             "auto_snapshot": settings.auto_snapshot_before_destroy,
+                             "confirm_by": verdict.confirm_by or settings.confirm_by.value}
     if verdict.action is Action.ALLOW or verdict.action is Action.REQUIRE_APPROVAL:
         verdict = _window(facts, policy, now, verdict.overridden) or verdict
     if verdict.action is Action.DENY:
@@ -99,7 +103,7 @@ def _rule_verdict(rule: Rule, overridden: tuple[str, ...]) -> _Verdict:
         Action.REQUIRE_APPROVAL: f"rule '{rule.name}' requires a human approval{why}",
     }
     return _Verdict(rule.action, f"rule:{rule.name}", reasons[rule.action] + _override_note(overridden),
-                    overridden)
+                    overridden, rule.confirm_by.value if rule.confirm_by else None)
 
 
 def _category_verdict(facts: CallFacts, settings: TargetPolicy, overridden: tuple[str, ...]) -> _Verdict:

@@ -6,10 +6,10 @@ Sections of the file, all optional (``rules.example.yaml`` shows each one):
 - ``defaults``: allow / deny / require_approval per category (read, write, destructive), flags
   (require_web_approval, auto_snapshot_before_destroy, dry_run) and limits (max_bulk_objects,
   max_calls_per_minute per caller and category, target_max_calls_per_minute for all callers together)
-  for every target. Whatever it leaves out keeps the built-in
-  strict value: destructive calls denied, reads and writes allowed, no web approval, safety snapshots
-  on, no dry run, 20 objects per bulk call, 30 writes and 10 destructive calls per minute per caller
-  on each target.
+  and ``confirm_by`` (tool | elicitation | either: who confirms a proposal) for every target.
+  Whatever it leaves out keeps the built-in strict value: destructive calls denied, reads and
+  writes allowed, no web approval, safety snapshots on, no dry run, 20 objects per bulk call, 30
+  writes and 10 destructive calls per minute per caller on each target, confirmation by the tool.
 - ``protected``: objects that destructive calls may never touch.
 - ``rules``: ordered; the first rule whose ``match`` fits a call decides it.
 - ``targets``: settings for one target (exact name) or several (glob), layered over ``defaults``.
@@ -46,6 +46,15 @@ from zoneinfo import ZoneInfo
 
 from gateway.config import NameRef, Target
 from gateway.vocabulary import AffectedObject, Category, Risk
+
+
+class ConfirmBy(StrEnum):
+    """Who may confirm a destructive call's proposal: the calling agent with its token (``tool``, the
+    default), the person at the MCP client asked in-band (``elicitation``), or either."""
+
+    TOOL = "tool"
+    ELICITATION = "elicitation"
+    EITHER = "either"
 
 
 class Action(StrEnum):
@@ -90,6 +99,8 @@ class Decision:
     auto_snapshot: bool = True
     #: deny rules this call skipped with override=true (for the audit trail)
     overridden: tuple[str, ...] = ()
+    #: who may confirm its proposal (``ConfirmBy``): the deciding rule's ``confirm_by``, else the target's
+    confirm_by: str = "tool"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -190,6 +201,8 @@ class Rule:
     match: Match = field(default_factory=Match)
     unless_override: bool = False
     reason: str | None = None
+    #: who may confirm the proposals this rule lets through (None: the target's ``confirm_by``)
+    confirm_by: ConfirmBy | None = None
     #: ``file:line:column`` of the rule (for problems found after parsing)
     where: str = field(default="", compare=False)
 
@@ -204,7 +217,8 @@ class Rule:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "action": self.action.value, "match": self.match.to_dict(),
-                "unless_override": self.unless_override, "reason": self.reason}
+                "unless_override": self.unless_override, "reason": self.reason,
+                **({"confirm_by": self.confirm_by.value} if self.confirm_by else {})}
 
 
 @dataclass(frozen=True)
@@ -298,7 +312,7 @@ CEILING = "target_max_calls_per_minute"
 BUILTIN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "read": Action.ALLOW, "write": Action.ALLOW, "destructive": Action.DENY,
     "require_web_approval": False, "auto_snapshot_before_destroy": True, "dry_run": False,
-    "max_bulk_objects": 20,
+    "max_bulk_objects": 20, "confirm_by": ConfirmBy.TOOL,
     f"{RATE}.read": None, f"{RATE}.write": 30, f"{RATE}.destructive": 10,
     f"{CEILING}.read": None, f"{CEILING}.write": None, f"{CEILING}.destructive": None,
 })
@@ -329,6 +343,8 @@ class TargetPolicy:
     #: keyed by category; Category is a str, so "write" and Category.WRITE find the same entry
     max_calls_per_minute: Mapping[str, int | None]
     origins: Mapping[str, str]
+    #: who may confirm a proposal on this target (``ConfirmBy``)
+    confirm_by: ConfirmBy = ConfirmBy.TOOL
     #: per category, the calls per minute of every caller together (None: no ceiling)
     target_max_calls_per_minute: Mapping[str, int | None] = field(
         default_factory=lambda: MappingProxyType(dict.fromkeys(Category)))
@@ -344,6 +360,7 @@ class TargetPolicy:
             max_bulk_objects=values["max_bulk_objects"],
             max_calls_per_minute=MappingProxyType({c: values[f"{RATE}.{c.value}"] for c in Category}),
             origins=MappingProxyType(dict(origins)),
+            confirm_by=ConfirmBy(values.get("confirm_by", ConfirmBy.TOOL)),
             target_max_calls_per_minute=MappingProxyType(
                 {c: values.get(f"{CEILING}.{c.value}") for c in Category}),
         )
@@ -363,6 +380,7 @@ class TargetPolicy:
             "auto_snapshot_before_destroy": self.auto_snapshot_before_destroy,
             "dry_run": self.dry_run,
             "max_bulk_objects": self.max_bulk_objects,
+            "confirm_by": self.confirm_by.value,
             RATE: {str(c): n for c, n in self.max_calls_per_minute.items()},
             CEILING: {str(c): n for c, n in self.target_max_calls_per_minute.items()},
             "set_by": dict(self.origins),

@@ -24,6 +24,7 @@ from gateway.guard.policy.model import (
     MATCH_FIELDS,
     RATE,
     Action,
+    ConfirmBy,
     MaintenanceWindow,
     Match,
     Policy,
@@ -164,7 +165,7 @@ def _suggest(word: str, choices: Collection[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-_SETTINGS_KEYS = (*CATEGORY_NAMES, *FLAGS, "max_bulk_objects", RATE, CEILING)
+_SETTINGS_KEYS = (*CATEGORY_NAMES, *FLAGS, "max_bulk_objects", "confirm_by", RATE, CEILING)
 
 
 def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
@@ -178,6 +179,8 @@ def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
             out[key] = r.boolean(raw, where)
         elif key == "max_bulk_objects":
             out[key] = r.limit(raw, where)
+        elif key == "confirm_by":
+            out[key] = r.choice(raw, where, ConfirmBy) or ConfirmBy.TOOL
         else:
             for category, limit in r.mapping(raw, where, CATEGORY_NAMES).items():
                 out[f"{key}.{category}"] = r.limit(limit, f"{where}.{category}")
@@ -206,7 +209,7 @@ def _parse_targets(r: _Reader, value: Any, path: str) -> tuple[TargetOverride, .
     return tuple(out)
 
 
-_RULE_KEYS = ("name", "match", "action", "unless_override", "reason")
+_RULE_KEYS = ("name", "match", "action", "unless_override", "reason", "confirm_by")
 
 
 def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
@@ -223,6 +226,7 @@ def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
         match=r.optional(entry, "match", path, lambda v, p: _parse_match(r, v, p), Match()),
         unless_override=unless,
         reason=r.optional(entry, "reason", path, r.text, None),
+        confirm_by=r.optional(entry, "confirm_by", path, lambda v, p: r.choice(v, p, ConfirmBy), None),
         where=r.where(path),
     )
     return rule if action else None
