@@ -91,6 +91,8 @@ class Settings:
     #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
     #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
     audit_signing_key_file: Path | None = None
+    #: OTEL_TRACES_EXPORTER: otlp, console or none (the default); see ``gateway.tracing``
+    traces_exporter: str = "none"
 
     @property
     def state_db(self) -> Path:
@@ -145,6 +147,7 @@ class Settings:
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
+            traces_exporter=environ.get("OTEL_TRACES_EXPORTER", "none"),
         )
         overrides = {
             k: v

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 FLOORS: dict[str, int] = {
     "gateway": 0, "gateway.vocabulary": 0, "gateway.errors": 0, "gateway.proposals": 0, "gateway.role": 0,
     "gateway.answer": 0, "gateway.sanitize": 0, "gateway.ids": 0, "gateway.config": 0,
-    "gateway.settings": 0, "gateway.private_files": 0,
+    "gateway.settings": 0, "gateway.private_files": 0, "gateway.tracing": 0,
     "gateway.guard": 1,
     "gateway.store": 2, "gateway.audit": 2,
     "gateway.vsphere": 3,

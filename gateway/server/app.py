@@ -49,6 +49,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway import tracing
 from gateway.audit.metrics import audit_families
 from gateway.errors import ConfigError
 from gateway.server import edge
@@ -104,6 +105,7 @@ def _edge_stack(gateway: AppGateway, config: EdgeConfig, gate: DrainGate,
     return [
         Middleware(edge.CorrelationIdMiddleware, hsts=config.surface == "https",
                    quiet_paths=config.open_paths),
+        Middleware(tracing.TraceContextMiddleware),  # one span per MCP request (traceparent its parent)
         Middleware(edge.DrainMiddleware, gate=gate, config=config, metrics=metrics),
         Middleware(edge.HostAllowListMiddleware, config=config, metrics=metrics),
         Middleware(edge.OriginAllowListMiddleware, config=config, metrics=metrics),

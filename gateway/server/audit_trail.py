@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from gateway import tracing
 from gateway.answer import Answer
 from gateway.errors import AuditUnavailable
 from gateway.server.context import off_loop
@@ -148,7 +149,7 @@ class AuditTrail:
             self.wait(row)
 
     def wait(self, row: Mapping[str, Any]) -> None:
-        self.waiting.append({**row, "delayed": True, "row_id": uuid.uuid4().hex})
+        self.waiting.append({**tracing.with_trace_id(row), "delayed": True, "row_id": uuid.uuid4().hex})
 
     def flush_waiting(self) -> int:
         """Append the rows that waited for the audit log, oldest first; stop at the first failure."""
@@ -166,7 +167,8 @@ class AuditTrail:
     def write_row(self, row: Mapping[str, Any]) -> None:
         try:
             # the sink gives up on its locks first, so a refused row is never appended late
-            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+            with tracing.span("gateway.audit_append", **{"audit.phase": row.get("phase")}):
+                self.audit.write(tracing.with_trace_id(row), timeout=AUDIT_DEADLINE_SECONDS)
         except AuditUnavailable:
             raise
         except Exception as exc:  # any failure to record is a refusal, never a silent pass

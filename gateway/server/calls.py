@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, NoReturn
 
+from gateway import tracing
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
@@ -167,7 +168,10 @@ class Calls:
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any
     ) -> Verdict:
         """``authorize`` and, on a refusal, its audited error."""
-        return await self.enforce(ctx, authorize(facts), facts, args, **row)
+        with tracing.span("gateway.decision",
+                          **{"gateway.entry": facts.entry.value, "gateway.tool": ctx.spec.name}):
+            verdict = authorize(facts)
+        return await self.enforce(ctx, verdict, facts, args, **row)
 
     async def enforce(
         self, ctx: CallContext, verdict: Verdict, facts: Facts, args: Mapping[str, Any] | None, **row: Any
@@ -266,7 +270,9 @@ class Calls:
         reached = tuple(
             (name, s.kind, s.risk) for name in ctx.spec.reaches(args) if (s := self.facts.registry.get(name))
         )
-        verdict = await off_loop(authorize_resolved, facts, reached)  # a bulk call: many objects
+        with tracing.span("gateway.decision", **{"gateway.entry": entry.value, "gateway.tool": ctx.spec.name,
+                                                 "gateway.target": target.name, "gateway.resolved": True}):
+            verdict = await off_loop(authorize_resolved, facts, reached)  # a bulk call: many objects
         await self.enforce(ctx, verdict, facts, args, proposal_id=proposal.id if proposal else None)
         return verdict
 

@@ -52,6 +52,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import tracing
 from gateway.auth.tokens import TOKEN_PREFIX, Principal, Verdict
 from gateway.errors import GatewayError, InvalidArgument, StateUnavailable
 
@@ -644,7 +645,8 @@ class BearerAuthMiddleware:
 
     async def _check(self, token: str, client: str) -> Verdict:
         try:
-            return await self.authenticator.authenticate(token, client)
+            with tracing.span("gateway.authenticate"):
+                return await self.authenticator.authenticate(token, client)
         except GatewayError:  # the token store cannot be read: fail closed
             log.exception("token check failed (correlation id %s)", correlation_id_var.get())
             return Verdict(None, "unavailable", 5.0)

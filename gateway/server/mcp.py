@@ -38,6 +38,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import tracing
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
@@ -178,7 +179,7 @@ class _Handlers:
         sink = _progress_sink(ctx) if _wants_progress(ctx) else None
         mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
         asker_var.set(asker_of(ctx))  # whether (and how) the person at the client can be asked
-        with self.in_flight:
+        with self.in_flight, tracing.call_span("tools/call", params.name, ctx.meta):
             try:
                 answer = await self.gateway.answer(principal, params.name, params.arguments or {},
                                                    progress=sink, correlation_id=correlation_id)
@@ -238,6 +239,9 @@ def build_mcp_server(
         SERVER_NAME, version=version, instructions=instructions_for(None),
         on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
     )
+    # the SDK's own span per message is replaced by ``tracing.call_span`` (the same name, nested in the
+    # HTTP request's span, its traceparent header first)
+    server.middleware[:] = [m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
     server.middleware.append(_PerCallerInstructions(handlers))
     return server
 

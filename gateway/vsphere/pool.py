@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from pyVmomi import VmomiSupport, vim
 from pyVmomi.SoapAdapter import SoapStubAdapter
 
-from gateway import errors
+from gateway import errors, tracing
 from gateway.config import Credentials, Target
 from gateway.vsphere import faults
 
@@ -259,6 +259,7 @@ class SessionPool:
             host=self.target.host, port=self.target.port, version=self._negotiated_version(), poolSize=1,
             sslContext=self._tls_context(), httpConnectionTimeout=self.target.timeout_seconds,
             connectionPoolTimeout=IDLE_CONNECTION_SECONDS)
+        tracing.trace_soap(stub, self.target.name)
         try:
             si = vim.ServiceInstance("ServiceInstance", stub)  # type: ignore[no-untyped-call]
             content = si.RetrieveContent()

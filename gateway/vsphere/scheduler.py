@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gateway import errors
+from gateway import errors, tracing
 from gateway.config import Target
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
@@ -355,10 +355,12 @@ class Scheduler:
         pool = self.pool(target)
         started = time.monotonic()
         wait = self.queue_timeout if deadline is None else min(self.queue_timeout, deadline)
-        if not await lane.acquire(wait):
+        with tracing.span("gateway.queue_wait", **{"vsphere.target": target}):
+            acquired = await lane.acquire(wait)
+        if not acquired:
             raise self._wait_error(lane, deadline)
         try:
-            work = lane.workers.submit(lambda: self._in_slot(target, pool, fn, wait))
+            work = lane.workers.submit(tracing.in_context(lambda: self._in_slot(target, pool, fn, wait)))
         except RuntimeError:  # the workers were shut down between the grant and now
             lane.release()
             raise _shutting_down(target) from None
