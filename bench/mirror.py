@@ -188,11 +188,14 @@ class Served:
                    what=f"{target} mirror synced")
 
 
-def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[str, int]) -> Served:
+def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[str, int],
+          extra_env: dict[str, str] | None = None) -> Served:
     """``gateway serve --transport https`` with one target per entry of ``ports`` (name -> port of ``sim``
-    or of a relay to it); names starting with ``sweep`` have ``mirror: off``."""
+    or of a relay to it); names starting with ``sweep`` have ``mirror: off``; ``extra_env`` added to the
+    child's environment (OTEL_* for bench/tracing.py)."""
     entries = []
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_LOG_LEVEL": "INFO"}
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_LOG_LEVEL": "INFO",
+           **(extra_env or {})}
     for name, port in ports.items():
         prefix = credential_prefix(name)
         entries.append({"name": name, "host": "127.0.0.1", "port": port, "insecure": True,
