@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from answers import answer_of
@@ -252,3 +253,43 @@ async def test_elicitation_required_refuses_a_client_that_cannot_ask(tmp_path: P
         assert denied["reason_code"] == "elicitation_unavailable"
         assert not _rows(served, "proposed")
     assert _vm_exists(sim, vm)
+
+
+class SlowPerson(Person):
+    """A person who does not answer within the gateway's deadline (it is shortened for the test)."""
+
+    async def __call__(self, ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params)
+        await anyio.sleep(5)  # longer than the 0.5 s deadline: the gateway stops waiting first
+        return types.ElicitResult(action="accept", content={})
+
+
+async def test_no_answer_in_time_is_audited_and_cancels_a_person_only_proposal(
+    tmp_path: Path, sim: Simulator
+) -> None:
+    vm, args = _delete_args(sim)
+    with _served(tmp_path, sim, _rules("elicitation")) as served:
+        served.gateway.proposals.in_band.timeout_seconds = 0.5
+        async with asking(served, SlowPerson("accept")) as client:
+            answer = answer_of(await client.call_tool("delete_vm", args))
+        assert answer["state"] == "cancelled" and answer["person_answer"] == "timeout"
+        assert [r["answer"] for r in _rows(served, "elicited")] == ["timeout"]
+        assert not _rows(served, "executing")
+    assert _vm_exists(sim, vm)
+
+
+def test_policy_show_names_confirm_by_per_target_and_rule(tmp_path: Path) -> None:
+    from gateway.config import Target
+    from gateway.guard.policy.describe import describe
+    from gateway.guard.policy.store import PolicyStore
+
+    path = tmp_path / "rules.yaml"
+    path.write_text(complete_rules_text(
+        "targets:\n  vc1: {confirm_by: elicitation}\n"
+        "rules:\n  - {name: lab, match: {targets: [vc2]}, action: allow, confirm_by: either}\n"))
+    shown = describe(PolicyStore(path), [Target("vc1", "vc1.example.com", "VC1"),
+                                         Target("vc2", "vc2.example.com", "VC2")])
+    assert shown["targets"]["vc1"]["confirm_by"] == "elicitation"
+    assert shown["targets"]["vc1"]["set_by"]["confirm_by"] == "targets:vc1"
+    assert shown["targets"]["vc2"]["confirm_by"] == "tool"
+    assert shown["rules"][0]["confirm_by"] == "either"
