@@ -30,13 +30,16 @@ _EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    """The process's tracer provider, recording into memory (installed once: the API allows one)."""
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The process's tracer provider, recording into memory (installed once: the API allows one); the
+    exporter keeps nothing of the tests that run after this module."""
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
-    return _EXPORTER
+    yield _EXPORTER
+    _EXPORTER.clear()
+    _EXPORTER.shutdown()
 
 
 @pytest.fixture
