@@ -40,6 +40,7 @@ from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
+from gateway.identity.service import open_identity
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
 from gateway.server.audit_trail import AuditTrail
@@ -82,6 +83,8 @@ class Gateway(GatewayFacade):
         self.draining = False
         now = lambda: self.clock()  # noqa: E731 (the tests set ``clock`` after building)
         self.authenticator = TokenVerifier(backends.store)
+        # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
+        self.identity = open_identity(settings.identity_file, self.trail_write)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
         self.path = compose_call_path(settings, targets, self.facts, scheduler=scheduler, backends=backends,
@@ -151,7 +154,13 @@ class Gateway(GatewayFacade):
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
+        if self.identity is not None:
+            await asyncio.to_thread(self.identity.close)
         await asyncio.to_thread(self.backends.close)
+
+    def trail_write(self, row: Mapping[str, Any]) -> None:
+        """An identity provider's caller, first seen (``gateway.identity.service``); blocking."""
+        self.trail.write_or_wait(row)
 
     def config_row(self, row: Mapping[str, Any]) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
