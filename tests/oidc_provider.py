@@ -219,6 +219,7 @@ def identity_yaml(provider: OidcProvider, resource: str, **issuer: Any) -> str:
             "issuer": provider.issuer,
             "client_id": "gateway-web",
             "client_secret_env": "GATEWAY_OIDC_CLIENT_SECRET",
+            "scope": "openid email groups",
         },
     }
     return yaml.safe_dump(doc, sort_keys=False)

@@ -19,6 +19,7 @@ keys, wrong types and missing keys are ``file:line:column`` problems, all report
       client_id: vsphere-gateway
       client_secret_env: GATEWAY_OIDC_CLIENT_SECRET  # the secret itself stays in the environment
       token_sign_in: true                            # optional: false turns off pasting a gwt_ token
+      scope: openid email profile                    # optional: add what carries the roles claim
 
 An ``http://`` issuer is accepted on a loopback address only (a provider on the same host).
 """
@@ -38,7 +39,7 @@ TOP_KEYS: Final = {"resource", "issuers", "web_sign_in"}
 ISSUER_KEYS: Final = {"issuer", "audience", "ca_file", "principal_claim", "roles_claim", "roles",
                       "enforce_scopes", "keys_max_age_seconds"}
 REQUIRED_ISSUER_KEYS: Final = ("issuer", "principal_claim", "roles_claim", "roles")
-WEB_KEYS: Final = {"issuer", "client_id", "client_secret_env", "token_sign_in"}
+WEB_KEYS: Final = {"issuer", "client_id", "client_secret_env", "token_sign_in", "scope"}
 REQUIRED_WEB_KEYS: Final = ("issuer", "client_id", "client_secret_env")
 _CLAIM: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
 _ENV: Final = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
@@ -68,6 +69,8 @@ class WebSignIn:
     client_id: str
     client_secret_env: str
     token_sign_in: bool = True
+    #: what the authorization request asks for: openid plus whatever carries the principal and roles claims
+    scope: str = "openid email profile"
 
 
 @dataclass(frozen=True)
@@ -224,5 +227,9 @@ def _web(r: _Reader, doc: Any, issuers: list[IssuerConfig]) -> WebSignIn | None:
     if not isinstance(env, str) or not _ENV.fullmatch(env):
         r.problem(entry, "client_secret_env", f"{what}: 'client_secret_env' must name an environment "
                                               "variable such as GATEWAY_OIDC_CLIENT_SECRET")
+    scope = entry.get("scope", "openid email profile")
+    if not isinstance(scope, str) or "openid" not in scope.split():
+        r.problem(entry, "scope", f"{what}: 'scope' must be space-separated scopes including openid")
+        scope = "openid"
     return WebSignIn(issuer=str(issuer), client_id=str(client_id), client_secret_env=str(env),
-                     token_sign_in=r.switch(entry, "token_sign_in", True, what))
+                     token_sign_in=r.switch(entry, "token_sign_in", True, what), scope=scope)
