@@ -329,9 +329,10 @@ class WebApi:
 
     def _signed_out(self) -> dict[str, Any]:
         """The signed-out answer, with a role that exists and may approve for the page's sign-in hint."""
-        return {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles()),
-                "sso": self.sign_on is not None,
-                "token_sign_in": self.sign_on is None or self.sign_on.token_sign_in}
+        body: dict[str, Any] = {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles())}
+        if self.sign_on is not None:  # single sign-on configured: how people sign in here
+            body.update({"sso": True, "token_sign_in": self.sign_on.token_sign_in})
+        return body
 
     def _session_body(self, viewer: Viewer) -> dict[str, Any]:
         return {"signed_in": True, "name": viewer.principal.name, "kind": viewer.principal.kind.value,
