@@ -186,3 +186,10 @@ def test_gateway_check_validates_identity_yaml_with_file_and_line(
     identity.write_text(GOOD.replace("lab-operator", "admin"))
     assert main(["check", "--home", str(tmp_path)]) == 0
     assert f"identity: {identity} ok" in capsys.readouterr().out
+
+
+def test_the_example_file_is_valid() -> None:
+    config = load_identity(Path(__file__).resolve().parent.parent / "identity.example.yaml")
+    assert (
+        config is not None and config.web_sign_in is not None and config.issuers[0].principal_claim == "email"
+    )
