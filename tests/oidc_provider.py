@@ -270,7 +270,8 @@ def identity_gateway(
         (tmp / "identity.yaml").write_text(identity_yaml(provider, resource, **extra))
         (tmp / "roles.yaml").write_text(ROLES)
         (tmp / "roles.yaml").chmod(0o600)
-        gateway = build_gateway(tmp, sim, identity_env={"GATEWAY_OIDC_CLIENT_SECRET": WEB_SECRET}, web_ui=web)
+        secret = {"identity_env": {"GATEWAY_OIDC_CLIENT_SECRET": WEB_SECRET}} if web else {}
+        gateway = build_gateway(tmp, sim, web_ui=web, **secret)
         token = create_token(
             gateway.store, "ops-admin", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH
         )[0]

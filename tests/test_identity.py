@@ -210,22 +210,30 @@ def _hs256_with_public_key(p: OidcProvider) -> str:
     return (signing + b"." + mac).decode()
 
 
+#: each refusal: the token, and what the refusal must say (the reason, not just "401")
 REFUSALS = {
-    "wrong_audience": lambda p: p.sign(p.claims(aud="https://other.example/mcp")),
-    "wrong_issuer": lambda p: p.sign(p.claims(iss="https://login.evil.example")),
-    "expired": lambda p: p.sign(p.claims(exp=int(time.time()) - 600, iat=int(time.time()) - 900)),
-    "not_yet_valid": lambda p: p.sign(p.claims(nbf=int(time.time()) + 600)),
-    "alg_none": lambda p: _unsigned(p.claims()),
-    "hs256_public_key": _hs256_with_public_key,
+    "wrong_audience": (
+        lambda p: p.sign(p.claims(aud="https://other.example/mcp")),
+        "not meant for this gateway",
+    ),
+    "wrong_issuer": (lambda p: p.sign(p.claims(iss="https://login.evil.example")), "are not trusted here"),
+    "expired": (
+        lambda p: p.sign(p.claims(exp=int(time.time()) - 600, iat=int(time.time()) - 900)),
+        "has expired",
+    ),
+    "not_yet_valid": (lambda p: p.sign(p.claims(nbf=int(time.time()) + 600)), "not valid yet"),
+    "alg_none": (lambda p: _unsigned(p.claims()), "signed with 'none' are refused"),
+    "hs256_public_key": (_hs256_with_public_key, "signed with 'HS256' are refused"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 async def test_refused_tokens(served: IdentityServed, case: str) -> None:
-    answer = await post_mcp(served, REFUSALS[case](served.provider))
+    make, why = REFUSALS[case]
+    answer = await post_mcp(served, make(served.provider))
     assert answer.status_code == 401, answer.text
     assert 'error="invalid_token"' in answer.headers["www-authenticate"]
-    assert answer.json()["error"]["code"] == "unauthorized"
+    assert answer.json()["error"]["code"] == "unauthorized" and why in answer.json()["error"]["message"]
 
 
 async def test_unmapped_group_is_403(served: IdentityServed) -> None:
