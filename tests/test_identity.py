@@ -76,10 +76,14 @@ def oauth_client(
 
 
 async def tools_of(served: IdentityServed, auth: httpx2.Auth) -> list[str]:
+    """tools/list, then one read (list_targets) through the whole call path."""
     async with http(served, auth=auth) as client:
         transport = streamable_http_client(f"{served.base}/mcp", http_client=client)
         async with Client(transport) as mcp:
-            return sorted(t.name for t in (await mcp.list_tools()).tools)
+            names = sorted(t.name for t in (await mcp.list_tools()).tools)
+            result = await mcp.call_tool("list_targets", {})
+            assert not result.is_error and "vc1" in result.content[0].text
+            return names
 
 
 #: the first message of a session: answered 200 once the caller is authenticated
@@ -158,6 +162,8 @@ async def test_sdk_oauth_client_connects_from_nothing_and_sees_its_roles_tools(
     mine = [r for r in rows if r["caller"] == "agent-ops"]
     assert mine and mine[-1]["issuer"] == served.provider.issuer and mine[-1]["client_id"] == "agent-ops"
     assert mine[-1]["role"] == "lab-operator" and len(mine[-1]["jti_sha256"]) == 64
+    calls = [r for r in audit_rows(served.gateway) if r.get("tool") == "list_targets"]
+    assert {"agent-ops", "agent-reader"} <= {r.get("caller") for r in calls}
     log = served.gateway.settings.audit_log.read_text()
     assert served.provider.output and "eyJ" not in log  # no JWT ever reaches the audit
 

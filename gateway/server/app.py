@@ -8,7 +8,8 @@
                reasons name no target, path or secret)
     /metrics   Prometheus exposition (text, or OpenMetrics when asked), token required
     /.well-known/oauth-*   404 saying this server takes bearer tokens from `gateway token create`,
-               no token (so a client's OAuth discovery ends with that message)
+               no token (so a client's OAuth discovery ends with that message); with identity.yaml
+               the two oauth-protected-resource paths serve RFC 9728 metadata instead
     /ui        the approval page, when given (it authenticates with its own cookie)
 
 MCP sessions are bounded per token and in total (``BoundedSessionManager``); uvicorn runs with a

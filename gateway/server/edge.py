@@ -18,7 +18,11 @@ Outermost first (composed in ``gateway.server.app.build_app``)::
                       being checked (their own budget: a token already proven skips it); a valid token
                       becomes the SDK's AuthenticatedUser, so get_access_token() works in handlers and
                       each MCP session stays bound to the token that opened it. Refused tokens are
-                      counted per (source, reason) and audited in aggregate (``RefusalAudit``)
+                      counted per (source, reason) and audited in aggregate (``RefusalAudit``).
+                      With identity.yaml, a bearer token that is not a ``gwt_`` one is an identity
+                      provider's JWT (``gateway.server.oauth_edge``): 401s then carry
+                      ``resource_metadata`` and ``scope``; 403 for an unmapped identity or a missing
+                      scope (``error="insufficient_scope"``), 503 naming a provider with no usable keys
     ConcurrencyLimit  503 beyond the limit of authenticated requests in progress (long-lived event
                       streams excepted): a flood of bad tokens is refused above and never takes a slot
 
