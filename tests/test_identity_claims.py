@@ -193,3 +193,25 @@ def test_the_example_file_is_valid() -> None:
     assert (
         config is not None and config.web_sign_in is not None and config.issuers[0].principal_claim == "email"
     )
+
+
+@pytest.mark.anyio
+async def test_the_person_an_agent_acted_for_cannot_approve_its_proposal(env: Any) -> None:
+    """Through the gateway itself (the decision every surface asks): a real proposal on the simulator."""
+    from gateway_env import VM0, propose_delete
+
+    from gateway.auth.tokens import Principal
+    from gateway.errors import Forbidden
+
+    gw = env.build()
+    agent = Principal("rita@x via claude-code", "admin", surface="https", acting_for="rita@x")
+    proposal = await propose_delete(gw, VM0, who=agent)
+    stored = gw.store.get_proposal(proposal["proposal_id"])
+    rita = Principal("rita@x", "admin", surface="web", kind=Kind.PERSON)
+    _deny, approve = gw.decision_rights(stored, rita)
+    assert not approve.allowed and approve.details["reason_code"] == "own_proposal"
+    with pytest.raises(Forbidden) as refused:
+        await gw.approve(proposal["proposal_id"], rita)
+    assert refused.value.details["reason_code"] == "own_proposal"
+    olga = Principal("olga@x", "admin", surface="web", kind=Kind.PERSON)
+    assert gw.decision_rights(stored, olga)[1].allowed  # another person with the right may

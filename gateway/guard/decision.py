@@ -370,7 +370,8 @@ def _role(f: Facts) -> Verdict | None:
     if f.entry in (Entry.APPROVE, Entry.DENY):
         if f.owner is None or f.target is None:  # a proposal always has both: fail closed
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
-        rights = proposal_rights(f.actor, Proposed(f.owner.name, f.target, f.proposal_id))
+        rights = proposal_rights(f.actor, Proposed(f.owner.name, f.target, f.proposal_id,
+                                                   acting_for=acting_for_of(f.owner.name)))
         return rights.approve if f.entry is Entry.APPROVE else rights.deny
     if f.entry is Entry.LOCAL:
         if not tool_permitted(role, f.tool, f.category, f.change_tools):
