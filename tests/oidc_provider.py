@@ -200,7 +200,7 @@ def free_socket() -> socket.socket:
     return sock
 
 
-def identity_yaml(provider: OidcProvider, resource: str, **issuer: Any) -> str:
+def identity_yaml(provider: OidcProvider, resource: str, *, token_sign_in: bool = True, **issuer: Any) -> str:
     entry = {
         "issuer": provider.issuer,
         "principal_claim": "sub",
@@ -220,6 +220,7 @@ def identity_yaml(provider: OidcProvider, resource: str, **issuer: Any) -> str:
             "client_id": "gateway-web",
             "client_secret_env": "GATEWAY_OIDC_CLIENT_SECRET",
             "scope": "openid email groups",
+            "token_sign_in": token_sign_in,
         },
     }
     return yaml.safe_dump(doc, sort_keys=False)
@@ -251,6 +252,7 @@ def identity_gateway(
     *,
     web: bool = False,
     keys_max_age: float | None = None,
+    token_sign_in: bool = True,
     provider: OidcProvider | None = None,
 ) -> Iterator[IdentityServed]:
     """A gateway over ``sim`` trusting a fresh provider (or ``provider``), served over HTTPS on loopback."""
@@ -267,7 +269,9 @@ def identity_gateway(
         provider.start()
     try:
         extra = {} if keys_max_age is None else {"keys_max_age_seconds": keys_max_age}
-        (tmp / "identity.yaml").write_text(identity_yaml(provider, resource, **extra))
+        (tmp / "identity.yaml").write_text(
+            identity_yaml(provider, resource, token_sign_in=token_sign_in, **extra)
+        )
         (tmp / "roles.yaml").write_text(ROLES)
         (tmp / "roles.yaml").chmod(0o600)
         secret = {"identity_env": {"GATEWAY_OIDC_CLIENT_SECRET": WEB_SECRET}} if web else {}

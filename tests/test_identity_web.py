@@ -96,3 +96,18 @@ def test_an_agent_identity_cannot_sign_in_to_the_page(served: IdentityServed) ->
     assert answer.json()["error"]["reason_code"] == "agent_identity"
     refused = [r for r in audit_rows(served.gateway) if r.get("phase") == "web_sign_in_refused"]
     assert refused and refused[-1]["reason_code"] == "agent_identity" and refused[-1]["caller"] == "agent-ops"
+
+
+def test_token_sign_in_can_be_switched_off(sim_vc1: Simulator, tmp_path: Path) -> None:
+    with identity_gateway(tmp_path, sim_vc1, web=True, token_sign_in=False) as served:
+        tls = ssl.create_default_context(cafile=str(served.cert.cert))
+        with httpx2.Client(base_url=served.base, verify=tls) as client:
+            info = client.get("/ui/api/session").json()
+            assert info["sso"] is True and info["token_sign_in"] is False
+            answer = client.post(
+                "/ui/api/sign-in",
+                json={"token": served.token},
+                headers={"origin": served.base, "sec-fetch-site": "same-origin"},
+            )
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["error"]["reason_code"] == "token_sign_in_off"

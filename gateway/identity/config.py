@@ -224,9 +224,9 @@ def _web(r: _Reader, doc: Any, issuers: list[IssuerConfig]) -> WebSignIn | None:
     if not isinstance(client_id, str) or not client_id:
         r.problem(entry, "client_id", f"{what}: 'client_id' must be the client id registered at the provider")
     env = entry["client_secret_env"]
-    if not isinstance(env, str) or not _ENV.fullmatch(env):
+    if not isinstance(env, str) or not _ENV.fullmatch(env) or not env.endswith("_SECRET"):
         r.problem(entry, "client_secret_env", f"{what}: 'client_secret_env' must name an environment "
-                                              "variable such as GATEWAY_OIDC_CLIENT_SECRET")
+                  "variable ending in _SECRET, such as GATEWAY_OIDC_CLIENT_SECRET")
     scope = entry.get("scope", "openid email profile")
     if not isinstance(scope, str) or "openid" not in scope.split():
         r.problem(entry, "scope", f"{what}: 'scope' must be space-separated scopes including openid")
