@@ -182,7 +182,9 @@ def test_gateway_check_validates_identity_yaml_with_file_and_line(
     assert f"{identity}:6:5: issuers[0]: unknown key 'colour'" in capsys.readouterr().err
     identity.write_text(GOOD)  # lab-operator is not defined here (no roles.yaml)
     assert main(["check", "--home", str(tmp_path)]) == 1
-    assert "maps to the role 'lab-operator', which is not defined" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{identity}:6:13: issuer https://login.example.com/realms/ops: roles: 'vsphere-ops' maps" in err
+    assert "to the role 'lab-operator', which is not defined" in err
     identity.write_text(GOOD.replace("lab-operator", "admin"))
     assert main(["check", "--home", str(tmp_path)]) == 0
     assert f"identity: {identity} ok" in capsys.readouterr().out

@@ -98,6 +98,7 @@ def _identity_problems(path: Path | None, summary: list[tuple[Path, str]],
     if config is None:  # absent: gateway tokens only, and nothing to say (as before identity.yaml)
         return []
     summary.append((path, f"identity: {path} ok ({len(config.issuers)} issuer(s))"))
-    return [f"{path}: issuer {i.issuer}: roles: {value!r} maps to the role {role!r}, which is not defined; "
+    return [f"{where}: issuer {i.issuer}: roles: {value!r} maps to the role {role!r}, which is not defined; "
             "define it in roles.yaml or map to another role"
-            for i in config.issuers for value, role in i.roles if role not in role_names]
+            for i in config.issuers for (value, role), where in zip(i.roles, i.role_places, strict=True)
+            if role not in role_names]

@@ -59,6 +59,8 @@ class IssuerConfig:
     ca_file: str | None = None
     enforce_scopes: bool = True
     keys_max_age_seconds: float = 3600.0
+    #: ``file:line:column`` of each entry of ``roles`` (for ``gateway check``)
+    role_places: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ def _issuer(r: _Reader, entries: Any, index: int, entry: Any, resource: str) -> 
         r.problem(entry, "ca_file", f"{what}: 'ca_file' {ca_file!r} is not a readable file")
     roles = entry["roles"]
     pairs: list[tuple[str, str]] = []
+    places: list[str] = []
     if not isinstance(roles, dict) or not roles:
         r.problem(entry, "roles", f"{what}: 'roles' must map claim values to role names, e.g. "
                                   "{vsphere-ops: lab-operator}")
@@ -203,12 +206,13 @@ def _issuer(r: _Reader, entries: Any, index: int, entry: Any, resource: str) -> 
                                         "role name")
             else:
                 pairs.append((value, role))
+                places.append(located(r.source, roles, value))
     return IssuerConfig(
         issuer=str(issuer), audience=str(audience), principal_claim=r.claim(entry, "principal_claim", what),
         roles_claim=r.claim(entry, "roles_claim", what), roles=tuple(pairs),
         ca_file=ca_file if isinstance(ca_file, str) else None,
         enforce_scopes=r.switch(entry, "enforce_scopes", True, what),
-        keys_max_age_seconds=r.number(entry, "keys_max_age_seconds", 3600.0, what))
+        keys_max_age_seconds=r.number(entry, "keys_max_age_seconds", 3600.0, what), role_places=tuple(places))
 
 
 def _web(r: _Reader, doc: Any, issuers: list[IssuerConfig]) -> WebSignIn | None:
