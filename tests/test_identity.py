@@ -316,3 +316,61 @@ async def test_no_keys_ever_is_503_naming_the_issuer(sim_vc1: Simulator, tmp_pat
         answer = await post_mcp(served, p.sign(p.claims()))
         assert answer.status_code == 503, answer.text
         assert p.issuer in answer.json()["error"]["message"]
+
+
+async def test_gateway_serve_starts_with_identity_yaml_and_no_gateway_token(
+    sim_vc1: Simulator, tmp_path: Path
+) -> None:
+    """The real `gateway serve --web`: identity.yaml is enough to start (no gwt_ token exists), and the
+    metadata is served; the provider need not be up for that."""
+    import yaml
+    from httpserver import https_argv, run_serve
+    from simulator import complete_rules, write_targets
+
+    from gateway.server.tls import create_certificate
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim_vc1})
+    (home / "rules.yaml").write_text(yaml.safe_dump(complete_rules({"defaults": {"read": "allow"}})))
+    issuer = "https://login.example.com/realms/ops"
+    (home / "identity.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resource": "https://localhost/mcp",
+                "issuers": [
+                    {
+                        "issuer": issuer,
+                        "principal_claim": "sub",
+                        "roles_claim": "groups",
+                        "roles": {"ops": "reader"},
+                    }
+                ],
+                "web_sign_in": {
+                    "issuer": issuer,
+                    "client_id": "gw",
+                    "client_secret_env": "GATEWAY_OIDC_CLIENT_SECRET",
+                },
+            }
+        )
+    )
+    env.update(
+        {
+            "GATEWAY_HOME": str(home),
+            "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),
+            "GATEWAY_OIDC_CLIENT_SECRET": "s3cret-value",
+        }
+    )
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    command = run_serve(tmp_path, env, *https_argv(cert), "--web")
+    try:
+        base = command.base()
+        tls = ssl.create_default_context(cafile=str(cert.cert))
+        async with httpx2.AsyncClient(base_url=base, verify=tls) as client:
+            doc = (await client.get("/.well-known/oauth-protected-resource/mcp")).json()
+            assert doc["authorization_servers"] == [issuer]
+            page = (await client.get("/ui/api/session")).json()
+            assert page["sso"] is True
+    finally:
+        command.stop()
+    assert "s3cret-value" not in command.output()
