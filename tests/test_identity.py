@@ -251,6 +251,8 @@ async def test_unmapped_group_is_403(served: IdentityServed) -> None:
     async with http(served, auth=auth) as client:
         real = await client.post("/mcp", json=LIST, headers=MCP_HEADERS)
     assert real.status_code == 403, real.text  # the provider's own token for a group nothing maps
+    body, _type = served.gateway.metrics.exposition(None)
+    assert 'gateway_auth_failures_total{reason="idp_unmapped"}' in body.decode()
 
 
 async def test_acting_for_a_person_is_named_for_them(served: IdentityServed) -> None:

@@ -38,6 +38,12 @@ PRM_PATH: Final = "/.well-known/oauth-protected-resource"
 #: the scope asked for on a plain 401: the least that lets a client list and read
 FIRST_SCOPE: Final = SCOPES[Category.READ]
 _SEEN_LIMIT: Final = 10_000
+#: the edge's refusal reasons for identity provider tokens (metrics labels; ``idp_`` + ``TokenRefused``
+#: reason, or unmapped, insufficient_scope, issuer_unavailable)
+IDP_REFUSALS: Final = frozenset(f"idp_{r}" for r in (
+    "malformed", "algorithm", "wrong_issuer", "wrong_audience", "expired", "not_yet_valid", "missing_claim",
+    "bad_signature", "invalid", "unknown_key", "unmapped", "agent_identity", "issuer_unavailable",
+    "insufficient_scope"))
 
 
 @dataclass
