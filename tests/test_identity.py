@@ -376,3 +376,30 @@ async def test_gateway_serve_starts_with_identity_yaml_and_no_gateway_token(
     finally:
         command.stop()
     assert "s3cret-value" not in command.output()
+
+
+async def test_sso_state_is_bound_to_the_browser_and_used_once(served: IdentityServed) -> None:
+    """The page's code flow against the real provider's metadata: PKCE S256, state and nonce in the
+    request; a wrong state, a replayed binding or a foreign one never reach the code exchange."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from oidc_provider import WEB_SECRET
+
+    from gateway.identity.service import IdentityRefusal
+    from gateway.identity.sso import SignOn, pkce_challenge
+
+    identity = served.gateway.identity
+    sign_on = SignOn(identity, identity.config.web_sign_in, WEB_SECRET)
+    url, binding = await sign_on.begin(f"{served.base}/ui/sso/callback")
+    query = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    assert url.startswith(served.provider.issuer) and query["code_challenge_method"] == "S256"
+    pending = sign_on._pending[binding]
+    assert query["code_challenge"] == pkce_challenge(pending.verifier) and query["nonce"] == pending.nonce
+    with pytest.raises(IdentityRefusal, match="state does not match"):
+        await sign_on.finish(binding, "not-the-state", "some-code")
+    with pytest.raises(IdentityRefusal, match="not started in this browser"):
+        await sign_on.finish(binding, query["state"], "some-code")  # the binding was taken once already
+    _url, other = await sign_on.begin(f"{served.base}/ui/sso/callback")
+    with pytest.raises(IdentityRefusal, match="not started in this browser"):
+        await sign_on.finish("a-binding-of-another-browser", query["state"], "some-code")
+    assert other in sign_on._pending

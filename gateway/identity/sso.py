@@ -168,6 +168,9 @@ class SignOn:
         _issuer, claims = await self.service.verified(
             id_token, audience=self.web.client_id, issuer=self.issuer
         )
+        audience = claims.get("aud")
+        if isinstance(audience, list) and len(audience) > 1 and claims.get("azp") != self.web.client_id:
+            raise _refused("the ID token names several audiences but was not issued to this page (azp)")
         nonce = claims.get("nonce")
         if not isinstance(nonce, str) or not hmac.compare_digest(nonce.encode(), pending.nonce.encode()):
             raise _refused("the ID token's nonce does not match this sign-in; start again")
