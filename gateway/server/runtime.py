@@ -40,7 +40,6 @@ from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
-from gateway.identity.service import open_identity
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
 from gateway.server.audit_trail import AuditTrail
@@ -83,14 +82,14 @@ class Gateway(GatewayFacade):
         self.draining = False
         now = lambda: self.clock()  # noqa: E731 (the tests set ``clock`` after building)
         self.authenticator = TokenVerifier(backends.store)
-        # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
-        self.identity = open_identity(settings.identity_file, self.trail_write)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
         self.path = compose_call_path(settings, targets, self.facts, scheduler=scheduler, backends=backends,
                                       metrics=self.metrics, trail=trail)
         self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
         self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
+        # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
+        self.identity = reloads.load_identity(settings.identity_file, self.trail_write, self.config_row)
         # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
         path = settings.notifications_file
