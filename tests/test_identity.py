@@ -168,6 +168,11 @@ async def test_sdk_oauth_client_connects_from_nothing_and_sees_its_roles_tools(
     assert served.provider.output and "eyJ" not in log  # no JWT ever reaches the audit
 
 
+async def test_identity_yaml_load_is_audited(served: IdentityServed) -> None:
+    loads = [r for r in audit_rows(served.gateway, config_loads=True) if r.get("phase") == "config_reload"]
+    assert any(r.get("file") == "identity" and r.get("outcome") == "loaded" for r in loads), loads
+
+
 async def test_gateway_tokens_keep_working_beside(served: IdentityServed) -> None:
     answer = await post_mcp(served, served.token)
     assert answer.status_code == 200, answer.text
