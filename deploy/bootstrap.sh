@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one place that knows which Debian packages the project needs (the simulator's Go toolchain and
 # govmomi sources, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
-# PostgreSQL for the store tests, python3-venv for .venv, make for the README's commands). `make run`,
+# PostgreSQL for the store tests, python3-venv for .venv, make for the README's commands, Node.js and
+# npm for the identity tests' OpenID provider). `make run`,
 # `make test` and `.ci/run` all start with it.
 #
 #   bash deploy/bootstrap.sh           install what is missing (as root), or print the one sudo line
@@ -15,6 +16,7 @@ PACKAGES=(
     nginx-light systemd
     postgresql
     python3-venv make
+    nodejs
 )
 
 mode="${1:-install}"
@@ -38,6 +40,8 @@ missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# npm for the identity tests' OpenID provider (tests/oidc); a nodejs build that bundles it provides it
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ "${#missing[@]}" -eq 0 ]; then
     [ "$mode" = "--check" ] && echo "bootstrap: every package is installed (${PACKAGES[*]})"

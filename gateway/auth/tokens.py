@@ -68,13 +68,19 @@ STORE_SECONDS: Final = 5.0
 class Principal:
     """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface,
     and whether a person or an agent holds it (``kind``; for a token, the store's record at each
-    request is what decisions use, see ``Gateway.party``)."""
+    request is what decisions use, see ``Gateway.party``).
+
+    From an identity provider (``gateway.identity``): no ``token_id``; ``acting_for`` names the person
+    whose subject an agent's token carries (that person never approves what the agent proposes), and
+    ``scopes`` the token's scopes, which narrow what the role allows (None: not scope-limited)."""
 
     name: str
     role: str
     token_id: str | None = None
     surface: str = "https"
     kind: Kind = Kind.AGENT
+    acting_for: str | None = None
+    scopes: frozenset[str] | None = None
 
 
 def parse_token_id(token: str) -> str | None:
