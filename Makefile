@@ -25,7 +25,13 @@ $(VCSIM): $(wildcard deploy/vcsim/*.go) deploy/vcsim/build.sh | bootstrap
 
 vcsim: bootstrap $(VCSIM)
 
-test: bootstrap venv
+# the identity tests' OpenID provider: the npm package oidc-provider, pinned by its lock file
+OIDC := tests/oidc/node_modules/.package-lock.json
+$(OIDC): tests/oidc/package.json tests/oidc/package-lock.json | bootstrap
+	cd tests/oidc && npm ci --no-audit --no-fund --prefer-offline
+
+
+test: bootstrap venv $(OIDC)
 	@bash deploy/vcsim/build.sh || echo "vcsim launcher could not be built; simulator tests will skip (fail under CI=true)"
 	$(BIN)/python -m pytest
 
