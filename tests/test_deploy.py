@@ -77,6 +77,9 @@ def test_systemd_unit_is_hardened_and_runs_a_valid_command() -> None:
                        "ProtectHome": "yes", "StateDirectory": "vsphere-mcp-gateway"}.items():
         assert settings.get(key) == [value], key
     assert "GATEWAY_HOME=/var/lib/vsphere-mcp-gateway" in settings["Environment"]
+    # systemctl reload sends SIGHUP, which the gateway handles (tests/test_hangup.py); any other exit
+    # brings it back (on-failure would leave it down after an exit by SIGHUP, SIGTERM or status 0)
+    assert settings["ExecReload"] == ["/bin/kill -HUP $MAINPID"] and settings["Restart"] == ["always"]
     program, *argv = shlex.split(settings["ExecStart"][0])
     assert program.endswith("/bin/gateway")
     accepts_serve(argv)

@@ -24,6 +24,7 @@ from gateway.cli import add_path_flags, settings_from
 from gateway.errors import ConfigError, InvalidArgument
 from gateway.server.app import GatewayServer, build_app, self_check, uvicorn_config
 from gateway.server.edge import EdgeConfig, is_loopback, split_authority
+from gateway.server.hangup import Hangup
 from gateway.server.mcp import serve_stdio
 from gateway.server.tls import server_context
 from gateway.settings import Settings
@@ -186,5 +187,10 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info("serving MCP over %s at /mcp for %s", args.transport,
              ", ".join(h.authority() for h in config.hosts))
-    server.run()
+    hangup = Hangup(gateway)  # SIGHUP (systemctl reload) re-reads rules and roles instead of ending it
+    hangup.install()
+    try:
+        server.run()
+    finally:
+        hangup.uninstall()
     return 0

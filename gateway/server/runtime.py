@@ -153,6 +153,12 @@ class Gateway(GatewayFacade):
         await asyncio.to_thread(self.scheduler.close)
         await asyncio.to_thread(self.backends.close)
 
+    def reload_files(self) -> None:
+        """Re-read rules.yaml and roles.yaml now (SIGHUP, gateway/server/hangup.py); each new content is a
+        ``config_reload`` row through the same hooks as a change noticed by a call. Blocking."""
+        self.policy.snapshot()
+        self.roles.refresh()
+
     def config_row(self, row: Mapping[str, Any]) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
         cannot take it. Blocking: the stores call it from the thread that read the file."""
