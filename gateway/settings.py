@@ -91,6 +91,9 @@ class Settings:
     #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
     #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
     audit_signing_key_file: Path | None = None
+    #: a file holding the first token for a fresh state, or where serve writes one
+    #: (GATEWAY_BOOTSTRAP_TOKEN_FILE; gateway/server/bootstrap_token.py); None: no such step
+    bootstrap_token_file: Path | None = None
 
     @property
     def state_db(self) -> Path:
@@ -145,6 +148,8 @@ class Settings:
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
+            bootstrap_token_file=(Path(environ["GATEWAY_BOOTSTRAP_TOKEN_FILE"]).expanduser()
+                                  if environ.get("GATEWAY_BOOTSTRAP_TOKEN_FILE") else None),
         )
         overrides = {
             k: v

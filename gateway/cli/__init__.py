@@ -15,7 +15,10 @@ from gateway.settings import Settings, logging_options
 
 #: command modules, in the order ``gateway --help`` lists them
 COMMAND_MODULES = ("serve", "check", "doctor", "token", "roles", "pending", "audit", "policy", "cert", "db",
-                   "completion")
+                   "bootstrap-token", "completion")
+
+#: commands whose module is named otherwise
+MODULE_NAMES = {"bootstrap-token": "bootstrap"}
 
 
 def add_path_flags(parser: argparse.ArgumentParser) -> None:
@@ -58,10 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gateway {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # none: the help, exit 0
     for name in COMMAND_MODULES:
+        module_name = f"gateway.cli.{MODULE_NAMES.get(name, name)}"
         try:
-            module = importlib.import_module(f"gateway.cli.{name}")
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != f"gateway.cli.{name}":
+            if exc.name != module_name:
                 raise
             continue
         module.register(sub)
