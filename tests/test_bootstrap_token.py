@@ -88,3 +88,4 @@ def test_a_file_that_is_not_a_token_stops_serve_with_the_fix(tmp_path: Path) -> 
     with SqliteStore(tmp_path / "state.db") as store, pytest.raises(ConfigError) as caught:
         adopt(store, path, [])
     assert "gateway bootstrap-token" in caught.value.message and "changeme" not in caught.value.message
+

@@ -67,3 +67,23 @@ def test_doctor_names_an_untrusted_certificate_and_a_missing_credential(
     as_json = json.loads(doctor(env, "--json").stdout)
     failed = {(c["check"], c["subject"]) for c in as_json["checks"] if not c["ok"]}
     assert {("certificate", "vc1"), ("credentials", "vc2")} <= failed and as_json["ok"] is False
+
+
+def test_doctor_names_loose_permissions_and_an_unusable_rules_file(
+    sim_vc1: Simulator, tmp_path: Path,
+) -> None:
+    env = setup(tmp_path, {"vc1": sim_vc1})
+    home = Path(env["GATEWAY_HOME"])
+    rules = home / "rules.yaml"
+    rules.write_text("defaults: {read: allow}\n")  # sections missing: serve would refuse it
+    rules.chmod(0o666)
+    key = home / "audit-signing.key"
+    key.write_text("not a key")
+    key.chmod(0o644)
+    done = doctor(env, "--offline")
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert f"FIX  file         {rules}: writable by group or others (mode 666)" in out, out
+    assert f"fix: chmod go-w {rules}" in out and f"`gateway check --rules {rules}`" in out, out
+    assert f"FIX  signing_key  {key}" in out and f"chmod 600 {key}" in out, out
+    assert "reachable" not in out  # --offline contacts no target

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gateway.auth.tokens import new_token, parse_token_id, store_token
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, InvalidArgument
 from gateway.private_files import write_private
 from gateway.store.base import StateStore, TokenRecord
 from gateway.vocabulary import Kind
@@ -67,11 +67,17 @@ def adopt(store: StateStore, path: Path | None, write: Callable[[dict[str, Any]]
     if written:
         try:
             write_private(path, (token + "\n").encode(), replace=False)
+        except FileExistsError:  # another replica wrote it a moment ago: adopt that one
+            return adopt(store, path, write, now)
         except OSError as exc:
             raise ConfigError(f"GATEWAY_BOOTSTRAP_TOKEN_FILE {path} cannot be written ({exc.strerror}); "
                               "point it at a file on the state volume, or put a token from "
                               "`gateway bootstrap-token` there") from None
-    rec = store_token(store, NAME, ROLE, token, expires_in=None, now=now, kind=Kind.AGENT)
+    try:
+        rec = store_token(store, NAME, ROLE, token, expires_in=None, now=now, kind=Kind.AGENT)
+    except InvalidArgument:  # the name is taken: another replica adopted it at the same moment
+        log.info("GATEWAY_BOOTSTRAP_TOKEN_FILE %s: adopted by another replica", path)
+        return None
     write({"phase": "token_created", "caller": "gateway", "surface": "server",
                       "token_name": rec.name, "token_id": rec.token_id, "role": rec.role,
                       "token_kind": rec.kind.value, "source": "bootstrap_file", "path": str(path),
