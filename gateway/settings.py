@@ -96,6 +96,9 @@ class Settings:
     identity_file: Path | None = None
     #: the environment variables web_sign_in's ``client_secret_env`` may name (ending in _SECRET)
     identity_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: a file holding the first token for a fresh state, or where serve writes one
+    #: (GATEWAY_BOOTSTRAP_TOKEN_FILE; gateway/server/bootstrap_token.py); None: no such step
+    bootstrap_token_file: Path | None = None
 
     @property
     def state_db(self) -> Path:
@@ -152,6 +155,8 @@ class Settings:
                                         "audit-signing.key"),
             identity_file=path("identity", "GATEWAY_IDENTITY_FILE", "identity.yaml"),
             identity_env={k: v for k, v in environ.items() if k.endswith("_SECRET")},
+            bootstrap_token_file=(Path(environ["GATEWAY_BOOTSTRAP_TOKEN_FILE"]).expanduser()
+                                  if environ.get("GATEWAY_BOOTSTRAP_TOKEN_FILE") else None),
         )
         overrides = {
             k: v

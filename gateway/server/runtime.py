@@ -160,6 +160,11 @@ class Gateway(GatewayFacade):
     def trail_write(self, row: Mapping[str, Any]) -> None:
         """An identity provider's caller, first seen (``gateway.identity.service``); blocking."""
         self.trail.write_or_wait(row)
+    def reload_files(self) -> None:
+        """Re-read rules.yaml and roles.yaml now (SIGHUP, gateway/server/hangup.py); each new content is a
+        ``config_reload`` row through the same hooks as a change noticed by a call. Blocking."""
+        self.policy.snapshot()
+        self.roles.refresh()
 
     def config_row(self, row: Mapping[str, Any]) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
