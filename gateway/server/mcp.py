@@ -45,6 +45,7 @@ from gateway.errors import GatewayError, Unauthorized
 from gateway.guard.decision import sees_target_addresses
 from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
+from gateway.server.idempotency import key_from_meta
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,8 @@ class _Handlers:
         mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
         with self.in_flight:
             try:
-                answer = await self.gateway.answer(principal, params.name, params.arguments or {},
+                arguments = key_from_meta(ctx.meta, params.arguments or {})  # the argument wins
+                answer = await self.gateway.answer(principal, params.name, arguments,
                                                    progress=sink, correlation_id=correlation_id)
                 return success_result(answer)
             except GatewayError as exc:
