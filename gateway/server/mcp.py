@@ -46,6 +46,7 @@ from gateway.guard.decision import sees_target_addresses
 from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
 from gateway.server.idempotency import key_from_meta
+from gateway.server.tasks import TASK_TOOLS, TaskRunner
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ def tool_of(spec: ToolSpec) -> types.Tool:
     return types.Tool(
         name=spec.name, description=spec.description, input_schema=spec.input_schema(),
         annotations=types.ToolAnnotations.model_validate(spec.annotations()),
+        execution=types.ToolExecution(task_support="optional") if spec.name in TASK_TOOLS else None,
     )
 
 
@@ -239,6 +241,10 @@ def build_mcp_server(
         on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
     )
     server.middleware.append(_PerCallerInstructions(handlers))
+    backends, settings = getattr(gateway, "backends", None), getattr(gateway, "settings", None)
+    if backends is not None and settings is not None:  # tasks live in the store (the runtime's Gateway)
+        TaskRunner(gateway.answer, backends.tasks, principal_of,
+                   keep_seconds=settings.task_keep_seconds).install(server)
     return server
 
 

@@ -1,0 +1,75 @@
+"""MCP tasks over HTTPS with the real SDK client (2025-11-25) and the simulator: a clone started as a task
+survives the client's disconnect and is polled to completion from a new connection; another is cancelled
+in vSphere (the launcher's slow tasks honour CancelTask). The SDK's client has no task methods, so the
+requests go through its session's dispatcher as they are (``raw``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from httpserver import Served, build_gateway, mcp_client, serve
+from mcp import Client
+from simulator import MakeSimulator, count_vms_named, pyvmomi_connect
+
+pytestmark = pytest.mark.anyio
+SOURCE = "DC0_C0_RP0_VM0"
+
+
+async def raw(client: Client, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return await client.session._dispatcher.send_raw_request(method, params, {})
+
+
+async def start_clone(client: Client, name: str) -> str:
+    created = await raw(client, "tools/call", {"name": "clone_vm", "task": {"ttl": 60_000},
+                                               "arguments": {"target": "vc1", "vm": SOURCE, "name": name}})
+    assert created["task"]["status"] == "working", created
+    return str(created["task"]["taskId"])
+
+
+async def poll(client: Client, task_id: str, done: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        task = await raw(client, "tasks/get", {"taskId": task_id})
+        if done(task):
+            return task
+        assert time.monotonic() < deadline, f"task never reached the state wanted: {task}"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_task_survives_a_disconnect_and_another_is_cancelled(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 3, "count": 2})
+    gateway = build_gateway(tmp_path, sim)
+    served: Served = serve(tmp_path, gateway)
+    try:
+        async with mcp_client(served, served.tokens["alice"], "legacy") as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            assert listed["clone_vm"].execution is not None
+            assert listed["clone_vm"].execution.task_support == "optional"
+            assert listed["power_on_vm"].execution is None
+            first = await start_clone(client, "task-clone")
+        async with mcp_client(served, served.tokens["alice"], "legacy") as client:  # a new connection
+            await poll(client, first, lambda t: t["status"] != "working")
+            result = await raw(client, "tasks/result", {"taskId": first})
+            second = await start_clone(client, "cancelled-clone")
+            await poll(client, second, lambda t: "%" in t.get("statusMessage", ""))  # the vSphere task runs
+            cancelled = await raw(client, "tasks/cancel", {"taskId": second})
+            listed_tasks = await raw(client, "tasks/list", {})
+        async with mcp_client(served, served.tokens["bob"], "legacy") as other:
+            foreign = await other.session._dispatcher.send_raw_request("tasks/list", {}, {})
+    finally:
+        served.stop()
+        await gateway.close()
+    assert result["isError"] is False, result
+    assert "task-clone" in result["content"][0]["text"]
+    assert cancelled["status"] == "cancelled", cancelled
+    si = pyvmomi_connect(sim)
+    assert (count_vms_named(si, "task-clone"), count_vms_named(si, "cancelled-clone")) == (1, 0)
+    assert {t["taskId"] for t in listed_tasks["tasks"]} == {first, second}
+    assert foreign["tasks"] == []  # a task is its caller's only
