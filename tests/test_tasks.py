@@ -73,3 +73,35 @@ async def test_a_task_survives_a_disconnect_and_another_is_cancelled(
     assert (count_vms_named(si, "task-clone"), count_vms_named(si, "cancelled-clone")) == (1, 0)
     assert {t["taskId"] for t in listed_tasks["tasks"]} == {first, second}
     assert foreign["tasks"] == []  # a task is its caller's only
+
+
+async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
+    tmp_path: Path, make_simulator: MakeSimulator, pg_url: str
+) -> None:
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 3, "count": 2})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    replica_a = build_gateway(tmp_path / "a", sim, database_url=pg_url)
+    replica_b = build_gateway(tmp_path / "b", sim, database_url=pg_url)
+    served_a = serve(tmp_path / "a", replica_a)
+    served_b = serve(tmp_path / "b", replica_b, tokens=served_a.tokens)
+    try:
+        async with mcp_client(served_a, served_a.tokens["alice"], "legacy") as on_a:
+            first = await start_clone(on_a, "replica-clone")
+            second = await start_clone(on_a, "replica-cancelled")
+        async with mcp_client(served_b, served_b.tokens["alice"], "legacy") as on_b:
+            await poll(on_b, second, lambda t: "%" in t.get("statusMessage", ""))
+            await raw(on_b, "tasks/cancel", {"taskId": second})  # stored; replica A cancels in vSphere
+            ended = await poll(on_b, second, lambda t: t["status"] != "working")
+            await poll(on_b, first, lambda t: t["status"] != "working")
+            result = await raw(on_b, "tasks/result", {"taskId": first})
+    finally:
+        served_a.stop()
+        served_b.stop()
+        await replica_a.close()
+        await replica_b.close()
+    assert result["isError"] is False and "replica-clone" in result["content"][0]["text"], result
+    assert ended["status"] == "cancelled", ended
+    si = pyvmomi_connect(sim)
+    assert (count_vms_named(si, "replica-clone"), count_vms_named(si, "replica-cancelled")) == (1, 0)
