@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from simulator import MakeSimulator, Simulator, count_vms_named, pyvmomi_connect
 
 from gateway.errors import InvalidArgument
+from gateway.guard import confirm
 from gateway.guard.idempotency import Seen, Step, checked_key, decide, keeps_error
 from gateway.store.idempotency import KeyRecord, KeyTable
+from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
 
 WINDOW = 100.0
@@ -30,6 +33,9 @@ SOURCE = "DC0_C0_RP0_VM0"
         (None, "clone_vm", "d1", 10.0, Step.RUN),
         (Seen("clone_vm", "d1", False, 0.0), "clone_vm", "d1", 10.0, Step.REPLAY),
         (Seen("clone_vm", "d1", True, 0.0), "clone_vm", "d1", 10.0, Step.WAIT),
+        (Seen("clone_vm", "d1", True, 0.0, owner_alive=False), "clone_vm", "d1", 10.0, Step.ORPHANED),
+        (Seen("clone_vm", "d1", False, 0.0, owner_alive=False), "clone_vm", "d1", 10.0, Step.REPLAY),
+        (Seen("clone_vm", "d1", True, 0.0, owner_alive=False), "clone_vm", "d2", 10.0, Step.CONFLICT),
         (Seen("clone_vm", "d1", False, 0.0), "clone_vm", "d2", 10.0, Step.CONFLICT),
         (Seen("clone_vm", "d1", True, 0.0), "clone_vm", "d2", 10.0, Step.CONFLICT),
         (Seen("clone_vm", "d1", False, 0.0), "power_on_vm", "d1", 10.0, Step.CONFLICT),
@@ -198,3 +204,32 @@ async def test_a_retried_destructive_call_returns_the_same_proposal(
     assert first["proposal_id"] == second["proposal_id"]
     assert [p.id for p in proposals] == [first["proposal_id"]]
     assert [r["phase"] for r in audit_rows(gateway) if r.get("tool") == "delete_vm"][-1] == "retry"
+
+
+@pytest.mark.anyio
+async def test_a_retry_of_a_call_whose_process_died_reports_an_unknown_outcome_and_never_runs(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    sim = make_simulator(vms=1)
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    gone = Instance(tmp_path / "other-home")  # a process that claimed the key, then stopped
+    dead_id = gone.acquire()
+    gone.close()
+    args = _clone_args("orphan")
+    spec = gateway.facts.registry.get("clone_vm")
+    digest = confirm.args_digest("clone_vm", "vc1", spec.validate(args))
+    gateway.backends.keys.claim(KeyRecord("alice", "k-orphan", "clone_vm", digest, True, time.time(),
+                                          correlation_id="first", owner=dead_id))
+    try:
+        async with mcp_client(served, served.tokens["alice"], "legacy") as client:
+            first = await client.call_tool("clone_vm", {**args, "idempotency_key": "k-orphan"})
+            again = await client.call_tool("clone_vm", {**args, "idempotency_key": "k-orphan"})
+    finally:
+        served.stop()
+        await gateway.close()
+    assert answer_of(first)["error"]["code"] == "outcome_unknown"
+    assert answer_of(again)["error"]["code"] == "outcome_unknown"
+    assert _count(sim, "orphan") == 0
+    retries = [r for r in audit_rows(gateway) if r.get("phase") == "retry"]
+    assert [(r["replay_of"], r["outcome"]) for r in retries] == [("first", "outcome_unknown")] * 2

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from httpserver import Served, build_gateway, mcp_client, serve
+from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from mcp import Client
 from simulator import MakeSimulator, count_vms_named, pyvmomi_connect
 
@@ -73,6 +73,8 @@ async def test_a_task_survives_a_disconnect_and_another_is_cancelled(
     assert (count_vms_named(si, "task-clone"), count_vms_named(si, "cancelled-clone")) == (1, 0)
     assert {t["taskId"] for t in listed_tasks["tasks"]} == {first, second}
     assert foreign["tasks"] == []  # a task is its caller's only
+    (row,) = [r for r in audit_rows(gateway) if r.get("phase") == "task_cancel"]
+    assert (row["task_id"], row["outcome"], row["caller"]) == (second, "cancelled", "alice")
 
 
 async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
@@ -96,6 +98,7 @@ async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
             ended = await poll(on_b, second, lambda t: t["status"] != "working")
             await poll(on_b, first, lambda t: t["status"] != "working")
             result = await raw(on_b, "tasks/result", {"taskId": first})
+        rows = audit_rows(replica_a)
     finally:
         served_a.stop()
         served_b.stop()
@@ -105,3 +108,5 @@ async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
     assert ended["status"] == "cancelled", ended
     si = pyvmomi_connect(sim)
     assert (count_vms_named(si, "replica-clone"), count_vms_named(si, "replica-cancelled")) == (1, 0)
+    outcomes = sorted(r["outcome"] for r in rows if r.get("phase") == "task_cancel")
+    assert outcomes == ["cancelled", "passed_on"]  # asked on B, done on A

@@ -8,6 +8,8 @@ from the same caller within the window does not run again:
 - the same tool and the same arguments (digest), the first one finished: ``REPLAY`` its outcome;
 - the same, the first one still running: ``WAIT`` for that very execution (never a second run);
 - another tool or other arguments: ``CONFLICT`` (a typed refusal; the caller picks a new key);
+- the same, the first one still marked running but its process is gone: ``ORPHANED`` (its outcome is
+  unknown: reported as ``outcome_unknown``, never run again);
 - the record is older than the window: ``TAKE_OVER`` (the key is free again; the call runs anew);
 - no record: ``RUN``.
 
@@ -40,6 +42,7 @@ class Step(Enum):
     REPLAY = "replay"
     WAIT = "wait"
     CONFLICT = "conflict"
+    ORPHANED = "orphaned"
     TAKE_OVER = "take_over"
 
 
@@ -51,6 +54,8 @@ class Seen:
     digest: str
     running: bool
     created_at: float
+    #: whether the process that claimed the key still runs (only asked while the record is running)
+    owner_alive: bool = True
 
 
 def decide(seen: Seen | None, *, tool: str, digest: str, now: float, window: float) -> Step:
@@ -61,7 +66,9 @@ def decide(seen: Seen | None, *, tool: str, digest: str, now: float, window: flo
         return Step.TAKE_OVER
     if seen.tool != tool or seen.digest != digest:
         return Step.CONFLICT
-    return Step.WAIT if seen.running else Step.REPLAY
+    if not seen.running:
+        return Step.REPLAY
+    return Step.WAIT if seen.owner_alive else Step.ORPHANED
 
 
 def keeps_error(code: str) -> bool:

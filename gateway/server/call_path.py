@@ -60,5 +60,6 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
     writes.proposer = proposals
     calls.route(read=reads.read, write=writes.write,
                 local={"list_targets": reads.list_targets, **proposals.handlers()})
-    calls.around = Idempotency(backends.keys, trail, window=settings.idempotency_window_seconds).wrap
+    calls.around = Idempotency(backends.keys, trail, backends.instance,
+                               window=settings.idempotency_window_seconds).wrap
     return CallPath(trail, moves, calls, reads, writes, proposals, mirrors, read_rules)

@@ -19,7 +19,8 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, NoReturn
+from dataclasses import replace
+from typing import Any, Final, NoReturn, Protocol
 
 from gateway.answer import Answer
 from gateway.errors import (
@@ -45,15 +46,28 @@ Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable
 POLL_SECONDS: Final = 0.25
 #: how long a retry waits for the first call still running before it reports idempotency_in_progress
 WAIT_SECONDS: Final = 600.0
+#: how many claims pass between two sweeps of keys past the window
+SWEEP_EVERY: Final = 256
+
+
+class Instances(Protocol):
+    """This process's claim id (``acquire``) and whether the process behind another id runs."""
+
+    def acquire(self) -> str: ...
+
+    def alive(self, instance_id: str) -> bool: ...
 
 
 class Idempotency:
     """Keys of write and destructive calls: claim, run once, keep the outcome, replay it."""
 
-    def __init__(self, keys: KeyTable, trail: AuditTrail, *, window: float,
+    def __init__(self, keys: KeyTable, trail: AuditTrail, instance: Instances, *, window: float,
                  clock: Callable[[], float] = time.time, wait_seconds: float = WAIT_SECONDS) -> None:
         self.keys = keys
         self.trail = trail
+        #: this process's claim id, and whether the process behind another one still runs
+        self.instance = instance
+        self._claims = 0
         self.window = window
         self.clock = clock
         self.wait_seconds = wait_seconds
@@ -82,10 +96,15 @@ class Idempotency:
         for _attempt in range(5):  # a lost claim race reads the key again
             now = self.clock()
             held = await off_loop(self.keys.get, caller, key)
-            seen = held.seen() if held else None
+            alive = held is None or not held.running or held.owner is None or await off_loop(
+                self.instance.alive, held.owner)
+            seen = held.seen(alive) if held else None
             step = decide(seen, tool=tool, digest=digest, now=now, window=self.window)
             if step in (Step.RUN, Step.TAKE_OVER):
-                claim = KeyRecord(caller, key, tool, digest, True, now, correlation_id=ctx.correlation_id)
+                await self._sweep(now)
+                owner = await off_loop(self.instance.acquire)
+                claim = KeyRecord(caller, key, tool, digest, True, now, correlation_id=ctx.correlation_id,
+                                  owner=owner)
                 replacing = held.created_at if held is not None and step is Step.TAKE_OVER else None
                 if await off_loop(self.keys.claim, claim, replacing=replacing):
                     return await self._first(ctx, claim, args, progress, handler)
@@ -95,6 +114,8 @@ class Idempotency:
                 await self._refuse(ctx, args, IdempotencyConflict(
                     f"idempotency key '{key}' was used for another call ({held.tool}, other arguments) "
                     "within the window; use a new key for a new call, the same key only to retry that one"))
+            if step is Step.ORPHANED:
+                held = await self._orphaned(held)
             if step is Step.WAIT:
                 held = await self._wait_for(held)
                 if held is None:  # the first call changed nothing and released the key: run now
@@ -138,6 +159,26 @@ class Idempotency:
             raise
         await self._keep(claim, answer.text, failed=False)
         return answer
+
+    async def _orphaned(self, held: KeyRecord) -> KeyRecord:
+        """The record of a first call whose process stopped before it ended: its outcome is unknown (kept
+        so, never run again)."""
+        unknown = OutcomeUnknown(
+            f"the process that ran the first call with idempotency key '{held.key}' stopped before it "
+            "finished; whether the change happened is unknown: check the objects (get_tasks) before calling "
+            "again with a new key")
+        text = Answer.of({"error": unknown.to_wire()}).text
+        await self._keep(held, text, failed=True)
+        return replace(held, running=False, outcome=text, failed=True)
+
+    async def _sweep(self, now: float) -> None:
+        """Now and then, forget finished keys past the window (the table stays small)."""
+        self._claims += 1
+        if self._claims % SWEEP_EVERY == 1:
+            try:
+                await off_loop(self.keys.sweep, now - self.window)
+            except GatewayError:
+                log.warning("idempotency keys not swept", exc_info=True)
 
     async def _keep(self, claim: KeyRecord, text: str, *, failed: bool) -> None:
         try:

@@ -242,8 +242,9 @@ def build_mcp_server(
     )
     server.middleware.append(_PerCallerInstructions(handlers))
     backends, settings = getattr(gateway, "backends", None), getattr(gateway, "settings", None)
-    if backends is not None and settings is not None:  # tasks live in the store (the runtime's Gateway)
-        TaskRunner(gateway.answer, backends.tasks, principal_of,
+    trail = getattr(gateway, "trail", None)
+    if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
+        TaskRunner(gateway.answer, backends.tasks, principal_of, instance=backends.instance, trail=trail,
                    keep_seconds=settings.task_keep_seconds).install(server)
     return server
 

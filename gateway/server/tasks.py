@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -38,7 +38,8 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, OutcomeUnknown
+from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import client_of, mcp_client_var, off_loop
 from gateway.server.edge import correlation_id_var
 from gateway.server.idempotency import key_from_meta
@@ -52,9 +53,17 @@ TASK_TOOLS: Final = frozenset({"clone_vm", "migrate_vm", "create_snapshot", "con
 TASKS_REVISION: Final = "2025-11-25"
 CAPABILITY: Final[dict[str, Any]] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 POLL_MS: Final = 500
+#: how many tasks start between two sweeps of tasks past their keeping time
+SWEEP_EVERY: Final = 64
 RELATED: Final = "io.modelcontextprotocol/related-task"
 
 AnswerFn = Callable[..., Awaitable[Answer]]
+
+
+class Instances(Protocol):
+    def acquire(self) -> str: ...
+
+    def alive(self, instance_id: str) -> bool: ...
 
 
 def _iso(t: float) -> str:
@@ -112,9 +121,12 @@ class TaskRunner:
     """Runs task-augmented tool calls and answers the tasks/* requests from the store."""
 
     def __init__(self, answer: AnswerFn, table: TaskTable, principal_of: Callable[[], Principal | None], *,
-                 keep_seconds: float, clock: Callable[[], float] = time.time) -> None:
+                 instance: Instances, trail: AuditTrail, keep_seconds: float,
+                 clock: Callable[[], float] = time.time) -> None:
         self.answer, self.table, self.principal_of = answer, table, principal_of
+        self.instance, self.trail = instance, trail
         self.keep_seconds, self.clock = keep_seconds, clock
+        self._started = 0
         self._local: dict[str, tuple[asyncio.Task[None], _Progress]] = {}
 
     def install(self, server: Server[Any]) -> None:
@@ -150,8 +162,12 @@ class TaskRunner:
         given = params.get("arguments")
         arguments: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
         target = arguments.get("target") if isinstance(arguments.get("target"), str) else None
+        self._started += 1
+        if self._started % SWEEP_EVERY == 1:
+            await off_loop(self.table.sweep, now)  # tasks past the time their results are kept
+        owner = await off_loop(self.instance.acquire)
         rec = TaskRecord(uuid.uuid4().hex, principal.name, str(params["name"]), target, "working", now, now,
-                         now + keep)
+                         now + keep, owner=owner)
         await off_loop(self.table.add, rec)
         sink = _Progress(self, rec.task_id)
         mcp_client_var.set(client_of(ctx))
@@ -184,6 +200,15 @@ class TaskRunner:
         finally:
             watcher.cancel()
 
+    async def _audit_cancel(self, rec: TaskRecord, outcome: str, why: str | None) -> None:
+        """Every tasks/cancel is a row: cancelled in vSphere, refused by it, or passed to the replica
+        running the task."""
+        principal = self.principal_of()
+        await self.trail.record({"phase": "task_cancel", "tool": rec.tool, "target": rec.target,
+                                 "caller": principal.name if principal else rec.caller,
+                                 "task_id": rec.task_id, "outcome": outcome, "error": why,
+                                 "correlation_id": correlation_id_var.get()})
+
     async def _watch_cancel(self, task_id: str, sink: _Progress) -> None:
         """Act on a cancellation asked through another replica (stored in the task's row)."""
         while not sink.cancel_asked:
@@ -194,8 +219,7 @@ class TaskRunner:
                 continue
             if rec is not None and rec.cancel_requested and not sink.cancel_asked:
                 why = await sink.cancel()
-                if why is not None:
-                    log.warning("task %s: %s", task_id, why)
+                await self._audit_cancel(rec, "refused" if why else "cancelled", why)
 
     async def _mine(self, task_id: str) -> TaskRecord:
         principal = self.principal_of()
@@ -203,7 +227,19 @@ class TaskRunner:
         if principal is None or rec is None or rec.caller != principal.name:
             raise MCPError(code=types.INVALID_PARAMS, message=f"no task '{task_id[:64]}' of yours (never "
                            "made, someone else's, or its results expired); call tasks/list")
+        if (rec.status == "working" and rec.task_id not in self._local and rec.owner is not None
+                and not await off_loop(self.instance.alive, rec.owner)):
+            return await self._orphaned(rec)
         return rec
+
+    async def _orphaned(self, rec: TaskRecord) -> TaskRecord:
+        """A working task whose process is gone: failed, its outcome unknown."""
+        unknown = OutcomeUnknown("the gateway process running this task stopped before it finished; "
+                                 "whether the change happened is unknown: check the objects and get_tasks")
+        await off_loop(self.table.finish, rec.task_id, "failed", Answer.of({"error": unknown.to_wire()}).text,
+                       failed=True, message=unknown.message, now=self.clock())
+        found = await off_loop(self.table.get, rec.task_id, self.clock())
+        return found or rec
 
     async def get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
         return task_wire(await self._mine(params.task_id))
@@ -238,8 +274,10 @@ class TaskRunner:
         local = self._local.get(rec.task_id)
         if local is None:
             await off_loop(self.table.request_cancel, rec.task_id, self.clock())
+            await self._audit_cancel(rec, "passed_on", None)
             return task_wire(rec)
         why = await local[1].cancel()
+        await self._audit_cancel(rec, "refused" if why else "cancelled", why)
         if why is not None:
             raise MCPError(code=types.INVALID_PARAMS,
                            message=f"{why}; the task runs on: poll it with tasks/get")

@@ -28,6 +28,7 @@ KEYS_MIGRATION: Final = (
     created_at DOUBLE PRECISION NOT NULL,
     finished_at DOUBLE PRECISION,
     correlation_id TEXT,
+    owner      TEXT,
     PRIMARY KEY (caller, key)
 )""",
     "CREATE INDEX idempotency_keys_created ON idempotency_keys (created_at)",
@@ -55,17 +56,20 @@ class KeyRecord:
     outcome: str | None = None  # the answer's text as sent (a result, or ``{"error": ...}``)
     failed: bool = False
     correlation_id: str | None = None
+    #: the process running the first call (``InstanceLock.id``)
+    owner: str | None = None
 
-    def seen(self) -> Seen:
-        return Seen(self.tool, self.digest, self.running, self.created_at)
+    def seen(self, owner_alive: bool = True) -> Seen:
+        return Seen(self.tool, self.digest, self.running, self.created_at, owner_alive)
 
 
-_COLUMNS: Final = "caller, key, tool, digest, running, outcome, failed, created_at, correlation_id"
+_COLUMNS: Final = "caller, key, tool, digest, running, outcome, failed, created_at, correlation_id, owner"
 
 
 def _record(row: Any) -> KeyRecord:
     return KeyRecord(row["caller"], row["key"], row["tool"], row["digest"], bool(row["running"]),
-                     float(row["created_at"]), row["outcome"], bool(row["failed"]), row["correlation_id"])
+                     float(row["created_at"]), row["outcome"], bool(row["failed"]), row["correlation_id"],
+                     row["owner"])
 
 
 class KeyTable:
@@ -89,16 +93,17 @@ class KeyTable:
         with self.store._write("claim an idempotency key") as db:
             if replacing is None:
                 cur = db.execute(self._sql(
-                    f"INSERT INTO idempotency_keys ({_COLUMNS}) VALUES (%s, %s, %s, %s, 1, NULL, 0, %s, %s) "
-                    "ON CONFLICT (caller, key) DO NOTHING"),
-                    (rec.caller, rec.key, rec.tool, rec.digest, rec.created_at, rec.correlation_id))
+                    f"INSERT INTO idempotency_keys ({_COLUMNS}) "
+                    "VALUES (%s, %s, %s, %s, 1, NULL, 0, %s, %s, %s) ON CONFLICT (caller, key) DO NOTHING"),
+                    (rec.caller, rec.key, rec.tool, rec.digest, rec.created_at, rec.correlation_id,
+                     rec.owner))
             else:
                 cur = db.execute(self._sql(
                     "UPDATE idempotency_keys SET tool = %s, digest = %s, running = 1, outcome = NULL, "
-                    "failed = 0, created_at = %s, finished_at = NULL, correlation_id = %s "
+                    "failed = 0, created_at = %s, finished_at = NULL, correlation_id = %s, owner = %s "
                     "WHERE caller = %s AND key = %s AND created_at = %s"),
-                    (rec.tool, rec.digest, rec.created_at, rec.correlation_id, rec.caller, rec.key,
-                     replacing))
+                    (rec.tool, rec.digest, rec.created_at, rec.correlation_id, rec.owner, rec.caller,
+                     rec.key, replacing))
             return bool(cur.rowcount == 1)
 
     def finish(self, caller: str, key: str, created_at: float, outcome: str, *, failed: bool,
