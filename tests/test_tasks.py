@@ -23,9 +23,10 @@ async def raw(client: Client, method: str, params: dict[str, Any]) -> dict[str, 
     return await client.session._dispatcher.send_raw_request(method, params, {})
 
 
-async def start_clone(client: Client, name: str) -> str:
+async def start_clone(client: Client, name: str, **more: Any) -> str:
+    arguments = {"target": "vc1", "vm": SOURCE, "name": name, **more}
     created = await raw(client, "tools/call", {"name": "clone_vm", "task": {"ttl": 60_000},
-                                               "arguments": {"target": "vc1", "vm": SOURCE, "name": name}})
+                                               "arguments": arguments})
     assert created["task"]["status"] == "working", created
     return str(created["task"]["taskId"])
 
@@ -53,8 +54,9 @@ async def test_a_task_survives_a_disconnect_and_another_is_cancelled(
             assert listed["clone_vm"].execution is not None
             assert listed["clone_vm"].execution.task_support == "optional"
             assert listed["power_on_vm"].execution is None
-            first = await start_clone(client, "task-clone")
+            first = await start_clone(client, "task-clone", idempotency_key="task-key")
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:  # a new connection
+            assert await start_clone(client, "task-clone", idempotency_key="task-key") == first  # a retry
             await poll(client, first, lambda t: t["status"] != "working")
             result = await raw(client, "tasks/result", {"taskId": first})
             second = await start_clone(client, "cancelled-clone")

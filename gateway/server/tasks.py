@@ -39,6 +39,8 @@ from mcp.shared.exceptions import MCPError
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.errors import GatewayError, OutcomeUnknown
+from gateway.guard import confirm
+from gateway.guard.idempotency import KEY_FIELD
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import client_of, mcp_client_var, off_loop
 from gateway.server.edge import correlation_id_var
@@ -165,15 +167,24 @@ class TaskRunner:
         self._started += 1
         if self._started % SWEEP_EVERY == 1:
             await off_loop(self.table.sweep, now)  # tasks past the time their results are kept
+        arguments = key_from_meta(ctx.meta, arguments)
+        key, tool = arguments.get(KEY_FIELD), str(params["name"])
+        digest = None
+        if isinstance(key, str):  # a retry with the key gets the task its first call started
+            plain = {k: v for k, v in arguments.items() if k != KEY_FIELD}
+            digest = confirm.args_digest(tool, str(target), plain)
+            again = await off_loop(self.table.by_key, principal.name, key, digest, now)
+            if again is not None:
+                return again
         owner = await off_loop(self.instance.acquire)
-        rec = TaskRecord(uuid.uuid4().hex, principal.name, str(params["name"]), target, "working", now, now,
-                         now + keep, owner=owner)
+        rec = TaskRecord(uuid.uuid4().hex, principal.name, tool, target, "working", now, now, now + keep,
+                         owner=owner, idempotency_key=key if isinstance(key, str) else None, digest=digest)
         await off_loop(self.table.add, rec)
         sink = _Progress(self, rec.task_id)
         mcp_client_var.set(client_of(ctx))
         correlation_id = correlation_id_var.get() or uuid.uuid4().hex
         job = asyncio.get_running_loop().create_task(self._run(
-            rec, principal, key_from_meta(ctx.meta, arguments), sink, correlation_id))
+            rec, principal, arguments, sink, correlation_id))
         self._local[rec.task_id] = (job, sink)
         job.add_done_callback(lambda _job: self._local.pop(rec.task_id, None))
         return rec

@@ -28,9 +28,12 @@ TASKS_MIGRATION: Final = (
     created_at     DOUBLE PRECISION NOT NULL,
     updated_at     DOUBLE PRECISION NOT NULL,
     keep_until     DOUBLE PRECISION NOT NULL,
-    owner          TEXT
+    owner          TEXT,
+    idempotency_key TEXT,
+    digest         TEXT
 )""",
     "CREATE INDEX mcp_tasks_caller ON mcp_tasks (caller, created_at)",
+    "CREATE INDEX mcp_tasks_key ON mcp_tasks (caller, idempotency_key)",
 )
 #: the states of a task (the protocol's ``TaskStatus``; input_required is never used here)
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
@@ -52,6 +55,9 @@ class TaskRecord:
     failed: bool = False
     cancel_requested: bool = False
     owner: str | None = None
+    #: the call's idempotency key and its digest: a retry with them gets this task again
+    idempotency_key: str | None = None
+    digest: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -59,15 +65,16 @@ class TaskRecord:
 
 
 _COLUMNS: Final = ("task_id, caller, tool, target, status, created_at, updated_at, keep_until, "
-                   "status_message, "
-                   "progress, result, failed, cancel_requested, owner")
+                   "status_message, progress, result, failed, cancel_requested, owner, idempotency_key, "
+                   "digest")
 
 
 def _record(row: Any) -> TaskRecord:
     return TaskRecord(row["task_id"], row["caller"], row["tool"], row["target"], row["status"],
                       float(row["created_at"]), float(row["updated_at"]), float(row["keep_until"]),
                       row["status_message"], None if row["progress"] is None else float(row["progress"]),
-                      row["result"], bool(row["failed"]), bool(row["cancel_requested"]), row["owner"])
+                      row["result"], bool(row["failed"]), bool(row["cancel_requested"]), row["owner"],
+                      row["idempotency_key"], row["digest"])
 
 
 class TaskTable:
@@ -83,10 +90,18 @@ class TaskTable:
     def add(self, rec: TaskRecord) -> None:
         with self.store._write("record a task") as db:
             db.execute(self._sql(f"INSERT INTO mcp_tasks ({_COLUMNS}) VALUES "
-                                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"),
+                                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"),
                        (rec.task_id, rec.caller, rec.tool, rec.target, rec.status, rec.created_at,
                         rec.updated_at, rec.keep_until, rec.status_message, rec.progress, rec.result,
-                        int(rec.failed), int(rec.cancel_requested), rec.owner))
+                        int(rec.failed), int(rec.cancel_requested), rec.owner, rec.idempotency_key,
+                        rec.digest))
+
+    def by_key(self, caller: str, key: str, digest: str, now: float) -> TaskRecord | None:
+        """The kept task ``caller`` started with idempotency key ``key`` for the call ``digest``."""
+        rows = self.store._read("read a task by its key", self._sql(
+            f"SELECT {_COLUMNS} FROM mcp_tasks WHERE caller = %s AND idempotency_key = %s AND digest = %s "
+            "AND keep_until > %s ORDER BY created_at LIMIT 1"), (caller, key, digest, now))
+        return _record(rows[0]) if rows else None
 
     def get(self, task_id: str, now: float) -> TaskRecord | None:
         """The task, unless its results are past the time they are kept."""
