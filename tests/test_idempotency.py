@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from simulator import MakeSimulator, Simulator, count_vms_named, pyvmomi_connect
 from gateway.errors import InvalidArgument
 from gateway.guard import confirm
 from gateway.guard.idempotency import Seen, Step, checked_key, decide, keeps_error
+from gateway.server.idempotency import key_id
 from gateway.store.idempotency import KeyRecord, KeyTable
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
@@ -133,7 +135,8 @@ async def test_a_clone_retried_with_its_key_after_a_dropped_connection_runs_once
     assert [r["phase"] for r in rows if r["phase"] in ("executed", "retry")] == ["executed", "retry"]
     (retry,) = [r for r in rows if r["phase"] == "retry"]
     first_call = next(r for r in rows if r["phase"] == "executed")
-    assert retry["idempotency_key"] == "clone-web-clone" and retry["outcome"] == "ok"
+    assert retry["idempotency_key"] == key_id("clone-web-clone")[:16] and retry["outcome"] == "ok"
+    assert all("clone-web-clone\"" not in json.dumps(r) for r in rows)  # the key itself is never audited
     assert retry["replay_of"] == first_call["correlation_id"]
 
 
@@ -198,11 +201,15 @@ async def test_a_retried_destructive_call_returns_the_same_proposal(
         async with mcp_client(served, served.tokens["alice"], "2026-07-28") as client:
             second = answer_of(await client.call_tool("delete_vm", args))
         proposals = gateway.store.list_proposals()
+        kept = gateway.backends.keys.get("alice", key_id("del-1"))
     finally:
         served.stop()
         await gateway.close()
     assert first["proposal_id"] == second["proposal_id"]
     assert [p.id for p in proposals] == [first["proposal_id"]]
+    assert second["token"] == first["token"]  # the retry can confirm: it lost the first answer
+    assert kept is not None and kept.outcome is not None
+    assert first["token"] not in kept.outcome and first["proposal_id"] not in kept.outcome  # sealed
     assert [r["phase"] for r in audit_rows(gateway) if r.get("tool") == "delete_vm"][-1] == "retry"
 
 
@@ -219,7 +226,7 @@ async def test_a_retry_of_a_call_whose_process_died_reports_an_unknown_outcome_a
     args = _clone_args("orphan")
     spec = gateway.facts.registry.get("clone_vm")
     digest = confirm.args_digest("clone_vm", "vc1", spec.validate(args))
-    gateway.backends.keys.claim(KeyRecord("alice", "k-orphan", "clone_vm", digest, True, time.time(),
+    gateway.backends.keys.claim(KeyRecord("alice", key_id("k-orphan"), "clone_vm", digest, True, time.time(),
                                           correlation_id="first", owner=dead_id))
     try:
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:

@@ -15,12 +15,18 @@ that is absent, in the request's ``_meta["idempotency_key"]``; the argument wins
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final, NoReturn, Protocol
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gateway.answer import Answer
 from gateway.errors import (
@@ -88,9 +94,11 @@ class Idempotency:
 
         return keyed
 
-    async def _keyed(self, ctx: CallContext, key: str, args: dict[str, Any], progress: ProgressSink | None,
-                     handler: Handler) -> Answer:
-        ctx.idempotency_key = key
+    async def _keyed(self, ctx: CallContext, secret: str, args: dict[str, Any],
+                     progress: ProgressSink | None, handler: Handler) -> Answer:
+        key = key_id(secret)
+        ctx.idempotency_key = key[:16]  # rows name the key by its digest: the key opens the kept outcome
+        seal = _Seal(secret)
         caller, tool = ctx.principal.name, ctx.spec.name
         digest = confirm.args_digest(tool, str(args.get("target")), args)
         for _attempt in range(5):  # a lost claim race reads the key again
@@ -107,29 +115,29 @@ class Idempotency:
                                   owner=owner)
                 replacing = held.created_at if held is not None and step is Step.TAKE_OVER else None
                 if await off_loop(self.keys.claim, claim, replacing=replacing):
-                    return await self._first(ctx, claim, args, progress, handler)
+                    return await self._first(ctx, claim, seal, args, progress, handler)
                 continue
             assert held is not None
             if step is Step.CONFLICT:
                 await self._refuse(ctx, args, IdempotencyConflict(
-                    f"idempotency key '{key}' was used for another call ({held.tool}, other arguments) "
+                    f"this idempotency key was used for another call ({held.tool}, other arguments) "
                     "within the window; use a new key for a new call, the same key only to retry that one"))
             if step is Step.ORPHANED:
-                held = await self._orphaned(held)
+                held = await self._orphaned(held, seal)
             if step is Step.WAIT:
                 held = await self._wait_for(held)
                 if held is None:  # the first call changed nothing and released the key: run now
                     continue
                 if held.running:
                     await self._refuse(ctx, args, IdempotencyInProgress(
-                        f"the call first made with idempotency key '{key}' is still running; retry with the "
+                        "the call first made with this idempotency key is still running; retry with the "
                         "same key later (it will not run twice), or check get_tasks"))
-            return await self._replay(ctx, held, args)
+            return await self._replay(ctx, held, seal, args)
         raise StateUnavailable("the idempotency key changed hands too often; retry with the same key")
 
-    async def _first(self, ctx: CallContext, claim: KeyRecord, args: dict[str, Any],
+    async def _first(self, ctx: CallContext, claim: KeyRecord, seal: _Seal, args: dict[str, Any],
                      progress: ProgressSink | None, handler: Handler) -> Answer:
-        task = asyncio.get_running_loop().create_task(self._run(ctx, claim, args, progress, handler))
+        task = asyncio.get_running_loop().create_task(self._run(ctx, claim, seal, args, progress, handler))
         where = (claim.caller, claim.key)
         self._running[where] = task
 
@@ -141,33 +149,34 @@ class Idempotency:
         task.add_done_callback(done)
         return await asyncio.shield(task)  # a dropped client stops waiting; the change runs on
 
-    async def _run(self, ctx: CallContext, claim: KeyRecord, args: dict[str, Any],
+    async def _run(self, ctx: CallContext, claim: KeyRecord, seal: _Seal, args: dict[str, Any],
                    progress: ProgressSink | None, handler: Handler) -> Answer:
         try:
             result = await handler(ctx, args, progress)
             answer = await _answer_of(result)
         except GatewayError as exc:
             if keeps_error(exc.code):
-                await self._keep(claim, Answer.of({"error": exc.to_wire()}).text, failed=True)
+                await self._keep(claim, seal.close(Answer.of({"error": exc.to_wire()}).text), failed=True)
             else:
                 await off_loop(self.keys.release, claim.caller, claim.key, claim.created_at)
             raise
         except BaseException:
             unknown = OutcomeUnknown("the change was interrupted; check the objects and get_tasks before "
                                      "doing anything again")
-            await asyncio.shield(self._keep(claim, Answer.of({"error": unknown.to_wire()}).text, failed=True))
+            kept = seal.close(Answer.of({"error": unknown.to_wire()}).text)
+            await asyncio.shield(self._keep(claim, kept, failed=True))
             raise
-        await self._keep(claim, answer.text, failed=False)
+        await self._keep(claim, await asyncio.to_thread(seal.close, answer.text), failed=False)
         return answer
 
-    async def _orphaned(self, held: KeyRecord) -> KeyRecord:
+    async def _orphaned(self, held: KeyRecord, seal: _Seal) -> KeyRecord:
         """The record of a first call whose process stopped before it ended: its outcome is unknown (kept
         so, never run again)."""
         unknown = OutcomeUnknown(
-            f"the process that ran the first call with idempotency key '{held.key}' stopped before it "
+            "the process that ran the first call with this idempotency key stopped before it "
             "finished; whether the change happened is unknown: check the objects (get_tasks) before calling "
             "again with a new key")
-        text = Answer.of({"error": unknown.to_wire()}).text
+        text = seal.close(Answer.of({"error": unknown.to_wire()}).text)
         await self._keep(held, text, failed=True)
         return replace(held, running=False, outcome=text, failed=True)
 
@@ -204,8 +213,8 @@ class Idempotency:
             current = await off_loop(self.keys.get, held.caller, held.key)
         return current if current is not None and current.created_at == held.created_at else None
 
-    async def _replay(self, ctx: CallContext, held: KeyRecord, args: dict[str, Any]) -> Answer:
-        text = held.outcome or "{}"
+    async def _replay(self, ctx: CallContext, held: KeyRecord, seal: _Seal, args: dict[str, Any]) -> Answer:
+        text = await asyncio.to_thread(seal.open, held.outcome)
         value = await asyncio.to_thread(json.loads, text)
         error = value.get("error") if held.failed and isinstance(value, dict) else None
         await self.trail.record(ctx.row(
@@ -221,6 +230,32 @@ class Idempotency:
         await self.trail.record(ctx.row("retry", target=target_label(args), args=redact_args(ctx.spec, args),
                                         outcome=exc.code, error_code=exc.code, error=exc.message))
         raise exc
+
+
+def key_id(secret: str) -> str:
+    """What the store keeps of a key: its sha256 (the key itself opens the outcome kept for it)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class _Seal:
+    """Outcomes are kept sealed with a key derived from the caller's idempotency key, which the store
+    never holds: a proposal's answer carries its confirmation token, and nobody reading the database may
+    confirm with it (the proposal table keeps only the token's hash, for the same reason)."""
+
+    def __init__(self, secret: str) -> None:
+        self._aead = AESGCM(hmac.new(secret.encode("utf-8"), b"gateway idempotency outcome",
+                                     hashlib.sha256).digest())
+
+    def close(self, text: str) -> str:
+        nonce = os.urandom(12)
+        sealed = self._aead.encrypt(nonce, text.encode("utf-8", "surrogatepass"), None)
+        return base64.b64encode(nonce + sealed).decode("ascii")
+
+    def open(self, kept: str | None) -> str:
+        if not kept:
+            return "{}"
+        raw = base64.b64decode(kept)
+        return self._aead.decrypt(raw[:12], raw[12:], None).decode("utf-8", "surrogatepass")
 
 
 async def _answer_of(result: dict[str, Any] | Answer) -> Answer:

@@ -56,7 +56,9 @@ def _with_override(spec: ToolSpec) -> ToolSpec:
     """A change's tool with the parameters every change takes: ``override`` and the idempotency key."""
     if spec.target_mode == "none" or any(p.name == "override" for p in spec.params):
         return spec
-    return replace(spec, params=(*spec.params, OVERRIDE, IDEMPOTENCY_KEY))
+    # the key opens the outcome kept for it (``server.idempotency``): audited as *** like a secret
+    return replace(spec, params=(*spec.params, OVERRIDE, IDEMPOTENCY_KEY),
+                   sensitive_params=(*spec.sensitive_params, KEY_FIELD))
 
 
 def all_tools(*, destructive: bool) -> list[ToolSpec]:
