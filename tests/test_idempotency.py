@@ -20,7 +20,7 @@ from simulator import MakeSimulator, Simulator, count_vms_named, pyvmomi_connect
 from gateway.errors import InvalidArgument
 from gateway.guard import confirm
 from gateway.guard.idempotency import Seen, Step, checked_key, decide, keeps_error
-from gateway.server.idempotency import key_id
+from gateway.server.idempotency import key_from_meta, key_id
 from gateway.store.idempotency import KeyRecord, KeyTable
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
@@ -62,6 +62,16 @@ def test_only_errors_after_which_the_change_may_have_happened_keep_the_key(code:
 def test_a_malformed_key_is_an_invalid_argument(key: str) -> None:
     with pytest.raises(InvalidArgument):
         checked_key(key)
+
+
+@pytest.mark.parametrize(("meta", "args", "key"), [
+    ({"idempotency_key": "m"}, {}, "m"),
+    ({"idempotency_key": "m"}, {"idempotency_key": "a"}, "a"),  # the argument wins
+    (None, {"idempotency_key": "a"}, "a"),
+    ({"progress_token": 1}, {}, None),
+])
+def test_the_argument_wins_over_the_meta_key(meta: Any, args: dict[str, Any], key: str | None) -> None:
+    assert key_from_meta(meta, args).get("idempotency_key") == key
 
 
 def test_the_key_table_claims_once_and_takes_over_an_expired_row(tmp_path: Path) -> None:

@@ -77,9 +77,9 @@ def task_wire(rec: TaskRecord) -> dict[str, Any]:
     wire: dict[str, Any] = {"taskId": rec.task_id, "status": rec.status, "createdAt": _iso(rec.created_at),
                             "lastUpdatedAt": _iso(rec.updated_at),
                             "ttl": round((rec.keep_until - rec.created_at) * 1000), "pollInterval": POLL_MS}
-    message = rec.status_message
-    if rec.status == "working" and rec.progress is not None:
-        message = f"{round(rec.progress * 100)}%: {message or ''}".rstrip(": ")
+    message = rec.status_message  # while working, the last progress message ("...: 40%")
+    if message is None and rec.status == "working" and rec.progress is not None:
+        message = f"{round(rec.progress * 100)}%"
     if message:
         wire["statusMessage"] = message
     return wire
