@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from mcp import Client
-from simulator import MakeSimulator, count_vms_named, pyvmomi_connect
+from simulator import MakeSimulator, count_vms_named, find_vm, pyvmomi_connect
 
 pytestmark = pytest.mark.anyio
 SOURCE = "DC0_C0_RP0_VM0"
@@ -112,3 +112,14 @@ async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
     assert (count_vms_named(si, "replica-clone"), count_vms_named(si, "replica-cancelled")) == (1, 0)
     outcomes = sorted(r["outcome"] for r in rows if r.get("phase") == "task_cancel")
     assert outcomes == ["cancelled", "passed_on"]  # asked on B, done on A
+
+
+def test_a_task_vsphere_will_not_cancel_is_reported_not_cancelled(make_simulator: MakeSimulator) -> None:
+    from gateway.vsphere.tasks import cancel_task
+
+    sim = make_simulator(vms=1)
+    si = pyvmomi_connect(sim)
+    vm = find_vm(si, SOURCE)
+    task = vm.PowerOffVM_Task()  # the simulator's own task: done at once, not cancellable
+    why = cancel_task(task, "vc1")
+    assert why is not None and f"did not cancel task {task._moId}" in why

@@ -44,7 +44,7 @@ from gateway.guard.idempotency import KEY_FIELD
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import client_of, mcp_client_var, off_loop
 from gateway.server.edge import correlation_id_var
-from gateway.server.idempotency import key_from_meta
+from gateway.server.idempotency import key_from_meta, key_id
 from gateway.store.tasks import TaskRecord, TaskTable
 from gateway.vsphere.tasks import cancel_task
 
@@ -168,9 +168,10 @@ class TaskRunner:
         if self._started % SWEEP_EVERY == 1:
             await off_loop(self.table.sweep, now)  # tasks past the time their results are kept
         arguments = key_from_meta(ctx.meta, arguments)
-        key, tool = arguments.get(KEY_FIELD), str(params["name"])
-        digest = None
-        if isinstance(key, str):  # a retry with the key gets the task its first call started
+        given_key, tool = arguments.get(KEY_FIELD), str(params["name"])
+        key = digest = None
+        if isinstance(given_key, str):  # a retry with the key gets the task its first call started
+            key = key_id(given_key)  # the store never holds the key (``server.idempotency``)
             plain = {k: v for k, v in arguments.items() if k != KEY_FIELD}
             digest = confirm.args_digest(tool, str(target), plain)
             again = await off_loop(self.table.by_key, principal.name, key, digest, now)
@@ -178,7 +179,7 @@ class TaskRunner:
                 return again
         owner = await off_loop(self.instance.acquire)
         rec = TaskRecord(uuid.uuid4().hex, principal.name, tool, target, "working", now, now, now + keep,
-                         owner=owner, idempotency_key=key if isinstance(key, str) else None, digest=digest)
+                         owner=owner, idempotency_key=key, digest=digest)
         await off_loop(self.table.add, rec)
         sink = _Progress(self, rec.task_id)
         mcp_client_var.set(client_of(ctx))

@@ -55,7 +55,7 @@ class TaskRecord:
     failed: bool = False
     cancel_requested: bool = False
     owner: str | None = None
-    #: the call's idempotency key and its digest: a retry with them gets this task again
+    #: the sha256 of the call's idempotency key and the call's digest: a retry with them gets this task
     idempotency_key: str | None = None
     digest: str | None = None
 
