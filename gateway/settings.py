@@ -77,6 +77,10 @@ class Settings:
     dry_run: bool = False
     web_ui: bool = False
     confirm_ttl_seconds: float = 120.0
+    #: how long an idempotency key's outcome is replayed (``gateway.guard.idempotency``)
+    idempotency_window_seconds: float = 86400.0
+    #: how long a finished MCP task's result is kept when the client asks for no ttl (``server.tasks``)
+    task_keep_seconds: float = 3600.0
     queue_timeout_seconds: float = 300.0
     fanout_timeout_seconds: float = 30.0
     audit_max_bytes: int = 50 * 1024 * 1024
@@ -143,6 +147,8 @@ class Settings:
             ),
             web_ui=parse_switch("GATEWAY_WEB_UI", environ.get("GATEWAY_WEB_UI"), default=False),
             confirm_ttl_seconds=number("GATEWAY_CONFIRM_TTL_SECONDS", 120.0),
+            idempotency_window_seconds=number("GATEWAY_IDEMPOTENCY_WINDOW_SECONDS", 86400.0),
+            task_keep_seconds=number("GATEWAY_TASK_KEEP_SECONDS", 3600.0),
             queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
             fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
             audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),

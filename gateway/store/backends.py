@@ -14,8 +14,10 @@ from gateway.audit.readers import AuditReader, FileAuditReader
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.private_files import make_private_dirs
 from gateway.store.base import AuditWriter, StateStore
+from gateway.store.idempotency import KeyTable
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
+from gateway.store.tasks import TaskTable
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -60,6 +62,8 @@ class Engine:
     limits: Callable[[StateStore], tuple[RateLimiter, RunawayBreaker]]
     #: whether several replicas share this engine (the MCP transport then keeps no session)
     shared: bool
+    #: the SQL placeholder of the engine's driver (the idempotency keys and tasks tables share their SQL)
+    placeholder: str = "%s"
 
 
 def _sqlite_describe(settings: Settings) -> tuple[str, int]:
@@ -141,6 +145,7 @@ ENGINES: dict[str, Engine] = {
         leader=lambda _s, _name: None,
         limits=lambda _store: (RateLimiter(), RunawayBreaker()),
         shared=False,
+        placeholder="?",
     ),
     "postgresql": Engine(
         name="postgresql",
@@ -177,6 +182,8 @@ class Backends:
     sweep_leader: Leader | None
     rate_limiter: RateLimiter
     breaker: RunawayBreaker
+    keys: KeyTable
+    tasks: TaskTable
 
     def close(self) -> None:
         """Close what ``open_backends`` opened except the slots (the scheduler that uses them closes them):
@@ -213,4 +220,6 @@ def open_backends(settings: Settings) -> Backends:
         sweep_leader=engine.leader(settings, "expiry-sweeper"),
         rate_limiter=rate_limiter,
         breaker=breaker,
+        keys=KeyTable(store, placeholder=engine.placeholder),  # type: ignore[arg-type]
+        tasks=TaskTable(store, placeholder=engine.placeholder),  # type: ignore[arg-type]
     )

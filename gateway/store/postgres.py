@@ -57,6 +57,8 @@ from gateway.store.base import (
     token_values,
     web_session_from_row,
 )
+from gateway.store.idempotency import KEYS_MIGRATION
+from gateway.store.tasks import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "display_url", "is_postgres_url"]
@@ -153,7 +155,9 @@ _V3: Final = (
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+_V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection

@@ -55,6 +55,8 @@ from gateway.store.base import (
     token_values,
     web_session_from_row,
 )
+from gateway.store.idempotency import KEYS_MIGRATION
+from gateway.store.tasks import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["SqliteStore", "secure_directory"]
@@ -118,7 +120,9 @@ _V3: Final = (
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
 #: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+_V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
 _SESSION_COLUMNS: Final = ", ".join(WEB_SESSION_COLUMNS)
