@@ -168,11 +168,12 @@ def test_verify_names_the_first_broken_line(capsys: pytest.CaptureFixture[str], 
     lines[3] = lines[3].replace(b'"vc1"', b'"vc3"')
     log.write_bytes(b"".join(lines))
 
-    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log))
+    code, out, err = run(capsys, "audit", "verify", "--audit-log", str(log))
 
     assert code == 1
-    assert out.startswith("BROKEN:") and "tampered" in out
-    assert f"first broken line: {log}:4: hash_mismatch" in out
+    assert err.startswith("BROKEN:") and "tampered" in err  # a verdict scripts see apart from the output
+    assert f"first broken line: {log}:4: hash_mismatch" in err
+    assert "BROKEN" not in out
 
 
 def test_verify_calls_a_torn_last_line_torn(capsys: pytest.CaptureFixture[str], log: Path,
@@ -230,10 +231,10 @@ def test_verify_checkpoint_detects_a_cut_tail(capsys: pytest.CaptureFixture[str]
     signed_log(tmp_path, log)
     log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:-2]))
     assert run(capsys, "audit", "verify", "--audit-log", str(log))[0] == 0  # the chain alone passes
-    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--home", str(tmp_path),
+    code, _, err = run(capsys, "audit", "verify", "--checkpoint", "--home", str(tmp_path),
                        "--audit-log", str(log))
     assert code == 1
-    assert "checkpoints: FAILED" in out and "cut_tail: seq 8 was signed but the log ends at seq 6" in out
+    assert "checkpoints: FAILED" in err and "cut_tail: seq 8 was signed but the log ends at seq 6" in err
 
 
 def test_audit_key_prints_the_public_key_and_verify_pins_it(capsys: pytest.CaptureFixture[str],
@@ -245,9 +246,9 @@ def test_audit_key_prints_the_public_key_and_verify_pins_it(capsys: pytest.Captu
     pinned = run(capsys, "audit", "verify", "--checkpoint", "--public-key", key, "--audit-log", str(log))
     assert pinned[0] == 0
     other = "ed25519:" + "ab" * 32
-    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--public-key", other,
+    code, _, err = run(capsys, "audit", "verify", "--checkpoint", "--public-key", other,
                        "--audit-log", str(log))
-    assert code == 1 and "key_mismatch" in out
+    assert code == 1 and "key_mismatch" in err
     with pytest.raises(SystemExit) as exited:
         main(["audit", "verify", "--checkpoint", "--public-key", "nonsense", "--audit-log", str(log)])
     assert exited.value.code == 2 and "expected ed25519:<64 hex digits>" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +26,9 @@ import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, row_hash
 from gateway.audit.pg_sink import FILTER_COLUMNS
+from gateway.audit.pg_tree import read_hashes, stored_frontier
 from gateway.audit.query import RowCounts
+from gateway.audit.tree_check import TreeWalk, key_of
 from gateway.audit.verify import LineFault, VerifyReport, check_checkpoints, parse_checkpoints
 from gateway.errors import AuditUnavailable
 from gateway.store.postgres import PostgresStore
@@ -99,8 +101,8 @@ class PgAuditReader:
                 counts.add(json.loads(record["body"]))
         return counts.summary(since)
 
-    def verify(self, *, checkpoints: bool = False,
-               public_key: Ed25519PublicKey | None = None) -> VerifyReport:
+    def verify(self, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None,
+               witness: Sequence[tuple[str, str]] | None = None) -> VerifyReport:
         """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot).
 
         With ``checkpoints``, the signed heads in ``audit_checkpoints`` are checked in the same
@@ -118,9 +120,13 @@ class PgAuditReader:
                 found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
                 entries = parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
             wanted = {entry["seq"] for _, entry in entries or () if type(entry.get("seq")) is int}
+            tree = TreeWalk(entries or (), witness, key_of(entries or (), public_key))
             cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
             for record in cursor:
                 seq = int(record["seq"])
+                if first_seq is None:
+                    tree.start(seq, lambda size: stored_frontier(conn, size))
+                tree.add(str(record["body"]).encode("utf-8"))
                 problem = _problem(record, expected_seq, expected_prev)
                 if problem is not None:
                     faults.append(LineFault(self.label, seq, *problem))
@@ -133,11 +139,30 @@ class PgAuditReader:
         checkpoint = None
         if entries is not None:
             checkpoint = check_checkpoints(self.checkpoint_label, entries, hashes, first_seq, last_seq,
-                                            public_key)
+                                            public_key, tree.roots())
         return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
                             last_seq=last_seq,
                             first_broken_line=faults[0] if faults else None, torn_last_line=None,
-                            problems=len(faults), starts_after_rotation=False, checkpoint=checkpoint)
+                            problems=len(faults), starts_after_rotation=False, checkpoint=checkpoint,
+                            witness=tree.witness_report())
+
+    # -- the Merkle tree (``gateway.audit.proofs`` builds proofs from these) ---------------------------
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The signed checkpoint entries, oldest first."""
+        with self._snapshot() as conn:
+            found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
+        return [entry for _, entry in parse_checkpoints(b"\n".join(str(r["body"]).encode() for r in found))]
+
+    def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
+        with self._snapshot() as conn:
+            return read_hashes(conn, indexes)
+
+    def row_line(self, seq: int) -> bytes | None:
+        """The row at ``seq`` exactly as stored (its Merkle leaf's data), or None."""
+        with self._snapshot() as conn:
+            found = conn.execute("SELECT body FROM audit_rows WHERE seq = %s", (seq,)).fetchone()
+        return str(found["body"]).encode("utf-8") if found else None
 
 
 def _problem(record: Mapping[str, Any], expected_seq: int | None,

@@ -5,7 +5,7 @@ instance lock, the sweeper's leadership) as one ``Backends`` value; nothing else
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -90,7 +90,8 @@ def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
     from gateway.store.postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)
-    return PgAuditSink(store, key_file=settings.signing_key_file)
+    return PgAuditSink(store, key_file=settings.signing_key_file, origin=settings.audit_origin,
+                       witness_dir=settings.audit_witness_dir)
 
 
 def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
@@ -156,6 +157,23 @@ ENGINES: dict[str, Engine] = {
         shared=True,
     ),
 }
+
+
+@contextlib.contextmanager
+def open_audit_reader(settings: Settings) -> Iterator[AuditReader]:
+    """The audit reader of the engine ``settings`` name with only what it needs (the CLI's ``gateway
+    audit``): the JSONL file's, or the table's on a small pool of its own, closed on exit."""
+    if engine_of(settings).name != "postgresql":
+        yield FileAuditReader(settings.audit_log)
+        return
+    from gateway.audit.pg_reader import PgAuditReader
+    from gateway.store.postgres import PostgresStore
+
+    store = PostgresStore(_url(settings), max_size=2)
+    try:
+        yield PgAuditReader(store)
+    finally:
+        store.close()
 
 
 def engine_of(settings: Settings) -> Engine:

@@ -152,8 +152,11 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
+#: the Merkle tree over ``audit_rows`` (gateway.audit.pg_tree): every complete subtree's hash once, at its
+#: position in ``gateway.audit.merkle.stored_hash_index``; written in the row's own transaction
+_V5: Final = ("CREATE TABLE audit_tree (idx bigint PRIMARY KEY, hash bytea NOT NULL)",)
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection

@@ -117,8 +117,10 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
+#: nothing here: the PostgreSQL schema's audit tree (its version 5); the JSONL log keeps its tree in a file
+_V5: Final[tuple[str, ...]] = ()
 #: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
 _SESSION_COLUMNS: Final = ", ".join(WEB_SESSION_COLUMNS)
