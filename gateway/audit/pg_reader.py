@@ -26,7 +26,7 @@ import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, row_hash
 from gateway.audit.pg_sink import FILTER_COLUMNS
-from gateway.audit.pg_tree import read_hashes, stored_frontier
+from gateway.audit.pg_tree import read_hashes
 from gateway.audit.query import RowCounts
 from gateway.audit.tree_check import TreeWalk, key_of
 from gateway.audit.verify import LineFault, VerifyReport, check_checkpoints, parse_checkpoints
@@ -125,7 +125,7 @@ class PgAuditReader:
             for record in cursor:
                 seq = int(record["seq"])
                 if first_seq is None:
-                    tree.start(seq, lambda size: stored_frontier(conn, size))
+                    tree.start(seq, lambda indexes: read_hashes(conn, indexes))
                 tree.add(str(record["body"]).encode("utf-8"))
                 problem = _problem(record, expected_seq, expected_prev)
                 if problem is not None:

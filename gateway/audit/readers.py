@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from gateway.audit.chain import parse_row
 from gateway.audit.files import checkpoint_path, forward_lines, log_files
 from gateway.audit.query import read_rows, stats
-from gateway.audit.tree_file import read_hashes, tree_path
+from gateway.audit.tree_file import stored_reader
 from gateway.audit.verify import VerifyReport, parse_checkpoints, verify
 
 
@@ -71,16 +71,7 @@ class FileAuditReader:
 
     def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
         """Stored tree hashes (``LookupError`` when the tree file lacks one)."""
-        try:
-            fd = os.open(tree_path(self.path), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise LookupError(f"no audit tree file {tree_path(self.path)}") from None
-        try:
-            return read_hashes(fd, indexes)
-        except ValueError as exc:
-            raise LookupError(str(exc)) from None
-        finally:
-            os.close(fd)
+        return stored_reader(self.path)(indexes)
 
     def row_line(self, seq: int) -> bytes | None:
         """The row at ``seq`` exactly as stored (the line without its newline), or None."""

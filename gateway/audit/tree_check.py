@@ -5,12 +5,12 @@ row as stored, keeps the roots at the sizes signed checkpoints and witnesses nam
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.audit.merkle import Frontier, RootRecorder, leaf_hash
+from gateway.audit.merkle import Frontier, HashReader, RootRecorder, frontier_indexes, leaf_hash, tree_root
 from gateway.audit.note import open_checkpoint, parse_checkpoint
 from gateway.audit.signing import parse_public_key
 from gateway.audit.witness import WitnessFault, WitnessReport, check_witnesses, witnessed
@@ -63,15 +63,21 @@ class TreeWalk:
         self.recorder: RootRecorder | None = None
         self.unprovable_below: int | None = None
 
-    def start(self, first_seq: int, stored: Callable[[int], Frontier | None]) -> None:
-        """The walk begins at ``first_seq``: rows before it come from the stored tree (``stored``)."""
+    def start(self, first_seq: int, read: HashReader) -> None:
+        """The walk begins at ``first_seq``: the rows before it (rotated away) are known by their stored
+        tree hashes (``read``: stored positions -> hashes; ``LookupError``/``ValueError`` when missing);
+        witnessed sizes within them are judged by the stored tree."""
         if not self.sizes:
             return
-        start = Frontier() if first_seq <= 1 else stored(first_seq - 1)
-        if start is None:
+        try:
+            start = Frontier() if first_seq <= 1 else Frontier(first_seq - 1, list(read(
+                frontier_indexes(first_seq - 1))))
+            earlier = {size: tree_root(size, read) for size in self.sizes if size < first_seq - 1}
+        except (LookupError, ValueError):
             self.unprovable_below = first_seq
             return
         self.recorder = RootRecorder(self.sizes, start)
+        self.recorder.roots.update(earlier)
 
     def add(self, line: bytes) -> None:
         if self.recorder is not None:

@@ -175,15 +175,19 @@ class FileTree:
             data = data[os.write(fd, data):]
 
 
-def stored_frontier(log_path: Path, size: int) -> Frontier | None:
-    """The frontier of the first ``size`` leaves from the log's tree file, or None when it lacks them."""
-    try:
-        fd = os.open(tree_path(log_path), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return Frontier(size, read_hashes(fd, frontier_indexes(size)))
-    except ValueError:
-        return None
-    finally:
-        os.close(fd)
+def stored_reader(log_path: Path) -> Callable[[Sequence[int]], list[bytes]]:
+    """Reads stored hashes from the log's tree file (``LookupError`` when it lacks one)."""
+
+    def read(indexes: Sequence[int]) -> list[bytes]:
+        try:
+            fd = os.open(tree_path(log_path), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            raise LookupError(f"no audit tree file {tree_path(log_path)}") from None
+        try:
+            return read_hashes(fd, indexes)
+        except ValueError as exc:
+            raise LookupError(str(exc)) from None
+        finally:
+            os.close(fd)
+
+    return read

@@ -16,7 +16,7 @@ from gateway.audit.chain import GENESIS, ROTATED_PHASE, parse_row, row_hash
 from gateway.audit.files import checkpoint_path, forward_lines, snapshot
 from gateway.audit.signing import checkpoint_signature_ok, parse_public_key, public_key_text
 from gateway.audit.tree_check import TreeWalk, key_of, note_problem
-from gateway.audit.tree_file import stored_frontier
+from gateway.audit.tree_file import stored_reader
 from gateway.audit.witness import WitnessReport
 
 
@@ -194,7 +194,7 @@ def verify(path: Path, *, checkpoints: bool = False, public_key: Ed25519PublicKe
                 if row is None:
                     continue
                 if check.first_seq is None:
-                    tree.start(row["seq"], lambda seq: stored_frontier(Path(path), seq))
+                    tree.start(row["seq"], stored_reader(Path(path)))
                 check.row(file, number, row)
                 tree.add(raw.removesuffix(b"\n"))
                 if row["seq"] in wanted:
