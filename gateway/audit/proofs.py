@@ -70,7 +70,10 @@ def _read(reader: TreeReader, plan: Any) -> list[bytes]:
 
 def inclusion_proof(reader: TreeReader, seq: int, tree_size: int | None = None) -> dict[str, Any]:
     """The proof that row ``seq`` is in the tree of the latest checkpoint (or of ``tree_size`` rows)."""
-    size = latest_checkpoint(reader).size if tree_size is None else tree_size
+    latest = latest_checkpoint(reader).size
+    size = latest if tree_size is None else tree_size
+    if size > latest:
+        raise NotFound(f"the latest checkpoint covers {latest} rows, not {size}")
     if not 1 <= seq <= size:
         raise NotFound(f"row seq {seq} is not in the tree of the latest checkpoint ({size} rows); a newer "
                        "row is provable once the next checkpoint covers it")
