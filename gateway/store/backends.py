@@ -54,6 +54,8 @@ class Engine:
     store: Callable[[Settings], StateStore]
     audit: Callable[[Settings, StateStore], AuditWriter]
     reader: Callable[[Settings, StateStore], AuditReader]
+    #: the audit reader alone, opening just what it needs (``open_audit_reader``)
+    reader_alone: Callable[[Settings], contextlib.AbstractContextManager[AuditReader]]
     instance: Callable[[Settings], InstanceLock]
     slots: Callable[[Settings], SlotLimiter | None]
     leader: Callable[[Settings, str], Leader | None]
@@ -102,6 +104,23 @@ def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
     return PgAuditReader(store)
 
 
+@contextlib.contextmanager
+def _file_reader_alone(settings: Settings) -> Iterator[AuditReader]:
+    yield FileAuditReader(settings.audit_log)
+
+
+@contextlib.contextmanager
+def _pg_reader_alone(settings: Settings) -> Iterator[AuditReader]:
+    from gateway.audit.pg_reader import PgAuditReader
+    from gateway.store.postgres import PostgresStore
+
+    store = PostgresStore(_url(settings), max_size=2)
+    try:
+        yield PgAuditReader(store)
+    finally:
+        store.close()
+
+
 def _pg_instance(settings: Settings) -> InstanceLock:
     from gateway.store.slots import PgInstance
 
@@ -137,6 +156,7 @@ ENGINES: dict[str, Engine] = {
         store=lambda s: SqliteStore(s.state_db),
         audit=lambda s, _store: AuditSink.for_settings(s),
         reader=lambda s, _store: FileAuditReader(s.audit_log),
+        reader_alone=_file_reader_alone,
         instance=lambda s: Instance(s.home),
         slots=lambda _s: None,
         leader=lambda _s, _name: None,
@@ -150,6 +170,7 @@ ENGINES: dict[str, Engine] = {
         store=_pg_store,
         audit=_pg_audit,
         reader=_pg_reader,
+        reader_alone=_pg_reader_alone,
         instance=_pg_instance,
         slots=_pg_slots,
         leader=_pg_leader,
@@ -159,21 +180,10 @@ ENGINES: dict[str, Engine] = {
 }
 
 
-@contextlib.contextmanager
-def open_audit_reader(settings: Settings) -> Iterator[AuditReader]:
+def open_audit_reader(settings: Settings) -> contextlib.AbstractContextManager[AuditReader]:
     """The audit reader of the engine ``settings`` name with only what it needs (the CLI's ``gateway
     audit``): the JSONL file's, or the table's on a small pool of its own, closed on exit."""
-    if engine_of(settings).name != "postgresql":
-        yield FileAuditReader(settings.audit_log)
-        return
-    from gateway.audit.pg_reader import PgAuditReader
-    from gateway.store.postgres import PostgresStore
-
-    store = PostgresStore(_url(settings), max_size=2)
-    try:
-        yield PgAuditReader(store)
-    finally:
-        store.close()
+    return engine_of(settings).reader_alone(settings)
 
 
 def engine_of(settings: Settings) -> Engine:
