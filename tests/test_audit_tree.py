@@ -295,3 +295,36 @@ def test_a_log_from_before_the_tree_gets_one_on_its_next_write(tmp_path: Path) -
     assert checkpoint.size == 38
     lines = path.read_bytes().splitlines()
     check_inclusion(inclusion_proof(reader, 5), checkpoint, lines[4])
+
+
+def test_pruning_the_table_keeps_the_retained_rows_provable(pg_url: str, tmp_path: Path) -> None:
+    from gateway.audit.pg_retention import PRUNED_PHASE, prune_audit
+
+    log = _open("postgresql", tmp_path, pg_url, checkpoint_rows=10)
+    try:
+        log.write(300)
+        assert prune_audit(log.sink, 201) == 200  # type: ignore[arg-type]
+        report = log.reader.verify(checkpoints=True, public_key=log.key, witness=read_witness(log.witness))
+        assert report.ok, (report.first_broken_line, report.checkpoint, report.witness)
+        assert (report.first_seq, report.rows, report.starts_after_rotation) == (201, 101, True)
+        assert report.checkpoint is not None and report.checkpoint.skipped == 20
+        assert report.witness is not None and report.witness.checked == 30
+        assert json.loads(log.lines()[-1])["phase"] == PRUNED_PHASE
+        log.sink.checkpoint()
+        checkpoint = open_signed(latest_note_of(log), log.key)
+        assert checkpoint.size == 301
+        for offset, line in enumerate(log.lines()):
+            check_inclusion(inclusion_proof(log.reader, 201 + offset), checkpoint, line)
+        first = parse_checkpoint(read_witness(log.witness)[0][1])
+        assert first is not None and first.size == 10
+        check_consistency(consistency_proof(log.reader, 10), first, checkpoint)
+        # a row deleted from the kept range is caught by the witness; an unrecorded prune by the chain
+        _tamper(log, "delete", 250)
+        assert not log.verify_witness().ok
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("DELETE FROM audit_rows WHERE seq < 220")
+        assert log.reader.verify().first_broken_line is not None
+    finally:
+        log.sink.close()
+        for close in log.closers:
+            close()

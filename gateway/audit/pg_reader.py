@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, row_hash
+from gateway.audit.pg_retention import retained_from
 from gateway.audit.pg_sink import FILTER_COLUMNS
 from gateway.audit.pg_tree import read_hashes
 from gateway.audit.query import RowCounts
@@ -121,13 +122,14 @@ class PgAuditReader:
                 entries = parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
             wanted = {entry["seq"] for _, entry in entries or () if type(entry.get("seq")) is int}
             tree = TreeWalk(entries or (), witness, key_of(entries or (), public_key))
+            retained = retained_from(conn)
             cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
             for record in cursor:
                 seq = int(record["seq"])
                 if first_seq is None:
                     tree.start(seq, lambda indexes: read_hashes(conn, indexes))
                 tree.add(str(record["body"]).encode("utf-8"))
-                problem = _problem(record, expected_seq, expected_prev)
+                problem = _problem(record, expected_seq, expected_prev, retained)
                 if problem is not None:
                     faults.append(LineFault(self.label, seq, *problem))
                 first_seq = seq if first_seq is None else first_seq
@@ -143,7 +145,9 @@ class PgAuditReader:
         return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
                             last_seq=last_seq,
                             first_broken_line=faults[0] if faults else None, torn_last_line=None,
-                            problems=len(faults), starts_after_rotation=False, checkpoint=checkpoint,
+                            problems=len(faults),
+                            starts_after_rotation=retained > 1 and first_seq == retained,
+                            checkpoint=checkpoint,
                             witness=tree.witness_report())
 
     # -- the Merkle tree (``gateway.audit.proofs`` builds proofs from these) ---------------------------
@@ -165,8 +169,8 @@ class PgAuditReader:
         return str(found["body"]).encode("utf-8") if found else None
 
 
-def _problem(record: Mapping[str, Any], expected_seq: int | None,
-             expected_prev: str) -> tuple[str, str] | None:
+def _problem(record: Mapping[str, Any], expected_seq: int | None, expected_prev: str,
+             retained: int = 1) -> tuple[str, str] | None:
     try:
         row = json.loads(record["body"])
     except ValueError:
@@ -175,10 +179,12 @@ def _problem(record: Mapping[str, Any], expected_seq: int | None,
         return "hash_mismatch", "the row's columns do not match its body: it was edited after writing"
     if row_hash(row) != row["hash"]:
         return "hash_mismatch", "the row's content does not match its hash: it was edited after writing"
-    want = 1 if expected_seq is None else expected_seq
+    want = retained if expected_seq is None else expected_seq
     if row["seq"] != want:
         what = "rows are missing" if row["seq"] > want else "rows are out of order"
         return "seq_gap", f"expected seq {want}, found {row['seq']}: {what}"
+    if expected_seq is None and retained > 1:
+        return None  # the first row kept after a prune: the row it chains to was dropped by retention
     if row.get("prev") != expected_prev:
         return "prev_mismatch", "prev does not match the hash of the row before: a row was replaced"
     return None

@@ -20,8 +20,11 @@ fails the row, which is already durable. ``gateway.audit.pg_reader`` reads and v
 ``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts, checkpoints
 and checkpoint failures; no size).
 
-What the file sink does that this one does not (yet): size rotation (the table grows; prune with a
-retention job that keeps the chain's continuity) and torn-line repair (a transaction cannot tear).
+Each row's Merkle tree hashes (``gateway.audit.pg_tree``) are written in the row's own transaction;
+signed checkpoints carry the tree's signed note (``gateway.audit.note``) and go to the witnesses
+(``publisher``). What the file sink does that this one does not: size rotation (the table grows;
+``gateway.audit.pg_retention.prune_audit`` drops old rows, the tree keeping them provable) and
+torn-line repair (a transaction cannot tear).
 """
 
 from __future__ import annotations
