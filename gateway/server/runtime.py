@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway.audit.readers import AuditReader
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
@@ -49,7 +48,7 @@ from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
-from gateway.store.backends import Backends, open_backends
+from gateway.store.backends import AuditReader, Backends, open_backends
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.audit.file_sink import AuditSink
-from gateway.audit.readers import AuditReader, FileAuditReader
+from gateway.audit.readers import AuditReader as AuditReader  # re-exported: the reader type of Backends
+from gateway.audit.readers import FileAuditReader
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.private_files import make_private_dirs
 from gateway.store.base import AuditWriter, StateStore
