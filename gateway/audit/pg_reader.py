@@ -162,12 +162,6 @@ class PgAuditReader:
         with self._snapshot() as conn:
             return read_hashes(conn, indexes)
 
-    def row_line(self, seq: int) -> bytes | None:
-        """The row at ``seq`` exactly as stored (its Merkle leaf's data), or None."""
-        with self._snapshot() as conn:
-            found = conn.execute("SELECT body FROM audit_rows WHERE seq = %s", (seq,)).fetchone()
-        return str(found["body"]).encode("utf-8") if found else None
-
 
 def _problem(record: Mapping[str, Any], expected_seq: int | None, expected_prev: str,
              retained: int = 1) -> tuple[str, str] | None:

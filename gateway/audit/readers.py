@@ -5,7 +5,6 @@ proof endpoints all read through it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,8 +12,7 @@ from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.audit.chain import parse_row
-from gateway.audit.files import checkpoint_path, forward_lines, log_files
+from gateway.audit.files import checkpoint_path
 from gateway.audit.query import read_rows, stats
 from gateway.audit.tree_file import stored_reader
 from gateway.audit.verify import VerifyReport, parse_checkpoints, verify
@@ -36,8 +34,6 @@ class AuditReader(Protocol):
     def checkpoints(self) -> list[dict[str, Any]]: ...
 
     def read_hashes(self, indexes: Sequence[int]) -> list[bytes]: ...
-
-    def row_line(self, seq: int) -> bytes | None: ...
 
 
 class FileAuditReader:
@@ -72,16 +68,3 @@ class FileAuditReader:
     def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
         """Stored tree hashes (``LookupError`` when the tree file lacks one)."""
         return stored_reader(self.path)(indexes)
-
-    def row_line(self, seq: int) -> bytes | None:
-        """The row at ``seq`` exactly as stored (the line without its newline), or None."""
-        for file in reversed(log_files(self.path)):
-            with open(file, "rb") as handle:
-                first = parse_row(handle.readline())
-                if first is None or first["seq"] > seq:
-                    continue
-                for raw in forward_lines(handle.fileno(), os.fstat(handle.fileno()).st_size):
-                    if raw.endswith(b"\n") and (row := parse_row(raw)) is not None and row["seq"] == seq:
-                        return raw[:-1]
-                return None
-        return None

@@ -113,8 +113,9 @@ class FileTree:
         """Make the tree hold exactly the ``tail_seq`` rows of the log (``last_line``: the newest row's
         stored bytes, read only when needed), rebuilding missing hashes from the rows. Called under the
         log's lock."""
-        if self.frontier is not None and self.frontier.size == tail_seq and self._fd is not None:
-            return
+        if not self.usable or (self.frontier is not None and self.frontier.size == tail_seq
+                               and self._fd is not None):
+            return  # in step, or found unusable once (never rescanned on every write)
         self.forget()
         fd = self._fd = open_private(self.path, os.O_RDWR | os.O_APPEND)
         size = os.fstat(fd).st_size // HASH_SIZE
@@ -137,13 +138,11 @@ class FileTree:
                     break
                 self._write(fd, frontier.append(leaf_hash(line)))
         if frontier.size != tail_seq:
-            if self.usable:
-                log.warning("audit tree %s cannot cover rows %d..%d (they were rotated away before the "
-                            "tree existed); no checkpoint notes are signed for this log",
-                            self.path, frontier.size + 1, tail_seq)
+            log.warning("audit tree %s cannot cover rows %d..%d (they were rotated away before the "
+                        "tree existed); no checkpoint notes are signed for this log", self.path,
+                        frontier.size + 1, tail_seq)
             self.usable = False
             return
-        self.usable = True
         self.frontier = frontier
 
     def add(self, line: bytes) -> None:

@@ -63,7 +63,7 @@ def _number(request: Request, name: str, *, required: bool) -> int | None:
 
 
 def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
-    def allowed(request: Request) -> None:
+    async def allowed(request: Request) -> None:
         principal = current_principal()
         if principal is None:
             raise Unauthorized("a bearer token is required")
@@ -71,16 +71,16 @@ def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
         verdict = audit_view(role) if role is not None else None
         if verdict is None or not verdict.allowed:
             reason = verdict.reason if verdict is not None else f"role '{principal.role}' is not defined"
-            gateway.audit_refusal({"phase": "refused", "tool": "audit_proof", "caller": principal.name,
-                                   "role": principal.role, "surface": principal.surface,
-                                   "correlation_id": correlation_id_var.get(), "path": request.url.path,
-                                   "error_code": "forbidden", "reason": reason})
+            row = {"phase": "refused", "tool": "audit_proof", "caller": principal.name,
+                   "role": principal.role, "surface": principal.surface,
+                   "correlation_id": correlation_id_var.get(), "path": request.url.path, "error_code": "forbidden", "reason": reason}
+            await anyio.to_thread.run_sync(gateway.audit_refusal, row)  # a durable write: off the loop
             raise Forbidden(reason)
 
     def endpoint(produce: Callable[[Request, TreeReader], Any]) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
             try:
-                allowed(request)
+                await allowed(request)
                 body = await anyio.to_thread.run_sync(lambda: produce(request, gateway.audit_reader()))
             except GatewayError as exc:
                 return JSONResponse({"error": exc.to_wire()}, status_code=_STATUS.get(exc.code, 400))
