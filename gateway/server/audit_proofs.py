@@ -73,7 +73,8 @@ def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
             reason = verdict.reason if verdict is not None else f"role '{principal.role}' is not defined"
             row = {"phase": "refused", "tool": "audit_proof", "caller": principal.name,
                    "role": principal.role, "surface": principal.surface,
-                   "correlation_id": correlation_id_var.get(), "path": request.url.path, "error_code": "forbidden", "reason": reason}
+                   "correlation_id": correlation_id_var.get(), "path": request.url.path,
+                   "error_code": "forbidden", "reason": reason}
             await anyio.to_thread.run_sync(gateway.audit_refusal, row)  # a durable write: off the loop
             raise Forbidden(reason)
 
