@@ -333,6 +333,8 @@ def test_verify_witness_names_the_first_inconsistent_checkpoint(capsys: pytest.C
     where = ("--home", str(tmp_path), "--audit-log", str(log), "--witness", str(witness))
     code, out, _ = run(capsys, "audit", "verify", *where)
     assert code == 0 and "witness: OK: the log extends all 3 witnessed checkpoints" in out
+    saved = tmp_path / "seen.note"  # an auditor keeps what `gateway audit checkpoint` printed
+    saved.write_text(run(capsys, "audit", "checkpoint", *where[:4])[1])
     lines = log.read_bytes().splitlines(keepends=True)
     lines[5], lines[6] = lines[6], lines[5]
     log.write_bytes(b"".join(lines))
@@ -340,3 +342,5 @@ def test_verify_witness_names_the_first_inconsistent_checkpoint(capsys: pytest.C
     assert code == 1 and "witness: FAILED" in err
     assert f"first inconsistent checkpoint (and 1 more): {witness}/000000000008-" in err
     assert "seq 5..8" in err
+    code, _, err = run(capsys, "audit", "verify", *where[:4], "--witness", str(saved))
+    assert code == 1 and f"first inconsistent checkpoint: {saved}: inconsistent" in err
