@@ -328,3 +328,37 @@ def test_pruning_the_table_keeps_the_retained_rows_provable(pg_url: str, tmp_pat
         log.sink.close()
         for close in log.closers:
             close()
+
+
+def test_two_replicas_appending_at_once_keep_one_tree(pg_url: str, tmp_path: Path) -> None:
+    import threading
+
+    stores = [PostgresStore(pg_url) for _ in range(2)]
+    sinks = [PgAuditSink(s, key_file=tmp_path / "signing.key", checkpoint_rows=25,
+                         origin="test.example/audit", witness_dir=tmp_path / "witness") for s in stores]
+    try:
+        def append(sink: PgAuditSink, who: int) -> None:
+            for i in range(150):
+                sink.write({"phase": "call", "caller": f"replica-{who}", "args": {"i": i}})
+
+        threads = [threading.Thread(target=append, args=(sink, n)) for n, sink in enumerate(sinks)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        sinks[0].checkpoint()
+        reader = PgAuditReader(stores[0])
+        key = load_or_create_signing_key(tmp_path / "signing.key").public_key()
+        report = reader.verify(checkpoints=True, public_key=key, witness=read_witness(tmp_path / "witness"))
+        assert report.ok and report.rows == 300, (report.checkpoint, report.witness)
+        checkpoint = open_signed(latest_checkpoint(reader).note, key)
+        with stores[0].pool.connection() as conn:
+            found = conn.execute("SELECT body FROM audit_rows ORDER BY seq").fetchall()
+        lines = [str(r["body"]).encode() for r in found]
+        for seq, line in enumerate(lines, start=1):
+            check_inclusion(inclusion_proof(reader, seq), checkpoint, line)
+    finally:
+        for sink in sinks:
+            sink.close()
+        for store in stores:
+            store.close()
