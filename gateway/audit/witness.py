@@ -70,7 +70,7 @@ def publish_to_dir(directory: Path, note: str, size: int) -> Path:
     digest = hashlib.sha256(note.encode("utf-8")).hexdigest()[:8]
     path = directory / f"{size:012d}-{digest}{WITNESS_SUFFIX}"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except FileExistsError:
         return path
     try:
