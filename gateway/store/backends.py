@@ -5,12 +5,13 @@ instance lock, the sweeper's leadership) as one ``Backends`` value; nothing else
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.audit.file_sink import AuditSink
-from gateway.audit.readers import AuditReader, FileAuditReader
+from gateway.audit.readers import AuditReader as AuditReader  # re-exported: the reader type of Backends
+from gateway.audit.readers import FileAuditReader
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.private_files import make_private_dirs
 from gateway.store.base import AuditWriter, StateStore
@@ -56,6 +57,8 @@ class Engine:
     store: Callable[[Settings], StateStore]
     audit: Callable[[Settings, StateStore], AuditWriter]
     reader: Callable[[Settings, StateStore], AuditReader]
+    #: the audit reader alone, opening just what it needs (``open_audit_reader``)
+    reader_alone: Callable[[Settings], contextlib.AbstractContextManager[AuditReader]]
     instance: Callable[[Settings], InstanceLock]
     slots: Callable[[Settings], SlotLimiter | None]
     leader: Callable[[Settings, str], Leader | None]
@@ -94,7 +97,8 @@ def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
     from gateway.store.postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)
-    return PgAuditSink(store, key_file=settings.signing_key_file)
+    return PgAuditSink(store, key_file=settings.signing_key_file, origin=settings.audit_origin,
+                       witness_dir=settings.audit_witness_dir)
 
 
 def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
@@ -103,6 +107,23 @@ def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
 
     assert isinstance(store, PostgresStore)
     return PgAuditReader(store)
+
+
+@contextlib.contextmanager
+def _file_reader_alone(settings: Settings) -> Iterator[AuditReader]:
+    yield FileAuditReader(settings.audit_log)
+
+
+@contextlib.contextmanager
+def _pg_reader_alone(settings: Settings) -> Iterator[AuditReader]:
+    from gateway.audit.pg_reader import PgAuditReader
+    from gateway.store.postgres import PostgresStore
+
+    store = PostgresStore(_url(settings), max_size=2)
+    try:
+        yield PgAuditReader(store)
+    finally:
+        store.close()
 
 
 def _pg_instance(settings: Settings) -> InstanceLock:
@@ -140,6 +161,7 @@ ENGINES: dict[str, Engine] = {
         store=lambda s: SqliteStore(s.state_db),
         audit=lambda s, _store: AuditSink.for_settings(s),
         reader=lambda s, _store: FileAuditReader(s.audit_log),
+        reader_alone=_file_reader_alone,
         instance=lambda s: Instance(s.home),
         slots=lambda _s: None,
         leader=lambda _s, _name: None,
@@ -154,6 +176,7 @@ ENGINES: dict[str, Engine] = {
         store=_pg_store,
         audit=_pg_audit,
         reader=_pg_reader,
+        reader_alone=_pg_reader_alone,
         instance=_pg_instance,
         slots=_pg_slots,
         leader=_pg_leader,
@@ -161,6 +184,12 @@ ENGINES: dict[str, Engine] = {
         shared=True,
     ),
 }
+
+
+def open_audit_reader(settings: Settings) -> contextlib.AbstractContextManager[AuditReader]:
+    """The audit reader of the engine ``settings`` name with only what it needs (the CLI's ``gateway
+    audit``): the JSONL file's, or the table's on a small pool of its own, closed on exit."""
+    return engine_of(settings).reader_alone(settings)
 
 
 def engine_of(settings: Settings) -> Engine:
