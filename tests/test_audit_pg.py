@@ -330,25 +330,6 @@ def test_replicas_sharing_one_key_verify_against_it_pinned(store: PostgresStore,
     assert wrong.checkpoint.first_fault.reason == "key_mismatch"
 
 
-def test_kubernetes_replicas_mount_one_signing_key_from_a_secret(tmp_path: Path) -> None:
-    """deploy/kubernetes/gateway-replicas.yaml (parsed; no cluster here): every replica's
-    GATEWAY_AUDIT_SIGNING_KEY_FILE lies in a read-only Secret volume, owner-only, and no fsGroup makes
-    it group-readable (the gateway refuses such a key)."""
-    import yaml
-
-    docs = {doc["kind"]: doc for doc in yaml.safe_load_all(
-        (ROOT / "deploy" / "kubernetes" / "gateway-replicas.yaml").read_text()) if doc}
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    key_file = Settings.from_env({**env, "GATEWAY_HOME": str(tmp_path)}).signing_key_file
-    (mount,) = [m for m in container["volumeMounts"] if key_file.parent == Path(m["mountPath"])]
-    assert mount.get("readOnly") is True
-    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert "secretName" in volume["secret"] and volume["secret"]["defaultMode"] & 0o077 == 0
-    assert "fsGroup" not in pod.get("securityContext", {})
-
-
 @pytest.mark.parametrize(("environ", "expected"), [
     ({}, "home/audit-signing.key"),
     ({"GATEWAY_AUDIT_SIGNING_KEY_FILE": "{tmp}/secret/key.pem"}, "secret/key.pem"),
