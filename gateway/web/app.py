@@ -117,6 +117,7 @@ _PROPOSAL_ID: Final = re.compile(r"[a-z0-9]{12}")
 _STATUS: Final = {
     "invalid_argument": 400, "unauthorized": 401, "forbidden": 403, "policy_denied": 403,
     "not_found": 404, "confirmation_invalid": 409, "approval_required": 409, "stale": 409,
+    "reason_required": 400,
     "confirmation_expired": 410, "rate_limited": 429, "config_error": 500, "audit_unavailable": 503,
     "state_unavailable": 503,
 }
