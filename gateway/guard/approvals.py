@@ -135,3 +135,24 @@ def blast_changes(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
         changed += [f"{obj.get('name')}: {key}" for key in sorted(set(prior) | set(obj))
                     if prior.get(key) != obj.get(key)]
     return changed
+
+
+def approval_view(p: Any) -> dict[str, Any]:
+    """What a proposal (``gateway.proposals.Proposal``) shows of its N of M and blast radius, for the card,
+    ``list_pending_actions``, ``gateway pending list`` and notifications: plain values (the caller
+    redacts and bounds them with the rest of the view)."""
+    rule = ApprovalRule.of(p.approval_rule)
+    counted = tally(rule, p.approvals, p.shown_digest)
+    view: dict[str, Any] = {"blast_radius": p.blast_radius}
+    if p.require_web_approval:
+        view.update({
+            "approvals_required": rule.required,
+            "approver_roles": list(rule.roles),
+            "reason_required": rule.reason_required,
+            "approvals_progress": counted.text,
+            "approvals": [a.to_dict() for a in p.approvals if a.approver in counted.by],
+        })
+    denial = p.result if p.state == "denied" and isinstance(p.result, Mapping) else None
+    if denial is not None and denial.get("reason"):
+        view["deny_reason"] = denial["reason"]
+    return view

@@ -34,6 +34,7 @@ deny, is ``guard.decision.proposal_rights``, the rule MCP and ``gateway pending`
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -61,6 +62,7 @@ from gateway.errors import (
     Unauthorized,
     VSphereError,
 )
+from gateway.guard.approvals import MAX_REASON_CHARS
 from gateway.guard.decision import Proposed, audit_view, may_read_audit_row, proposal_rights
 from gateway.proposals import FINAL_STATES, Proposal
 from gateway.role import BUILTIN_ROLES, Role
@@ -429,13 +431,14 @@ class WebApi:
 
     async def approve(self, request: Request, viewer: Viewer) -> Answer:
         pid = _proposal_id(request)
-        result = await self.gateway.approve_answer(pid, viewer.principal,
+        result = await self.gateway.approve_answer(pid, viewer.principal, reason=await _reason_from(request),
                                                    correlation_id=correlation_id_var.get())
         return Answer.composed({"result": result})  # the approval's answer as sent, fingerprinted
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)
-        result = await self.gateway.deny(pid, viewer.principal, correlation_id=correlation_id_var.get())
+        result = await self.gateway.deny(pid, viewer.principal, reason=await _reason_from(request),
+                                         correlation_id=correlation_id_var.get())
         return {"result": result}
 
     # ------------------------------------------------------------------ reads
@@ -513,6 +516,23 @@ def _query_count(request: Request, name: str, default: int, maximum: int) -> int
     if not raw.isdigit() or not 1 <= int(raw) <= maximum:
         raise InvalidArgument(name, f"a whole number from 1 to {maximum}")
     return int(raw)
+
+
+async def _reason_from(request: Request) -> str:
+    """The reason of an approve or deny: ``{"reason": "..."}`` (an empty body: none given). Bounded
+    here; the flow sanitizes and redacts it (``proposal_flow.clean_reason``)."""
+    raw = await request.body()
+    if not raw.strip():
+        return ""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    reason = body.get("reason", "") if isinstance(body, dict) else None
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS * 4:
+        raise InvalidArgument("reason", f"send the reason as JSON: {{\"reason\": \"...\"}}, at most "
+                              f"{MAX_REASON_CHARS} characters")
+    return reason
 
 
 async def _token_from(request: Request) -> str:
