@@ -366,7 +366,7 @@ def _approval_lines(facts: Mapping[str, Any]) -> list[str]:
     lines = []
     blast = facts.get("blast_radius") or {}
     for obj in (blast.get("objects") or [])[:10]:
-        disks = ", ".join(f"{d.get('label')} {d.get('capacity_gb')} GB on {d.get('datastore')}"
+        disks = ", ".join(f"{d.get('label')} {d.get('size')} on {d.get('datastore')}"
                           for d in obj.get("disks") or [])
         bits = [f"{obj.get('power_state')}", f"host {obj.get('host')}"]
         if "snapshot_count" in obj:

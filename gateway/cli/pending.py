@@ -74,7 +74,7 @@ def approval_lines(r: dict[str, Any]) -> list[str]:
     lines = []
     blast = r.get("blast_radius") or {}
     for obj in (blast.get("objects") or [])[:20]:
-        disks = "; ".join(f"{d.get('label')} {d.get('capacity_gb')} GB on {d.get('datastore')}"
+        disks = "; ".join(f"{d.get('label')} {d.get('size')} on {d.get('datastore')}"
                           for d in obj.get("disks") or [])
         facts = [str(obj.get("power_state")), f"host {obj.get('host')}"]
         if obj.get("cluster"):

@@ -348,17 +348,15 @@ class ProposalFlow:
             return
         changed = blast_changes(proposal.blast_radius, blast) or ["the affected objects"]
         what = cut("; ".join(changed), 400)
-        voided = [a.approver for a in proposal.approvals]
         error = Stale(
             f"proposal {proposal.id} changed in vSphere since it was shown ({what}); "
-            f"{'its approvals by ' + ', '.join(voided) + ' are void; ' if voided else ''}make a fresh "
-            "proposal and check it again",
+            f"{_void_note(proposal)}make a fresh proposal and check it again",
             proposal_id=proposal.id,
         )
         moved = await self.moves.move(
             proposal, OPEN_STATES, "stale", actor=ctx.principal, correlation_id=ctx.correlation_id,
             outcome="stale", error=error.to_wire(), decided_at=self.clock(),
-            reason=cut(f"changed since shown: {what}; approvals void: {', '.join(voided) or 'none'}", 512),
+            reason=cut(f"changed since shown: {what}; approvals void: {_voided(proposal)}", 512),
         )
         if moved is None:
             await self._lost(ctx, proposal, f"found changed ({what}) after another caller had moved the "
@@ -461,8 +459,8 @@ class ProposalFlow:
             _check_not_stale(proposal, plan)
         except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
             error = Stale(
-                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
-                "proposal and check it again",
+                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); {_void_note(proposal)}"
+                "make a fresh proposal and check it again",
                 proposal_id=proposal.id,
             )
             moved = await self.moves.move(
@@ -474,7 +472,7 @@ class ProposalFlow:
                 outcome="stale",
                 error=error.to_wire(),
                 decided_at=self.clock(),
-                reason=cut(exc.message, 512),
+                reason=cut(f"{exc.message}; approvals void: {_voided(proposal)}", 512),
             )
             if moved is None:
                 await self._lost(ctx, proposal, f"found stale ({cut(exc.message, 256)}) after another "
@@ -493,6 +491,15 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
             f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
             "removed); make a fresh proposal and check it again"
         )
+
+
+def _voided(proposal: Proposal) -> str:
+    return ", ".join(a.approver for a in proposal.approvals) or "none"
+
+
+def _void_note(proposal: Proposal) -> str:
+    """What a stale proposal's message says of its approvals (all void)."""
+    return f"its approvals by {_voided(proposal)} are void; " if proposal.approvals else ""
 
 
 def rule_of(decision: Decision) -> ApprovalRule:

@@ -41,12 +41,21 @@ def _disks(devices: Sequence[Any]) -> list[dict[str, Any]]:
             continue
         file = str(getattr(disk.backing, "fileName", "") or "")
         found = _DATASTORE.match(file)
+        kb = int(disk.capacityInKB or 0)
         out.append({
             "label": disk.deviceInfo.label if disk.deviceInfo is not None else f"disk {disk.key}",
-            "capacity_gb": round((disk.capacityInKB or 0) / (1024 * 1024), 2),
+            "capacity_kb": kb, "size": _size(kb),
             "datastore": found[1] if found else None,
         })
     return out
+
+
+def _size(kb: int) -> str:
+    """A disk's capacity for people: ``40 GB``, ``1.5 TB``, ``512 MB``."""
+    for unit, scale in (("TB", 1024 ** 3), ("GB", 1024 ** 2), ("MB", 1024)):
+        if kb >= scale:
+            return f"{kb / scale:.3g} {unit}"
+    return f"{kb} KB"
 
 
 def vm_blast(session: Any, vm: VmRef) -> dict[str, Any]:

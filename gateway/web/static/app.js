@@ -229,7 +229,7 @@
       const facts = [o.power_state, o.host ? "host " + o.host : "", o.cluster ? "cluster " + o.cluster : "",
         o.snapshot_count !== undefined ? o.snapshot_count + " snapshot" + (o.snapshot_count === 1 ? "" : "s") : ""]
         .filter(Boolean).join(" · ");
-      const disks = (o.disks || []).map((d) => d.label + " " + d.capacity_gb + " GB on " + (d.datastore || "?")).join("; ");
+      const disks = (o.disks || []).map((d) => d.label + " " + d.size + " on " + (d.datastore || "?")).join("; ");
       return el("li", {}, el("span", { class: "obj", text: o.name }), " ", facts,
         disks ? el("span", { class: "disks", text: "Disks: " + disks }) : "");
     });
