@@ -16,40 +16,16 @@ import anyio.to_thread
 import pytest
 from pyVim.connect import Disconnect
 from simulator import find_vm, pyvmomi_connect, wait_until
-from webserver import WebServer, decide, mcp_call, propose_delete, signed_in, web_server
+from webserver import N_OF_M_RULES, WebServer, decide, mcp_call, propose_delete, signed_in, web_server
 
 from gateway.cli import main
 
 pytestmark = pytest.mark.anyio
 
-RULES = """\
-defaults:
-  destructive: allow
-  max_calls_per_minute:
-    write: null
-    destructive: null
-targets:
-  "prod-*":
-    require_web_approval: true
-    approvals_required: 2
-  "lab-vc":
-    require_web_approval: true
-    reason_required: true
-protected: []
-rules:
-  - name: big-bulk
-    match:
-      tools: [bulk_vm_action]
-      min_affected_objects: 3
-    action: require_approval
-    approvals_required: 3
-maintenance_windows: []
-"""
-
 
 @pytest.fixture(scope="module")
 def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
-    with web_server(tmp_path_factory.mktemp("approvals"), vcsim_bin, rules=RULES, vms=3) as running:
+    with web_server(tmp_path_factory.mktemp("approvals"), vcsim_bin, rules=N_OF_M_RULES, vms=3) as running:
         yield running
 
 

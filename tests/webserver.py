@@ -75,6 +75,31 @@ protected: []
 rules: []
 maintenance_windows: []
 """
+#: N of M (tests/test_approvals_served.py, tests/test_approvals_browser.py): ``prod-*`` needs two distinct
+#: people, ``lab-vc`` a reason; a bulk call on three or more VMs asks for three approvals (``big-bulk``)
+N_OF_M_RULES = """\
+defaults:
+  destructive: allow
+  max_calls_per_minute:
+    write: null
+    destructive: null
+targets:
+  "prod-*":
+    require_web_approval: true
+    approvals_required: 2
+  "lab-vc":
+    require_web_approval: true
+    reason_required: true
+protected: []
+rules:
+  - name: big-bulk
+    match:
+      tools: [bulk_vm_action]
+      min_affected_objects: 3
+    action: require_approval
+    approvals_required: 3
+maintenance_windows: []
+"""
 #: token name -> role
 PEOPLE = {"agent": "agent", "alice": "admin", "rita": "reader", "olga": "lead", "lara": "lab-approver",
           "adam": "admin"}

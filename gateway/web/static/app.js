@@ -245,9 +245,9 @@
       p.reason_required ? "a reason is required" : ""].filter(Boolean).join("; ");
     const list = (p.approvals || []).map((a) => el("li", {}, el("strong", { text: a.by }),
       a.reason ? el("span", { class: "why", text: ": " + a.reason }) : ""));
-    return el("div", { class: "approvals" },
-      el("span", { class: "progress", text: p.approvals_progress }), needs ? " · " + needs : "",
-      list.length ? el("ul", {}, ...list) : "");
+    return el("div", { class: "affected-block approvals" }, el("span", { class: "label", text: "Approvals" }),
+      el("div", {}, el("span", { class: "progress", text: p.approvals_progress }), needs ? " · " + needs : "",
+        list.length ? el("ul", {}, ...list) : ""));
   }
 
   function targetLine(p) {
