@@ -214,3 +214,16 @@ async def test_the_cli_approval_counts_as_one_persons_approval(
     assert served.proposal_state(pid) == "executed"
     assert not vm_exists(served, "prod", "DC0_H0_VM2")
     assert [r["caller"] for r in rows_of(served, pid, "approval")] == [me, "alice"]
+
+
+async def test_a_malformed_reason_is_refused_and_audited(served: WebServer) -> None:
+    pid = (await propose_delete(served, "agent", "lab-vc", "DC0_C0_RP0_VM0"))["proposal_id"]
+    async with signed_in(served, "lara") as (client, csrf):
+        response = await client.post(f"/ui/api/proposals/{pid}/approve", json={"reason": ["not", "text"]},
+                                     headers={"Origin": served.origin, "X-CSRF-Token": csrf})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_argument"
+    (row,) = [r for r in served.audit_rows()
+              if r.get("phase") == "web_refused" and r.get("proposal_id") == pid]
+    assert row["caller"] == "lara" and row["error_code"] == "invalid_argument"
+    assert served.proposal_state(pid) == "pending"
+    assert (await deny(served, "lara", pid, "cleanup")).status_code == 200

@@ -31,7 +31,9 @@ Facts are plain values (``Party``, ``Facts``); the answer is a ``Verdict`` with 
 ``authorize`` asks it for approve and deny, and every listing (MCP ``list_pending_actions``, the web
 page, ``gateway pending list``) filters by its ``see``. Only a person approves or denies, never the
 proposer (whatever the role: ``approve: any`` is any proposal but one's own); a refusal names its
-``reason_code`` (``not_visible``, ``not_a_person``, ``no_approve_right``, ``own_proposal``).
+``reason_code`` (``not_visible``, ``not_a_person``, ``no_approve_right``, ``own_proposal``; with N of M,
+``not_an_approver_role`` and ``already_approved`` from ``guard.approvals``, and ``reason_required``
+when the rule wants a reason and none was given).
 """
 
 from __future__ import annotations

@@ -429,15 +429,26 @@ class WebApi:
         # store reads and one decision per pending card: in a worker thread, never on the event loop
         return {"proposals": await anyio.to_thread.run_sync(self._proposals, viewer)}
 
+    async def _reason(self, request: Request, viewer: Viewer, pid: str, action: str) -> str:
+        """The decision's reason from the body; a malformed one is refused, and audited."""
+        try:
+            return await _reason_from(request)
+        except InvalidArgument as exc:
+            await self._audit_event("web_refused", viewer.principal, proposal_id=pid, via=action,
+                                    error_code=exc.code, error=exc.message)
+            raise
+
     async def approve(self, request: Request, viewer: Viewer) -> Answer:
         pid = _proposal_id(request)
-        result = await self.gateway.approve_answer(pid, viewer.principal, reason=await _reason_from(request),
+        reason = await self._reason(request, viewer, pid, "approve")
+        result = await self.gateway.approve_answer(pid, viewer.principal, reason=reason,
                                                    correlation_id=correlation_id_var.get())
         return Answer.composed({"result": result})  # the approval's answer as sent, fingerprinted
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)
-        result = await self.gateway.deny(pid, viewer.principal, reason=await _reason_from(request),
+        reason = await self._reason(request, viewer, pid, "deny")
+        result = await self.gateway.deny(pid, viewer.principal, reason=reason,
                                          correlation_id=correlation_id_var.get())
         return {"result": result}
 
