@@ -132,12 +132,12 @@ async def test_a_deny_by_either_approver_ends_it(served: WebServer) -> None:
     assert card["deny_reason"] == "this one still serves traffic"
 
 
-@pytest.mark.parametrize(("vm", "change"), [
-    ("DC0_C0_RP0_VM0", ("Rename_Task", "renamed-between-approvals")),
-    ("DC0_C0_RP0_VM1", ("PowerOnVM_Task",)),
+@pytest.mark.parametrize(("vm", "change", "seen"), [
+    ("DC0_C0_RP0_VM0", ("Rename_Task", "renamed-between-approvals"), "no VM named"),
+    ("DC0_C0_RP0_VM1", ("PowerOnVM_Task",), "DC0_C0_RP0_VM1: power_state"),
 ])
 async def test_a_change_in_vsphere_between_the_approvals_voids_them(
-    served: WebServer, vm: str, change: tuple[str, ...],
+    served: WebServer, vm: str, change: tuple[str, ...], seen: str,
 ) -> None:
     if change[0] == "PowerOnVM_Task":
         on_vm(served, "prod", vm, "PowerOffVM_Task")
@@ -153,7 +153,7 @@ async def test_a_change_in_vsphere_between_the_approvals_voids_them(
     still = change[1] if change[0] == "Rename_Task" else vm
     assert vm_exists(served, "prod", still), "a stale proposal ran"
     (row,) = rows_of(served, pid, "stale")
-    assert "approvals void: alice" in row["reason"]
+    assert "approvals void: alice" in row["reason"] and seen in row["reason"]
     assert not rows_of(served, pid, "executing")
 
 
