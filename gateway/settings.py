@@ -91,6 +91,14 @@ class Settings:
     #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
     #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
     audit_signing_key_file: Path | None = None
+    #: identity.yaml (GATEWAY_IDENTITY_FILE; default $GATEWAY_HOME/identity.yaml): identity providers
+    #: whose tokens this gateway accepts besides its own; None or an absent file: gateway tokens only
+    identity_file: Path | None = None
+    #: the environment variables web_sign_in's ``client_secret_env`` may name (ending in _SECRET)
+    identity_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: a file holding the first token for a fresh state, or where serve writes one
+    #: (GATEWAY_BOOTSTRAP_TOKEN_FILE; gateway/server/bootstrap_token.py); None: no such step
+    bootstrap_token_file: Path | None = None
 
     @property
     def state_db(self) -> Path:
@@ -145,11 +153,15 @@ class Settings:
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
+            identity_file=path("identity", "GATEWAY_IDENTITY_FILE", "identity.yaml"),
+            identity_env={k: v for k, v in environ.items() if k.endswith("_SECRET")},
+            bootstrap_token_file=(Path(environ["GATEWAY_BOOTSTRAP_TOKEN_FILE"]).expanduser()
+                                  if environ.get("GATEWAY_BOOTSTRAP_TOKEN_FILE") else None),
         )
         overrides = {
             k: v
             for k, v in flags.items()
             if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
-                                           "database_url", "audit_signing_key_file"}
+                                           "database_url", "audit_signing_key_file", "identity"}
         }
         return replace(settings, **overrides) if overrides else settings

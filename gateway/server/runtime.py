@@ -88,6 +88,8 @@ class Gateway(GatewayFacade):
                                       metrics=self.metrics, trail=trail)
         self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
         self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
+        # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
+        self.identity = reloads.load_identity(settings.identity_file, self.trail_write, self.config_row)
         # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
         path = settings.notifications_file
@@ -151,7 +153,18 @@ class Gateway(GatewayFacade):
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
+        if self.identity is not None:
+            await asyncio.to_thread(self.identity.close)
         await asyncio.to_thread(self.backends.close)
+
+    def trail_write(self, row: Mapping[str, Any]) -> None:
+        """An identity provider's caller, first seen (``gateway.identity.service``); blocking."""
+        self.trail.write_or_wait(row)
+    def reload_files(self) -> None:
+        """Re-read rules.yaml and roles.yaml now (SIGHUP, gateway/server/hangup.py); each new content is a
+        ``config_reload`` row through the same hooks as a change noticed by a call. Blocking."""
+        self.policy.snapshot()
+        self.roles.refresh()
 
     def config_row(self, row: Mapping[str, Any]) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
