@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one place that knows which Debian packages the project needs (the simulator's Go toolchain and
-# govmomi sources, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
+# govmomi sources, Go's sumdb/tlog and sumdb/note for the audit proofs' second implementation, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
 # PostgreSQL for the store tests, buildah and mmdebstrap for the container image, python3-venv for
 # .venv, make for the README's commands, Node.js and npm for the identity tests' OpenID provider).
 # `make run`, `make test` and `.ci/run` all start with it.
@@ -12,6 +12,7 @@ set -euo pipefail
 
 PACKAGES=(
     golang-go golang-github-vmware-govmomi-dev
+    golang-golang-x-mod-dev
     chromium fonts-dejavu-core
     nginx-light systemd
     buildah mmdebstrap

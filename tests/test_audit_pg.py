@@ -222,7 +222,7 @@ def test_audit_cli_reads_the_table(store: PostgresStore, pg_server: PgServer, pg
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("UPDATE audit_rows SET body = replace(body, 'ann', 'eve') WHERE seq = 2")
     broken = _gateway("audit", "verify", env=env)
-    assert broken.returncode == 1 and "BROKEN" in broken.stdout
+    assert broken.returncode == 1 and "BROKEN" in broken.stderr and "BROKEN" not in broken.stdout
 
 
 def _signed_table(store: PostgresStore, pg_url: str, tmp_path: Path, rows: int) -> dict[str, str]:
@@ -254,7 +254,7 @@ def test_verify_checkpoint_detects_a_cut_tail(store: PostgresStore, pg_url: str,
     assert _gateway("audit", "verify", env=env).returncode == 0, "the chain alone cannot see a cut tail"
     verified = _gateway("audit", "verify", "--checkpoint", env=env)
     assert verified.returncode == 1, verified.stdout + verified.stderr
-    assert "cut_tail" in verified.stdout and "seq 5 was signed" in verified.stdout
+    assert "cut_tail" in verified.stderr and "seq 5 was signed" in verified.stderr
 
 
 def test_verify_checkpoint_detects_a_rewritten_history(store: PostgresStore, pg_url: str,
@@ -272,7 +272,7 @@ def test_verify_checkpoint_detects_a_rewritten_history(store: PostgresStore, pg_
     assert _gateway("audit", "verify", env=env).returncode == 0, "the chain alone cannot see a rewrite"
     verified = _gateway("audit", "verify", "--checkpoint", env=env)
     assert verified.returncode == 1, verified.stdout + verified.stderr
-    assert "rewritten" in verified.stdout and "the row at seq 5 is not the one signed" in verified.stdout
+    assert "rewritten" in verified.stderr and "the row at seq 5 is not the one signed" in verified.stderr
 
 
 def _checkpoint_seqs(pg_url: str) -> list[int]:

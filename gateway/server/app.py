@@ -11,6 +11,9 @@
                no token (so a client's OAuth discovery ends with that message); with identity.yaml
                the two oauth-protected-resource paths serve RFC 9728 metadata instead
     /ui        the approval page, when given (it authenticates with its own cookie)
+    /audit/checkpoint, /audit/proof/inclusion, /audit/proof/consistency
+               the audit log's signed checkpoint and Merkle proofs, token required, for roles that may
+               read the audit (``gateway.server.audit_proofs``)
 
 MCP sessions are bounded per token and in total (``BoundedSessionManager``); uvicorn runs with a
 protocol that closes connections whose request headers crawl in (``header_deadline_protocol``).
@@ -54,6 +57,7 @@ from gateway.audit.metrics import audit_families
 from gateway.errors import ConfigError
 from gateway.identity.service import PRM_PATH, IdentityService
 from gateway.server import edge
+from gateway.server.audit_proofs import ProofGateway, audit_proof_routes
 from gateway.server.edge import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
 from gateway.server.metrics import Metrics, target_families
@@ -325,6 +329,8 @@ def build_app(
     # cap single server-sent events (the SDK at 1 MiB), and a large inventory answer exceeds that
     mcp_endpoint = AnswerAsJson(StreamableHTTPASGIApp(manager))
     routes: list[BaseRoute] = [Route("/mcp", mcp_endpoint), *_probe_routes(gateway)]
+    if isinstance(gateway, ProofGateway):  # the audit log's checkpoint and proofs (server/audit_proofs.py)
+        routes.extend(audit_proof_routes(gateway))
     if web is not None:
         routes.append(Mount("/ui", app=web))
     app = Starlette(routes=routes, middleware=_edge_stack(gateway, config, gate, refusals), lifespan=lifespan)

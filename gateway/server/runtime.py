@@ -48,7 +48,7 @@ from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
-from gateway.store.backends import Backends, open_backends
+from gateway.store.backends import AuditReader, Backends, open_backends
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
 
@@ -98,6 +98,9 @@ class Gateway(GatewayFacade):
             self.notifier = reloads.load_audited(
                 "notifications", path, lambda: notifier_for(path, settings.notify_env, write, [self]),
                 lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
+            publisher = getattr(self.audit, "publisher", None)  # each signed checkpoint also to the webhooks
+            if publisher is not None:
+                publisher.listeners.append(self.notifier.on_checkpoint)
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -169,6 +172,14 @@ class Gateway(GatewayFacade):
     def config_row(self, row: Mapping[str, Any]) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
         cannot take it. Blocking: the stores call it from the thread that read the file."""
+        self.trail.write_or_wait(row)
+
+    def audit_reader(self) -> AuditReader:
+        """The audit log's reader (the engine's: file or table), for the proof endpoints."""
+        return self.backends.reader
+
+    def audit_refusal(self, row: Mapping[str, Any]) -> None:
+        """Audit a refused read of the audit (blocking; it waits in memory when the log cannot take it)."""
         self.trail.write_or_wait(row)
 
     def readiness(self) -> list[str]:
