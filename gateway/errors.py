@@ -27,6 +27,7 @@ traceback stays in the log and never reaches the wire::
     ├── ConfirmationInvalid    confirmation_invalid
     ├── Stale                  stale
     ├── ApprovalRequired       approval_required
+    ├── ReasonRequired         reason_required
     ├── AuditUnavailable       audit_unavailable
     ├── StateUnavailable       state_unavailable
     ├── Unauthorized           unauthorized
@@ -147,6 +148,12 @@ class Stale(GatewayError):
 
 class ApprovalRequired(GatewayError):
     code = "approval_required"
+
+
+class ReasonRequired(GatewayError):
+    """An approval or denial without the reason its rule asks for (``reason_required``)."""
+
+    code = "reason_required"
 
 
 class AuditUnavailable(GatewayError):

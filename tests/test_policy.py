@@ -270,6 +270,7 @@ def test_decision_to_dict() -> None:
     assert decision.to_dict() == {
         "allowed": True, "reason": decision.reason, "rule": "defaults", "require_approval": False,
         "dry_run": False, "auto_snapshot": True, "overridden": ["db-guard"],
+        "approvals_required": 1, "approver_roles": [], "reason_required": False,
     }
 
 

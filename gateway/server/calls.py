@@ -59,6 +59,7 @@ _DENIAL_CODES = frozenset(
         "rate_limited",
         "not_found",
         "approval_required",
+        "reason_required",
         "confirmation_invalid",
         "confirmation_expired",
     }

@@ -36,8 +36,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.proposals import Proposal
+from gateway.proposals import Approval, Proposal
 from gateway.store.base import (
+    APPROVAL_COLUMNS,
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
@@ -47,6 +48,9 @@ from gateway.store.base import (
     StateStore,
     TokenRecord,
     WebSessionRecord,
+    approval_from_row,
+    approval_values,
+    approvals_migration,
     check_states,
     check_transition,
     pending_migrations,
@@ -56,6 +60,7 @@ from gateway.store.base import (
     token_from_row,
     token_values,
     web_session_from_row,
+    with_approvals,
 )
 from gateway.store.idempotency import KEYS_MIGRATION
 from gateway.store.tasks import TASKS_MIGRATION
@@ -166,9 +171,11 @@ _V6: Final = (
     first_seq bigint NOT NULL
 )""",
 )
+#: N of M: each proposal's approval rule, blast radius and digest as shown, and one row per approval
+_V7: Final = approvals_migration("double precision")
 #: the schema's history, kept in ``schema_version``. Append, never edit.
 MIGRATIONS: Final[tuple[Migration, ...]] = (
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6)
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7)
 )
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
@@ -373,7 +380,22 @@ class PostgresStore:
 
     def _proposals(self, where: str, params: Sequence[Any]) -> list[Proposal]:
         rows = self._read("read proposals", f"SELECT {_PROPOSALS} FROM proposals {where}", params)
-        return [proposal_from_row(r) for r in rows]
+        found = [proposal_from_row(r) for r in rows]
+        if not found:
+            return found
+        rows = self._read("read approvals", f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE "
+                          "proposal_id = ANY(%s) ORDER BY at, approver COLLATE \"C\"",
+                          ([p.id for p in found],))
+        return with_approvals(found, [approval_from_row(r) for r in rows])
+
+    def add_approval(self, a: Approval) -> bool:
+        marks = ", ".join(["%s"] * len(APPROVAL_COLUMNS))
+        with self._write("record an approval") as db:
+            cursor = db.execute(
+                f"INSERT INTO approvals ({', '.join(APPROVAL_COLUMNS)}) SELECT {marks} WHERE EXISTS "
+                "(SELECT 1 FROM proposals WHERE id = %s AND state = 'pending') ON CONFLICT DO NOTHING",
+                (*approval_values(a), a.proposal_id))
+            return cursor.rowcount == 1
 
     def get_proposal(self, proposal_id: str) -> Proposal | None:
         found = self._proposals("WHERE id = %s", (proposal_id,))

@@ -34,6 +34,7 @@ deny, is ``guard.decision.proposal_rights``, the rule MCP and ``gateway pending`
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -61,6 +62,7 @@ from gateway.errors import (
     Unauthorized,
     VSphereError,
 )
+from gateway.guard.approvals import MAX_REASON_CHARS
 from gateway.guard.decision import Proposed, audit_view, may_read_audit_row, proposal_rights
 from gateway.identity.service import IdentityRefusal
 from gateway.identity.verify import MAX_TOKEN_CHARS as MAX_JWT_CHARS
@@ -120,6 +122,7 @@ _PROPOSAL_ID: Final = re.compile(r"[a-z0-9]{12}")
 _STATUS: Final = {
     "invalid_argument": 400, "unauthorized": 401, "forbidden": 403, "policy_denied": 403,
     "not_found": 404, "confirmation_invalid": 409, "approval_required": 409, "stale": 409,
+    "reason_required": 400,
     "confirmation_expired": 410, "rate_limited": 429, "config_error": 500, "audit_unavailable": 503,
     "state_unavailable": 503,
 }
@@ -473,15 +476,27 @@ class WebApi:
         # store reads and one decision per pending card: in a worker thread, never on the event loop
         return {"proposals": await anyio.to_thread.run_sync(self._proposals, viewer)}
 
+    async def _reason(self, request: Request, viewer: Viewer, pid: str, action: str) -> str:
+        """The decision's reason from the body; a malformed one is refused, and audited."""
+        try:
+            return await _reason_from(request)
+        except InvalidArgument as exc:
+            await self._audit_event("web_refused", viewer.principal, proposal_id=pid, via=action,
+                                    error_code=exc.code, error=exc.message)
+            raise
+
     async def approve(self, request: Request, viewer: Viewer) -> Answer:
         pid = _proposal_id(request)
-        result = await self.gateway.approve_answer(pid, viewer.principal,
+        reason = await self._reason(request, viewer, pid, "approve")
+        result = await self.gateway.approve_answer(pid, viewer.principal, reason=reason,
                                                    correlation_id=correlation_id_var.get())
         return Answer.composed({"result": result})  # the approval's answer as sent, fingerprinted
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = _proposal_id(request)
-        result = await self.gateway.deny(pid, viewer.principal, correlation_id=correlation_id_var.get())
+        reason = await self._reason(request, viewer, pid, "deny")
+        result = await self.gateway.deny(pid, viewer.principal, reason=reason,
+                                         correlation_id=correlation_id_var.get())
         return {"result": result}
 
     # ------------------------------------------------------------------ reads
@@ -559,6 +574,23 @@ def _query_count(request: Request, name: str, default: int, maximum: int) -> int
     if not raw.isdigit() or not 1 <= int(raw) <= maximum:
         raise InvalidArgument(name, f"a whole number from 1 to {maximum}")
     return int(raw)
+
+
+async def _reason_from(request: Request) -> str:
+    """The reason of an approve or deny: ``{"reason": "..."}`` (an empty body: none given). Bounded
+    here; the flow sanitizes and redacts it (``proposal_flow.clean_reason``)."""
+    raw = await request.body()
+    if not raw.strip():
+        return ""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    reason = body.get("reason", "") if isinstance(body, dict) else None
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS * 4:
+        raise InvalidArgument("reason", f"send the reason as JSON: {{\"reason\": \"...\"}}, at most "
+                              f"{MAX_REASON_CHARS} characters")
+    return reason
 
 
 async def _token_from(request: Request, limit: int = MAX_TOKEN_CHARS) -> str:
