@@ -1,5 +1,6 @@
 """The reply decoder's refusals (gateway/vsphere/soap_scan.py): document types and entities, cut and
-malformed replies, and large replies, decoded the same by the scanner and ElementTree.
+malformed replies, large replies (decoded the same by the scanner and ElementTree) and replies over
+the size limit, read or inflated (collector.MAX_REPLY_BYTES).
 
 The decoder's agreement table and its pyVmomi comparison live in tests/test_inventory.py; here the
 hostile replies. A simulator sends none of them, so the sweep test swaps ``collector.soap_call`` for a
@@ -8,6 +9,9 @@ fake that answers a real session's request with one (named as such): the pool's 
 
 from __future__ import annotations
 
+import gzip
+import zlib
+from http.client import HTTPException
 from typing import Any
 
 import pytest
@@ -106,3 +110,26 @@ def test_a_sweep_answered_with_entities_fails_closed_as_unreachable(
     assert sent == ["RetrievePropertiesEx"]
     monkeypatch.undo()
     assert vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))["count"] == 4  # the session is fine
+
+
+def test_a_gzip_bomb_stops_at_the_limit_and_a_cut_or_corrupt_one_is_an_http_failure() -> None:
+    bomb = gzip.compress(b"\0" * 5_000_000)
+    assert len(bomb) < 10_000
+    with pytest.raises(collector.ReplyTooLarge, match="larger than 1,000,000 bytes"):
+        collector._decompress(bomb, "gzip", limit=1_000_000)
+    assert collector._decompress(bomb, "gzip", limit=5_000_000) == b"\0" * 5_000_000
+    assert collector._decompress(zlib.compress(b"abc"), "deflate") == b"abc"
+    for broken in (bomb[: len(bomb) // 2], b"not gzip at all"):
+        with pytest.raises(HTTPException):
+            collector._decompress(broken, "gzip")
+    translated = faults.translate(collector.ReplyTooLarge(10), "vc1")
+    assert isinstance(translated, errors.Unreachable) and "larger than 10 bytes" in translated.message
+
+
+def test_a_reply_over_the_limit_fails_the_sweep_and_leaves_the_session_usable(
+        vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collector, "MAX_REPLY_BYTES", 2_000)
+    with pytest.raises(errors.Unreachable, match="larger than 2,000 bytes"):
+        vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))
+    monkeypatch.undo()
+    assert vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))["count"] == 4
