@@ -12,7 +12,12 @@ raw floor       the exact RetrievePropertiesEx the gateway sends for list_vms (i
 before / after  list_vms over HTTPS (MCP SDK client, TLS, bearer token) on the ``mirror: off`` target of
                 the server running the ``--before`` package / this checkout
 decode          the last raw reply decoded in this process by ``soap_scan.parse_retrieve_result`` of
-                each version (the decode alone, no network)
+                each version (the decode alone, no network; thread CPU time, so other load on the
+                machine does not count)
+
+Beside the wall-clock rows, the CPU time each server process spent per list_vms (``/proc/PID/stat``,
+user + system, median over the rounds): what the gateway itself costs for the call, which other
+processes on a shared machine do not change much.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +61,12 @@ def checkout(ref: str, into: Path) -> Path:
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_decoder(tree: Path) -> ModuleType:
@@ -102,21 +115,28 @@ def measure(size: int, runs: int, before: str) -> SizeResult:
 
         def decode(module: Any) -> Callable[[], float]:
             def run() -> float:
-                started = time.perf_counter()
+                started = time.thread_time()
                 module.parse_retrieve_result(last[0])
-                return time.perf_counter() - started
+                return time.thread_time() - started
             return run
+
+        cpu: dict[str, list[float]] = {"before": [], "after": []}
 
         async def rows() -> dict[str, float]:
             async with after.client() as new_client, old.client() as old_client:
-                def over_https(client: Any) -> Callable[[], float]:
-                    return lambda: asyncio.run_coroutine_threadsafe(
-                        mirror_bench.list_vms(client, "sweep"), loop).result()
+                def over_https(client: Any, server: mirror_bench.Served, name: str) -> Callable[[], float]:
+                    def call() -> float:
+                        used = cpu_seconds(server.process.pid)
+                        elapsed = asyncio.run_coroutine_threadsafe(
+                            mirror_bench.list_vms(client, "sweep"), loop).result()
+                        cpu[name].append(cpu_seconds(server.process.pid) - used)
+                        return elapsed
+                    return call
 
                 columns = {
                     "raw floor": lambda: pool.run(raw),
-                    "before": over_https(old_client),
-                    "after": over_https(new_client),
+                    "before": over_https(old_client, old, "before"),
+                    "after": over_https(new_client, after, "after"),
                     "decode before": decode(old_decoder),
                     "decode after": decode(soap_scan),
                 }
@@ -127,6 +147,7 @@ def measure(size: int, runs: int, before: str) -> SizeResult:
             medians = loop.run_until_complete(rows())
         finally:
             loop.close()
+        medians.update({f"cpu {name}": statistics.median(samples) for name, samples in cpu.items()})
         return SizeResult(size, len(last[0]), medians)
 
 
@@ -134,18 +155,22 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f} ms"
 
 
-def rows(results: list[SizeResult], before: str) -> list[tuple[str, str, str]]:
+def rows(results: list[SizeResult], before_ref: str) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     for r in results:
         label = f"list_vms sweeping, {r.vms:,} VMs:"
         raw = r.medians["raw floor"]
         reply = f"{r.reply_bytes / 1e6:,.2f} MB reply"
         out.append((f"{label} raw RetrievePropertiesEx, bytes read only (floor, {reply})", ms(raw), "1.00x"))
-        for what, key in ((f"over HTTPS, mirror: off, before ({before})", "before"),
+        for what, key in ((f"over HTTPS, mirror: off, before ({before_ref})", "before"),
                           ("over HTTPS, mirror: off, now", "after"),
-                          (f"decode alone, in-process, before ({before})", "decode before"),
+                          (f"decode alone, in-process, before ({before_ref})", "decode before"),
                           ("decode alone, in-process, now", "decode after")):
             out.append((f"{label} {what}", ms(r.medians[key]), f"{r.medians[key] / raw:.2f}x"))
+        before = r.medians["cpu before"]
+        for what, key in ((f"gateway CPU per call, before ({before_ref})", "cpu before"),
+                          ("gateway CPU per call, now", "cpu after")):
+            out.append((f"{label} {what}", ms(r.medians[key]), f"{r.medians[key] / before:.2f}x"))
     return out
 
 
