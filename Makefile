@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 VCSIM := deploy/vcsim/bin/vcsim-gw
 BOOTSTRAP := deploy/bootstrap.sh
 
-.PHONY: bootstrap test run bench lint vcsim venv man dist
+.PHONY: bootstrap test run bench bench-sweep lint vcsim venv man dist
 
 # Installs the Debian packages the project needs when missing (as root; otherwise prints the sudo line
 # and stops). Every entry point starts with it: `make run`, `make test`, `make lint`, .ci/run.
@@ -55,3 +55,7 @@ run: bootstrap venv vcsim
 
 bench: venv vcsim
 	$(BIN)/python bench/run_all.py
+
+# The sweeping list rows alone (also part of `make bench`): 3,000 and 30,000 VMs, before and after.
+bench-sweep: venv vcsim
+	$(BIN)/python bench/sweep.py

@@ -188,11 +188,13 @@ class Served:
                    what=f"{target} mirror synced")
 
 
-def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[str, int]) -> Served:
+def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[str, int],
+          repo: Path = REPO) -> Served:
     """``gateway serve --transport https`` with one target per entry of ``ports`` (name -> port of ``sim``
-    or of a relay to it); names starting with ``sweep`` have ``mirror: off``."""
+    or of a relay to it); names starting with ``sweep`` have ``mirror: off``. ``repo``: the folder
+    holding the ``gateway`` package the server runs (bench/sweep.py passes an older one)."""
     entries = []
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_LOG_LEVEL": "INFO"}
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(repo), "GATEWAY_LOG_LEVEL": "INFO"}
     for name, port in ports.items():
         prefix = credential_prefix(name)
         entries.append({"name": name, "host": "127.0.0.1", "port": port, "insecure": True,
@@ -215,7 +217,7 @@ def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[st
             "--public-name", "localhost", "--host", "127.0.0.1", "--port", str(port)]
     log = tmp / "serve.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=REPO,
+        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=repo,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     stack.callback(stop_process, process)
     wait_for_https(f"https://localhost:{port}/readyz", cert, process)
