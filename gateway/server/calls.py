@@ -48,6 +48,7 @@ from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category, Plan
+from gateway.vsphere.lane import Caller, caller_var
 
 Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]
 #: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)
@@ -115,6 +116,8 @@ class Calls:
         assert spec is not None
         ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", target_label(args)
+        # every vSphere call this tool call makes queues as this caller, on every target it reaches
+        queue_as = caller_var.set(Caller(principal.name, actor.role.queue_weight if actor.role else 1.0))
         try:
             # the gate, once: a change names its one target here (reads decide per target once resolved)
             ref = (args or {}).get("target")
@@ -139,6 +142,7 @@ class Calls:
             outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
             raise
         finally:
+            caller_var.reset(queue_as)
             # metric labels only from configured names: raw caller input never becomes a label value
             label = (
                 "-" if target is None else target if target in self.targets or target == ALL else "unknown"
