@@ -31,6 +31,8 @@ from gateway.server.context import CallContext, ProgressSink, cut, off_loop, red
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
+from gateway.vsphere.fair_order import DEFAULT_WEIGHT
+from gateway.vsphere.lane import queue_as
 
 
 class ProposalFlow:
@@ -188,11 +190,14 @@ class ProposalFlow:
     async def approve(
         self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
     ) -> Answer:
-        """A human's approval (web page or CLI): the whole decision again, then the proposal runs."""
+        """A human's approval (web page or CLI): the whole decision again, then the proposal runs (its
+        vSphere calls queue as the human, like a tool call's: ``Calls.answer``)."""
         proposal = await off_loop(self.store.get_proposal, proposal_id)
         if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
+        role = (await off_loop(self.facts.party, human)).role
+        with queue_as(human.name, role.queue_weight if role else DEFAULT_WEIGHT):
+            return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
 
     def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
         """What ``human`` may do with ``proposal`` now, as the decision says before anything is read

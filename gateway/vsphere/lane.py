@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -41,11 +42,24 @@ NOBODY: Final = Caller("-")
 #: the caller of the tool call in progress (``gateway.server.calls`` sets it for each call)
 caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_caller", default=NOBODY)
 
+
+
+@contextlib.contextmanager
+def queue_as(key: str, weight: float = DEFAULT_WEIGHT) -> Iterator[Caller]:
+    """Every vSphere call made inside queues as ``key`` with ``weight`` (the server's entry points)."""
+    caller = Caller(key, weight)
+    token = caller_var.set(caller)
+    try:
+        yield caller
+    finally:
+        caller_var.reset(token)
+
+
 #: upper bounds (seconds) of the queue wait histogram's buckets
 WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: why a lane refused a call: a caller over its bound, a wait past the queue timeout or the caller's
 #: deadline, an open circuit breaker, a gateway shutting down
-REFUSAL_REASONS: Final = ("busy", "queue_timeout", "deadline", "circuit_open", "shutting_down")
+ADMISSION_REFUSALS: Final = ("busy", "queue_timeout", "deadline", "circuit_open", "shutting_down")
 #: weight of the newest call time in the lane's moving average (for ``retry_after_seconds``)
 _CALL_TIME_WEIGHT: Final = 0.2
 
@@ -69,7 +83,7 @@ class Lane:
         self._order: FairOrder[_Waiter] = FairOrder()
         self._lock = threading.Lock()
         self._call_seconds = 0.0
-        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.refused = dict.fromkeys(ADMISSION_REFUSALS, 0)
         self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)  # the last: over every bound
         self.wait_sum = 0.0
 
@@ -82,9 +96,10 @@ class Lane:
         with self._lock:
             return self._order.depth(caller)
 
-    async def acquire(self, timeout: float, caller: Caller) -> bool:
+    async def acquire(self, timeout: float, caller: Caller, *, bounded: bool = True) -> bool:
         """A slot for ``caller``, in fair order; False if none came within ``timeout`` seconds;
-        ``Busy`` at once when ``caller`` already has its bound of calls waiting here."""
+        ``Busy`` at once when ``caller`` already has its bound of calls waiting here (unless not
+        ``bounded``: a change's execution, admitted when it was planned)."""
         with self._lock:
             if self.closed:
                 raise shutting_down(self.target.name)
@@ -92,7 +107,7 @@ class Lane:
                 self.running += 1
                 self._observe_wait(0.0)
                 return True
-            if self._order.depth(caller.key) >= self.target.max_queued_per_caller:
+            if bounded and self._order.depth(caller.key) >= self.target.max_queued_per_caller:
                 self.refused["busy"] += 1
                 raise self._busy(caller)
             waiter = _Waiter(caller.key, asyncio.get_running_loop().create_future())

@@ -252,13 +252,14 @@ class Scheduler:
             return pool
 
     async def run(self, target: str, fn: Callable[[VSphereSession], T], *,
-                  deadline: float | None = None, caller: Caller | None = None) -> T:
+                  deadline: float | None = None, caller: Caller | None = None, bounded: bool = True) -> T:
         """Run ``fn`` with a session of ``target`` on that target's worker threads; return its result.
 
         Calls on one target wait for one of its ``pool_size`` slots, served round-robin among callers
         (``caller``, by default the tool call's ``caller_var``) and in arrival order within one; a
         caller with ``max_queued_per_caller`` calls waiting is refused at once (``Busy``), a wait longer
-        than ``queue_timeout`` raises ``QueueTimeout``. ``deadline`` (seconds) bounds the whole call,
+        than ``queue_timeout`` raises ``QueueTimeout``; ``bounded=False`` (a change's execution, admitted
+        when it was planned) is never refused as busy. ``deadline`` (seconds) bounds the whole call,
         queueing included, and raises ``Timeout``; a worker thread stuck in a hung vSphere call keeps
         its slot until its socket times out, but neither the caller nor other targets wait for it.
         """
@@ -274,7 +275,8 @@ class Scheduler:
         started = time.monotonic()
         wait = self.queue_timeout if deadline is None else min(self.queue_timeout, deadline)
         try:
-            granted = await lane.acquire(wait, caller_var.get() if caller is None else caller)
+            who = caller_var.get() if caller is None else caller
+            granted = await lane.acquire(wait, who, bounded=bounded)
         except errors.Unreachable:
             lane.count_refusal("shutting_down")
             raise
