@@ -159,7 +159,7 @@ def test_two_replicas_on_postgresql_keep_the_global_pool_size_and_both_progress(
     """Two replicas (each its own scheduler and its own slot connections to one PostgreSQL) on one
     target with ``pool_size: 2``: replica 1's agent queues a burst of 16, then replica 2's agent asks
     for 4. Never more than 2 calls run at once across both, and replica 2's calls are not held behind
-    replica 1's burst: the target's free slots alternate between the replicas' waiting calls."""
+    replica 1's burst: the target's free slots are shared between the replicas' waiting calls."""
     sim = make_simulator(vms=2, method_delay={"CurrentTime": 100})
     target = sim_target("vc1", sim, pool_size=2)
     replicas = [Scheduler([target], credentials_env({"vc1": sim}), slots=PgSlots(pg_url)) for _ in range(2)]

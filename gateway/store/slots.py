@@ -3,14 +3,12 @@
 ``PgSlots`` bounds the concurrent vSphere calls of a target across all replicas together: slot ``i``
 of target ``t`` is the session-scoped advisory lock ``(key(t), i)``, held on a connection of its own
 for as long as the call runs. A replica that dies drops its connections and so its slots; nothing
-needs cleaning up. ``acquire`` first queues on the target's gate (the advisory lock ``gate(t)``, in
-PostgreSQL's lock queue: first come, first served across every replica), and only the holder of the
-gate takes a free slot (trying each, then waiting on one for ``SLOT_POLL_SECONDS`` and trying all
-again) before it lets the gate go. So free slots go to the replicas' askers in the order they asked.
-Each replica asks only for the calls its own lanes granted (at most ``pool_size`` per target at a
-time, chosen by its fair order), so a call at the head of a replica's lane waits behind at most
-``pool_size`` calls of each other replica: no replica can starve another. Blocking: call from a
-worker thread.
+needs cleaning up. ``acquire`` first tries every slot without waiting, then queues on one slot in
+PostgreSQL's lock queue (first come, first served, so no replica can starve another) for a short
+while, and repeats until the deadline, so a slot freed elsewhere is taken on the next round. The
+scheduler keeps its own fair order within a replica (``gateway.vsphere.lane``) and asks for a slot
+only for the calls its lane granted (at most ``pool_size`` per target at a time). Blocking: call
+from a worker thread.
 
 ``PgInstance`` is the cross-host form of ``gateway.store.instance.Instance``: a process's claim id is
 alive while it holds a session-scoped lock, so a replica settles only claims of processes that died.
@@ -47,8 +45,8 @@ log = logging.getLogger(__name__)
 
 #: first key of every instance lock (two-key advisory locks: this space, then the instance's key)
 INSTANCE_SPACE: Final = 0x696E  # "in"
-#: how long the asker holding a target's gate waits on one slot before looking at all of them again
-SLOT_POLL_SECONDS: Final = 0.01
+#: how long one round queues on a slot before trying all of them again
+QUEUE_ROUND_SECONDS: Final = 0.25
 
 
 def lock_key(namespace: str, name: str) -> int:
@@ -137,27 +135,28 @@ class PgSlots(_LockConnections):
     def acquire(self, target: str, capacity: int, timeout: float) -> Slot:
         if capacity < 1:
             raise ValueError("a target needs at least one slot")
-        key, gate = lock_key("slot", target), lock_key("gate", target)
+        key = lock_key("slot", target)
         deadline = time.monotonic() + timeout
         conn = self._connection()
         try:
-            # the target's gate: every replica's asker queues here, first come first served, and only
-            # the one holding it takes a free slot, so no asker is overtaken by a later one
-            if not _wait_lock(conn, (gate,), deadline):
-                raise _full(target, capacity)
-            try:
-                while True:
-                    for index in random.sample(range(capacity), capacity):
-                        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (key, index)).fetchone()
-                        if row is not None and row[0]:
-                            return Slot(target, index, conn)
-                    if time.monotonic() >= deadline:
-                        raise _full(target, capacity)
-                    index = next(self._turn) % capacity  # wait on one slot briefly, then look at all again
-                    if _wait_lock(conn, (key, index), min(deadline, time.monotonic() + SLOT_POLL_SECONDS)):
+            while True:
+                for index in random.sample(range(capacity), capacity):
+                    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (key, index)).fetchone()
+                    if row is not None and row[0]:
                         return Slot(target, index, conn)
-            finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (gate,))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise QueueTimeout(f"target '{target}' has all {capacity} of its calls running across "
+                                       "the replicas; retry later or raise its 'pool_size'", target=target)
+                index = next(self._turn) % capacity  # spread this replica's waiters over the slots
+                wait_ms = max(1, int(min(remaining, QUEUE_ROUND_SECONDS) * 1000))
+                try:
+                    conn.execute(f"SET lock_timeout = {wait_ms}")
+                    conn.execute("SELECT pg_advisory_lock(%s, %s)", (key, index))
+                    conn.execute("SET lock_timeout = 0")
+                    return Slot(target, index, conn)
+                except psycopg.errors.LockNotAvailable:
+                    conn.execute("SET lock_timeout = 0")
         except psycopg.Error as exc:
             conn.close()
             log.error("slots: %s: %s", self.where, exc)
@@ -176,25 +175,6 @@ class PgSlots(_LockConnections):
             slot.conn.close()
             return
         self._give_back(slot.conn)
-
-
-def _wait_lock(conn: psycopg.Connection[Any], key: tuple[int, ...], until: float) -> bool:
-    """Take the session-scoped advisory lock ``key`` on ``conn``, waiting in PostgreSQL's lock queue
-    (first come, first served) until ``until`` (monotonic); False when it did not come."""
-    wait_ms = max(1, int((until - time.monotonic()) * 1000))
-    try:
-        conn.execute(f"SET lock_timeout = {wait_ms}")
-        conn.execute("SELECT pg_advisory_lock(" + ", ".join(["%s"] * len(key)) + ")", key)
-        return True
-    except psycopg.errors.LockNotAvailable:
-        return False
-    finally:
-        conn.execute("SET lock_timeout = 0")
-
-
-def _full(target: str, capacity: int) -> QueueTimeout:
-    return QueueTimeout(f"target '{target}' has all {capacity} of its calls running across the replicas; "
-                        "retry later or raise its 'pool_size'", target=target)
 
 
 class PgLeader:
