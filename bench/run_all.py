@@ -30,6 +30,9 @@ https`` as a child process, the peer's server) and measures, in this order:
 9. The read that cannot use the mirror (bench/sweep.py): list_vms over HTTPS on a ``mirror: off``
    target at 3,000 and 30,000 VMs against the raw RetrievePropertiesEx, this checkout beside the
    package as it was before the decoder work (``sweep.BEFORE``), and the decode alone of each.
+10. Fair queueing (bench/fairness.py; its own simulator, every SOAP call slowed): agent B's
+    get_vm_details alone against behind agent A's burst of 24 with per-caller queues and with strict
+    FIFO, and the calls finished per second during the burst, fair against FIFO.
 
 The table goes to stdout and, unless ``--quick``, into bench/RESULTS.md with the date and core count.
 """
@@ -65,6 +68,7 @@ sys.path[:0] = [str(REPO), str(BENCH)]
 import anyio  # noqa: E402
 import audit_append  # noqa: E402
 import event_loop  # noqa: E402
+import fairness as fairness_bench  # noqa: E402
 import floors  # noqa: E402
 import httpx2  # noqa: E402
 import list_vms as floor_bench  # noqa: E402
@@ -602,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                                                agents=8):
         table.add(what, value, ratio)
     for what, value, ratio in sweep_bench.run(SWEEP_SCALE_QUICK if args.quick else SWEEP_SCALE, runs):
+        table.add(what, value, ratio)
+    for what, value, ratio in fairness_bench.run(rounds=3 if args.quick else 5):
         table.add(what, value, ratio)
     print("\n" + table.markdown())
     if not args.quick:

@@ -14,6 +14,7 @@ traceback stays in the log and never reaches the wire::
     │   ├── Unreachable        unreachable
     │   ├── Timeout            timeout
     │   ├── QueueTimeout       queue_timeout
+    │   ├── Busy               busy
     │   ├── AuthFailed         auth_failed
     │   ├── NotAuthenticated   not_authenticated
     │   ├── InvalidState       invalid_state
@@ -92,6 +93,17 @@ class Timeout(VSphereError):
 
 class QueueTimeout(VSphereError):
     code = "queue_timeout"
+
+
+class Busy(VSphereError):
+    """Refused at once: the caller already has as many calls queued on the target as it may (the
+    target's ``max_queued_per_caller``); other callers are still served."""
+
+    code = "busy"
+
+    def __init__(self, message: str, *, target: str, retry_after: float) -> None:
+        super().__init__(message, target=target, retry_after_seconds=round(retry_after, 1))
+        self.retry_after = retry_after
 
 
 class AuthFailed(VSphereError):

@@ -40,6 +40,8 @@ from gateway.server.context import CallContext, ProgressSink, cut, off_loop, red
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
+from gateway.vsphere.fair_order import DEFAULT_WEIGHT
+from gateway.vsphere.lane import queue_as
 
 
 class ProposalFlow:
@@ -207,12 +209,15 @@ class ProposalFlow:
         reason: str = "",
     ) -> Answer:
         """A human's approval (web page or CLI): the whole decision again, then the approval is recorded;
-        the proposal runs when it is the last one its rule needs (N of M)."""
+        the proposal runs when it is the last one its rule needs (N of M), its vSphere calls queued as the
+        human, like a tool call's (``Calls.answer``)."""
         proposal = await off_loop(self.store.get_proposal, proposal_id)
         if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True,
-                                           reason=reason)
+        role = (await off_loop(self.facts.party, human)).role
+        with queue_as(human.name, role.queue_weight if role else DEFAULT_WEIGHT):
+            return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True,
+                                               reason=reason)
 
     def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
         """What ``human`` may do with ``proposal`` now, as the decision says before anything is read

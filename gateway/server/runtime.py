@@ -153,6 +153,7 @@ class Gateway(GatewayFacade):
         if self.notifier is not None:
             await self.notifier.close()
         await self.moves.stop_sweeper()
+        await self.path.calls.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)

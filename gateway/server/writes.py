@@ -125,7 +125,8 @@ class Writes:
         if proposal is None:  # a claimed proposal's intent row was written by its claim
             await self.trail.intent(ctx.row("executing", **base))
         try:
-            result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
+            # admitted when planned: after its intent row a change is never refused as busy
+            result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay), bounded=False)
         except BaseException as exc:
             # a refusal or fault of vSphere, or anything unforeseen (cancellation included): the outcome
             # is recorded either way; only a typed error says the change surely did not finish
