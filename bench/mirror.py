@@ -189,12 +189,13 @@ class Served:
 
 
 def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[str, int],
-          extra_env: dict[str, str] | None = None) -> Served:
+          repo: Path = REPO, extra_env: dict[str, str] | None = None) -> Served:
     """``gateway serve --transport https`` with one target per entry of ``ports`` (name -> port of ``sim``
-    or of a relay to it); names starting with ``sweep`` have ``mirror: off``; ``extra_env`` added to the
-    child's environment (OTEL_* for bench/tracing.py)."""
+    or of a relay to it); names starting with ``sweep`` have ``mirror: off``. ``repo``: the folder
+    holding the ``gateway`` package the server runs (bench/sweep.py passes an older one); ``extra_env``
+    added to the child's environment (OTEL_* for bench/tracing.py)."""
     entries = []
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "GATEWAY_LOG_LEVEL": "INFO",
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(repo), "GATEWAY_LOG_LEVEL": "INFO",
            **(extra_env or {})}
     for name, port in ports.items():
         prefix = credential_prefix(name)
@@ -218,7 +219,7 @@ def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[st
             "--public-name", "localhost", "--host", "127.0.0.1", "--port", str(port)]
     log = tmp / "serve.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=REPO,
+        process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=repo,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     stack.callback(stop_process, process)
     wait_for_https(f"https://localhost:{port}/readyz", cert, process)

@@ -27,6 +27,12 @@ https`` as a child process, the peer's server) and measures, in this order:
    named by the mirror and sweeping names against its fair floor, SOAP bytes per minute with eight
    agents polling, the mirror's size per 1,000 VMs, and scale rows at 300 / 3,000 / 30,000 VMs.
    The list_vms rows of section 1 are the sweeping path (every lab target has ``mirror: off``).
+9. The read that cannot use the mirror (bench/sweep.py): list_vms over HTTPS on a ``mirror: off``
+   target at 3,000 and 30,000 VMs against the raw RetrievePropertiesEx, this checkout beside the
+   package as it was before the decoder work (``sweep.BEFORE``), and the decode alone of each.
+10. Fair queueing (bench/fairness.py; its own simulator, every SOAP call slowed): agent B's
+    get_vm_details alone against behind agent A's burst of 24 with per-caller queues and with strict
+    FIFO, and the calls finished per second during the burst, fair against FIFO.
 
 The table goes to stdout and, unless ``--quick``, into bench/RESULTS.md with the date and core count.
 """
@@ -62,11 +68,13 @@ sys.path[:0] = [str(REPO), str(BENCH)]
 import anyio  # noqa: E402
 import audit_append  # noqa: E402
 import event_loop  # noqa: E402
+import fairness as fairness_bench  # noqa: E402
 import floors  # noqa: E402
 import httpx2  # noqa: E402
 import list_vms as floor_bench  # noqa: E402
 import mcp_floor  # noqa: E402
 import mirror as mirror_bench  # noqa: E402
+import sweep as sweep_bench  # noqa: E402
 import token_check  # noqa: E402
 import yaml  # noqa: E402
 from mcp import Client  # noqa: E402
@@ -86,6 +94,8 @@ VM = "DC0_C0_RP0_VM0"
 SMALL = [f"t{i}" for i in range(10)]
 MIRROR_SCALE = [300, 3000, 30000]
 MIRROR_SCALE_QUICK = [300]
+SWEEP_SCALE = [3000, 30000]
+SWEEP_SCALE_QUICK = [300]
 PEER_PY = BENCH / ".peer-venv" / "bin" / "python"
 
 
@@ -594,6 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     event_loop_rows(table, vms, args.quick)
     for what, value, ratio in mirror_bench.run(vms, runs, MIRROR_SCALE_QUICK if args.quick else MIRROR_SCALE,
                                                agents=8):
+        table.add(what, value, ratio)
+    for what, value, ratio in sweep_bench.run(SWEEP_SCALE_QUICK if args.quick else SWEEP_SCALE, runs):
+        table.add(what, value, ratio)
+    for what, value, ratio in fairness_bench.run(rounds=3 if args.quick else 5):
         table.add(what, value, ratio)
     print("\n" + table.markdown())
     if not args.quick:

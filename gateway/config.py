@@ -158,6 +158,7 @@ _TARGET_KEYS = {
     "tags",
     "standalone_host",
     "pool_size",
+    "max_queued_per_caller",
     "timeout_seconds",
     "dry_run",
     "proposal_ttl_seconds",
@@ -187,6 +188,9 @@ class Target:
     tags: tuple[str, ...] = ()
     standalone_host: bool = False
     pool_size: int = 2
+    max_queued_per_caller: int = 32
+    """Calls one caller may have waiting for this target's slots; past it a call is refused at once
+    as ``busy`` (the queue timeout stays the last resort)."""
     timeout_seconds: float = 60.0
     dry_run: bool | None = None
     #: how long a proposal on this target waits for confirmation (None: GATEWAY_CONFIRM_TTL_SECONDS)
@@ -287,6 +291,7 @@ def _parse_target(  # noqa: C901 - a flat list of independent checks, one per ke
         "ca_file": str,
         "standalone_host": bool,
         "pool_size": int,
+        "max_queued_per_caller": int,
         "timeout_seconds": (int, float),
         "dry_run": bool,
         "tags": list,
@@ -309,6 +314,10 @@ def _parse_target(  # noqa: C901 - a flat list of independent checks, one per ke
     pool_size = entry.get("pool_size", 2)
     if not 1 <= pool_size <= 32:
         problems.append(f"{where('pool_size')}: 'pool_size' must be between 1 and 32")
+    queued = entry.get("max_queued_per_caller", 32)
+    if not 1 <= queued <= 10000:
+        problems.append(f"{where('max_queued_per_caller')}: 'max_queued_per_caller' must be between 1 and "
+                        "10000 (calls one caller may have waiting for this target; default 32)")
     timeout = entry.get("timeout_seconds", 60.0)
     if timeout <= 0:
         problems.append(f"{where('timeout_seconds')}: 'timeout_seconds' must be positive")
@@ -336,6 +345,7 @@ def _parse_target(  # noqa: C901 - a flat list of independent checks, one per ke
         tags=tuple(tags),
         standalone_host=bool(entry.get("standalone_host", False)),
         pool_size=pool_size,
+        max_queued_per_caller=queued,
         timeout_seconds=float(timeout),
         dry_run=entry.get("dry_run"),
         proposal_ttl_seconds=None if ttl is None else float(ttl),

@@ -14,6 +14,7 @@ traceback stays in the log and never reaches the wire::
     │   ├── Unreachable        unreachable
     │   ├── Timeout            timeout
     │   ├── QueueTimeout       queue_timeout
+    │   ├── Busy               busy
     │   ├── AuthFailed         auth_failed
     │   ├── NotAuthenticated   not_authenticated
     │   ├── InvalidState       invalid_state
@@ -27,10 +28,14 @@ traceback stays in the log and never reaches the wire::
     ├── ConfirmationInvalid    confirmation_invalid
     ├── Stale                  stale
     ├── ApprovalRequired       approval_required
+    ├── ReasonRequired         reason_required
     ├── AuditUnavailable       audit_unavailable
     ├── StateUnavailable       state_unavailable
     ├── Unauthorized           unauthorized
-    └── Forbidden              forbidden
+    ├── Forbidden              forbidden
+    ├── IdempotencyConflict    idempotency_conflict
+    ├── IdempotencyInProgress  idempotency_in_progress
+    └── TaskNotFound           task_not_found
 """
 
 from __future__ import annotations
@@ -90,6 +95,17 @@ class QueueTimeout(VSphereError):
     code = "queue_timeout"
 
 
+class Busy(VSphereError):
+    """Refused at once: the caller already has as many calls queued on the target as it may (the
+    target's ``max_queued_per_caller``); other callers are still served."""
+
+    code = "busy"
+
+    def __init__(self, message: str, *, target: str, retry_after: float) -> None:
+        super().__init__(message, target=target, retry_after_seconds=round(retry_after, 1))
+        self.retry_after = retry_after
+
+
 class AuthFailed(VSphereError):
     code = "auth_failed"
 
@@ -146,6 +162,12 @@ class ApprovalRequired(GatewayError):
     code = "approval_required"
 
 
+class ReasonRequired(GatewayError):
+    """An approval or denial without the reason its rule asks for (``reason_required``)."""
+
+    code = "reason_required"
+
+
 class AuditUnavailable(GatewayError):
     code = "audit_unavailable"
 
@@ -168,3 +190,41 @@ class ScanLimitReached(GatewayError):
     """A history scan read ``max_scan`` records without reaching the start of its window."""
 
     code = "scan_limit_reached"
+
+
+class IdempotencyConflict(GatewayError):
+    """An idempotency key the caller already used for another call (another tool or other arguments)."""
+
+    code = "idempotency_conflict"
+
+
+class IdempotencyInProgress(GatewayError):
+    """The call first made with this idempotency key is still running past the wait of its retry."""
+
+    code = "idempotency_in_progress"
+
+
+class TaskNotFound(GatewayError):
+    """No task of this caller has that id (never made, someone else's, or its results expired)."""
+
+    code = "task_not_found"
+
+
+def error_of(wire: dict[str, Any]) -> GatewayError:
+    """The ``GatewayError`` a wire error (``to_wire``) was made from, by its code: how an outcome kept as
+    text (an idempotency key's replay, a task's result) is raised again with the same code and details."""
+    details = {k: v for k, v in wire.items() if k not in ("code", "message")}
+    cls = _by_code().get(str(wire.get("code")), GatewayError)
+    exc = cls.__new__(cls)
+    GatewayError.__init__(exc, str(wire.get("message", "")), **details)
+    return exc
+
+
+def _by_code() -> dict[str, type[GatewayError]]:
+    found: dict[str, type[GatewayError]] = {}
+    stack: list[type[GatewayError]] = [GatewayError]
+    while stack:
+        cls = stack.pop()
+        found.setdefault(cls.code, cls)
+        stack.extend(cls.__subclasses__())
+    return found

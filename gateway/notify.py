@@ -18,9 +18,13 @@ Channels are configured in ``notifications.yaml`` (``$GATEWAY_HOME/notifications
           kind: chat                 # Slack- or Teams-style incoming webhook: {"title", "text", ...}
           url_env: TEAM_CHAT_WEBHOOK_URL
 
-Events: ``approval_needed`` (a proposal a human must approve), ``proposed`` (any proposal),
-``approved``, ``denied``, ``cancelled``, ``expired``, ``executing``, ``executed``, ``failed``,
-``stale`` and ``outcome_unknown``.
+Events: ``approval_needed`` (a proposal a human must approve), ``approval`` (one approval of several
+recorded: "1 of 2 approvals"), ``proposed`` (any proposal), ``approved``, ``denied``, ``cancelled``,
+``expired``, ``executing``, ``executed``, ``failed``, ``stale`` and ``outcome_unknown``; and
+``checkpoint`` (not a default: list it), each signed audit
+checkpoint, for ``webhook`` channels only: ``{"event": "checkpoint", "delivery_id", "sent_at",
+"checkpoint": {"note", "tree_size", "root"}}``, the note exactly as signed, so a receiver outside this
+host witnesses the log (``gateway audit verify --witness``).
 
 A ``webhook`` delivery is a POST of ``{"event", "delivery_id", "sent_at", "link", "proposal": {...}}``
 with the headers ``X-Gateway-Event``, ``X-Gateway-Delivery`` (the same across retries: deduplicate on
@@ -63,16 +67,17 @@ import httpx2
 from gateway.audit.redact import shown
 from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
+from gateway.guard.approvals import approval_view
 from gateway.proposals import Proposal
 
 log = logging.getLogger(__name__)
 
 EVENTS: Final = frozenset({
-    "approval_needed", "proposed", "approved", "denied", "cancelled", "expired", "executing", "executed",
-    "failed", "stale", "outcome_unknown",
+    "approval_needed", "approval", "proposed", "approved", "denied", "cancelled", "expired", "executing",
+    "executed", "failed", "stale", "outcome_unknown", "checkpoint",
 })
 _EVENT_LIST: Final = ", ".join(sorted(EVENTS))
-DEFAULT_EVENTS: Final = ("approval_needed", "approved", "denied", "expired", "failed", "stale",
+DEFAULT_EVENTS: Final = ("approval_needed", "approval", "approved", "denied", "expired", "failed", "stale",
                          "outcome_unknown")
 KINDS: Final = ("webhook", "chat")
 _CHANNEL_KEYS: Final = frozenset({"name", "kind", "url", "url_env", "secret_env", "events", "max_attempts",
@@ -316,6 +321,7 @@ def proposal_facts(p: Proposal) -> dict[str, Any]:
         "requires_human_approval": p.require_web_approval, "created_at": _iso(p.created_at),
         "expires_at": _iso(p.expires_at), "decided_by": p.approved_by, "outcome": p.outcome,
         "error_code": error.get("code") if isinstance(error, dict) else None,
+        **approval_view(p),
     })
     return facts
 
@@ -323,6 +329,7 @@ def proposal_facts(p: Proposal) -> dict[str, Any]:
 _TITLES: Final = {
     "approval_needed": "Approval needed: {tool} on {target}",
     "proposed": "Proposed: {tool} on {target}",
+    "approval": "{approvals_progress}, waiting for more: {tool} on {target}",
     "approved": "Approved by {decided_by}: {tool} on {target}",
     "denied": "Denied by {decided_by}: {tool} on {target}",
     "cancelled": "Cancelled: {tool} on {target}",
@@ -349,11 +356,36 @@ def chat_message(event: str, facts: Mapping[str, Any], link: str) -> dict[str, A
         f"Target: {_chat_escape(str(facts['target']))} ({_chat_escape(str(facts['target_host']))})",
         f"Requested by {_chat_escape(str(facts['requested_by']))}; proposal {facts['proposal_id']}",
     ]
+    lines += _approval_lines(facts)
     if event == "approval_needed":
         lines.append(f"Waits for a human until {facts['expires_at']}")
     lines.append(f"Open: {link}")
     return {"title": title, "text": "\n".join(lines), "target": facts["target"],
             "summary": facts["summary"], "link": link}
+
+
+def _approval_lines(facts: Mapping[str, Any]) -> list[str]:
+    """The blast radius, the approvals so far with their reasons, and a denial's reason, as chat lines."""
+    lines = []
+    blast = facts.get("blast_radius") or {}
+    for obj in (blast.get("objects") or [])[:10]:
+        disks = ", ".join(f"{d.get('label')} {d.get('size')} on {d.get('datastore')}"
+                          for d in obj.get("disks") or [])
+        bits = [f"{obj.get('power_state')}", f"host {obj.get('host')}"]
+        if "snapshot_count" in obj:
+            bits.append(f"{obj['snapshot_count']} snapshot(s)")
+        lines.append(_chat_escape(f"Affects {obj.get('name')} ({'; '.join(bits)})" + (f": {disks}" if disks
+                                                                                    else "")))
+    if blast.get("count", 0) > 10:
+        lines.append(f"... {blast['count']} objects in all")
+    if facts.get("approvals_progress"):
+        lines.append(_chat_escape(str(facts["approvals_progress"])))
+    for a in facts.get("approvals") or []:
+        why = f": {a.get('reason')}" if a.get("reason") else ""
+        lines.append(_chat_escape(f"Approved by {a.get('by')}{why}"))
+    if facts.get("deny_reason"):
+        lines.append(_chat_escape(f"Reason for the denial: {facts['deny_reason']}"))
+    return lines
 
 
 @dataclass
@@ -454,6 +486,22 @@ class Notifier:
                 self._enqueue(delivery)
             else:
                 loop.call_soon_threadsafe(self._enqueue, delivery)
+
+    def on_checkpoint(self, entry: Mapping[str, Any]) -> None:
+        """A signed audit checkpoint (``gateway.audit.witness.CheckpointPublisher``): queued for each
+        webhook channel listing ``checkpoint``; any thread, never blocks."""
+        loop = self._loop
+        if not self.enabled or loop is None or loop.is_closed() or not isinstance(entry.get("note"), str):
+            return
+        facts = {"note": entry["note"], "tree_size": entry.get("tree_size"), "root": entry.get("root")}
+        for channel in self.config.channels:
+            if channel.kind != "webhook" or "checkpoint" not in channel.events:
+                continue
+            delivery = Delivery(channel, "checkpoint", "", "", b"")
+            payload = {"event": "checkpoint", "delivery_id": delivery.delivery_id,
+                       "sent_at": _iso(self.clock()), "checkpoint": facts}
+            delivery.body = json.dumps(payload, sort_keys=True).encode()
+            loop.call_soon_threadsafe(self._enqueue, delivery)
 
     def _deliveries(self, event: str, proposal: Proposal) -> list[Delivery]:
         facts = proposal_facts(proposal)

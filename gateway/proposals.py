@@ -8,7 +8,8 @@ a proposal can make.
        ├──> denied      a human said no
        ├──> cancelled   its caller withdrew it, or its token was revoked
        ├──> expired     its time ran out (approved ones too)
-       └──> stale       its objects changed in vSphere since it was made (approved ones too)
+       └──> stale       its objects or their facts (blast radius) changed in vSphere since it was
+                        shown: every approval of it is void (approved ones too)
 
 Every state a proposal can be in is a key of ``EDGES``; a state with no way out is final.
 ``executing`` is a claim: the process that moved the proposal there runs the change and settles it.
@@ -69,6 +70,24 @@ def sources(to_state: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Approval:
+    """One person's approval of a proposal: who, of which kind and role, when, why, and the digest of the
+    proposal as it was when they approved (``Proposal.shown_digest`` at that moment)."""
+
+    proposal_id: str
+    approver: str
+    kind: str
+    role: str
+    at: float
+    reason: str
+    digest: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"by": self.approver, "kind": self.kind, "role": self.role, "at": self.at,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class Proposal:
     """A destructive call waiting for confirmation. Only the sha256 of its confirmation token is kept.
 
@@ -105,6 +124,15 @@ class Proposal:
     correlation_id: str | None = None
     #: who holds the ``executing`` claim: ``<instance id>`` of the gateway process running the change
     executor: str | None = None
+    #: what a human approval needs, as the policy said when it was made: ``{"required": N,
+    #: "roles": [...], "reason_required": bool}`` (``gateway.guard.approvals.ApprovalRule``); None: one
+    approval_rule: dict[str, Any] | None = None
+    #: what the proposal will affect, from live reads when it was made (disks, snapshots, power, host)
+    blast_radius: dict[str, Any] | None = None
+    #: the digest of the proposal as shown (tool, arguments, objects, blast radius): an approval binds to it
+    shown_digest: str | None = None
+    #: the approvals recorded so far, oldest first (kept in their own table; filled in by the store)
+    approvals: tuple[Approval, ...] = ()
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

@@ -34,6 +34,9 @@ class Role:
     #: which audit rows the role may read: none, its own calls (caller = the token's name), or all
     #: rows of its targets
     audit: AuditRight = "none"
+    #: the role's share of a busy target's slots against other callers' (``queue_weight`` in
+    #: roles.yaml; every principal alike by default): a caller of weight 3 is served three calls a turn
+    queue_weight: float = 1.0
 
     @property
     def all_targets(self) -> bool:
@@ -75,7 +78,8 @@ class Role:
         return {"name": self.name, "tools": listed(self.tools),
                 "allow_write": granted(Category.WRITE, self.allow_write),
                 "allow_destructive": granted(Category.DESTRUCTIVE, self.allow_destructive),
-                "targets": listed(self.targets), "approve": self.approve, "audit": self.audit}
+                "targets": listed(self.targets), "approve": self.approve, "audit": self.audit,
+                "queue_weight": self.queue_weight}
 
 
 BUILTIN_ROLES: Final[Mapping[str, Role]] = {

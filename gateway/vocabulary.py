@@ -87,6 +87,9 @@ class Plan:
     #: set for bulk actions: how many objects the call would change (limits use it)
     object_count: int | None = None
     unmet: tuple[Precondition, ...] = ()
+    #: for a destructive plan: what it will affect, read live (disks, snapshots, power state, host;
+    #: a bulk call's count and objects), JSON-able; shown with the proposal and bound to its approvals
+    blast_radius: Mapping[str, Any] | None = None
 
     @property
     def count(self) -> int:

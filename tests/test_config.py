@@ -34,6 +34,7 @@ targets:
     assert vc1 == Target(name="vc1", host="vc1.example.com", credential_env_prefix="VC1", tags=("env:prod",))
     assert vc1.pool_size == 2 and vc1.insecure is False and vc1.address == "vc1.example.com"
     assert esx1.address == "10.0.0.5:8443" and esx1.pool_size == 4 and esx1.standalone_host
+    assert vc1.max_queued_per_caller == 32  # the default bound of calls one caller may have waiting
     assert esx1.credentials(ENV).user == "u"
 
 
@@ -50,6 +51,10 @@ targets:
         ("- {name: a, credential_env_prefix: VC1}", "missing required key 'host'"),
         ("- {name: a, host: h, credential_env_prefix: VC1, port: '443'}", "'port' must be int"),
         ("- {name: a, host: h, credential_env_prefix: VC1, pool_size: 0}", "'pool_size' must be between"),
+        ("- {name: a, host: h, credential_env_prefix: VC1, max_queued_per_caller: 0}",
+         "'max_queued_per_caller' must be between 1 and 10000"),
+        ("- {name: a, host: h, credential_env_prefix: VC1, max_queued_per_caller: 2.5}",
+         "'max_queued_per_caller' must be int"),
         ("- {name: a, host: h, credential_env_prefix: VC1, insecure: true, ca_file: /x}", "not both"),
         ("- {name: all, host: h, credential_env_prefix: VC1}", "'all' is reserved"),
         ("- {name: a, host: h, credential_env_prefix: VC1, insecure: 'yes'}", "'insecure' must be bool"),

@@ -234,8 +234,8 @@ async def test_a_client_without_elicitation_sees_todays_flow(tmp_path: Path, sim
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
             assert set(answer) == {"state", "proposal_id", "target", "target_host", "tool", "summary",
-                                   "affected", "token", "expires_in_seconds", "requires_human_approval",
-                                   "dry_run", "confirm_with", "note"}
+                                   "affected", "blast_radius", "token", "expires_in_seconds",
+                                   "requires_human_approval", "dry_run", "confirm_with", "note"}
             assert answer["confirm_with"].startswith("confirm_action(token=")
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"

@@ -22,7 +22,7 @@ from simulator import MakeSimulator, find_vm, pyvmomi_connect, read_properties, 
 
 from gateway import notify
 from gateway.errors import ConfigError, GatewayError
-from gateway.proposals import Proposal
+from gateway.proposals import Approval, Proposal
 
 SECRET = "s3cr3t-for-the-test-receiver"
 ENV = {"HOOK_SECRET": SECRET, "CHAT_WEBHOOK_URL": "https://chat.example.com/hooks/T0/B0/xyz"}
@@ -112,6 +112,24 @@ def test_the_chat_message_has_title_target_summary_and_link_and_cannot_mention_a
     assert message["target"] == "vc-2" and message["link"] == "https://gw/ui#proposal=p-1"
     assert "Target: vc-2 (10.0.0.2)" in message["text"] and "https://gw/ui#proposal=p-1" in message["text"]
     assert "<!channel>" not in message["text"] and "&lt;!channel&gt;" in message["text"]
+
+
+def test_an_approval_of_several_tells_the_progress_who_and_why_and_the_blast_radius() -> None:
+    disk = {"label": "Hard disk 1", "size": "40 GB", "datastore": "ds1"}
+    blast = {"count": 1, "objects": [{"name": "web-1", "moid": "vm-1", "power_state": "poweredOff",
+                                      "host": "esx-1", "snapshot_count": 2, "disks": [disk]}]}
+    approved = Approval("p-1", "alice", "person", "admin", 1_800_000_100.0, "owner <!here> agreed", "d1")
+    proposal = a_proposal(approval_rule={"required": 2, "roles": [], "reason_required": True},
+                          blast_radius=blast, shown_digest="d1", approvals=(approved,))
+    facts = notify.proposal_facts(proposal)
+    assert facts["approvals_progress"] == "1 of 2 approvals"
+    assert [a["by"] for a in facts["approvals"]] == ["alice"]
+    message = notify.chat_message("approval", facts, "https://gw/ui#proposal=p-1")
+    assert message["title"] == "1 of 2 approvals, waiting for more: delete_vm on vc-2"
+    text = message["text"]
+    assert "Affects web-1 (poweredOff; host esx-1; 2 snapshot(s)): Hard disk 1 40 GB on ds1" in text
+    assert "Approved by alice: owner &lt;!here&gt; agreed" in text and "<!here>" not in text
+    assert "approval" in notify.DEFAULT_EVENTS
 
 
 @pytest.mark.parametrize("event, gated, expected", [
@@ -380,3 +398,33 @@ def test_file_problems_carry_line_and_column_and_repeated_keys_are_refused(tmp_p
     path.write_text("notifications:\n  channels:\n    - name: ops\n      kind: webhook\n      kind: chat\n")
     with pytest.raises(ConfigError, match=r"n\.yaml:5:7: the key 'kind' appears twice"):
         notify.load(path, ENV)
+
+
+async def test_every_signed_audit_checkpoint_goes_to_a_webhook_listing_checkpoint(
+        tmp_path: Path, make_simulator: MakeSimulator, receiver: Receiver) -> None:
+    """The signed checkpoint note reaches a witness outside the host as it was signed."""
+    from gateway.audit.note import open_checkpoint, parse_checkpoint
+    from gateway.audit.signing import load_or_create_signing_key
+
+    env = Env(tmp_path, make_simulator(vms=1))
+    (tmp_path / "notifications.yaml").write_text(yaml.safe_dump({"notifications": {"channels": [
+        {"name": "witness", "kind": "webhook", "url": f"{receiver.url}/hook", "secret_env": "HOOK_SECRET",
+         "events": ["checkpoint"]},
+        {"name": "ops", "kind": "webhook", "url": f"{receiver.url}/ops", "secret_env": "HOOK_SECRET"},
+    ]}}))
+    gw = env.build(notify_env={"HOOK_SECRET": SECRET})
+    await gw.start()
+    try:
+        await anyio.to_thread.run_sync(lambda: gw.audit.write({"phase": "call", "tool": "list_vms"}))
+        entry = await anyio.to_thread.run_sync(gw.audit.checkpoint)
+        assert entry is not None
+        delivered = await wait_for(lambda: receiver.of("checkpoint"), "the checkpoint delivery")
+    finally:
+        await gw.close()
+    body = delivered[0]["body"]
+    assert delivered[0]["valid"] and body["event"] == "checkpoint"
+    assert body["checkpoint"]["note"] == entry["note"] and body["checkpoint"]["tree_size"] == entry["seq"]
+    checkpoint = parse_checkpoint(body["checkpoint"]["note"])
+    key = load_or_create_signing_key(gw.settings.signing_key_file).public_key()
+    assert checkpoint is not None and open_checkpoint(body["checkpoint"]["note"], checkpoint.origin, key)
+    assert receiver.of("checkpoint", "/ops") == [], "a channel not listing checkpoint gets none"

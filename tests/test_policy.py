@@ -269,7 +269,8 @@ def test_decision_to_dict() -> None:
     decision = decide(OVERRIDE, affected=(vm("db-1"),), override=True)
     assert decision.to_dict() == {
         "allowed": True, "reason": decision.reason, "rule": "defaults", "require_approval": False,
-        "dry_run": False, "auto_snapshot": True, "overridden": ["db-guard"], "confirm_by": "tool",
+        "dry_run": False, "auto_snapshot": True, "overridden": ["db-guard"],
+        "approvals_required": 1, "approver_roles": [], "reason_required": False, "confirm_by": "tool",
     }
 
 

@@ -95,6 +95,11 @@ def test_parse_a_valid_role() -> None:
     ({"targets": "all"}, 'spell every target "*"'),
     ({"targets": [""]}, "'targets' must be"),
     ({"targets": None}, "'targets' must be"),
+    ({"queue_weight": 0}, "'queue_weight' must be a number from 0.1 to 100"),
+    ({"queue_weight": 101}, "'queue_weight' must be a number"),
+    ({"queue_weight": True}, "'queue_weight' must be a number"),
+    ({"queue_weight": "3"}, "'queue_weight' must be a number"),
+    ({"queue_weight": None}, "'queue_weight' must be a number"),
 ])
 def test_parse_problems(changes: dict[str, Any], problem: str) -> None:
     with pytest.raises(ConfigProblems) as info:
@@ -110,6 +115,13 @@ def test_parse_collects_every_problem() -> None:
         parse_roles(data, "r.yaml")
     text = "\n".join(info.value.problems)
     assert "role 'a'" in text and "role 'b'" in text and len(info.value.problems) >= 5
+
+
+@pytest.mark.parametrize(("changes", "weight"), [({}, 1.0), ({"queue_weight": 3}, 3.0),
+                                                 ({"queue_weight": 0.5}, 0.5)])
+def test_queue_weight_is_optional_and_every_role_alike_by_default(changes: dict[str, Any],
+                                                                  weight: float) -> None:
+    assert parse_roles(role_doc(**changes), "roles.yaml")["ops"].queue_weight == weight
 
 
 @pytest.mark.parametrize("name", ["reader", "admin"])

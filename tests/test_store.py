@@ -21,7 +21,7 @@ from postgres import PgServer, discard, open_store_at, start_postgres, wait_for
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
 from gateway.ids import new_id
-from gateway.proposals import Proposal
+from gateway.proposals import Approval, Proposal
 from gateway.store import SqliteStore, StateStore, TokenRecord, WebSessionRecord
 from gateway.store.postgres import PostgresStore
 from gateway.vocabulary import Kind
@@ -195,7 +195,7 @@ def test_tokens_made_before_kinds_existed_become_agents_and_kinds_change(locatio
             conn.execute("INSERT INTO schema_version (one, version) VALUES (true, 3)")
             conn.execute(row.format(false="false"))
     with closing(open_store_at(location)) as s:
-        assert s.schema_version() == 4
+        assert s.schema_version() == (sqlite if engine == "sqlite" else postgres).SCHEMA_VERSION
         (rec,) = s.list_tokens()
         assert (rec.name, rec.role, rec.kind) == ("old", "admin", Kind.AGENT)
         generation = s.token_generation()
@@ -301,6 +301,28 @@ def test_proposal_round_trip(store: StateStore) -> None:
     assert store.get_proposal("missing") is None
     with pytest.raises(InvalidArgument):
         store.add_proposal(p)
+
+
+def test_approvals_are_kept_once_per_person_and_only_while_pending(store: StateStore) -> None:
+    """N of M in the store: one row per person per proposal, in the order they landed, read back with the
+    proposal (with its approval rule, blast radius and digest as shown); none once it left pending."""
+    blast = {"count": 1, "objects": [{"name": "web-01", "moid": "vm-1", "power_state": "poweredOff"}]}
+    rule = {"required": 2, "roles": [], "reason_required": True}
+    p = proposal(require_web_approval=True, approval_rule=rule, blast_radius=blast, shown_digest="d1")
+    store.add_proposal(p)
+    first = Approval(p.id, "alice", "person", "admin", 10.0, "checked", "d1")
+    second = Approval(p.id, "olga", "person", "lead", 11.0, "", "d1")
+    assert store.add_approval(first)
+    assert not store.add_approval(replace(first, at=12.0, reason="again")), "a person approves once"
+    assert store.add_approval(second)
+    found = store.get_proposal(p.id)
+    assert found is not None and found.approvals == (first, second)
+    assert (found.approval_rule, found.blast_radius, found.shown_digest) == (p.approval_rule, blast, "d1")
+    assert [q.approvals for q in store.list_proposals(["pending"]) if q.id == p.id] == [(first, second)]
+    assert store.transition(p.id, ["pending"], "denied")
+    assert not store.add_approval(Approval(p.id, "lee", "person", "admin", 13.0, "", "d1"))
+    late = store.get_proposal(p.id)
+    assert late is not None and len(late.approvals) == 2
 
 
 def test_list_proposals_filters_and_orders(store: StateStore) -> None:

@@ -75,6 +75,31 @@ protected: []
 rules: []
 maintenance_windows: []
 """
+#: N of M (tests/test_approvals_served.py, tests/test_approvals_browser.py): ``prod-*`` needs two distinct
+#: people, ``lab-vc`` a reason; a bulk call on three or more VMs asks for three approvals (``big-bulk``)
+N_OF_M_RULES = """\
+defaults:
+  destructive: allow
+  max_calls_per_minute:
+    write: null
+    destructive: null
+targets:
+  "prod-*":
+    require_web_approval: true
+    approvals_required: 2
+  "lab-vc":
+    require_web_approval: true
+    reason_required: true
+protected: []
+rules:
+  - name: big-bulk
+    match:
+      tools: [bulk_vm_action]
+      min_affected_objects: 3
+    action: require_approval
+    approvals_required: 3
+maintenance_windows: []
+"""
 #: token name -> role
 PEOPLE = {"agent": "agent", "alice": "admin", "rita": "reader", "olga": "lead", "lara": "lab-approver",
           "adam": "admin"}
@@ -98,6 +123,15 @@ class WebServer:
     tokens: dict[str, str]
     sims: dict[str, Simulator]
     offset: list[float] = field(default_factory=lambda: [0.0])
+    #: the credentials' environment and the files, for a CLI run against the same gateway
+    env: dict[str, str] = field(default_factory=dict)
+    tmp: Path | None = None
+
+    def cli_flags(self) -> list[str]:
+        """``--home/--targets/--rules/--roles`` of this gateway, for ``gateway.cli.main``."""
+        assert self.tmp is not None
+        return ["--home", str(self.tmp / "home"), "--targets", str(self.tmp / "targets.yaml"),
+                "--rules", str(self.tmp / "rules.yaml"), "--roles", str(self.tmp / "roles.yaml")]
 
     @property
     def port(self) -> int:
@@ -133,9 +167,10 @@ class WebServer:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
-def start_web_server(tmp: Path, prod: Simulator, lab: Simulator, *, dry_run: bool = False) -> WebServer:
+def start_web_server(tmp: Path, prod: Simulator, lab: Simulator, *, dry_run: bool = False,
+                     rules: str = RULES_YAML) -> WebServer:
     """The server for ``prod`` and ``lab``, plus ``lab-down``: a target nobody answers for. ``dry_run``:
-    an approved change is planned and audited but not made."""
+    an approved change is planned and audited but not made; ``rules``: the rules file's text."""
     sims = {"prod-vc": prod, "prod-alias": prod, "lab-vc": lab}
     env = credentials_env(sims)
     prefix = credential_prefix("lab-down")
@@ -144,7 +179,7 @@ def start_web_server(tmp: Path, prod: Simulator, lab: Simulator, *, dry_run: boo
     env.update({f"{prefix}_USER": "nobody", f"{prefix}_PASSWORD": "nothing"})
     entries = [*(target_entry(name, sim) for name, sim in sims.items()), down]
     (tmp / "targets.yaml").write_text(yaml.safe_dump({"targets": entries}, sort_keys=False))
-    (tmp / "rules.yaml").write_text(RULES_YAML)
+    (tmp / "rules.yaml").write_text(rules)
     roles = tmp / "roles.yaml"
     roles.write_text(ROLES_YAML)
     roles.chmod(0o600)
@@ -167,17 +202,18 @@ def start_web_server(tmp: Path, prod: Simulator, lab: Simulator, *, dry_run: boo
     thread.start()
     wait_until(lambda: server.started or not thread.is_alive(), timeout=20, what="server start")
     assert server.started, "the server failed to start (see the log)"
-    return WebServer(server, thread, gateway, cert, tokens, {"prod": prod, "lab": lab}, offset)
+    return WebServer(server, thread, gateway, cert, tokens, {"prod": prod, "lab": lab}, offset, env, tmp)
 
 
 @contextlib.contextmanager
-def web_server(tmp: Path, vcsim_bin: Path, *, dry_run: bool = False) -> Iterator[WebServer]:
+def web_server(tmp: Path, vcsim_bin: Path, *, dry_run: bool = False, rules: str = RULES_YAML,
+               vms: int = 2) -> Iterator[WebServer]:
     """Two fresh simulators (tests delete their VMs) and the server in front of them."""
-    prod = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=2)
-    lab = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=2)
+    prod = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=vms)
+    lab = start_simulator(binary=vcsim_bin, clusters=1, hosts_per_cluster=1, standalone_hosts=1, vms=vms)
     running = None
     try:
-        running = start_web_server(tmp, prod, lab, dry_run=dry_run)
+        running = start_web_server(tmp, prod, lab, dry_run=dry_run, rules=rules)
         yield running
     finally:
         if running is not None:
@@ -233,6 +269,7 @@ async def signed_in(server: WebServer, who: str) -> AsyncIterator[tuple[httpx2.A
 
 
 async def decide(client: httpx2.AsyncClient, server: WebServer, csrf: str | None, proposal_id: str,
-                 action: str) -> httpx2.Response:
-    return await client.post(f"/ui/api/proposals/{proposal_id}/{action}", json={},
+                 action: str, reason: str | None = None) -> httpx2.Response:
+    body = {} if reason is None else {"reason": reason}
+    return await client.post(f"/ui/api/proposals/{proposal_id}/{action}", json=body,
                              headers=change_headers(server, csrf))

@@ -29,13 +29,14 @@ from typing import Any, Final, Literal, cast
 
 from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position, suggestion
 from gateway.role import APPROVE_RIGHTS, AUDIT_RIGHTS, BUILTIN_ROLES, ApproveRight, AuditRight, Role
+from gateway.vsphere.fair_order import DEFAULT_WEIGHT, MAX_WEIGHT, MIN_WEIGHT
 
 log = logging.getLogger(__name__)
 
 #: every custom role sets these
 ROLE_KEYS: Final = ("tools", "allow_write", "allow_destructive", "targets", "approve")
 #: optional keys and the value a role gets without them (the narrowest)
-OPTIONAL_ROLE_KEYS: Final[Mapping[str, str]] = {"audit": "none"}
+OPTIONAL_ROLE_KEYS: Final[Mapping[str, str | float]] = {"audit": "none", "queue_weight": DEFAULT_WEIGHT}
 _ROLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 _GLOB_CHARS = frozenset("*?[]")
@@ -104,6 +105,16 @@ class _RoleReader:
         self.ref("target", "targets", value, glob=True)
         return tuple(value)
 
+    def weight(self) -> float | None:
+        value = self.entry.get("queue_weight", DEFAULT_WEIGHT)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and MIN_WEIGHT <= value <= MAX_WEIGHT:
+            return float(value)
+        self.problem(f"'queue_weight' must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} (the role's "
+                     f"share of a busy target's slots; {DEFAULT_WEIGHT:g} unless set), got {value!r}",
+                     "queue_weight")
+        return None
+
     def right(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str | None:
         value = self.entry.get(key, default)
         if value in choices:
@@ -138,13 +149,14 @@ def _parse_role(name: Any, entry: Any, source: str, problems: list[str], entries
     allow_destructive = r.names("allow_destructive", "destructive tool")
     targets = r.targets()
     approve = r.right("approve", APPROVE_RIGHTS)
-    audit = r.right("audit", AUDIT_RIGHTS, OPTIONAL_ROLE_KEYS["audit"])
+    audit = r.right("audit", AUDIT_RIGHTS, "none")
+    weight = r.weight()
     if tools is None or allow_write is None or allow_destructive is None or targets is None:
         return None
-    if approve is None or audit is None:
+    if approve is None or audit is None or weight is None:
         return None
     return Role(name, tools, allow_write, allow_destructive, targets, cast(ApproveRight, approve),
-                cast(AuditRight, audit))
+                cast(AuditRight, audit), weight)
 
 
 def parse_roles(data: Any, source: str, refs: list[NameRef] | None = None) -> dict[str, Role]:

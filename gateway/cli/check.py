@@ -22,6 +22,7 @@ from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.guard.policy.read_filter import unreachable_rules
 from gateway.guard.policy.store import PolicyStore
+from gateway.identity.config import load_identity
 from gateway.role import BUILTIN_ROLES
 from gateway.tools.registry import tool_categories
 
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary.append((settings.roles_file, f"roles: {settings.roles_file} absent; built-in roles reader "
                                              "and admin only"))
+    problems += _identity_problems(settings.identity_file, summary, role_names)
     known = KnownNames.of(targets, role_names, tool_categories())
     problems += [str(u) for u in unknown_names(refs, known)]
     problems = list(dict.fromkeys(problems))
@@ -82,3 +84,21 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print(f"gateway check: {len(problems)} problem(s); fix them and run it again", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _identity_problems(path: Path | None, summary: list[tuple[Path, str]],
+                       role_names: list[str]) -> list[str]:
+    """identity.yaml (absent: gateway tokens only), and every role its mappings name."""
+    if path is None:
+        return []
+    try:
+        config = load_identity(path)
+    except ConfigProblems as exc:
+        return exc.problems
+    if config is None:  # absent: gateway tokens only, and nothing to say (as before identity.yaml)
+        return []
+    summary.append((path, f"identity: {path} ok ({len(config.issuers)} issuer(s))"))
+    return [f"{where}: issuer {i.issuer}: roles: {value!r} maps to the role {role!r}, which is not defined; "
+            "define it in roles.yaml or map to another role"
+            for i in config.issuers for (value, role), where in zip(i.roles, i.role_places, strict=True)
+            if role not in role_names]

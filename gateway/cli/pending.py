@@ -27,12 +27,15 @@ def register(sub: Any) -> None:
     add_path_flags(listing)
     listing.set_defaults(handler=run_list)
     helps = {
-        "approve": "approve a proposal by id; this executes it at once",
+        "approve": "approve a proposal by id; this executes it at once, or records one approval when "
+                   "it needs several people (N of M)",
         "deny": "deny a proposal by id; it never runs and cannot be confirmed afterwards",
     }
     for name, fn in (("approve", run_approve), ("deny", run_deny)):
         p = actions.add_parser(name, help=helps[name], description=helps[name].capitalize() + ".")
         p.add_argument("proposal_id")
+        p.add_argument("--reason", default="", help="why (kept in the audit row and shown to the others; "
+                       "required where rules.yaml sets reason_required)")
         add_path_flags(p)
         p.set_defaults(handler=fn)
 
@@ -61,7 +64,35 @@ def run_list(args: argparse.Namespace) -> int:
     for r in rows:
         print(describe(r))
         print(f"    {r['summary']}")
+        for line in approval_lines(r):
+            print(f"    {line}")
     return 0
+
+
+def approval_lines(r: dict[str, Any]) -> list[str]:
+    """The blast radius and the approvals so far (who, why) of one proposal, as indented lines."""
+    lines = []
+    blast = r.get("blast_radius") or {}
+    for obj in (blast.get("objects") or [])[:20]:
+        disks = "; ".join(f"{d.get('label')} {d.get('size')} on {d.get('datastore')}"
+                          for d in obj.get("disks") or [])
+        facts = [str(obj.get("power_state")), f"host {obj.get('host')}"]
+        if obj.get("cluster"):
+            facts.append(f"cluster {obj['cluster']}")
+        if "snapshot_count" in obj:
+            facts.append(f"{obj['snapshot_count']} snapshot(s)")
+        lines.append(f"affects {obj.get('name')} ({obj.get('moid')}): {', '.join(facts)}"
+                     + (f"; disks: {disks}" if disks else ""))
+    if blast.get("count", 0) > 20:
+        lines.append(f"... {blast['count']} objects in all")
+    if r.get("approvals_progress"):
+        who = ", ".join(f"{a['by']}" + (f" ({a['reason']})" if a.get("reason") else "")
+                        for a in r.get("approvals") or [])
+        lines.append(f"{r['approvals_progress']}" + (f": {who}" if who else "")
+                     + ("; a reason is required" if r.get("reason_required") else ""))
+    if r.get("deny_reason"):
+        lines.append(f"denied because: {r['deny_reason']}")
+    return lines
 
 
 def describe(r: dict[str, Any]) -> str:
@@ -71,6 +102,8 @@ def describe(r: dict[str, Any]) -> str:
             f"{r['tool']}  requested by {r['requested_by']}")
     if r["state"] == "pending":
         gate = "BLOCKED until approved" if r["requires_human_approval"] else "not gated"
+        if r.get("approvals_progress") and r.get("approvals_required", 1) > 1:
+            gate += f" ({r['approvals_progress']})"
         return f"{head}  {gate}  expires in {r['expires_in_seconds']}s"
     tail = [f"decided by {r['approved_by']}"] if r.get("approved_by") else []
     if r.get("outcome"):
@@ -85,8 +118,8 @@ def _decide(args: argparse.Namespace, approve: bool) -> int:
         try:
             await gateway.start_notifier()  # humans hear of a decision made from a shell too
             if approve:
-                return await gateway.approve(args.proposal_id, os_person())
-            return await gateway.deny(args.proposal_id, os_person())
+                return await gateway.approve(args.proposal_id, os_person(), reason=args.reason)
+            return await gateway.deny(args.proposal_id, os_person(), reason=args.reason)
         finally:
             await gateway.close()
 

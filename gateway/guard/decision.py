@@ -31,7 +31,9 @@ Facts are plain values (``Party``, ``Facts``); the answer is a ``Verdict`` with 
 ``authorize`` asks it for approve and deny, and every listing (MCP ``list_pending_actions``, the web
 page, ``gateway pending list``) filters by its ``see``. Only a person approves or denies, never the
 proposer (whatever the role: ``approve: any`` is any proposal but one's own); a refusal names its
-``reason_code`` (``not_visible``, ``not_a_person``, ``no_approve_right``, ``own_proposal``).
+``reason_code`` (``not_visible``, ``not_a_person``, ``no_approve_right``, ``own_proposal``; with N of M,
+``not_an_approver_role`` and ``already_approved`` from ``guard.approvals``, and ``reason_required``
+when the rule wants a reason and none was given).
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ from gateway.errors import (
     InvalidState,
     NotFound,
     PolicyDenied,
+    ReasonRequired,
     Stale,
 )
+from gateway.guard.approvals import ApprovalRule, approval_refusal, reason_missing, tally
 from gateway.guard.policy.evaluate import evaluate
 from gateway.guard.policy.model import CallFacts, Decision, Policy
 from gateway.guard.policy.read_filter import ReadFilter, read_filter
@@ -95,17 +99,35 @@ class Party:
 
 @dataclass(frozen=True)
 class Proposed:
-    """What the rights on one proposal depend on, as plain values. (N of M adds here who approved so
-    far and the approvals and approver roles it needs; ``proposal_rights`` reads them.)"""
+    """What the rights on one proposal depend on, as plain values: its proposer and target, the persons
+    whose approvals count so far and what its approval needs (``guard.approvals.ApprovalRule``)."""
 
     proposer: str
     target: str
     id: str | None = None
+    #: the person an agent made it for (``acting_for_of``): that person may not decide it either
+    acting_for: str | None = None
+    approved_by: tuple[str, ...] = ()
+    rule: ApprovalRule = field(default_factory=ApprovalRule)
 
     @classmethod
     def of(cls, proposal: Any) -> Proposed:
         """From a stored proposal (``gateway.proposals.Proposal``)."""
-        return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id)
+        rule = ApprovalRule.of(proposal.approval_rule)
+        return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id,
+                   acting_for=acting_for_of(proposal.caller),
+                   approved_by=tally(rule, proposal.approvals, proposal.shown_digest).by, rule=rule)
+
+
+#: an agent acting for a person (an identity provider's token carrying that person's subject, used by
+#: an MCP client) is named ``<person> via <client>``; a gateway token's name never holds a space
+ACTING_FOR: Final = " via "
+
+
+def acting_for_of(caller: str) -> str | None:
+    """The person an agent named ``<person> via <client>`` acts for, else None."""
+    person, sep, client = caller.partition(ACTING_FOR)
+    return person if sep and person and client else None
 
 
 @dataclass(frozen=True)
@@ -150,6 +172,10 @@ class Facts:
     resolved: bool = True
     #: every write and destructive tool served (the proposal tools come with the first one a role holds)
     change_tools: tuple[tuple[str, Category], ...] = ()
+    #: for approve and deny: the proposal as its rights see it (who approved, what it needs)
+    proposed: Proposed | None = None
+    #: for approve and deny: the reason the human gave ("" none; None: not asked, e.g. the page's buttons)
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +222,7 @@ _ERRORS: Final[Mapping[str, type[GatewayError]]] = {
     "invalid_argument": InvalidArgument,
     "ambiguous": Ambiguous,
     "stale": Stale,
+    "reason_required": ReasonRequired,
 }
 #: entry points that run a change (the policy is consulted) and those that act on a proposal
 _POLICY_ENTRIES: Final = frozenset({Entry.READ, Entry.WRITE, Entry.BULK_OBJECT, Entry.CONFIRM, Entry.APPROVE})
@@ -215,14 +242,37 @@ def proposal_rights(viewer: Party, proposed: Proposed) -> ProposalRights:
     See: a role covering the proposal's target, and either its proposer or a role with the approve
     right. Approve and deny: one who sees it, is a person, has the approve right, and did not
     propose it (by any surface, whatever the role). The refusals are checked in that order, so the
-    first reason is the one reported. (N of M slots in here: ``Proposed`` gains who approved so far,
-    and a second approval by the same person or a role outside ``approver_roles`` is refused the same
-    way, with its own reason code.)"""
+    first reason is the one reported. Then N of M (``guard.approvals.approval_refusal``): a role
+    outside the proposal's ``approver_roles`` neither approves nor denies (``not_an_approver_role``),
+    and nobody approves twice (``already_approved``)."""
     role = viewer.role
-    own = viewer.name == proposed.proposer
+    own = viewer.name in (proposed.proposer, proposed.acting_for)
     see = role is not None and role.permits_target(proposed.target) and (own or role.approve != "none")
     refusal = _decider_refusal(viewer, proposed, see=see, own=own)
-    return ProposalRights(see=see, approve=refusal, deny=refusal)
+    if refusal is not None or role is None:
+        return ProposalRights(see=see, approve=refusal, deny=refusal)
+    approve, deny = (_n_of_m_refusal(viewer.name, role.name, proposed, deciding)
+                     for deciding in ("approve", "deny"))
+    return ProposalRights(see=see, approve=approve, deny=deny)
+
+
+def _n_of_m_refusal(name: str, role: str, proposed: Proposed, deciding: str) -> Verdict | None:
+    code = approval_refusal(name, role, proposed.rule, proposed.approved_by, deciding=deciding)
+    if code == "not_an_approver_role":
+        return _refuse(
+            "forbidden",
+            f"this proposal needs approvers of role {', '.join(proposed.rule.roles)} (approver_roles in "
+            f"rules.yaml), and yours is '{role}'; ask one of them",
+            "approver_roles", reason_code=code, proposal_id=proposed.id,
+        )
+    if code == "already_approved":
+        return _refuse(
+            "forbidden",
+            f"you approved this already ({len(proposed.approved_by)} of {proposed.rule.required} "
+            "approvals so far); each approval must come from a different person, so ask another approver",
+            "approvals:distinct", reason_code=code, proposal_id=proposed.id,
+        )
+    return None
 
 
 def _decider_refusal(viewer: Party, proposed: Proposed, *, see: bool, own: bool) -> Verdict | None:
@@ -248,7 +298,8 @@ def _decider_refusal(viewer: Party, proposed: Proposed, *, see: bool, own: bool)
     if own:
         return _refuse(
             "forbidden",
-            "you proposed this, and nobody approves or denies their own proposal whatever their role; ask "
+            "you proposed this (or an agent acting for you did), and nobody approves or denies their own "
+            "proposal whatever their role; ask "
             "another approver (its proposer may cancel it with cancel_action)",
             "approve:own", reason_code="own_proposal", proposal_id=proposed.id,
         )
@@ -355,8 +406,8 @@ def _role(f: Facts) -> Verdict | None:
     if f.entry in (Entry.APPROVE, Entry.DENY):
         if f.owner is None or f.target is None:  # a proposal always has both: fail closed
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
-        rights = proposal_rights(f.actor, Proposed(f.owner.name, f.target, f.proposal_id))
-        return rights.approve if f.entry is Entry.APPROVE else rights.deny
+        return _decider(f, f.proposed or Proposed(f.owner.name, f.target, f.proposal_id,
+                                                  acting_for=acting_for_of(f.owner.name)))
     if f.entry is Entry.LOCAL:
         if not tool_permitted(role, f.tool, f.category, f.change_tools):
             return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
@@ -374,6 +425,22 @@ def _role(f: Facts) -> Verdict | None:
             rule,
         )
     return None
+
+
+def _decider(f: Facts, proposed: Proposed) -> Verdict | None:
+    """An approve or deny: the proposal's rights for the actor, then the reason its rule may require."""
+    rights = proposal_rights(f.actor, proposed)
+    refused = rights.approve if f.entry is Entry.APPROVE else rights.deny
+    if refused is None and reason_missing(proposed.rule, f.reason):
+        verb = "approving" if f.entry is Entry.APPROVE else "denying"
+        return _refuse(
+            "reason_required",
+            f"this proposal needs a reason for {verb} it (reason_required in rules.yaml); give one "
+            f"(the page's reason field, or `gateway pending {f.entry.value} {f.proposal_id} --reason "
+            "TEXT`)",
+            "reason_required", reason_code="reason_required", proposal_id=f.proposal_id,
+        )
+    return refused
 
 
 def _owner(f: Facts) -> Verdict | None:

@@ -10,7 +10,8 @@ from gateway.config import Target
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.calls import Calls
 from gateway.server.facts import FactsNow
-from gateway.server.metrics import Metrics, sample_families
+from gateway.server.idempotency import Idempotency
+from gateway.server.metrics import Metrics, queue_families, sample_families
 from gateway.server.moves import Moves
 from gateway.server.proposal_flow import ProposalFlow
 from gateway.server.read_rules import ReadRules
@@ -46,6 +47,7 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
     #: what each read may show (read rules), applied after the mirror or the sweep answered
     read_rules = ReadRules(mirrors, scheduler, facts.targets, list_vms.read)
     metrics.add_collector("mirrors", lambda: sample_families(mirrors.samples()))
+    metrics.add_collector("queues", lambda: queue_families(scheduler.queue_stats()))
     trail = trail or AuditTrail(backends.audit, settings.audit_log)
     moves = Moves(backends.store, trail, facts.registry, facts, instance=backends.instance,
                   reader=backends.reader, sweep_leader=backends.sweep_leader, clock=facts.clock)
@@ -59,4 +61,6 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
     writes.proposer = proposals
     calls.route(read=reads.read, write=writes.write,
                 local={"list_targets": reads.list_targets, **proposals.handlers()})
+    calls.around = Idempotency(backends.keys, trail, backends.instance,
+                               window=settings.idempotency_window_seconds).wrap
     return CallPath(trail, moves, calls, reads, writes, proposals, mirrors, read_rules)

@@ -14,6 +14,7 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import (
+    Busy,
     GatewayError,
     InvalidArgument,
     NotFound,
@@ -33,6 +34,7 @@ from gateway.guard.limits import RateLimiter
 from gateway.guard.policy.model import Decision, TargetPolicy
 from gateway.proposals import Proposal
 from gateway.server.audit_trail import AuditTrail
+from gateway.server.busy_audit import BusyAudit
 from gateway.server.context import (
     ALL,
     CallContext,
@@ -49,6 +51,8 @@ from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category, Plan
+from gateway.vsphere.fair_order import DEFAULT_WEIGHT
+from gateway.vsphere.lane import Caller, caller_var
 
 Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]
 #: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)
@@ -60,6 +64,7 @@ _DENIAL_CODES = frozenset(
         "rate_limited",
         "not_found",
         "approval_required",
+        "reason_required",
         "confirmation_invalid",
         "confirmation_expired",
     }
@@ -77,11 +82,15 @@ class Calls:
         self.metrics = metrics
         self.rate_limiter = rate_limiter
         self.dry_run = dry_run
+        #: calls refused as busy, audited once per burst (not one row each)
+        self.busy = BusyAudit(trail)
         #: what answers a tool past the gate: the tools the gateway answers itself (by name), else a
         #: read or a write (``route``: the runtime wires ``Reads``, ``Writes`` and the proposal flow in)
         self.local: dict[str, Handler] = {}
         self._read: Handler | None = None
         self._write: Handler | None = None
+        #: what every handler is wrapped in (the idempotency keys of changes, ``server.idempotency``)
+        self.around: Callable[[ToolSpec, Handler], Handler] | None = None
 
     def route(self, *, read: Handler, write: Handler, local: Mapping[str, Handler]) -> None:
         self._read, self._write = read, write
@@ -116,6 +125,9 @@ class Calls:
         assert spec is not None
         ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", target_label(args)
+        # every vSphere call this tool call makes queues as this caller, on every target it reaches
+        weight = actor.role.queue_weight if actor.role else DEFAULT_WEIGHT
+        queueing = caller_var.set(Caller(principal.name, weight))
         try:
             # the gate, once: a change names its one target here (reads decide per target once resolved)
             ref = (args or {}).get("target")
@@ -140,6 +152,7 @@ class Calls:
             outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
             raise
         finally:
+            caller_var.reset(queueing)
             # metric labels only from configured names: raw caller input never becomes a label value
             label = (
                 "-" if target is None else target if target in self.targets or target == ALL else "unknown"
@@ -188,8 +201,12 @@ class Calls:
     async def refused(
         self, ctx: CallContext, args: Mapping[str, Any] | None, exc: GatewayError, **fields: Any
     ) -> NoReturn:
-        """Audit a refused call (bounded arguments, the decision if any), then raise ``exc``."""
+        """Audit a refused call (bounded arguments, the decision if any), then raise ``exc``; a call
+        refused as ``busy`` is counted in its caller's burst (``BusyAudit``: one row per burst)."""
         fields.setdefault("target", target_label(args))
+        if isinstance(exc, Busy):
+            self.busy.record(ctx, str(exc.details.get("target") or fields["target"]))
+            raise exc
         phase = (
             "denied"
             if exc.code in _DENIAL_CODES
@@ -211,11 +228,9 @@ class Calls:
         raise exc
 
     def _handler_for(self, spec: ToolSpec) -> Handler:
-        if spec.name in self.local:
-            return self.local[spec.name]
-        handler = self._read if spec.kind is Category.READ else self._write
+        handler = self.local.get(spec.name) or (self._read if spec.kind is Category.READ else self._write)
         assert handler is not None  # the runtime routes reads and writes before the first call
-        return handler
+        return self.around(spec, handler) if self.around is not None else handler
 
     async def refuse_unless_audit_writable(
         self, ctx: CallContext, args: Mapping[str, Any], **fields: Any

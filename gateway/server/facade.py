@@ -73,21 +73,25 @@ class GatewayFacade:
                                             correlation_id=correlation_id, client=client)
 
     async def approve(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None, reason: str = ""
     ) -> dict[str, Any]:
         """A human's approval; its answer as plain JSON values (``approve_answer``: as sent)."""
-        return (await self.approve_answer(proposal_id, human, correlation_id=correlation_id)).value
+        return (await self.approve_answer(proposal_id, human, correlation_id=correlation_id,
+                                          reason=reason)).value
 
     async def approve_answer(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None, reason: str = ""
     ) -> Answer:
-        """A human's approval, its answer encoded once: the bytes the audit row fingerprints."""
-        return await self.path.proposals.approve(proposal_id, human, correlation_id=correlation_id)
+        """A human's approval, its answer encoded once: the bytes the audit row fingerprints. It runs the
+        proposal when it is the last approval its rule needs; before that it is recorded only."""
+        return await self.path.proposals.approve(proposal_id, human, correlation_id=correlation_id,
+                                                 reason=reason)
 
     async def deny(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None, reason: str = ""
     ) -> dict[str, Any]:
-        return await self.path.proposals.deny(proposal_id, human, correlation_id=correlation_id)
+        return await self.path.proposals.deny(proposal_id, human, correlation_id=correlation_id,
+                                              reason=reason)
 
     def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
         return self.path.proposals.decision_rights(proposal, human)

@@ -4,6 +4,7 @@ the stores say at this moment, gathered into the inputs of ``gateway.guard.decis
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from gateway.guard.decision import (
     Entry,
     Facts,
     Party,
+    Proposed,
     TokenState,
     token_state,
     tool_permitted,
@@ -87,8 +89,9 @@ class FactsNow:
                     owner: Party) -> Facts:
         """The gate's facts about an existing proposal (cancel, confirm, approve, deny, the page's
         buttons): its call as made, its target and proposer, before anything is resolved."""
-        return self.facts(entry, actor, spec, proposal.args, target=proposal.target, owner=owner,
-                          proposal=proposal, resolved=False)
+        facts = self.facts(entry, actor, spec, proposal.args, target=proposal.target, owner=owner,
+                           proposal=proposal, resolved=False)
+        return replace(facts, proposed=Proposed.of(proposal))
 
     def facts(
         self,

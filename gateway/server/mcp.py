@@ -47,6 +47,8 @@ from gateway.guard.decision import sees_target_addresses
 from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
 from gateway.server.elicitation import asker_of, asker_var
+from gateway.server.idempotency import key_from_meta
+from gateway.server.tasks import TASK_TOOLS, TaskRunner
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ def tool_of(spec: ToolSpec) -> types.Tool:
     return types.Tool(
         name=spec.name, description=spec.description, input_schema=spec.input_schema(),
         annotations=types.ToolAnnotations.model_validate(spec.annotations()),
+        execution=types.ToolExecution(task_support="optional") if spec.name in TASK_TOOLS else None,
     )
 
 
@@ -181,7 +184,8 @@ class _Handlers:
         asker_var.set(asker_of(ctx))  # whether (and how) the person at the client can be asked
         with self.in_flight, tracing.call_span("tools/call", params.name, ctx.meta):
             try:
-                answer = await self.gateway.answer(principal, params.name, params.arguments or {},
+                arguments = key_from_meta(ctx.meta, params.arguments or {})  # the argument wins
+                answer = await self.gateway.answer(principal, params.name, arguments,
                                                    progress=sink, correlation_id=correlation_id)
                 return success_result(answer)
             except GatewayError as exc:
@@ -243,6 +247,11 @@ def build_mcp_server(
     # HTTP request's span, its traceparent header first)
     server.middleware[:] = [m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
     server.middleware.append(_PerCallerInstructions(handlers))
+    backends, settings = getattr(gateway, "backends", None), getattr(gateway, "settings", None)
+    trail = getattr(gateway, "trail", None)
+    if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
+        TaskRunner(gateway.answer, backends.tasks, principal_of, instance=backends.instance, trail=trail,
+                   keep_seconds=settings.task_keep_seconds).install(server)
     return server
 
 

@@ -14,6 +14,10 @@ gateways in one process never collide). Families::
     gateway_target_relogins_total{target}                  counter
     gateway_target_circuit_open{target}                    gauge    (1 while the target fails fast)
     gateway_target_consecutive_failures{target}            gauge
+    gateway_target_queue_wait_seconds{target}              histogram (time granted calls waited for a
+                                                                     slot, from the scheduler's lanes)
+    gateway_target_admissions_refused_total{target,reason} counter  (busy, queue_timeout, deadline,
+                                                                     circuit_open, shutting_down)
     process_* python_* python_gc_*                         the library's process, platform and GC collectors
 
 Label values never come from a caller: a tool is a registered tool name, a target a configured target
@@ -30,14 +34,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+from gateway.identity.service import IDP_REFUSALS
+from gateway.vsphere.lane import ADMISSION_REFUSALS, WAIT_BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ UNKNOWN: Final = "unknown"
 OUTCOMES: Final = frozenset({"ok", "error", "denied"})
 AUTH_REASONS: Final = frozenset({"missing", "malformed", "unknown_token", "invalid", "revoked", "expired",
                                  "throttled", "busy",
-                                 "unavailable"})
+                                 "unavailable"}) | IDP_REFUSALS
 REFUSAL_REASONS: Final = frozenset({"host", "origin", "headers_too_large", "body_too_large",
                                     "receive_timeout",
                                     "overloaded", "token_in_query", "draining", "header_timeout", "sessions"})
@@ -109,6 +116,23 @@ def target_families(stats: Mapping[str, Mapping[str, float]]) -> list[Metric]:
             family.add_metric([target], float(row.get(key, 0)))
         families.append(family)
     return families
+
+
+def queue_families(stats: Mapping[str, Mapping[str, Any]]) -> list[Metric]:
+    """The queue wait histogram and the refused admissions per target, from ``scheduler.queue_stats()``
+    (each row: ``wait_buckets`` cumulative per ``WAIT_BUCKETS`` bound then +Inf, ``wait_sum``,
+    ``refused`` by reason)."""
+    waits = HistogramMetricFamily("gateway_target_queue_wait_seconds",
+                                  "Time calls waited for one of the target's slots.", labels=["target"])
+    refused = CounterMetricFamily("gateway_target_admissions_refused",
+                                  "Calls the target's lane refused, by reason.", labels=["target", "reason"])
+    bounds = [*(f"{b:g}" for b in WAIT_BUCKETS), "+Inf"]
+    for target, row in sorted(stats.items()):
+        buckets = list(zip(bounds, (float(c) for c in row["wait_buckets"]), strict=True))
+        waits.add_metric([target], buckets, float(row["wait_sum"]))
+        for reason in ADMISSION_REFUSALS:
+            refused.add_metric([target, reason], float(row["refused"].get(reason, 0)))
+    return [waits, refused]
 
 
 class _Callbacks:

@@ -23,15 +23,26 @@ from gateway.errors import (
     Stale,
 )
 from gateway.guard import confirm
+from gateway.guard.approvals import (
+    MAX_REASON_CHARS,
+    ApprovalRule,
+    Tally,
+    approval_view,
+    blast_changes,
+    shown_digest,
+    tally,
+)
 from gateway.guard.decision import Entry, Proposed, Verdict, authorize, proposal_rights
 from gateway.guard.policy.model import Decision
-from gateway.proposals import OPEN_STATES, Proposal
+from gateway.proposals import OPEN_STATES, Approval, Proposal
 from gateway.server.calls import Handler
 from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
 from gateway.server.elicitation import InBand
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
+from gateway.vsphere.fair_order import DEFAULT_WEIGHT
+from gateway.vsphere.lane import queue_as
 
 
 class ProposalFlow:
@@ -78,7 +89,8 @@ class ProposalFlow:
         # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
         # every notification then carry the same clean text
         summary = shown_text(plan.summary)
-        affected = shown([a.to_dict() for a in plan.affected])
+        affected, blast, shown_as = as_shown(ctx.spec.name, digest, plan)
+        rule = rule_of(decision)
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
@@ -98,6 +110,9 @@ class ProposalFlow:
             state="pending",
             require_web_approval=decision.require_approval,
             correlation_id=ctx.correlation_id,
+            approval_rule=rule.to_dict() if decision.require_approval else None,
+            blast_radius=blast,
+            shown_digest=shown_as,
         )
         await self.trail.record(
             ctx.row(
@@ -111,8 +126,9 @@ class ProposalFlow:
         )
         await off_loop(self.store.add_proposal, proposal)
         self.moves.notify("proposed", proposal)
+        people = f"{rule.required} different people" if rule.required > 1 else "a human"
         how = (
-            f"a human must approve proposal {proposal.id} on the web page (/ui) or with "
+            f"{people} must approve proposal {proposal.id} on the web page (/ui) or with "
             f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
             if decision.require_approval
             else f'confirm_action(token="{token}") within {int(ttl)}s'
@@ -125,6 +141,9 @@ class ProposalFlow:
             "tool": ctx.spec.name,
             "summary": summary,
             "affected": affected,
+            "blast_radius": blast,
+            **({"approvals_required": rule.required, "approvals_progress": tally(rule, (), None).text}
+               if decision.require_approval else {}),
             "token": token,
             "expires_in_seconds": int(ttl),
             "requires_human_approval": decision.require_approval,
@@ -203,13 +222,19 @@ class ProposalFlow:
         return {"state": "cancelled", "proposal_id": proposal.id, "target": proposal.target}
 
     async def approve(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None,
+        reason: str = "",
     ) -> Answer:
-        """A human's approval (web page or CLI): the whole decision again, then the proposal runs."""
+        """A human's approval (web page or CLI): the whole decision again, then the approval is recorded;
+        the proposal runs when it is the last one its rule needs (N of M), its vSphere calls queued as the
+        human, like a tool call's (``Calls.answer``)."""
         proposal = await off_loop(self.store.get_proposal, proposal_id)
         if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
-        return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True)
+        role = (await off_loop(self.facts.party, human)).role
+        with queue_as(human.name, role.queue_weight if role else DEFAULT_WEIGHT):
+            return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True,
+                                               reason=reason)
 
     def decision_rights(self, proposal: Proposal, human: Principal) -> tuple[Verdict, Verdict]:
         """What ``human`` may do with ``proposal`` now, as the decision says before anything is read
@@ -224,7 +249,8 @@ class ProposalFlow:
         return deny, approve
 
     async def deny(
-        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None
+        self, proposal_id: str, human: Principal, *, correlation_id: str | None = None,
+        reason: str = "",
     ) -> dict[str, Any]:
         """A human's denial (web page or CLI): the decision's verdict on ``Entry.DENY``, enforced and
         audited by the gate like every other entry point; then the move. Every attempt is one row: the
@@ -239,8 +265,10 @@ class ProposalFlow:
         owner = await off_loop(self.facts.owner, proposal)
         facts = await off_loop(self.facts.facts, Entry.DENY, party, spec, proposal.args,
                                target=proposal.target, owner=owner, proposal=proposal)
+        facts = replace(facts, proposed=Proposed.of(proposal), reason=reason)
         await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, requested_by=proposal.caller)
-        reason = f"denied by {human.name}"
+        given = await off_loop(clean_reason, reason)
+        why = f"denied by {human.name}" + (f": {given}" if given else "")
         moved = await off_loop(
             self.moves.move_sync,
             proposal,
@@ -250,8 +278,9 @@ class ProposalFlow:
             correlation_id=correlation_id,
             approved_by=human.name,
             decided_at=self.clock(),
-            reason=reason,
-            decision={"allowed": False, "reason": reason, "rule": "human"},
+            reason=why,
+            result={"by": human.name, "reason": given},
+            decision={"allowed": False, "reason": why, "rule": "human"},
         )
         if moved is None:
             await self._lost(ctx, proposal, "another caller moved the proposal first; it was not denied")
@@ -266,8 +295,11 @@ class ProposalFlow:
         correlation_id: str | None = None,
         approved: bool = False,
         client: str | None = None,
+        reason: str = "",
     ) -> Answer:
-        """Re-authorize against the state now, claim the proposal exactly once, then execute it."""
+        """Re-authorize against the state now, claim the proposal exactly once, then execute it. An
+        approval re-reads the proposal's objects and facts (a difference makes it stale, every approval
+        void), is recorded, and runs the change only when it is the last one the rule needs."""
         spec = self.registry.get(proposal.tool)
         target = self.targets.get(proposal.target)
         party = await off_loop(self.facts.party, actor)
@@ -294,22 +326,30 @@ class ProposalFlow:
         entry = Entry.APPROVE if approved else Entry.CONFIRM
         owner = await off_loop(self.facts.owner, proposal)
         gate = self.facts.of_proposal(entry, party, spec, proposal, owner)
+        if approved:
+            gate = replace(gate, reason=reason)
         await self.calls.check(ctx, gate, {}, proposal_id=proposal.id)
         await self.calls.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
+        if approved:
+            await self._check_as_shown(ctx, proposal, plan)
         verdict = await self.calls.authorize_plan(
             ctx, entry, party, proposal.args, target, plan, owner, proposal
         )
         decision = self.calls.decision_of(verdict, target)
         if approved:
+            counted = await self._record_approval(ctx, proposal, decision, reason)
+            if not counted.complete:
+                return Answer.cleaned(await off_loop(self._waiting, proposal.id, counted))
             moved = await self.moves.move(
                 proposal,
                 ["pending"],
                 "approved",
                 actor=actor,
                 correlation_id=ctx.correlation_id,
-                approved_by=actor.name,
+                approved_by=", ".join(counted.by),
                 decided_at=self.clock(),
+                reason=f"{counted.text}, by {', '.join(counted.by)}",
             )
             if moved is None:
                 await self._lost(ctx, proposal, "another caller moved the proposal first; nothing was sent")
@@ -318,6 +358,63 @@ class ProposalFlow:
         claimed = await self.claim(ctx, proposal, decision)
         return await self.writes.execute(ctx, target, plan, decision, proposal.args, progress,
                                          proposal=claimed)
+
+    async def _check_as_shown(self, ctx: CallContext, proposal: Proposal, plan: Plan) -> None:
+        """The proposal as re-read now against what its approvers were shown (objects with moids and the
+        blast radius, ``shown_digest``): any difference voids every approval, the proposal becomes
+        ``stale`` (its row names what changed), and proposer and approvers are told (notification)."""
+        if proposal.shown_digest is None:
+            return
+        _affected, blast, now_digest = await off_loop(as_shown, proposal.tool, proposal.args_digest, plan)
+        if now_digest == proposal.shown_digest:
+            return
+        changed = blast_changes(proposal.blast_radius, blast) or ["the affected objects"]
+        what = cut("; ".join(changed), 400)
+        error = Stale(
+            f"proposal {proposal.id} changed in vSphere since it was shown ({what}); "
+            f"{_void_note(proposal)}make a fresh proposal and check it again",
+            proposal_id=proposal.id,
+        )
+        moved = await self.moves.move(
+            proposal, OPEN_STATES, "stale", actor=ctx.principal, correlation_id=ctx.correlation_id,
+            outcome="stale", error=error.to_wire(), decided_at=self.clock(),
+            reason=cut(f"changed since shown: {what}; approvals void: {_voided(proposal)}", 512),
+        )
+        if moved is None:
+            await self._lost(ctx, proposal, f"found changed ({what}) after another caller had moved the "
+                             "proposal; nothing was sent")
+        raise error
+
+    async def _record_approval(self, ctx: CallContext, proposal: Proposal, decision: Decision,
+                               reason: str) -> Tally:
+        """Record this person's approval (bound to the digest as shown), audit it, and count the approvals
+        that hold now (``guard.approvals.tally``; the rule: the stricter of the proposal's and the
+        policy's)."""
+        rule = ApprovalRule.of(proposal.approval_rule).stricter(rule_of(decision))
+        given = await off_loop(clean_reason, reason)
+        approval = Approval(proposal.id, ctx.principal.name, ctx.party.kind.value, ctx.principal.role,
+                            self.clock(), given, proposal.shown_digest or "")
+        if not await off_loop(self.store.add_approval, approval):
+            await self._lost(ctx, proposal, "the proposal was no longer pending, or this person's approval "
+                             "was already recorded; nothing was sent")
+        fresh = await off_loop(self.store.get_proposal, proposal.id)
+        counted = tally(rule, fresh.approvals if fresh else (approval,), proposal.shown_digest)
+        row = self.moves.transition_row(proposal, "approval", actor=ctx.principal,
+                                        correlation_id=ctx.correlation_id,
+                                        reason=given or None, decision=decision.to_dict())
+        await self.trail.record({**row, "approvals": counted.text, "approved_by": list(counted.by)})
+        if not counted.complete and fresh is not None:
+            self.moves.notify("approval", fresh)
+        return counted
+
+    def _waiting(self, proposal_id: str, counted: Tally) -> dict[str, Any]:
+        """The answer to an approval that is not yet the last: nothing ran; who approved, who is needed."""
+        fresh = self.store.get_proposal(proposal_id)
+        view = proposal_view(fresh, self.clock()) if fresh else {"proposal_id": proposal_id}
+        return {**view, "state": "pending", "approvals_progress": counted.text,
+                "approved_by": list(counted.by),
+                "note": f"Recorded; {counted.text}. Nothing has changed in vSphere: the proposal runs when "
+                        f"{counted.need - counted.have} more different approver(s) approve it."}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
         """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
@@ -384,8 +481,8 @@ class ProposalFlow:
             _check_not_stale(proposal, plan)
         except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
             error = Stale(
-                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); make a fresh "
-                "proposal and check it again",
+                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); {_void_note(proposal)}"
+                "make a fresh proposal and check it again",
                 proposal_id=proposal.id,
             )
             moved = await self.moves.move(
@@ -397,7 +494,7 @@ class ProposalFlow:
                 outcome="stale",
                 error=error.to_wire(),
                 decided_at=self.clock(),
-                reason=cut(exc.message, 512),
+                reason=cut(f"{exc.message}; approvals void: {_voided(proposal)}", 512),
             )
             if moved is None:
                 await self._lost(ctx, proposal, f"found stale ({cut(exc.message, 256)}) after another "
@@ -418,6 +515,33 @@ def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
         )
 
 
+def _voided(proposal: Proposal) -> str:
+    return ", ".join(a.approver for a in proposal.approvals) or "none"
+
+
+def _void_note(proposal: Proposal) -> str:
+    """What a stale proposal's message says of its approvals (all void)."""
+    return f"its approvals by {_voided(proposal)} are void; " if proposal.approvals else ""
+
+
+def rule_of(decision: Decision) -> ApprovalRule:
+    """The N of M a policy decision asks for."""
+    return ApprovalRule(decision.approvals_required, decision.approver_roles, decision.reason_required)
+
+
+def as_shown(tool: str, args_digest: str, plan: Plan) -> tuple[Any, dict[str, Any] | None, str]:
+    """A plan as a proposal shows it (affected objects and blast radius, redacted and bounded) and the
+    digest its approvals bind to (``guard.approvals.shown_digest``)."""
+    affected = shown([a.to_dict() for a in plan.affected])
+    blast = shown(dict(plan.blast_radius)) if plan.blast_radius is not None else None
+    return affected, blast, shown_digest(tool, args_digest, affected, blast)
+
+
+def clean_reason(text: str | None) -> str:
+    """A human's reason as kept and shown: redacted (no secret survives), sanitized and bounded."""
+    return shown_text(" ".join(str(text or "").split()), MAX_REASON_CHARS)
+
+
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
     """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
     never the token or its hash)."""
@@ -436,5 +560,6 @@ def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
         "approved_by": p.approved_by,
         "outcome": p.outcome,
         "error": p.error,
+        **approval_view(p),
     }
     return shown(view)  # type: ignore[no-any-return]

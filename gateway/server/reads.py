@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.answer import Answer
-from gateway.errors import Forbidden, GatewayError, PolicyDenied, RateLimited
+from gateway.errors import Busy, Forbidden, GatewayError, PolicyDenied, RateLimited
 from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
 from gateway.guard.policy.model import TargetPolicy
 from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
@@ -115,6 +115,8 @@ class Reads:
                     for n, r in per_target.items()
                 }
                 result = await asyncio.to_thread(fan_out_answer, per_target)
+        except Busy as exc:  # refused before it reached the target: one row per burst
+            await self.calls.refused(ctx, args, exc, target=names[0])
         except GatewayError as exc:
             await self.trail.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
@@ -137,10 +139,14 @@ class Reads:
         self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
     ) -> Answer:
         targets = self.facts.visible_targets(ctx.role)
+        lanes = self.scheduler.stats()  # before this call's own reads join the queues
         results = await self.scheduler.fan_out(
             [t.name for t in targets], target_about, deadline=self.fanout_timeout
         )
         rows = summarize_targets(targets, results)
+        for row in rows:  # calls waiting for the target's slots in this replica, and calls running
+            lane = lanes.get(row["name"], {})
+            row["queue_depth"], row["running"] = lane.get("queued", 0), lane.get("running", 0)
         if not sees_target_addresses(ctx.role):
             for row in rows:
                 for key in ("host", "address", "port"):

@@ -24,6 +24,7 @@ from gateway.config import Target
 from gateway.errors import ConfigError
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.store import RulesLoad
+from gateway.identity.service import IdentityService, open_identity
 
 PHASE: Final = "config_reload"
 #: at most this many problems are kept in a refusal row (the audit bounds each string on its own)
@@ -157,3 +158,19 @@ class RolesReloads:
         effect = "custom roles are off until it is fixed; the built-in roles reader and admin keep working"
         self.write(refused_row("roles", self.path, sha256, problems, effect, first=self._first))
         self._before, self._first = None, False
+
+
+def load_identity(path: Path | None, audit: Callable[[Mapping[str, Any]], None],
+                  write: Callable[[dict[str, Any]], None]) -> IdentityService | None:
+    """identity.yaml (``gateway.identity``), its load audited like the other files; None without it."""
+    if path is None or not path.is_file():
+        return None
+
+    def summary(service: IdentityService | None) -> Summary:
+        if service is None:
+            return {}
+        web = service.config.web_sign_in
+        return {"issuers": {i.issuer: i.audience for i in service.config.issuers},
+                "web_sign_in": {web.client_id: web.issuer} if web is not None else {}}
+
+    return load_audited("identity", path, lambda: open_identity(path, audit), summary, write)

@@ -126,7 +126,8 @@ class Writes:
         if proposal is None:  # a claimed proposal's intent row was written by its claim
             await self.trail.intent(ctx.row("executing", **base))
         try:
-            result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay))
+            # admitted when planned: after its intent row a change is never refused as busy
+            result = await self.scheduler.run(target.name, lambda s: execute(s, plan, relay), bounded=False)
         except BaseException as exc:
             # a refusal or fault of vSphere, or anything unforeseen (cancellation included): the outcome
             # is recorded either way; only a typed error says the change surely did not finish
@@ -182,12 +183,19 @@ class Writes:
     def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
         if sink is None:
             return lambda _f, _m: None
-        loop = asyncio.get_running_loop()
+        return _Relay(sink, asyncio.get_running_loop())
 
-        def relay(fraction: float, message: str) -> None:
-            asyncio.run_coroutine_threadsafe(sink(fraction, message), loop)
 
-        return relay
+class _Relay:
+    """Progress from a worker thread to ``sink`` on the loop; the sink's ``task_started`` (an MCP task
+    that may be cancelled, ``gateway.server.tasks``) learns each vSphere task the change starts."""
+
+    def __init__(self, sink: ProgressSink, loop: asyncio.AbstractEventLoop) -> None:
+        self.sink, self.loop = sink, loop
+        self.task_started = getattr(sink, "task_started", None)
+
+    def __call__(self, fraction: float, message: str) -> None:
+        asyncio.run_coroutine_threadsafe(self.sink(fraction, message), self.loop)
 
 
 def _sent(result: dict[str, Any], target: Target, proposal: Proposal | None) -> dict[str, Any]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 from gateway.errors import ConfigError
-from gateway.proposals import STATES, Proposal, check_edge
+from gateway.proposals import STATES, Approval, Proposal, check_edge
 from gateway.vocabulary import Kind
 
 
@@ -123,6 +123,11 @@ class StateStore(Protocol):
         ``expires_at`` is at or before it, oldest first."""
         ...
 
+    def add_approval(self, a: Approval) -> bool:
+        """Record one person's approval while its proposal is ``pending``; False when that person already
+        approved it or it is no longer pending (nothing is written then)."""
+        ...
+
     def transition(self, proposal_id: str, from_states: Sequence[str], to_state: str, **fields: Any) -> bool:
         """Atomic compare-and-set of a proposal's state (plus ``fields``, see ``TRANSITION_FIELDS``).
 
@@ -162,8 +167,32 @@ PROPOSAL_COLUMNS: Final = (
     "id", "token_hash", "caller", "role", "surface", "target", "target_host", "tool", "args", "args_digest",
     "plan_summary", "affected", "plan_params", "created_at", "expires_at", "state", "require_web_approval",
     "approved_by", "decided_at", "outcome", "result", "error", "correlation_id", "executor",
+    "approval_rule", "blast_radius", "shown_digest",
 )
-JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error"})
+JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error", "approval_rule",
+                                 "blast_radius"})
+#: one person's approval of one proposal (``gateway.proposals.Approval``); one row per person per proposal
+APPROVAL_COLUMNS: Final = ("proposal_id", "approver", "kind", "role", "at", "reason", "digest")
+
+
+def approvals_migration(real: str) -> tuple[str, ...]:
+    """The schema step of both engines for N of M (``real``: the engine's float type): what an approval
+    needs, the blast radius and the digest shown on each proposal, and the approvals table."""
+    return (
+        "ALTER TABLE proposals ADD COLUMN approval_rule TEXT",
+        "ALTER TABLE proposals ADD COLUMN blast_radius TEXT",
+        "ALTER TABLE proposals ADD COLUMN shown_digest TEXT",
+        f"""CREATE TABLE approvals (
+    proposal_id TEXT NOT NULL REFERENCES proposals (id) ON DELETE CASCADE,
+    approver    TEXT NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN ('person', 'agent')),
+    role        TEXT NOT NULL,
+    at          {real} NOT NULL,
+    reason      TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    PRIMARY KEY (proposal_id, approver)
+)""",
+    )
 TOKEN_COLUMNS: Final = (
     "token_id", "name", "role", "hash", "created_at", "expires_at", "last_used", "revoked", "kind",
 )
@@ -202,10 +231,26 @@ def token_values(rec: TokenRecord) -> tuple[Any, ...]:
     return tuple(rec.kind.value if c == "kind" else getattr(rec, c) for c in TOKEN_COLUMNS)
 
 
-def proposal_from_row(row: Row) -> Proposal:
+def proposal_from_row(row: Row, approvals: Sequence[Approval] = ()) -> Proposal:
     values = {c: (from_json(row[c]) if c in JSON_COLUMNS else row[c]) for c in PROPOSAL_COLUMNS}
     values["require_web_approval"] = bool(values["require_web_approval"])
-    return Proposal(**values)
+    return Proposal(**values, approvals=tuple(approvals))
+
+
+def approval_from_row(row: Row) -> Approval:
+    return Approval(**{c: row[c] for c in APPROVAL_COLUMNS})
+
+
+def approval_values(a: Approval) -> tuple[Any, ...]:
+    return tuple(getattr(a, c) for c in APPROVAL_COLUMNS)
+
+
+def with_approvals(proposals: Sequence[Proposal], approvals: Sequence[Approval]) -> list[Proposal]:
+    """``proposals`` each with its approvals (``approvals`` in the order they landed)."""
+    by_id: dict[str, list[Approval]] = {}
+    for a in approvals:
+        by_id.setdefault(a.proposal_id, []).append(a)
+    return [replace(p, approvals=tuple(by_id.get(p.id, ()))) for p in proposals]
 
 
 def proposal_values(p: Proposal) -> tuple[Any, ...]:

@@ -36,8 +36,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
-from gateway.proposals import Proposal
+from gateway.proposals import Approval, Proposal
 from gateway.store.base import (
+    APPROVAL_COLUMNS,
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
@@ -47,6 +48,9 @@ from gateway.store.base import (
     StateStore,
     TokenRecord,
     WebSessionRecord,
+    approval_from_row,
+    approval_values,
+    approvals_migration,
     check_states,
     check_transition,
     pending_migrations,
@@ -56,7 +60,10 @@ from gateway.store.base import (
     token_from_row,
     token_values,
     web_session_from_row,
+    with_approvals,
 )
+from gateway.store.idempotency import KEYS_MIGRATION
+from gateway.store.tasks import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "display_url", "is_postgres_url"]
@@ -152,8 +159,24 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+_V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
+#: the Merkle tree over ``audit_rows`` (gateway.audit.pg_tree): every complete subtree's hash once, at its
+#: position in ``gateway.audit.merkle.stored_hash_index``; written in the row's own transaction
+_V6: Final = (
+    "CREATE TABLE audit_tree (idx bigint PRIMARY KEY, hash bytea NOT NULL)",
+    # the oldest seq kept after retention pruned older rows (gateway.audit.pg_retention); one row at most
+    """CREATE TABLE audit_retention (
+    id        smallint PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+    first_seq bigint NOT NULL
+)""",
+)
+#: N of M: each proposal's approval rule, blast radius and digest as shown, and one row per approval
+_V7: Final = approvals_migration("double precision")
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7)
+)
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection
@@ -357,7 +380,22 @@ class PostgresStore:
 
     def _proposals(self, where: str, params: Sequence[Any]) -> list[Proposal]:
         rows = self._read("read proposals", f"SELECT {_PROPOSALS} FROM proposals {where}", params)
-        return [proposal_from_row(r) for r in rows]
+        found = [proposal_from_row(r) for r in rows]
+        if not found:
+            return found
+        rows = self._read("read approvals", f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE "
+                          "proposal_id = ANY(%s) ORDER BY at, approver COLLATE \"C\"",
+                          ([p.id for p in found],))
+        return with_approvals(found, [approval_from_row(r) for r in rows])
+
+    def add_approval(self, a: Approval) -> bool:
+        marks = ", ".join(["%s"] * len(APPROVAL_COLUMNS))
+        with self._write("record an approval") as db:
+            cursor = db.execute(
+                f"INSERT INTO approvals ({', '.join(APPROVAL_COLUMNS)}) SELECT {marks} WHERE EXISTS "
+                "(SELECT 1 FROM proposals WHERE id = %s AND state = 'pending') ON CONFLICT DO NOTHING",
+                (*approval_values(a), a.proposal_id))
+            return cursor.rowcount == 1
 
     def get_proposal(self, proposal_id: str) -> Proposal | None:
         found = self._proposals("WHERE id = %s", (proposal_id,))

@@ -6,8 +6,9 @@ for as long as the call runs. A replica that dies drops its connections and so i
 needs cleaning up. ``acquire`` first tries every slot without waiting, then queues on one slot in
 PostgreSQL's lock queue (first come, first served, so no replica can starve another) for a short
 while, and repeats until the deadline, so a slot freed elsewhere is taken on the next round. The
-scheduler keeps its own FIFO order within a replica and asks for a slot only for the call at the
-head of a target's queue. Blocking: call from a worker thread.
+scheduler keeps its own fair order within a replica (``gateway.vsphere.lane``) and asks for a slot
+only for the calls its lane granted (at most ``pool_size`` per target at a time). Blocking: call
+from a worker thread.
 
 ``PgInstance`` is the cross-host form of ``gateway.store.instance.Instance``: a process's claim id is
 alive while it holds a session-scoped lock, so a replica settles only claims of processes that died.

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavailable
 from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs
-from gateway.proposals import Proposal
+from gateway.proposals import Approval, Proposal
 from gateway.store.base import (
+    APPROVAL_COLUMNS,
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
@@ -45,6 +46,9 @@ from gateway.store.base import (
     StateStore,
     TokenRecord,
     WebSessionRecord,
+    approval_from_row,
+    approval_values,
+    approvals_migration,
     check_states,
     check_transition,
     pending_migrations,
@@ -54,7 +58,10 @@ from gateway.store.base import (
     token_from_row,
     token_values,
     web_session_from_row,
+    with_approvals,
 )
+from gateway.store.idempotency import KEYS_MIGRATION
+from gateway.store.tasks import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["SqliteStore", "secure_directory"]
@@ -117,8 +124,16 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+_V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
+#: nothing here: the PostgreSQL schema's audit tree (its version 6); the JSONL log keeps its tree in a file
+_V6: Final[tuple[str, ...]] = ()
+#: N of M: each proposal's approval rule, blast radius and digest as shown, and one row per approval
+_V7: Final = approvals_migration("REAL")
 #: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7)
+)
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
 _SESSION_COLUMNS: Final = ", ".join(WEB_SESSION_COLUMNS)
@@ -353,7 +368,22 @@ class SqliteStore:
 
     def _proposals(self, where: str, params: Sequence[Any]) -> list[Proposal]:
         sql = f"SELECT {', '.join(PROPOSAL_COLUMNS)} FROM proposals {where}"
-        return [proposal_from_row(r) for r in self._read("read proposals", sql, params)]
+        found = [proposal_from_row(r) for r in self._read("read proposals", sql, params)]
+        if not found:
+            return found
+        ids = [p.id for p in found]
+        rows = self._read("read approvals", f"SELECT {', '.join(APPROVAL_COLUMNS)} FROM approvals WHERE "
+                          f"proposal_id IN ({', '.join('?' * len(ids))}) ORDER BY at, approver", ids)
+        return with_approvals(found, [approval_from_row(r) for r in rows])
+
+    def add_approval(self, a: Approval) -> bool:
+        marks = ", ".join("?" * len(APPROVAL_COLUMNS))
+        with self._write("record an approval") as db:
+            cursor = db.execute(
+                f"INSERT OR IGNORE INTO approvals ({', '.join(APPROVAL_COLUMNS)}) SELECT {marks} "
+                "WHERE EXISTS (SELECT 1 FROM proposals WHERE id = ? AND state = 'pending')",
+                (*approval_values(a), a.proposal_id))
+            return cursor.rowcount == 1
 
     def get_proposal(self, proposal_id: str) -> Proposal | None:
         found = self._proposals("WHERE id = ?", (proposal_id,))

@@ -1,7 +1,8 @@
 """Everything that talks to vSphere, and the only package that imports pyVmomi.
 
-``Scheduler`` (per-target FIFO slots and worker threads) hands each call a ``VSphereSession`` from
-that target's ``SessionPool``; ``faults.translate`` turns what pyVmomi raises into gateway errors.
+``Scheduler`` (per-target fair slots, see ``lane``, and worker threads) hands each call a
+``VSphereSession`` from that target's ``SessionPool``; ``faults.translate`` turns what pyVmomi raises
+into gateway errors.
 """
 
 from gateway.vsphere.pool import PoolStats, SessionPool, VSphereSession

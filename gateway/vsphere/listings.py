@@ -32,38 +32,46 @@ class Lookups:
 
 @dataclass(frozen=True)
 class Column:
-    """A list_vms column: the VM paths it reads, the lookups it needs, how to compute its value."""
+    """A list_vms column: the VM paths it reads, the lookups it needs, how to compute its value;
+    ``plain``: the one path whose value is the column as it is (read without calling ``value``)."""
 
     paths: tuple[str, ...]
     needs: frozenset[str]
     value: Callable[[ObjectProps, Lookups], Any]
+    plain: str | None = None
 
 
 def _prop(path: str) -> Callable[[ObjectProps, Lookups], Any]:
     return lambda o, _l: o.props.get(path)
 
 
+_NONE: frozenset[str] = frozenset()
+
+
+def _plain(path: str) -> Column:
+    return Column((path,), _NONE, _prop(path), plain=path)
+
+
 def _folder_path(o: ObjectProps, lookups: Lookups) -> str | None:
     return lookups.folders.path(o.props.get("parent")) if lookups.folders else None
 
 
-_NONE: frozenset[str] = frozenset()
 VM_COLUMNS: dict[str, Column] = {
     "moid": Column((), _NONE, lambda o, _l: o.moid),
-    "name": Column(("name",), _NONE, _prop("name")),
-    "power_state": Column(("runtime.powerState",), _NONE, _prop("runtime.powerState")),
-    "connection_state": Column(("runtime.connectionState",), _NONE, _prop("runtime.connectionState")),
+    "name": _plain("name"),
+    "power_state": _plain("runtime.powerState"),
+    "connection_state": _plain("runtime.connectionState"),
     "created_at": Column(("config.createDate",), _NONE, lambda o, _l: iso(o.props.get("config.createDate"))),
     "host": Column(("runtime.host",), frozenset({"hosts"}),
                    lambda o, lk: lk.hosts.get(o.props.get("runtime.host", ""))),
-    "guest_ip": Column(("guest.ipAddress",), _NONE, _prop("guest.ipAddress")),
-    "cpu": Column(("config.hardware.numCPU",), _NONE, _prop("config.hardware.numCPU")),
-    "memory_mb": Column(("config.hardware.memoryMB",), _NONE, _prop("config.hardware.memoryMB")),
+    "guest_ip": _plain("guest.ipAddress"),
+    "cpu": _plain("config.hardware.numCPU"),
+    "memory_mb": _plain("config.hardware.memoryMB"),
     "folder": Column(("parent",), frozenset({"folders"}), _folder_path),
     "resource_pool": Column(("resourcePool",), frozenset({"pools"}),
                             lambda o, lk: lk.pools.get(o.props.get("resourcePool", ""))),
-    "template": Column(("config.template",), _NONE, _prop("config.template")),
-    "guest_os": Column(("config.guestFullName",), _NONE, _prop("config.guestFullName")),
+    "template": _plain("config.template"),
+    "guest_os": _plain("config.guestFullName"),
 }
 DEFAULT_VM_FIELDS = (
     "moid", "name", "power_state", "connection_state", "created_at", "host", "guest_ip", "cpu", "memory_mb",
@@ -160,8 +168,8 @@ def vm_rows(objects: Sequence[ObjectProps], query: VmQuery, root_folder: str) ->
         folders=FolderTree.from_objects(objects, root_folder) if needs_folders else None,
     )
     vms = sorted(groups.get("VirtualMachine", []), key=lambda o: (o.props.get("name", ""), o.moid))
-    rows = [{name: column.value(o, lookups) for name, column in columns}
-            for o in vms if all(f.test(o, lookups, v) for f, v in active)]
+    matching = [o for o in vms if all(f.test(o, lookups, v) for f, v in active)] if active else vms
+    rows = _shape(matching, columns, lookups)
     out: dict[str, Any] = {"count": len(rows)}
     if query.limit is not None and len(rows) > query.limit:
         rows = rows[: query.limit]
@@ -172,6 +180,19 @@ def vm_rows(objects: Sequence[ObjectProps], query: VmQuery, root_folder: str) ->
         if undated:
             out["without_created_at"] = undated
     return out
+
+
+def _shape(vms: Sequence[ObjectProps], columns: Sequence[tuple[str, Column]], lookups: Lookups,
+           ) -> list[dict[str, Any]]:
+    """One row per VM, its keys in the order of ``columns``; a plain column is one ``dict.get``
+    (a few times cheaper per VM than calling its ``value``: rows of 30,000 VMs are built per sweep)."""
+    spec = [(name, column.plain, column.value) for name, column in columns]
+    rows = []
+    for o in vms:
+        get = o.props.get
+        rows.append({name: get(path) if path is not None else value(o, lookups)
+                     for name, path, value in spec})
+    return rows
 
 
 def list_vms(session: Session, query: VmQuery, *, fast: bool = True) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Per-target scheduling of blocking pyVmomi work: FIFO slots, worker threads, deadlines, fan-out.
+"""Per-target scheduling of blocking pyVmomi work: fair slots, worker threads, deadlines, fan-out.
 
-Each target is a bulkhead (a ``_Lane``): ``pool_size`` slots handed out strictly in arrival order,
-and ``pool_size`` worker threads of its own. A call holds its slot until its worker thread is done,
+Each target is a bulkhead: a ``Lane`` (``gateway.vsphere.lane``: ``pool_size`` slots handed out
+round-robin among callers, FIFO within one caller, a per-caller bound on calls waiting) and
+``pool_size`` worker threads of its own. A call holds its slot until its worker thread is done,
 even when the caller has given up at its deadline, so a hung target fills only its own slots and
 threads; calls to other targets never wait behind it. The event loop only ever awaits futures.
 
@@ -17,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway import errors, tracing
 from gateway.config import Target
+from gateway.vsphere.lane import Caller, Lane, caller_var, shutting_down
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
 if TYPE_CHECKING:
@@ -111,96 +111,6 @@ class _Workers:
             else:
                 future.set_result(result)
             del future, fn
-
-
-class _Lane:
-    """One target's slots (a FIFO of waiters) and worker threads.
-
-    ``running`` counts slots taken: a slot is passed from a finishing call straight to the oldest
-    waiter, so a newcomer can never overtake a waiter. State is shared between the event loop and
-    the worker threads (which release slots), hence the lock.
-    """
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self.capacity = target.pool_size
-        self.running = 0
-        self.closed = False
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._lock = threading.Lock()
-        self.workers = _Workers(self.capacity, f"vsphere-{target.name}")
-
-    @property
-    def queued(self) -> int:
-        return len(self._waiters)
-
-    async def acquire(self, timeout: float) -> bool:
-        """Wait (FIFO) for a slot; False if none came within ``timeout`` seconds."""
-        with self._lock:
-            if self.closed:
-                raise _shutting_down(self.target.name)
-            if self.running < self.capacity and not self._waiters:
-                self.running += 1
-                return True
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter
-        except TimeoutError:
-            self._abandon(waiter)
-            return False
-        except asyncio.CancelledError:
-            self._abandon(waiter)
-            raise
-        return True
-
-    def release(self) -> None:
-        """Give a slot back: to the oldest waiter if there is one. Callable from any thread."""
-        with self._lock:
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                try:
-                    waiter.get_loop().call_soon_threadsafe(self._hand_over, waiter)
-                    return
-                except RuntimeError:  # that waiter's event loop is closed; it will never run
-                    continue
-            self.running -= 1
-
-    def close(self) -> None:
-        """Refuse new calls, fail queued ones, and let running ones finish on their threads."""
-        with self._lock:
-            self.closed = True
-            waiters, self._waiters = list(self._waiters), deque()
-        for waiter in waiters:
-            with contextlib.suppress(RuntimeError):  # its loop is closed
-                waiter.get_loop().call_soon_threadsafe(self._fail, waiter)
-        self.workers.shutdown()
-
-    def _hand_over(self, waiter: asyncio.Future[None]) -> None:
-        if waiter.done():  # its caller gave up after the slot was already on its way: pass it on
-            self.release()
-        else:
-            waiter.set_result(None)
-
-    def _abandon(self, waiter: asyncio.Future[None]) -> None:
-        with self._lock:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-                return
-        # Already granted: if the grant landed, the slot is ours to give back; if it is still on its
-        # way, _hand_over will see the cancelled waiter and give it back itself.
-        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-            self.release()
-
-    def _fail(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            waiter.set_exception(_shutting_down(self.target.name))
-
-
-def _shutting_down(name: str) -> errors.Unreachable:
-    return errors.Unreachable(f"target '{name}': the gateway is shutting down; retry on another instance",
-                              target=name)
 
 
 class _Breaker:
@@ -288,7 +198,7 @@ class _Breaker:
 
 
 class Scheduler:
-    """Runs blocking vSphere work per target: FIFO slots, bulkheaded threads, deadlines, fan-out."""
+    """Runs blocking vSphere work per target: fair slots, bulkheaded threads, deadlines, fan-out."""
 
     def __init__(self, targets: Sequence[Target], credentials: Mapping[str, str], *,
                  queue_timeout: float = 300.0, breaker_threshold: int = BREAKER_THRESHOLD,
@@ -300,7 +210,8 @@ class Scheduler:
         self._by_name = {t.name: t for t in self._targets}
         self._credentials = credentials
         self.queue_timeout = queue_timeout
-        self._lanes = {t.name: _Lane(t) for t in self._targets}
+        self._lanes = {t.name: Lane(t) for t in self._targets}
+        self._workers = {t.name: _Workers(t.pool_size, f"vsphere-{t.name}") for t in self._targets}
         self._pools: dict[str, SessionPool] = {}
         self._pools_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -341,32 +252,48 @@ class Scheduler:
             return pool
 
     async def run(self, target: str, fn: Callable[[VSphereSession], T], *,
-                  deadline: float | None = None) -> T:
+                  deadline: float | None = None, caller: Caller | None = None, bounded: bool = True) -> T:
         """Run ``fn`` with a session of ``target`` on that target's worker threads; return its result.
 
-        Calls on one target wait for one of its ``pool_size`` slots in arrival order; a wait longer
-        than ``queue_timeout`` raises ``QueueTimeout``. ``deadline`` (seconds) bounds the whole call,
+        Calls on one target wait for one of its ``pool_size`` slots, served round-robin among callers
+        (``caller``, by default the tool call's ``caller_var``) and in arrival order within one; a
+        caller with ``max_queued_per_caller`` calls waiting is refused at once (``Busy``), a wait longer
+        than ``queue_timeout`` raises ``QueueTimeout``; ``bounded=False`` (a change's execution, admitted
+        when it was planned) is never refused as busy. ``deadline`` (seconds) bounds the whole call,
         queueing included, and raises ``Timeout``; a worker thread stuck in a hung vSphere call keeps
         its slot until its socket times out, but neither the caller nor other targets wait for it.
         """
         lane = self._lanes[self.target(target).name]
+        workers = self._workers[target]
         breaker = self._breakers[target]
-        breaker.check()
+        try:
+            breaker.check()
+        except errors.Unreachable:
+            lane.count_refusal("circuit_open")
+            raise
         pool = self.pool(target)
         started = time.monotonic()
         wait = self.queue_timeout if deadline is None else min(self.queue_timeout, deadline)
-        with tracing.span("gateway.queue_wait", **{"vsphere.target": target}):
-            acquired = await lane.acquire(wait)
-        if not acquired:
-            raise self._wait_error(lane, deadline)
         try:
-            work = lane.workers.submit(tracing.in_context(lambda: self._in_slot(target, pool, fn, wait)))
+            who = caller_var.get() if caller is None else caller
+            with tracing.span("gateway.queue_wait", **{"vsphere.target": target}):
+                granted = await lane.acquire(wait, who, bounded=bounded)
+        except errors.Unreachable:
+            lane.count_refusal("shutting_down")
+            raise
+        if not granted:
+            error = self._wait_error(lane, deadline)
+            lane.count_refusal("deadline" if isinstance(error, errors.Timeout) else "queue_timeout")
+            raise error
+        try:
+            work = workers.submit(tracing.in_context(lambda: self._in_slot(target, pool, fn, wait)))
         except RuntimeError:  # the workers were shut down between the grant and now
             lane.release()
-            raise _shutting_down(target) from None
+            raise shutting_down(target) from None
+        held = time.monotonic()
 
         def finished(done: concurrent.futures.Future[T]) -> None:
-            lane.release()
+            lane.release(time.monotonic() - held)
             breaker.record(None if done.cancelled() else done.exception())
 
         work.add_done_callback(finished)
@@ -384,7 +311,7 @@ class Scheduler:
 
     def _in_slot(self, target: str, pool: SessionPool, fn: Callable[[VSphereSession], T], wait: float) -> T:
         """``pool.run(fn)`` holding one of the target's slots shared by every replica, when there are any
-        (on a worker thread: after this replica's own FIFO slot, so its order holds)."""
+        (on a worker thread: after this replica's own fair slot, so its order holds)."""
         if self._slots is None:
             return pool.run(fn)
         slot = self._slots.acquire(target, self.target(target).pool_size, wait)
@@ -405,6 +332,10 @@ class Scheduler:
             self.target(name)
         outcomes = await asyncio.gather(*(self._settle(name, fn, deadline) for name in names))
         return dict(zip(names, outcomes, strict=True))
+
+    def queue_stats(self) -> dict[str, dict[str, Any]]:
+        """Per target: the queue wait histogram and the calls refused by reason (``Lane.snapshot``)."""
+        return {name: lane.snapshot() for name, lane in self._lanes.items()}
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Per target: calls queued and running, slots, sessions open and lent out, logins and re-logins."""
@@ -433,6 +364,8 @@ class Scheduler:
         self._stopping.set()
         for lane in self._lanes.values():
             lane.close()
+        for workers in self._workers.values():
+            workers.shutdown()
         with self._pools_lock:
             pools = list(self._pools.values())
         closers = [threading.Thread(target=p.close, daemon=True, name=f"vsphere-close-{p.target.name}")
@@ -455,7 +388,7 @@ class Scheduler:
             message = f"target '{name}': internal error; see the gateway log"
             return {"error": {"code": "internal", "message": message}}
 
-    def _wait_error(self, lane: _Lane, deadline: float | None) -> errors.GatewayError:
+    def _wait_error(self, lane: Lane, deadline: float | None) -> errors.GatewayError:
         name = lane.target.name
         busy = f"all {lane.capacity} slots busy, {lane.queued} more calls queued"
         if deadline is not None and deadline < self.queue_timeout:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
+from xml.parsers import expat
 
 Props = dict[str, Any]
 
@@ -35,6 +36,15 @@ class Page(NamedTuple):
 
 class ComplexValueError(ValueError):
     """A swept path returned a data object; sweeps take only scalar paths (a programming error)."""
+
+
+class MalformedReply(expat.ExpatError):
+    """The reply is not well-formed XML (cut short, garbage) or declares a document type: refused.
+
+    vSphere never sends a DTD; one in a reply could only declare entities (``billion laughs``,
+    external files), so the decoder refuses it before anything is expanded. An ``ExpatError``, so the
+    session pool reports it as ``unreachable``: "the target answered with malformed XML".
+    """
 
 
 def _parse_datetime(text: str) -> datetime:
@@ -70,8 +80,8 @@ def parse_retrieve_result(body: bytes) -> Page:
 
     Replies in the plain shape vSphere sends for scalar sweeps are decoded by ``scan_retrieve_result``;
     anything else (arrays, missing properties, comments, unusual prefixes) by ElementTree. Both give
-    the same objects. Raises ``ComplexValueError`` for a data-object value and ``ET.ParseError`` for
-    malformed XML.
+    the same objects. Raises ``ComplexValueError`` for a data-object value and ``MalformedReply`` for
+    malformed XML or a document type declaration (never expanded).
     """
     page = scan_retrieve_result(body)
     if page is not None:
@@ -97,8 +107,13 @@ DECODER = DecoderCounters()
 
 
 def parse_retrieve_tree(body: bytes) -> Page:
-    """``parse_retrieve_result`` through ElementTree, whatever the reply's shape."""
-    envelope = ET.fromstring(body)
+    """``parse_retrieve_result`` through ElementTree, whatever the reply's shape (``MalformedReply`` for
+    malformed XML or a document type declaration)."""
+    refuse_document_types(body)
+    try:
+        envelope = ET.fromstring(body)
+    except ET.ParseError as exc:  # the check above parsed it already; kept typed all the same
+        raise MalformedReply(f"the reply is not well-formed XML ({exc})") from exc
     response = next(iter(next(iter(envelope))), None)  # Envelope > Body > *Response
     if response is None:
         return Page([], None)
@@ -112,6 +127,29 @@ def parse_retrieve_tree(body: bytes) -> Page:
             elif child.tag == ns + "token":
                 token = child.text or None
     return Page(objects, token)
+
+
+def refuse_document_types(body: bytes) -> None:
+    """Raise ``MalformedReply`` when ``body`` is not well-formed XML or declares a document type.
+
+    One pass of expat with no handler but the document type's, which raises before the internal subset
+    (where entities are declared) is read: no entity is ever declared, expanded or fetched.
+    """
+    parser = expat.ParserCreate()
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+
+    def refuse(*_args: object) -> None:
+        raise MalformedReply("the reply declares a document type (DTD); vSphere sends none, so it is "
+                             "refused and no entity in it is expanded")
+
+    parser.StartDoctypeDeclHandler = refuse
+    parser.EntityDeclHandler = refuse
+    try:
+        parser.Parse(body, True)
+    except expat.ExpatError as exc:
+        if isinstance(exc, MalformedReply):
+            raise
+        raise MalformedReply(f"the reply is not well-formed XML ({exc})") from exc
 
 
 # The scanner: ElementTree builds ~20 elements per VM and costs several times what the simulator needs

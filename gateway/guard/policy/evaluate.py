@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from gateway.guard.limits import bulk_denial
 from gateway.guard.policy.model import Action, CallFacts, Decision, Policy, Rule, TargetPolicy
@@ -38,7 +37,8 @@ class _Verdict:
     rule: str
     reason: str
     overridden: tuple[str, ...] = ()
-    confirm_by: str | None = None
+    #: the rule that decided, when one did (its N of M keys and confirm_by layer over the target's)
+    decided_by: Rule | None = None
 
 
 def evaluate(facts: CallFacts, policy: Policy, now: datetime) -> Decision:
@@ -46,19 +46,46 @@ def evaluate(facts: CallFacts, policy: Policy, now: datetime) -> Decision:
     if now.utcoffset() is None:
         raise ValueError("evaluate needs a timezone-aware 'now', e.g. datetime.now(UTC)")
     settings = policy.target_settings(facts.target)
+    dry, snap = settings.dry_run, settings.auto_snapshot_before_destroy
     verdict = _protected(facts, policy) or _bulk(facts, settings) or _first_rule(facts, policy, settings)
-    flags: dict[str, Any] = {"dry_run": settings.dry_run,
-                             "auto_snapshot": settings.auto_snapshot_before_destroy,
-                             "confirm_by": verdict.confirm_by or settings.confirm_by.value}
+    rule_confirm = verdict.decided_by.confirm_by if verdict.decided_by is not None else None
+    confirm_by = (rule_confirm or settings.confirm_by).value
     if verdict.action is Action.ALLOW or verdict.action is Action.REQUIRE_APPROVAL:
         verdict = _window(facts, policy, now, verdict.overridden) or verdict
     if verdict.action is Action.DENY:
-        return Decision(False, verdict.reason, verdict.rule, overridden=verdict.overridden, **flags)
+        return Decision(False, verdict.reason, verdict.rule, overridden=verdict.overridden, dry_run=dry,
+                        auto_snapshot=snap, confirm_by=confirm_by)
     web = facts.category is Category.DESTRUCTIVE and settings.require_web_approval
     reason = verdict.reason + (f"; target '{facts.target}' requires a human approval for destructive "
                                "calls (require_web_approval)" if web else "")
-    approval = verdict.action is Action.REQUIRE_APPROVAL or web
-    return Decision(True, reason, verdict.rule, approval, overridden=verdict.overridden, **flags)
+    if not (verdict.action is Action.REQUIRE_APPROVAL or web):
+        return Decision(True, reason, verdict.rule, False, overridden=verdict.overridden, dry_run=dry,
+                        auto_snapshot=snap, confirm_by=confirm_by)
+    count, roles, why = _n_of_m(settings, verdict.decided_by)
+    return Decision(True, reason + _n_of_m_note(count, roles, why), verdict.rule, True,
+                    overridden=verdict.overridden, dry_run=dry, auto_snapshot=snap,
+                    approvals_required=count, approver_roles=roles, reason_required=why,
+                    confirm_by=confirm_by)
+
+
+def _n_of_m(settings: TargetPolicy, rule: Rule | None) -> tuple[int, tuple[str, ...], bool]:
+    """The target's N of M with what the deciding rule sets over it: the larger count, the rule's
+    approver roles, a reason if either asks for one."""
+    count, roles, why = settings.approvals_required, settings.approver_roles, settings.reason_required
+    if rule is not None:
+        count = max(count, rule.approvals_required or 1)
+        roles = rule.approver_roles if rule.approver_roles is not None else roles
+        why = why or bool(rule.reason_required)
+    return count, roles, why
+
+
+def _n_of_m_note(count: int, roles: tuple[str, ...], why: bool) -> str:
+    parts = [f"; {count} distinct approvals needed"] if count > 1 else []
+    if roles:
+        parts.append(f"; approvers of role {', '.join(roles)}")
+    if why:
+        parts.append("; a reason is required")
+    return "".join(parts)
 
 
 def _protected(facts: CallFacts, policy: Policy) -> _Verdict | None:
@@ -103,7 +130,7 @@ def _rule_verdict(rule: Rule, overridden: tuple[str, ...]) -> _Verdict:
         Action.REQUIRE_APPROVAL: f"rule '{rule.name}' requires a human approval{why}",
     }
     return _Verdict(rule.action, f"rule:{rule.name}", reasons[rule.action] + _override_note(overridden),
-                    overridden, rule.confirm_by.value if rule.confirm_by else None)
+                    overridden, rule)
 
 
 def _category_verdict(facts: CallFacts, settings: TargetPolicy, overridden: tuple[str, ...]) -> _Verdict:

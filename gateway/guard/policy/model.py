@@ -99,12 +99,18 @@ class Decision:
     auto_snapshot: bool = True
     #: deny rules this call skipped with override=true (for the audit trail)
     overridden: tuple[str, ...] = ()
+    #: N of M, when ``require_approval``: distinct persons needed, of which roles (empty: any approver),
+    #: and whether each must give a reason
+    approvals_required: int = 1
+    approver_roles: tuple[str, ...] = ()
+    reason_required: bool = False
     #: who may confirm its proposal (``ConfirmBy``): the deciding rule's ``confirm_by``, else the target's
     confirm_by: str = "tool"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["overridden"] = list(self.overridden)
+        out["approver_roles"] = list(self.approver_roles)
         return out
 
 
@@ -168,6 +174,8 @@ class Match:
 
     fields: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     min_risk_level: Risk | None = None
+    #: the call affects at least this many objects (a bulk call's count; one for a single VM)
+    min_affected_objects: int | None = None
 
     def fits(self, facts: CallFacts, *, every_object: bool) -> bool:
         if not self.fits_call(facts):
@@ -178,6 +186,8 @@ class Match:
     def fits_call(self, facts: CallFacts) -> bool:
         """Whether the fields answered by the call itself (not its objects) fit ``facts``."""
         if self.min_risk_level is not None and facts.risk.rank < self.min_risk_level.rank:
+            return False
+        if self.min_affected_objects is not None and facts.count < self.min_affected_objects:
             return False
         return all(_CALL_FIELDS[name](facts, patterns)
                    for name, patterns in self.fields.items() if name in _CALL_FIELDS)
@@ -191,6 +201,8 @@ class Match:
         out: dict[str, Any] = {name: list(patterns) for name, patterns in self.fields.items()}
         if self.min_risk_level is not None:
             out["min_risk_level"] = self.min_risk_level.value
+        if self.min_affected_objects is not None:
+            out["min_affected_objects"] = self.min_affected_objects
         return out
 
 
@@ -205,6 +217,10 @@ class Rule:
     confirm_by: ConfirmBy | None = None
     #: ``file:line:column`` of the rule (for problems found after parsing)
     where: str = field(default="", compare=False)
+    #: N of M on a ``require_approval`` rule (None: the target's settings say)
+    approvals_required: int | None = None
+    approver_roles: tuple[str, ...] | None = None
+    reason_required: bool | None = None
 
     def matches(self, facts: CallFacts) -> bool:
         return self.match.fits(facts, every_object=self.action is Action.ALLOW)
@@ -216,9 +232,15 @@ class Rule:
                 and (tags is None or any(glob_fits(t, tags) for t in target.tags)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "action": self.action.value, "match": self.match.to_dict(),
-                "unless_override": self.unless_override, "reason": self.reason,
-                **({"confirm_by": self.confirm_by.value} if self.confirm_by else {})}
+        out: dict[str, Any] = {"name": self.name, "action": self.action.value, "match": self.match.to_dict(),
+               "unless_override": self.unless_override, "reason": self.reason}
+        for key in APPROVAL_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
+        if self.confirm_by is not None:
+            out["confirm_by"] = self.confirm_by.value
+        return out
 
 
 @dataclass(frozen=True)
@@ -303,7 +325,9 @@ class MaintenanceWindow:
 
 # --------------------------------------------------------------------------- per-target settings
 
-FLAGS = ("require_web_approval", "auto_snapshot_before_destroy", "dry_run")
+FLAGS = ("require_web_approval", "auto_snapshot_before_destroy", "dry_run", "reason_required")
+#: N of M keys, on a target's settings and on a ``require_approval`` rule
+APPROVAL_KEYS = ("approvals_required", "approver_roles", "reason_required")
 RATE = "max_calls_per_minute"
 #: the target-wide ceiling every caller's calls count against together
 CEILING = "target_max_calls_per_minute"
@@ -313,6 +337,7 @@ BUILTIN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "read": Action.ALLOW, "write": Action.ALLOW, "destructive": Action.DENY,
     "require_web_approval": False, "auto_snapshot_before_destroy": True, "dry_run": False,
     "max_bulk_objects": 20, "confirm_by": ConfirmBy.TOOL,
+    "approvals_required": 1, "approver_roles": (), "reason_required": False,
     f"{RATE}.read": None, f"{RATE}.write": 30, f"{RATE}.destructive": 10,
     f"{CEILING}.read": None, f"{CEILING}.write": None, f"{CEILING}.destructive": None,
 })
@@ -348,6 +373,10 @@ class TargetPolicy:
     #: per category, the calls per minute of every caller together (None: no ceiling)
     target_max_calls_per_minute: Mapping[str, int | None] = field(
         default_factory=lambda: MappingProxyType(dict.fromkeys(Category)))
+    #: N of M for a human approval on this target
+    approvals_required: int = 1
+    approver_roles: tuple[str, ...] = ()
+    reason_required: bool = False
 
     @classmethod
     def build(cls, target: str, values: Mapping[str, Any], origins: Mapping[str, str]) -> TargetPolicy:
@@ -363,6 +392,9 @@ class TargetPolicy:
             confirm_by=ConfirmBy(values.get("confirm_by", ConfirmBy.TOOL)),
             target_max_calls_per_minute=MappingProxyType(
                 {c: values.get(f"{CEILING}.{c.value}") for c in Category}),
+            approvals_required=int(values.get("approvals_required") or 1),
+            approver_roles=tuple(values.get("approver_roles") or ()),
+            reason_required=bool(values.get("reason_required", False)),
         )
 
     def rate_limit(self, category: Category) -> int | None:
@@ -381,6 +413,9 @@ class TargetPolicy:
             "dry_run": self.dry_run,
             "max_bulk_objects": self.max_bulk_objects,
             "confirm_by": self.confirm_by.value,
+            "approvals_required": self.approvals_required,
+            "approver_roles": list(self.approver_roles),
+            "reason_required": self.reason_required,
             RATE: {str(c): n for c, n in self.max_calls_per_minute.items()},
             CEILING: {str(c): n for c, n in self.target_max_calls_per_minute.items()},
             "set_by": dict(self.origins),

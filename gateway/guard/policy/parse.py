@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position
 from gateway.guard.policy.model import (
     ALL_DAYS,
+    APPROVAL_KEYS,
     BUILTIN_DEFAULTS,
     CATEGORY_NAMES,
     CEILING,
@@ -165,7 +166,8 @@ def _suggest(word: str, choices: Collection[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-_SETTINGS_KEYS = (*CATEGORY_NAMES, *FLAGS, "max_bulk_objects", "confirm_by", RATE, CEILING)
+_SETTINGS_KEYS = (*CATEGORY_NAMES, *FLAGS, "max_bulk_objects", RATE, CEILING, "approvals_required",
+                  "approver_roles", "confirm_by")
 
 
 def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
@@ -179,6 +181,10 @@ def _settings(r: _Reader, value: Any, path: str) -> dict[str, Any]:
             out[key] = r.boolean(raw, where)
         elif key == "max_bulk_objects":
             out[key] = r.limit(raw, where)
+        elif key == "approvals_required":
+            out[key] = _approvals(r, raw, where)
+        elif key == "approver_roles":
+            out[key] = _approver_roles(r, raw, where)
         elif key == "confirm_by":
             out[key] = r.choice(raw, where, ConfirmBy) or ConfirmBy.TOOL
         else:
@@ -209,7 +215,20 @@ def _parse_targets(r: _Reader, value: Any, path: str) -> tuple[TargetOverride, .
     return tuple(out)
 
 
-_RULE_KEYS = ("name", "match", "action", "unless_override", "reason", "confirm_by")
+def _approvals(r: _Reader, value: Any, path: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10:
+        return value
+    r.problem(path, f"must be a whole number of distinct approvers from 1 to 10, got {_kind(value)}")
+    return 1
+
+
+def _approver_roles(r: _Reader, value: Any, path: str) -> tuple[str, ...]:
+    roles = r.strings(value, path)
+    r.ref("role", roles, path)
+    return roles
+
+
+_RULE_KEYS = ("name", "match", "action", "unless_override", "reason", *APPROVAL_KEYS, "confirm_by")
 
 
 def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
@@ -220,6 +239,10 @@ def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
     unless = r.optional(entry, "unless_override", path, r.boolean, False)
     if unless and action not in (Action.DENY, None):
         r.problem(f"{path}.unless_override", "applies only to 'action: deny'; remove it or make it a deny")
+    for key in APPROVAL_KEYS:
+        if key in entry and action not in (Action.REQUIRE_APPROVAL, None):
+            r.problem(f"{path}.{key}", "applies only to 'action: require_approval'; remove it or make the "
+                      "rule require an approval")
     rule = Rule(
         name=r.optional(entry, "name", path, r.text, ""),
         action=action or Action.DENY,
@@ -228,18 +251,35 @@ def _parse_rule(r: _Reader, value: Any, path: str) -> Rule | None:
         reason=r.optional(entry, "reason", path, r.text, None),
         confirm_by=r.optional(entry, "confirm_by", path, lambda v, p: r.choice(v, p, ConfirmBy), None),
         where=r.where(path),
+        approvals_required=r.optional(entry, "approvals_required", path, lambda v, p: _approvals(r, v, p),
+                                      None),
+        approver_roles=r.optional(entry, "approver_roles", path, lambda v, p: _approver_roles(r, v, p),
+                                  None),
+        reason_required=r.optional(entry, "reason_required", path, r.boolean, None),
     )
     return rule if action else None
 
 
 def _parse_match(r: _Reader, value: Any, path: str) -> Match:
-    entry = r.mapping(value, path, (*MATCH_FIELDS, "min_risk_level"))
+    entry = r.mapping(value, path, (*MATCH_FIELDS, "min_risk_level", "min_affected_objects"))
     fields = {k: r.strings(v, f"{path}.{k}") for k, v in entry.items() if k in MATCH_FIELDS}
     for key, kind in _MATCH_REFS.items():
         items = fields.get(key, ())
         r.ref(kind, [i for i in items if not (kind == "tool" and i in CATEGORY_NAMES)], f"{path}.{key}")
     risk = r.optional(entry, "min_risk_level", path, lambda v, p: r.choice(v, p, Risk), None)
-    return Match(MappingProxyType(fields), risk)
+    least = r.optional(entry, "min_affected_objects", path, _min_objects(r), None)
+    return Match(MappingProxyType(fields), risk, least)
+
+
+def _min_objects(r: _Reader) -> Callable[[Any, str], int | None]:
+    def parse(value: Any, path: str) -> int | None:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        r.problem(path, f"must be a whole number >= 1 (the call affects at least that many objects), got "
+                  f"{_kind(value)}")
+        return None
+
+    return parse
 
 
 #: match fields naming things other files define

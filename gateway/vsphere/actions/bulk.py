@@ -12,6 +12,7 @@ import pyVmomi
 from gateway import errors
 from gateway.guard.patterns import UserRegex, compile_user_regex
 from gateway.vocabulary import Plan, ProgressFn
+from gateway.vsphere.actions.blast import many_vms
 from gateway.vsphere.actions.execution import Execution, _executor
 from gateway.vsphere.actions.planning import (
     BROKEN_CONNECTION_STATES,
@@ -143,7 +144,7 @@ def plan_bulk(session: Any, args: Args) -> Plan:
     if skipped:
         summary += f" (skipping {len(skipped)} without snapshots: {_names_text(skipped)})"
     return Plan(_on(session, summary), tuple(vm_affected(m.ref) for m in chosen), params,
-                object_count=len(matches), unmet=unmet)
+                object_count=len(matches), unmet=unmet, blast_radius=many_vms([m.ref for m in chosen]))
 
 
 def _bulk_one(call: Execution, action: str, vm: Mapping[str, Any], progress: ProgressFn) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import pyVmomi
 from gateway import errors
 from gateway.guard import datastore_path
 from gateway.vocabulary import AffectedObject, Plan
+from gateway.vsphere.actions.blast import one_vm
 from gateway.vsphere.actions.execution import Execution, _executor
 from gateway.vsphere.actions.planning import (
     Args,
@@ -394,7 +395,7 @@ def plan_remove_disk(session: Any, args: Args) -> Plan:
             else "keeping its file on the datastore")
     summary = f"Remove {row['label']} (key {disk.key}) from {_label(vm)}, {what}"
     affected = (vm_affected(vm), AffectedObject("disk", row["label"], f"{vm.moid}/{disk.key}"))
-    return Plan(_on(session, summary), affected, params)
+    return Plan(_on(session, summary), affected, params, blast_radius=one_vm(session, vm))
 
 
 @_executor

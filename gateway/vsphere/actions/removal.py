@@ -9,6 +9,7 @@ import pyVmomi
 
 from gateway import errors
 from gateway.vocabulary import Plan, Precondition, ProgressFn
+from gateway.vsphere.actions.blast import one_vm
 from gateway.vsphere.actions.execution import Execution, _executor, _power_state, split_progress
 from gateway.vsphere.actions.planning import (
     BROKEN_CONNECTION_STATES,
@@ -52,7 +53,7 @@ def plan_delete_vm(session: Any, args: Args) -> Plan:
     first = "Power off and " if force and vm.power_state == "poweredOn" else ""
     summary = f"{first}PERMANENTLY DELETE {_label(vm)} and its files"
     return Plan(_on(session, summary), (vm_affected(vm),), params,
-                unmet=() if force else _powered_on(session, [vm]))
+                unmet=() if force else _powered_on(session, [vm]), blast_radius=one_vm(session, vm))
 
 
 def _destroy(
@@ -87,7 +88,7 @@ def plan_unregister_vm(session: Any, args: Args) -> Plan:
     params = {**_vm_params(vm, args), "vmx_path": vmx}
     state = f" (connection state {vm.connection_state})" if vm.connection_state != "connected" else ""
     summary = f"Unregister {_label(vm)}{state} from the inventory; its files stay on the datastore"
-    return Plan(_on(session, summary), (vm_affected(vm),), params)
+    return Plan(_on(session, summary), (vm_affected(vm),), params, blast_radius=one_vm(session, vm))
 
 
 @_executor

@@ -127,6 +127,12 @@
     clear($("sign-in-command")).append(...words.flatMap((word, i) => [i ? " " : "", el("span", { class: "word", text: word })]));
   }
 
+  function signInWays(session) {
+    // single sign-on when identity.yaml configures it; pasting a token unless that is turned off
+    $("sso").hidden = !session.sso;
+    $("sign-in-form").hidden = session.token_sign_in === false;
+  }
+
   function showSignIn(message, hintRole) {
     if (hintRole !== undefined) signInHint(hintRole);
     state.me = null;
@@ -198,6 +204,7 @@
   async function signOut() {
     let answer = null;
     try { answer = await api("api/sign-out", { method: "POST" }); } catch (_) { /* signed out either way */ }
+    if (answer) signInWays(answer);
     showSignIn("You are signed out.", answer ? answer.sign_in_role || null : undefined);
   }
 
@@ -219,6 +226,35 @@
     const items = (p.affected || []).map((obj) => el("li", { text: objectLabel(obj) }));
     if (!items.length) items.push(el("li", { class: "muted", text: "none listed" }));
     return el("ul", { class: "affected" }, ...items);
+  }
+
+  // What the change will touch, read live from vSphere when it was proposed (and re-read at approval).
+  function blastList(p) {
+    const blast = p.blast_radius;
+    if (!blast || !(blast.objects || []).length) return null;
+    const items = blast.objects.slice(0, 20).map((o) => {
+      const facts = [o.power_state, o.host ? "host " + o.host : "", o.cluster ? "cluster " + o.cluster : "",
+        o.snapshot_count !== undefined ? o.snapshot_count + " snapshot" + (o.snapshot_count === 1 ? "" : "s") : ""]
+        .filter(Boolean).join(" · ");
+      const disks = (o.disks || []).map((d) => d.label + " " + d.size + " on " + (d.datastore || "?")).join("; ");
+      return el("li", {}, el("span", { class: "obj", text: o.name }), " ", facts,
+        disks ? el("span", { class: "disks", text: "Disks: " + disks }) : "");
+    });
+    if (blast.count > items.length) items.push(el("li", { class: "muted", text: "… " + blast.count + " objects in all" }));
+    return el("div", { class: "affected-block" }, el("span", { class: "label", text: "Blast radius" }),
+      el("ul", { class: "blast" }, ...items));
+  }
+
+  // N of M: how many distinct people approved, who, and why.
+  function approvalsBlock(p) {
+    if (!p.approvals_progress) return null;
+    const needs = [p.approver_roles && p.approver_roles.length ? "approvers of role " + p.approver_roles.join(", ") : "",
+      p.reason_required ? "a reason is required" : ""].filter(Boolean).join("; ");
+    const list = (p.approvals || []).map((a) => el("li", {}, el("strong", { text: a.by }),
+      a.reason ? el("span", { class: "why", text: ": " + a.reason }) : ""));
+    return el("div", { class: "affected-block approvals" }, el("span", { class: "label", text: "Approvals" }),
+      el("div", {}, el("span", { class: "progress", text: p.approvals_progress }), needs ? " · " + needs : "",
+        list.length ? el("ul", {}, ...list) : ""));
   }
 
   function targetLine(p) {
@@ -246,6 +282,7 @@
         el("span", { class: "proposal-id", text: "#" + p.proposal_id })),
       el("p", { class: "summary", text: p.summary }),
       el("div", { class: "affected-block" }, el("span", { class: "label", text: "Affects" }), affectedList(p)),
+      ...[blastList(p), approvalsBlock(p)].filter(Boolean),
       gateNote(p),
     );
     const deadline = Date.now() + p.expires_in_seconds * 1000;
@@ -295,12 +332,14 @@
         el("span", { class: "caller", text: p.requested_by }), " · ", when(p.decided_at || p.created_at), " · ",
         el("span", { class: "proposal-id", text: "#" + p.proposal_id })),
       el("p", { class: "summary", text: p.summary }),
-      el("p", { class: "outcome", text: outcomeText(p) }));
+      ...[approvalsBlock(p)].filter(Boolean),
+      el("p", { class: "outcome", text: outcomeText(p) + (p.deny_reason ? ": " + p.deny_reason : "") }));
   }
 
   // A card is rebuilt only when what it shows changed, so buttons are not replaced under the pointer.
   function signature(p) {
     return [p.state, p.can_decide, p.decide_note, p.can_approve, p.approve_note, state.busy.has(p.proposal_id), p.approved_by, p.outcome,
+      p.approvals_progress, JSON.stringify(p.blast_radius || null),
       p.proposal_id === state.focus].join("|");
   }
 
@@ -392,14 +431,23 @@
       ...fact("Summary", p.summary),
       ...fact("Affects", affectedList(p)),
       ...fact("Requested by", p.requested_by));
+    const [have, need] = (p.approvals_progress || "0 of 1").split(" of ").map((n) => parseInt(n, 10));
+    const last = !(need > 1) || have + 1 >= need;
     $("confirm-note").textContent = approving
-      ? "It runs in vSphere as soon as you approve; this cannot be undone from here."
+      ? (last ? "It runs in vSphere as soon as you approve; this cannot be undone from here."
+        : "Your approval is recorded (" + (have + 1) + " of " + need + "); it runs only when " +
+          (need - have - 1) + " more different approver(s) approve it.")
       : "The agent is told a human denied it; nothing changes in vSphere.";
+    $("confirm-reason-label").textContent = "Reason" + (p.reason_required ? " (required)" : " (optional)");
+    const reason = $("confirm-reason");
+    reason.value = "";
+    reason.required = !!p.reason_required;
     const ok = $("confirm-ok");
-    ok.textContent = (approving ? "Approve and run on " : "Deny on ") + p.target;
+    ok.textContent = (approving ? (last ? "Approve and run on " : "Approve on ") : "Deny on ") + p.target;
     ok.className = "button " + (approving ? "danger" : "primary");
     return new Promise((resolve) => {
-      dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+      dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok" ? { reason: reason.value } : null),
+        { once: true });
       dialog.returnValue = "";
       dialog.showModal();
       $("confirm-cancel").focus();
@@ -407,12 +455,17 @@
   }
 
   async function decide(p, action) {
-    if (!(await confirmDialog(p, action))) return;
+    const chosen = await confirmDialog(p, action);
+    if (!chosen) return;
     state.busy.add(p.proposal_id);
     await loadProposals();
     try {
-      await api("api/proposals/" + encodeURIComponent(p.proposal_id) + "/" + action, { method: "POST" });
-      toast(action === "approve" ? "Approved and executed on " + p.target + "." : "Denied on " + p.target + ".", "ok");
+      const answer = await api("api/proposals/" + encodeURIComponent(p.proposal_id) + "/" + action,
+        { method: "POST", body: { reason: chosen.reason } });
+      const waiting = answer && answer.result && answer.result.state === "pending";
+      toast(action !== "approve" ? "Denied on " + p.target + "."
+        : waiting ? "Approval recorded: " + answer.result.approvals_progress + "; nothing ran yet."
+          : "Approved and executed on " + p.target + ".", "ok");
     } catch (error) {
       toast((action === "approve" ? "Not executed: " : "Not denied: ") + error.message, "error");
     } finally {
@@ -631,7 +684,7 @@
     try {
       const session = await api("api/session");
       if (session.signed_in) signedIn(session);
-      else showSignIn("", session.sign_in_role || null);
+      else { signInWays(session); showSignIn("", session.sign_in_role || null); }
     } catch (error) {
       showSignIn("The gateway could not be reached: " + error.message);
     }

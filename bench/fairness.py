@@ -1,0 +1,152 @@
+"""Fair queueing on a slowed target: agent B's call alone against behind agent A's burst, fair and FIFO.
+
+Plain script: ``python bench/fairness.py [--rounds 5] [--burst 24] [--delay-ms 120]``; ``make bench``
+runs it as one section of bench/run_all.py.
+
+One simulator with every SOAP call slowed by ``--delay-ms`` (its control endpoint's ``/delay``), one
+target with ``pool_size: 2`` and ``mirror: off`` (every read goes to the target), and the gateway's
+whole pipeline in this process (``Gateway.call``: the gate, the read, the scheduler, the audit). Each
+round, side by side:
+
+- **fair**: A (``agent-a``) queues a burst of ``--burst`` get_vm_details at once; as soon as it is in
+  the lane, B (``agent-b``) makes the same call again and again, one at a time, each after a random
+  pause of up to one call time (an agent of its own, whose calls come at any moment of A's), until
+  A's burst is done; and once more with B's calls back to back (no pause: B always asks right after
+  a slot went to A, the worst phase, so it waits for a whole call of A's);
+- **strict FIFO**: the first, but A and B call as one principal, so the lane holds one caller's queue
+  and serves it in arrival order (what every call got before per-caller queues).
+
+Every delay varies (``--jitter``, the simulator's normal spread) as a real target's do; with none, A's
+two calls stay in lock step and B's wait for the next free slot is half a call on average.
+
+Reported: B alone (median of sequential calls), B's median behind the burst in each arm and its ratio
+to alone (target <= 1.5x fair), and the calls finished per second during the burst, fair against FIFO
+(target >= 0.95x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a plain script from a checkout: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.auth.tokens import Principal
+from gateway.devsim import SimulatorProcess, build_simulator, start_simulator, write_targets
+from gateway.server.runtime import Gateway
+from gateway.settings import Settings
+
+VM = "DC0_C0_RP0_VM0"
+READ = {"target": "vc1", "vm": VM}
+Row = tuple[str, str, str]
+_RANDOM = random.Random(19)  # B's pauses: the same every run
+
+
+def _gateway(sim: SimulatorProcess, tmp: Path) -> Gateway:
+    env = write_targets(tmp / "targets.yaml", {"vc1": sim}, {"vc1": {"pool_size": 2, "mirror": "off"}})
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    return Gateway.build(Settings.from_env(env, home=str(home), targets=str(tmp / "targets.yaml")))
+
+
+async def _timed(gw: Gateway, who: Principal) -> float:
+    started = time.perf_counter()
+    await gw.call(who, "get_vm_details", READ)
+    return time.perf_counter() - started
+
+
+async def _round(gw: Gateway, a: Principal, b: Principal, burst: int,
+                 think: float) -> tuple[list[float], float]:
+    """A's burst with B calling behind it (each call after a random pause of up to ``think`` seconds:
+    B is an agent of its own, whose calls come at any moment of A's; 0: back to back), B's latencies,
+    and calls finished per second from the burst's start until its last call finished."""
+    started = time.perf_counter()
+    calls = [asyncio.create_task(gw.call(a, "get_vm_details", READ)) for _ in range(burst)]
+    while gw.scheduler.stats()["vc1"]["queued"] < burst - 4:  # the burst is in the lane
+        await asyncio.sleep(0.002)
+    b_times: list[float] = []
+    while not all(c.done() for c in calls):
+        await asyncio.sleep(_RANDOM.uniform(0, think))
+        if all(c.done() for c in calls):
+            break
+        b_times.append(await _timed(gw, b))
+    await asyncio.gather(*calls)
+    elapsed = time.perf_counter() - started
+    return b_times, (burst + len(b_times)) / elapsed
+
+
+async def measure(gw: Gateway, sim: SimulatorProcess, *, rounds: int, burst: int, delay_ms: int,
+                  jitter: float) -> dict[str, Any]:
+    a, b, one = (Principal(n, "admin", surface="bench") for n in ("agent-a", "agent-b", "agent"))
+    await asyncio.gather(*(gw.call(a, "get_vm_details", READ) for _ in range(2)))  # two sessions open
+    sim.control("/delay", {"delay": delay_ms, "jitter": jitter})
+    alone = statistics.median([await _timed(gw, b) for _ in range(max(5, rounds * 2))])
+    got: dict[str, list[float]] = {k: [] for k in ("fair", "fair_rate", "tight", "fifo", "fifo_rate")}
+    for _ in range(rounds):  # the arms alternate, so drift on a shared machine hits them alike
+        times, rate = await _round(gw, a, b, burst, alone)
+        got["fair"] += times
+        got["fair_rate"].append(rate)
+        times, _rate = await _round(gw, a, b, burst, 0.0)
+        got["tight"] += times
+        times, rate = await _round(gw, one, one, burst, alone)
+        got["fifo"] += times
+        got["fifo_rate"].append(rate)
+    return {"alone": alone, **{k: statistics.median(v) for k, v in got.items()}}
+
+
+def run(*, rounds: int = 5, burst: int = 24, delay_ms: int = 120, jitter: float = 0.25) -> list[Row]:
+    """The rows for bench/run_all.py: (what, value, ratio)."""
+    sim = start_simulator(binary=build_simulator(), vms=2)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp:
+            gw = _gateway(sim, Path(tmp))
+
+            async def main() -> dict[str, Any]:
+                try:
+                    return await measure(gw, sim, rounds=rounds, burst=burst, delay_ms=delay_ms,
+                                         jitter=jitter)
+                finally:
+                    await gw.close()
+
+            got = asyncio.run(main())
+    finally:
+        sim.stop()
+    where = f"{delay_ms} ms per SOAP call +-{jitter:g} sd, pool_size 2"
+    alone = got["alone"]
+    return [
+        (f"fairness: B's get_vm_details alone ({where})", f"{alone * 1000:.1f} ms", "1.00x"),
+        (f"fairness: B behind A's burst of {burst}, per-caller queues (target <= 1.5x)",
+         f"{got['fair'] * 1000:.1f} ms", f"{got['fair'] / alone:.2f}x"),
+        (f"fairness: B behind A's burst of {burst}, per-caller queues, B's calls back to back",
+         f"{got['tight'] * 1000:.1f} ms", f"{got['tight'] / alone:.2f}x"),
+        (f"fairness: B behind A's burst of {burst}, strict FIFO (one caller's queue)",
+         f"{got['fifo'] * 1000:.1f} ms", f"{got['fifo'] / alone:.2f}x"),
+        ("fairness: calls/s during the burst, per-caller queues vs strict FIFO (target >= 0.95x)",
+         f"{got['fair_rate']:.2f}/s", f"{got['fair_rate'] / got['fifo_rate']:.2f}x"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="bursts per arm (medians over them)")
+    parser.add_argument("--burst", type=int, default=24, help="calls in A's burst")
+    parser.add_argument("--delay-ms", type=int, default=120, help="milliseconds added to every SOAP call")
+    parser.add_argument("--jitter", type=float, default=0.25,
+                        help="spread of each delay (the simulator's normal jitter, as a fraction)")
+    args = parser.parse_args(argv)
+    for what, value, ratio in run(rounds=args.rounds, burst=args.burst, delay_ms=args.delay_ms,
+                                  jitter=args.jitter):
+        print(f"  {what:<88} {value:>12} {ratio:>8}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""One target's lane: its ``pool_size`` slots, handed out fairly among callers, and its admission.
+
+Who calls comes from ``Caller`` (a key and a weight): the server sets ``caller_var`` once per tool call
+(``gateway.server.calls``), so every vSphere call a tool call makes, on every target a fan-out reaches,
+queues as that caller. Waiting calls sit in per-caller FIFO queues served deficit round-robin by call
+(``gateway.vsphere.fair_order``): a slot freed by a finishing call goes straight to the next waiter in
+that order, so a newcomer never overtakes a waiter and one caller's burst only delays that caller.
+
+Admission: a caller with ``max_queued_per_caller`` calls already waiting on the target is refused at
+once with ``Busy`` (``retry_after_seconds`` from the lane's recent call time); the queue timeout is the
+last resort for the calls admitted. The lane counts what it refused by reason and how long granted
+calls waited (a histogram), for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from gateway import errors
+from gateway.config import Target
+from gateway.vsphere.fair_order import DEFAULT_WEIGHT, FairOrder
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a vSphere call queues as: ``key`` (the principal's name) and its role's queue weight."""
+
+    key: str
+    weight: float = DEFAULT_WEIGHT
+
+
+#: calls made outside a tool call (none today but the tests') queue as one caller
+NOBODY: Final = Caller("-")
+#: the caller of the tool call in progress (``gateway.server.calls`` sets it for each call)
+caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_caller", default=NOBODY)
+
+
+
+@contextlib.contextmanager
+def queue_as(key: str, weight: float = DEFAULT_WEIGHT) -> Iterator[Caller]:
+    """Every vSphere call made inside queues as ``key`` with ``weight`` (the server's entry points)."""
+    caller = Caller(key, weight)
+    token = caller_var.set(caller)
+    try:
+        yield caller
+    finally:
+        caller_var.reset(token)
+
+
+#: upper bounds (seconds) of the queue wait histogram's buckets
+WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: why a lane refused a call: a caller over its bound, a wait past the queue timeout or the caller's
+#: deadline, an open circuit breaker, a gateway shutting down
+ADMISSION_REFUSALS: Final = ("busy", "queue_timeout", "deadline", "circuit_open", "shutting_down")
+#: weight of the newest call time in the lane's moving average (for ``retry_after_seconds``)
+_CALL_TIME_WEIGHT: Final = 0.2
+
+
+@dataclass(eq=False)
+class _Waiter:
+    caller: str
+    future: asyncio.Future[None]
+    since: float = field(default_factory=time.monotonic)
+
+
+class Lane:
+    """One target's slots, fair queue and admission; shared by the event loop and the worker threads
+    (which release slots), hence the lock. ``running`` counts slots taken."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.capacity = target.pool_size
+        self.running = 0
+        self.closed = False
+        self._order: FairOrder[_Waiter] = FairOrder()
+        self._lock = threading.Lock()
+        self._call_seconds = 0.0
+        self.refused = dict.fromkeys(ADMISSION_REFUSALS, 0)
+        self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)  # the last: over every bound
+        self.wait_sum = 0.0
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._order)
+
+    def queued_by(self, caller: str) -> int:
+        with self._lock:
+            return self._order.depth(caller)
+
+    async def acquire(self, timeout: float, caller: Caller, *, bounded: bool = True) -> bool:
+        """A slot for ``caller``, in fair order; False if none came within ``timeout`` seconds;
+        ``Busy`` at once when ``caller`` already has its bound of calls waiting here (unless not
+        ``bounded``: a change's execution, admitted when it was planned)."""
+        with self._lock:
+            if self.closed:
+                raise shutting_down(self.target.name)
+            if self.running < self.capacity and not len(self._order):
+                self.running += 1
+                self._observe_wait(0.0)
+                return True
+            if bounded and self._order.depth(caller.key) >= self.target.max_queued_per_caller:
+                self.refused["busy"] += 1
+                raise self._busy(caller)
+            waiter = _Waiter(caller.key, asyncio.get_running_loop().create_future())
+            self._order.push(caller.key, waiter, caller.weight)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter.future
+        except TimeoutError:
+            self._abandon(waiter)
+            return False
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+        return True
+
+    def count_refusal(self, reason: str) -> None:
+        with self._lock:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def release(self, held_seconds: float | None = None) -> None:
+        """Give a slot back: to the next waiter in fair order if there is one. Any thread."""
+        with self._lock:
+            if held_seconds is not None:
+                self._call_seconds += (held_seconds - self._call_seconds) * _CALL_TIME_WEIGHT
+            while (waiter := self._order.pop()) is not None:
+                try:
+                    waiter.future.get_loop().call_soon_threadsafe(self._hand_over, waiter)
+                    return
+                except RuntimeError:  # that waiter's event loop is closed; it will never run
+                    continue
+            self.running -= 1
+
+    def close(self) -> None:
+        """Refuse new calls and fail queued ones."""
+        with self._lock:
+            self.closed = True
+            waiters = self._order.drain()
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                waiter.future.get_loop().call_soon_threadsafe(self._fail, waiter)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The wait histogram (cumulative counts per ``WAIT_BUCKETS`` bound, then +Inf), its sum, and the
+        refusals by reason."""
+        with self._lock:
+            counts, total, refused = list(self.wait_counts), self.wait_sum, dict(self.refused)
+        cumulative, running = [], 0
+        for count in counts:
+            running += count
+            cumulative.append(running)
+        return {"wait_buckets": cumulative, "wait_sum": total, "refused": refused}
+
+    def _busy(self, caller: Caller) -> errors.Busy:
+        waiting = self._order.depth(caller.key)
+        retry = max(1.0, self._call_seconds * (waiting + 1) / self.capacity)
+        return errors.Busy(
+            f"target '{self.target.name}': you already have {waiting} calls waiting for its "
+            f"{self.capacity} slots (at most {self.target.max_queued_per_caller} per caller); this call was "
+            f"not queued. Wait for your calls to finish (retry in {retry:.1f}s), or send fewer at once",
+            target=self.target.name, retry_after=retry)
+
+    def _observe_wait(self, seconds: float) -> None:  # under the lock
+        self.wait_counts[bisect.bisect_left(WAIT_BUCKETS, seconds)] += 1
+        self.wait_sum += seconds
+
+    def _hand_over(self, waiter: _Waiter) -> None:
+        if waiter.future.done():  # its caller gave up after the slot was already on its way: pass it on
+            self.release()
+            return
+        with self._lock:
+            self._observe_wait(time.monotonic() - waiter.since)
+        waiter.future.set_result(None)
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        with self._lock:
+            if self._order.remove(waiter.caller, waiter):
+                return
+        # Already granted: if the grant landed, the slot is ours to give back; if it is still on its
+        # way, _hand_over will see the cancelled waiter and give it back itself.
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release()
+
+    def _fail(self, waiter: _Waiter) -> None:
+        if not waiter.future.done():
+            waiter.future.set_exception(shutting_down(self.target.name))
+
+
+def shutting_down(name: str) -> errors.Unreachable:
+    return errors.Unreachable(f"target '{name}': the gateway is shutting down; retry on another instance",
+                              target=name)
