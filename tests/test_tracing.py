@@ -9,6 +9,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from answers import answer_of
@@ -143,3 +144,75 @@ def test_an_unknown_exporter_is_refused_naming_the_choices() -> None:
     with pytest.raises(ConfigError) as caught:
         tracing.exporters_of("jaeger")
     assert "jaeger" in caught.value.message and "otlp, console or none" in caught.value.message
+
+
+# ---------------------------------------------------------------------------- a fresh process each (the API
+# takes one tracer provider per process)
+
+_PROBE = """
+import sys
+from opentelemetry.propagate import extract
+from gateway import tracing
+installed = tracing.configure(sys.argv[1])
+parent = extract({"traceparent": sys.argv[2]})
+with tracing.TRACER.start_as_current_span("probe", context=parent):
+    with tracing.span("gateway.audit_append", **{"audit.phase": "probe"}):
+        print("ROW", tracing.with_trace_id({"phase": "probe"}).get("trace_id"), flush=True)
+if installed:
+    from opentelemetry import trace
+    trace.get_tracer_provider().force_flush()
+print("INSTALLED", installed, flush=True)
+"""
+
+
+def _probe(exporter: str, traceparent: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _PROBE, exporter, traceparent], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, **env}, check=True)
+    return run.stdout
+
+
+def test_with_no_exporter_the_no_op_tracer_still_puts_the_requests_trace_in_rows() -> None:
+    trace_id = secrets.token_hex(16)
+    out = _probe("none", f"00-{trace_id}-{secrets.token_hex(8)}-01")
+    assert f"ROW {trace_id}" in out and "INSTALLED False" in out
+
+
+def test_console_exports_the_spans() -> None:
+    trace_id = secrets.token_hex(16)
+    out = _probe("console", f"00-{trace_id}-{secrets.token_hex(8)}-01")
+    assert "INSTALLED True" in out and '"name": "gateway.audit_append"' in out and trace_id in out
+
+
+def test_otlp_exports_to_the_endpoint_the_environment_names() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[tuple[str, bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append((self.path, self.rfile.read(int(self.headers.get("content-length", "0")))))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        trace_id = secrets.token_hex(16)
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        out = _probe("otlp", f"00-{trace_id}-{secrets.token_hex(8)}-01",
+                     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "INSTALLED True" in out
+    assert received and received[0][0] == "/v1/traces"
+    assert bytes.fromhex(trace_id) in b"".join(body for _path, body in received)  # the protobuf's trace id
