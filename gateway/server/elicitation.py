@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: how long the person at the client has to answer a confirmation form
 ELICIT_TIMEOUT_SECONDS: Final = 300.0
+#: the first revision without server-to-client requests on a tool call's stream
+STATELESS_REVISION: Final = "2026-07-28"
 #: affected objects listed in the form's message (the proposal's answer lists them all)
 SHOWN_OBJECTS: Final = 20
 
@@ -152,7 +154,11 @@ def _form(proposal: Proposal) -> tuple[str, dict[str, Any]]:
 
 def asker_of(request_context: Any) -> Asker | None:
     """The ``Asker`` of an MCP request (the SDK's ``ServerRequestContext``): None when the client declared
-    no elicitation. An empty ``elicitation`` capability means form mode (as the protocol says)."""
+    no elicitation, or speaks a revision without server-to-client requests (2026-07-28: no back-channel;
+    its input-required rounds are not used yet, so such a client confirms with its token). An empty
+    ``elicitation`` capability means form mode (as the protocol says)."""
+    if str(getattr(request_context, "protocol_version", "")) >= STATELESS_REVISION:
+        return None
     session = request_context.session
     capabilities = getattr(session, "client_capabilities", None)
     declared = getattr(capabilities, "elicitation", None)
