@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from starlette.types import ASGIApp
 
+from gateway import tracing
 from gateway.cli import add_path_flags, settings_from
 from gateway.errors import ConfigError, InvalidArgument
 from gateway.server import bootstrap_token
@@ -152,6 +153,7 @@ def _web_app(gateway: Any) -> ASGIApp:
 def _build_gateway(settings: Settings) -> Gateway:
     from gateway.server.runtime import Gateway  # imported late: it loads every tool module
 
+    tracing.configure(settings.traces_exporter)  # OTEL_TRACES_EXPORTER; the no-op tracer when none
     return Gateway.build(settings)
 
 

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gateway import tracing
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
@@ -107,7 +106,6 @@ class Gateway(GatewayFacade):
     @classmethod
     def build(cls, settings: Settings) -> Gateway:
         """Load configuration and open the backends; raises ConfigError on anything fatal."""
-        tracing.configure(settings.traces_exporter)  # OTEL_TRACES_EXPORTER; no-op tracer when none
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         backends = open_backends(settings)
         trail = AuditTrail(backends.audit, settings.audit_log)
