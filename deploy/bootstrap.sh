@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one place that knows which Debian packages the project needs (the simulator's Go toolchain and
 # govmomi sources, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
-# PostgreSQL for the store tests, python3-venv for .venv, make for the README's commands). `make run`,
-# `make test` and `.ci/run` all start with it.
+# PostgreSQL for the store tests, rsyslog with its TLS driver for the syslog forwarder's tests,
+# python3-venv for .venv, make for the README's commands). `make run`, `make test` and `.ci/run` all
+# start with it.
 #
 #   bash deploy/bootstrap.sh           install what is missing (as root), or print the one sudo line
 #   bash deploy/bootstrap.sh --check   report what is missing; exit 1 if anything is, install nothing
@@ -14,6 +15,7 @@ PACKAGES=(
     chromium fonts-dejavu-core
     nginx-light systemd
     postgresql
+    rsyslog rsyslog-gnutls
     python3-venv make
 )
 

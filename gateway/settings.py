@@ -91,6 +91,9 @@ class Settings:
     #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
     #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
     audit_signing_key_file: Path | None = None
+    #: syslog.yaml: the SIEM audit rows are forwarded to (GATEWAY_SYSLOG_FILE; default
+    #: ``$GATEWAY_HOME/syslog.yaml``; a missing file forwards nothing; ``gateway.audit.syslog_config``)
+    syslog_file: Path | None = None
 
     @property
     def state_db(self) -> Path:
@@ -145,11 +148,12 @@ class Settings:
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
+            syslog_file=path("syslog", "GATEWAY_SYSLOG_FILE", "syslog.yaml"),
         )
         overrides = {
             k: v
             for k, v in flags.items()
             if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
-                                           "database_url", "audit_signing_key_file"}
+                                           "database_url", "audit_signing_key_file", "syslog"}
         }
         return replace(settings, **overrides) if overrides else settings

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from gateway.answer import Answer
+from gateway.audit.syslog_forward import Forwarder, forwarder_for
 from gateway.errors import AuditUnavailable
+from gateway.server import reloads
 from gateway.server.context import off_loop
 from gateway.store.base import AuditWriter
 
@@ -46,11 +48,13 @@ class AuditTrail:
         self.where = where
         self.waiting: collections.deque[dict[str, Any]] = collections.deque()
         self._flushing = threading.Lock()
+        #: sends every row as stored, once written, to the SIEM (``forward_to_syslog``); never blocks
+        self.forwarder: Forwarder | None = None
 
     def write_quietly(self, row: Mapping[str, Any]) -> None:
         """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
         try:
-            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+            self.write_row(row)
         except AuditUnavailable:
             log.error("the audit log could not record the load of %s", row.get("path"))
 
@@ -166,7 +170,7 @@ class AuditTrail:
     def write_row(self, row: Mapping[str, Any]) -> None:
         try:
             # the sink gives up on its locks first, so a refused row is never appended late
-            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+            stored = self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
         except AuditUnavailable:
             raise
         except Exception as exc:  # any failure to record is a refusal, never a silent pass
@@ -174,3 +178,25 @@ class AuditTrail:
             raise AuditUnavailable(
                 f"audit log {self.where} could not record the call; see the server log"
             ) from exc
+        if self.forwarder is not None:
+            self.forwarder.offer(stored)
+
+    def stop_forwarding(self) -> None:
+        """Let the syslog forwarder send what waits (a few seconds at most), then stop it."""
+        if self.forwarder is not None:
+            self.forwarder.close()
+
+
+def forward_to_syslog(trail: AuditTrail, path: Path | None) -> Forwarder | None:
+    """Start forwarding every row ``trail`` writes to the receiver ``syslog.yaml`` at ``path`` names
+    (nothing without the file). Its load is audited like every configuration file's; a bad file is
+    ``ConfigError`` and the gateway does not start."""
+    if path is None or not path.exists():
+        return None
+    forwarder = reloads.load_audited(
+        "syslog", path, lambda: forwarder_for(path),
+        lambda f: {"receivers": {f.config.where: reloads.fingerprint(repr(f.config))} if f else {}},
+        trail.write_quietly)
+    if forwarder is not None:
+        trail.forwarder = forwarder.start()
+    return forwarder
