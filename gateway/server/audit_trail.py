@@ -193,10 +193,12 @@ def forward_to_syslog(trail: AuditTrail, path: Path | None) -> Forwarder | None:
     ``ConfigError`` and the gateway does not start."""
     if path is None or not path.exists():
         return None
-    forwarder = reloads.load_audited(
-        "syslog", path, lambda: forwarder_for(path),
+
+    def start() -> Forwarder | None:  # attached before the load's own row is written, so it is sent too
+        trail.forwarder = forwarder_for(path)
+        return trail.forwarder.start() if trail.forwarder is not None else None
+
+    return reloads.load_audited(
+        "syslog", path, start,
         lambda f: {"receivers": {f.config.where: reloads.fingerprint(repr(f.config))} if f else {}},
         trail.write_quietly)
-    if forwarder is not None:
-        trail.forwarder = forwarder.start()
-    return forwarder
