@@ -5,6 +5,7 @@ counted in /metrics), and no write waits on a dead receiver."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -13,15 +14,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from rsyslog import Rsyslog
+from simulator import complete_rules_text
 
 from gateway.audit.file_sink import AuditSink
+from gateway.audit.pg_sink import PgAuditSink
 from gateway.audit.query import read_rows
 from gateway.audit.syslog_config import SyslogConfig
 from gateway.audit.syslog_forward import Forwarder, message, octet_counted, sd_escape
 from gateway.server.audit_trail import AuditTrail, forward_to_syslog
 from gateway.server.metrics import Metrics
+from gateway.server.runtime import Gateway
+from gateway.settings import Settings
+from gateway.store.postgres import PostgresStore
 
 CONFIG = SyslogConfig(host="127.0.0.1", hostname="gw1")
 ROW: dict[str, Any] = {"ts": "2026-12-01T12:00:00.123Z", "seq": 7, "phase": "call", "tool": "list_vms",
@@ -194,3 +201,47 @@ def test_syslog_yaml_forwards_the_gateway_trail_and_its_own_load(tmp_path: Path,
     row = json.loads(got[0]["msg"])
     assert (row["phase"], row["file"], row["outcome"]) == ("config_reload", "syslog", "loaded")
     assert forward_to_syslog(trail, tmp_path / "absent.yaml") is None
+
+
+def test_a_built_gateway_forwards_its_rows_and_shows_the_forwarder_in_metrics(
+    tmp_path: Path, siem: Rsyslog
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "targets.yaml").write_text("targets:\n  - {name: vc1, host: 127.0.0.1, port: 9, "
+                                       "credential_env_prefix: VC1}\n")
+    (home / "rules.yaml").write_text(complete_rules_text("defaults: {read: allow}\n"))
+    (home / "syslog.yaml").write_text(f"syslog:\n  host: 127.0.0.1\n  port: {siem.port}\n"
+                                      f"  ca_file: {siem.ca_file}\n  hostname: gw-test\n")
+    gateway = Gateway.build(Settings.from_env({"GATEWAY_HOME": str(home), "VC1_USER": "u",
+                                               "VC1_PASSWORD": "p"}))
+    try:
+        written = {row["seq"] for row in read_rows(home / "audit.jsonl")}  # build() wrote these
+        got = siem.wait_for(lambda m: _seqs(m) == written)  # every one arrives, and nothing else
+        assert {"syslog", "targets", "rules"} <= {json.loads(m["msg"]).get("file") for m in got}
+        assert {m["hostname"] for m in got} == {"gw-test"}
+        _poll(lambda: "gateway_syslog_forwarded_total" in gateway.metrics.render())
+        assert "gateway_syslog_connected 1.0" in gateway.metrics.render()
+    finally:
+        asyncio.run(gateway.close())
+    assert gateway.trail.forwarder is not None and gateway.trail.forwarder.stats()["backlog"] == 0
+
+
+def test_a_row_in_the_postgres_chain_arrives_with_its_seq_and_hash(pg_url: str, siem: Rsyslog) -> None:
+    with PostgresStore(pg_url) as store:
+        trail = AuditTrail(PgAuditSink(store), "the audit table")
+        trail.forwarder = Forwarder(_config(siem)).start()
+        try:
+            trail.write_row({"phase": "call", "tool": "list_vms"})
+            trail.write_row({"phase": "call", "tool": "list_hosts"})
+            got = siem.wait_for(lambda m: _seqs(m) == {1, 2})
+        finally:
+            trail.forwarder.close()
+        with psycopg.connect(pg_url) as conn:
+            stored = {seq: json.loads(body) if isinstance(body, str) else body
+                      for seq, body in conn.execute("SELECT seq, body FROM audit_rows")}
+    for received in got:
+        chain = _chain(received)
+        row = stored[int(chain["seq"])]
+        assert (chain["hash"], chain["prev"]) == (row["hash"], row["prev"])
+        assert json.loads(received["msg"]) == row
