@@ -87,3 +87,10 @@ def test_gateway_check_summarises_a_good_syslog_file(
     assert main(["check", *flags]) == 0
     assert "syslog: audit rows forwarded to the syslog receiver siem.example.com:6514 (tls)" in \
         capsys.readouterr().out
+
+
+def test_the_example_file_parses(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "syslog.example.yaml").read_text()
+    (tmp_path / "siem-ca.pem").write_text("-\n")
+    config = load(_write(tmp_path, text.replace("/etc/gateway/siem-ca.pem", str(tmp_path / "siem-ca.pem"))))
+    assert config is not None and (config.host, config.transport) == ("siem.example.com", "tls")
