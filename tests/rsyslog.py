@@ -1,11 +1,12 @@
 """A real rsyslog receiver for tests, from Debian's ``rsyslog`` and ``rsyslog-gnutls`` packages.
 
 ``Rsyslog(directory)`` writes its own configuration (imtcp on one loopback port, TLS through the
-``gtls`` driver with a certificate made by ``gateway.server.tls.create_certificate``, anonymous
-clients) and runs ``rsyslogd -n -f CONF -i PIDFILE`` in the foreground; ``start``/``stop`` may be
-called again (the same port), so a test can take the receiver away and bring it back. Every message
-received on the port lands as one JSON line in ``received.jsonl`` (PRI, HOSTNAME, APP-NAME, MSGID, the
-structured data and MSG, as rsyslog parsed them); ``messages()`` reads them back.
+``gtls`` driver with a certificate made by ``gateway.server.tls.create_certificate``; anonymous
+clients, or only clients with a certificate ``client_ca`` signed) and runs ``rsyslogd -n -f CONF -i
+PIDFILE`` in the foreground; ``start``/``stop`` may be called again (the same port), so a test can
+take the receiver away and bring it back. Every message received on the port lands as one JSON line
+in ``received.jsonl`` (PRI, HOSTNAME, APP-NAME, MSGID, the structured data and MSG, as rsyslog parsed
+them); ``messages()`` reads them back.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ global(
   workDirectory="{dir}/work"
   maxMessageSize="256k"
   defaultNetstreamDriver="gtls"
-  defaultNetstreamDriverCAFile="{dir}/tls/cert.pem"
+  defaultNetstreamDriverCAFile="{dir}/trusted.pem"
   defaultNetstreamDriverCertFile="{dir}/tls/cert.pem"
   defaultNetstreamDriverKeyFile="{dir}/tls/key.pem"
 )
-module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="anon")
+module(load="imtcp" streamDriver.name="gtls" streamDriver.mode="1" streamDriver.authMode="{auth_mode}")
 template(name="received" type="list" option.jsonf="on") {{
   property(outname="pri" name="pri" format="jsonf")
   property(outname="hostname" name="hostname" format="jsonf")
@@ -71,7 +72,9 @@ def _free_port() -> int:
 class Rsyslog:
     """One rsyslogd listening with TLS on ``port`` (see the module doc)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, client_ca: Path | None = None) -> None:
+        """``client_ca``: require a client certificate signed by it (``x509/certvalid``); else
+        anonymous clients."""
         self.binary = rsyslogd()
         self.dir = directory
         (directory / "work").mkdir(parents=True, exist_ok=True)
@@ -80,7 +83,10 @@ class Rsyslog:
         self.port = _free_port()
         self.output = directory / "received.jsonl"
         self.conf = directory / "rsyslog.conf"
-        self.conf.write_text(CONFIG.format(dir=directory, port=self.port))
+        trusted = self.ca_file.read_bytes() + (client_ca.read_bytes() if client_ca else b"")
+        (directory / "trusted.pem").write_bytes(trusted)
+        auth_mode = "x509/certvalid" if client_ca else "anon"
+        self.conf.write_text(CONFIG.format(dir=directory, port=self.port, auth_mode=auth_mode))
         self.process: subprocess.Popen[bytes] | None = None
         self.log = directory / "rsyslogd.log"
 

@@ -27,6 +27,7 @@ from gateway.audit.syslog_forward import Forwarder, message, octet_counted, sd_e
 from gateway.server.audit_trail import AuditTrail, forward_to_syslog
 from gateway.server.metrics import Metrics
 from gateway.server.runtime import Gateway
+from gateway.server.tls import create_certificate
 from gateway.settings import Settings
 from gateway.store.postgres import PostgresStore
 
@@ -245,3 +246,24 @@ def test_a_row_in_the_postgres_chain_arrives_with_its_seq_and_hash(pg_url: str, 
         row = stored[int(chain["seq"])]
         assert (chain["hash"], chain["prev"]) == (row["hash"], row["prev"])
         assert json.loads(received["msg"]) == row
+
+
+def test_a_receiver_requiring_a_client_certificate_gets_the_rows_of_a_forwarder_with_one(
+    tmp_path: Path
+) -> None:
+    client = create_certificate(tmp_path / "client", ["gateway-client"])
+    siem = Rsyslog(tmp_path / "siem", client_ca=client.cert).start()
+    try:
+        without = Forwarder(_config(siem, connect_timeout_seconds=5.0)).start()
+        without.offer({**ROW, "seq": 1})
+        _poll(lambda: without.stats()["connect_failures"] + without.stats()["send_failures"] >= 1)
+        without.close(drain_seconds=0.1)
+        with_cert = Forwarder(_config(siem, client_cert_file=client.cert, client_key_file=client.key)).start()
+        try:
+            with_cert.offer({**ROW, "seq": 2})
+            got = siem.wait_for(lambda m: 2 in _seqs(m))
+        finally:
+            with_cert.close()
+    finally:
+        siem.stop()
+    assert _seqs(got) == {2}  # the forwarder without a certificate was refused

@@ -26,7 +26,9 @@ first of an outage logged. Nothing is spilled to disk: the audit log itself is t
 Delivery is at least once as far as TCP can tell: a batch whose send fails is sent again whole after
 reconnecting (a receiver may see a row twice: deduplicate on ``seq`` and ``hash``), and before each
 batch the sender checks that the receiver has not closed the connection (a receiver that stopped
-cleanly is noticed before rows are written into a dead socket). What plain syslog cannot tell is a
+cleanly is noticed before rows are written into a dead socket); a new connection is watched for
+``REFUSAL_WAIT_SECONDS`` first, so a receiver refusing the client certificate after a TLS 1.3
+handshake is a failed connection, not rows lost. What plain syslog cannot tell is a
 row the kernel accepted just before the receiver's host died without closing: RFC 5425 has no
 acknowledgement (RELP would); the ``seq`` gap shows it, and the audit log has the row.
 
@@ -66,6 +68,9 @@ BATCH_ROWS: Final = 256
 FIRST_BACKOFF_SECONDS: Final = 1.0
 #: how long ``close`` lets the sender drain the backlog before counting what is left as dropped
 CLOSE_DRAIN_SECONDS: Final = 5.0
+#: how long a new connection is watched for a refusal before rows go into it: TLS 1.3 tells the
+#: client its certificate was refused only after the handshake
+REFUSAL_WAIT_SECONDS: Final = 0.25
 #: the chain fields every message's structured data carries, in this order
 CHAIN_FIELDS: Final = ("seq", "hash", "prev")
 #: the Merkle tree's fields (issue 21), once the sink stamps them on rows: named here, they are
@@ -155,14 +160,23 @@ def connector(config: SyslogConfig) -> Connect:
     return connect
 
 
-def _peer_closed(sock: socket.socket) -> bool:
-    """Whether the receiver closed (or reset) the connection: it never sends on syslog, so anything
-    readable is its end (a FIN, a reset or a TLS close_notify)."""
+def _peer_closed(sock: socket.socket, wait: float = 0.0) -> bool:
+    """Whether the receiver closed (or reset) the connection, waiting up to ``wait`` seconds: it never
+    sends on syslog, so anything readable is its end (a FIN, a reset, a TLS alert or close_notify)."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        readable, _, _ = select.select([sock], [], [], wait)
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+def _why_closed(sock: socket.socket) -> str:
+    """What the receiver said as it closed (a TLS alert names the refusal), for the log."""
+    try:
+        data = sock.recv(1)
+    except (OSError, ssl.SSLError) as exc:
+        return str(exc)
+    return "it closed the connection" if not data else "it sent data, which a syslog receiver never does"
 
 
 class Forwarder:
@@ -296,6 +310,17 @@ class Forwarder:
             (log.warning if first else log.debug)("syslog: cannot connect to %s: %s", self.config.where, exc)
             return None
         sock.settimeout(self.config.connect_timeout_seconds)  # a stalled receiver fails the send
+        if _peer_closed(sock, REFUSAL_WAIT_SECONDS):  # e.g. TLS 1.3: a refused client certificate
+            with self._cond:
+                self._stats["connect_failures"] += 1
+                first = self._stats["connect_failures"] == 1
+            (log.warning if first else log.debug)(
+                "syslog: %s closed the connection at once (%s); does it refuse this client's certificate? "
+                "fix client_cert_file in syslog.yaml or the receiver's trust", self.config.where,
+                _why_closed(sock))
+            with contextlib.suppress(OSError):
+                sock.close()
+            return None
         with self._cond:
             self._connected = True
         log.info("syslog: connected to %s", self.config.where)
