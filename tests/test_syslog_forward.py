@@ -267,3 +267,15 @@ def test_a_receiver_requiring_a_client_certificate_gets_the_rows_of_a_forwarder_
     finally:
         siem.stop()
     assert _seqs(got) == {2}  # the forwarder without a certificate was refused
+
+
+def test_rows_written_through_the_trail_as_a_sink_are_forwarded_too(tmp_path: Path, siem: Rsyslog) -> None:
+    # the edge's refused-token rows and the web page's sign-in rows take the trail as their sink
+    trail, forwarder = _trail(tmp_path, _config(siem))
+    try:
+        stored = trail.write({"phase": "token_refused", "caller": "-", "reason": "revoked", "count": 3})
+        got = siem.wait_for(lambda m: len(m) >= 1)
+    finally:
+        forwarder.close()
+    assert stored == read_rows(tmp_path / "audit.jsonl")[0]
+    assert (got[0]["msgid"], _chain(got[0])["hash"]) == ("token_refused", stored["hash"])

@@ -258,8 +258,8 @@ class Forwarder:
             thread = self._thread
         if thread is not None:
             thread.join(drain_seconds)
-        with self._cond:
-            left = len(self._backlog) + self._in_flight
+        with self._cond:  # a batch still in flight is the sender's to count, sent or dropped
+            left = len(self._backlog)
             self._backlog.clear()
             self._stats["dropped"] += left
             self._stopped = True
@@ -347,8 +347,11 @@ class Forwarder:
         except (OSError, ssl.SSLError):
             with self._cond:
                 self._in_flight = 0
-                self._backlog.extendleft(reversed(batch))
                 self._stats["send_failures"] += 1
+                if self._stopped:  # close() gave up on the sender: nothing is sent again
+                    self._stats["dropped"] += len(batch)
+                    return False
+                self._backlog.extendleft(reversed(batch))
                 while len(self._backlog) > self.config.backlog:  # rows offered meanwhile past the bound
                     self._backlog.popleft()
                     self._stats["dropped"] += 1

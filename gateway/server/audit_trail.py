@@ -167,7 +167,14 @@ class AuditTrail:
                 written += 1
         return written
 
-    def write_row(self, row: Mapping[str, Any]) -> None:
+    def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """The sink's own shape (``AuditWriter.write``), for collaborators handed a sink (the edge's
+        refused-token rows, the web page's sign-ins): the row goes through ``write_row``, so it is
+        forwarded too. The deadline is always ``AUDIT_DEADLINE_SECONDS``."""
+        return self.write_row(event)
+
+    def write_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one row now (``AuditUnavailable`` when it cannot be); return it as stored."""
         try:
             # the sink gives up on its locks first, so a refused row is never appended late
             stored = self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
@@ -180,6 +187,7 @@ class AuditTrail:
             ) from exc
         if self.forwarder is not None:
             self.forwarder.offer(stored)
+        return stored
 
     def stop_forwarding(self) -> None:
         """Let the syslog forwarder send what waits (a few seconds at most), then stop it."""
