@@ -121,6 +121,9 @@ class Settings:
     #: a directory every signed checkpoint note is also written to (GATEWAY_AUDIT_WITNESS_DIR; none by
     #: default): mount storage there that this host's root cannot rewrite alone
     audit_witness_dir: Path | None = None
+    #: syslog.yaml: the SIEM audit rows are forwarded to (GATEWAY_SYSLOG_FILE; default
+    #: ``$GATEWAY_HOME/syslog.yaml``; a missing file forwards nothing; ``gateway.audit.syslog_config``)
+    syslog_file: Path | None = None
 
     @property
     def state_db(self) -> Path:
@@ -184,11 +187,13 @@ class Settings:
             audit_origin=audit_origin(environ.get("GATEWAY_AUDIT_ORIGIN")),
             audit_witness_dir=Path(environ["GATEWAY_AUDIT_WITNESS_DIR"]).expanduser()
             if environ.get("GATEWAY_AUDIT_WITNESS_DIR") else None,
+            syslog_file=path("syslog", "GATEWAY_SYSLOG_FILE", "syslog.yaml"),
         )
         overrides = {
             k: v
             for k, v in flags.items()
             if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
-                                           "database_url", "audit_signing_key_file", "identity"}
+                                           "database_url", "audit_signing_key_file", "identity",
+                                           "syslog"}
         }
         return replace(settings, **overrides) if overrides else settings

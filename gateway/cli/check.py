@@ -1,8 +1,8 @@
 """``gateway check``: validate every configuration file and print each problem once.
 
 Each problem is one line on stderr, ``file:line:column: where in the file: what is wrong; the fix``,
-in the order of the files (targets.yaml, rules.yaml, roles.yaml), then the names one file uses for
-what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``), and
+in the order of the files (targets.yaml, rules.yaml, roles.yaml, syslog.yaml), then the names one file
+uses for what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``), and
 the rules whose object fields can never apply to the tools they name (``gateway.guard.policy.read_filter``).
 A short summary of each good file goes to stdout. Exit 1 on any problem.
 """
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gateway.audit import syslog_config
 from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         summary.append((settings.roles_file, f"roles: {settings.roles_file} absent; built-in roles reader "
                                              "and admin only"))
     problems += _identity_problems(settings.identity_file, summary, role_names)
+    problems += _check_syslog(settings.syslog_file, summary)
     known = KnownNames.of(targets, role_names, tool_categories())
     problems += [str(u) for u in unknown_names(refs, known)]
     problems = list(dict.fromkeys(problems))
@@ -102,3 +104,16 @@ def _identity_problems(path: Path | None, summary: list[tuple[Path, str]],
             "define it in roles.yaml or map to another role"
             for i in config.issuers for (value, role), where in zip(i.roles, i.role_places, strict=True)
             if role not in role_names]
+
+
+def _check_syslog(path: Path | None, summary: list[tuple[Path, str]]) -> list[str]:
+    """syslog.yaml's problems (gateway.audit.syslog_config); none, and nothing said, without the file."""
+    if path is None or not path.exists():
+        return []
+    try:
+        config = syslog_config.load(path)
+    except ConfigError as exc:
+        return list(exc.details.get("problems") or [exc.message])
+    if config is not None:
+        summary.append((path, f"syslog: audit rows forwarded to the {config.where}"))
+    return []

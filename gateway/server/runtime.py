@@ -42,7 +42,7 @@ from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
-from gateway.server.audit_trail import AuditTrail
+from gateway.server.audit_trail import AuditTrail, forward_to_syslog
 from gateway.server.call_path import compose_call_path
 from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
@@ -94,7 +94,7 @@ class Gateway(GatewayFacade):
         self.notifier: Notifier | None = None
         path = settings.notifications_file
         if path is not None:
-            write = self.audit.write
+            write = self.trail.write_row  # through the trail, so the rows are forwarded too
             self.notifier = reloads.load_audited(
                 "notifications", path, lambda: notifier_for(path, settings.notify_env, write, [self]),
                 lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
@@ -109,6 +109,7 @@ class Gateway(GatewayFacade):
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         backends = open_backends(settings)
         trail = AuditTrail(backends.audit, settings.audit_log)
+        forward_to_syslog(trail, settings.syslog_file)  # syslog.yaml: every row from here on
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
         targets = reloads.load_audited(
@@ -133,6 +134,8 @@ class Gateway(GatewayFacade):
             trail=trail,
         )
         built.append(gateway)
+        if trail.forwarder is not None:
+            gateway.metrics.add_collector("syslog", trail.forwarder.families)
         names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
         return gateway
 
@@ -155,6 +158,7 @@ class Gateway(GatewayFacade):
         await self.moves.stop_sweeper()
         await self.path.calls.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
+        await asyncio.to_thread(self.trail.stop_forwarding)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
         if self.identity is not None:
