@@ -96,8 +96,7 @@ def siem(tmp_path: Path) -> Iterator[Rsyslog]:
 
 def _trail(tmp_path: Path, config: SyslogConfig) -> tuple[AuditTrail, Forwarder]:
     trail = AuditTrail(AuditSink(tmp_path / "audit.jsonl"), tmp_path / "audit.jsonl")
-    forwarder = Forwarder(config).start()
-    trail.forwarder = forwarder
+    forwarder = trail.forward_to(Forwarder(config).start())
     return trail, forwarder
 
 
@@ -231,13 +230,13 @@ def test_a_built_gateway_forwards_its_rows_and_shows_the_forwarder_in_metrics(
 def test_a_row_in_the_postgres_chain_arrives_with_its_seq_and_hash(pg_url: str, siem: Rsyslog) -> None:
     with PostgresStore(pg_url) as store:
         trail = AuditTrail(PgAuditSink(store), "the audit table")
-        trail.forwarder = Forwarder(_config(siem)).start()
+        forwarder = trail.forward_to(Forwarder(_config(siem)).start())
         try:
             trail.write_row({"phase": "call", "tool": "list_vms"})
             trail.write_row({"phase": "call", "tool": "list_hosts"})
             got = siem.wait_for(lambda m: _seqs(m) == {1, 2})
         finally:
-            trail.forwarder.close()
+            forwarder.close()
         with psycopg.connect(pg_url) as conn:
             stored = {seq: json.loads(body) if isinstance(body, str) else body
                       for seq, body in conn.execute("SELECT seq, body FROM audit_rows")}

@@ -202,6 +202,13 @@ class AuditTrail:
             except Exception:
                 log.exception("an audit row listener failed (the row is in the log)")
 
+    def forward_to(self, forwarder: Forwarder) -> Forwarder:
+        """Hand every row written from now on to ``forwarder`` (one of the ``written`` listeners); it is
+        stopped by ``stop_forwarding``."""
+        self.forwarder = forwarder
+        self.written.append(forwarder.offer)
+        return forwarder
+
     def stop_forwarding(self) -> None:
         """Let the syslog forwarder send what waits (a few seconds at most), then stop it."""
         if self.forwarder is not None:
@@ -216,11 +223,8 @@ def forward_to_syslog(trail: AuditTrail, path: Path | None) -> Forwarder | None:
         return None
 
     def start() -> Forwarder | None:  # attached before the load's own row is written, so it is sent too
-        trail.forwarder = forwarder_for(path)
-        if trail.forwarder is None:
-            return None
-        trail.written.append(trail.forwarder.offer)
-        return trail.forwarder.start()
+        forwarder = forwarder_for(path)
+        return trail.forward_to(forwarder).start() if forwarder is not None else None
 
     return reloads.load_audited(
         "syslog", path, start,
