@@ -91,6 +91,17 @@ class Settings:
     #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
     #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
     audit_signing_key_file: Path | None = None
+    #: rules, roles and notifications files named explicitly (a flag or a GATEWAY_*_FILE variable), not
+    #: defaulted under ``home``: a missing one is a mistake, never "no file" (``missing_named_files``;
+    #: a missing targets file is refused whatever named it)
+    named_files: tuple[Path, ...] = ()
+
+    def missing_named_files(self) -> list[str]:
+        """A sentence for each explicitly named configuration file that does not exist (a typo in
+        ``--rules`` must not silently mean the built-in defaults)."""
+        return [f"{path}: does not exist, but it was named explicitly (a flag or a GATEWAY_*_FILE "
+                "variable); fix the path, or drop the setting to use the default location"
+                for path in self.named_files if not path.exists()]
 
     @property
     def state_db(self) -> Path:
@@ -106,8 +117,13 @@ class Settings:
         """Build settings from the environment, then apply non-None ``flags`` on top."""
         home = Path(flags.get("home") or environ.get("GATEWAY_HOME") or Path.home() / ".gateway").expanduser()
 
+        named: list[Path] = []
+
         def path(flag: str, env: str, default: str) -> Path:
-            return Path(flags.get(flag) or environ.get(env) or home / default).expanduser()
+            given = flags.get(flag) or environ.get(env)
+            if given and flag in ("rules", "roles", "notifications"):
+                named.append(Path(given).expanduser())
+            return Path(given or home / default).expanduser()
 
         def number(env: str, default: float) -> float:
             raw = environ.get(env)
@@ -145,6 +161,7 @@ class Settings:
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
+            named_files=tuple(named),  # last: every path() above has run
         )
         overrides = {
             k: v

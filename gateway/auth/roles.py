@@ -197,7 +197,15 @@ def load_roles(content: bytes | None, source: str, refs: list[NameRef] | None = 
         # A write cut off mid-line can still parse, with a name shortened into another one.
         raise ConfigProblems([f"{source}: does not end with a newline, so it may have been cut off "
                               "mid-write; check its end and finish it with a newline"])
-    return parse_roles(load_yaml(content, source), source, refs)
+    problems: list[str] = []
+    data = load_yaml(content, source, problems)
+    try:
+        roles = parse_roles(data, source, refs)
+    except ConfigProblems as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigProblems(problems)
+    return roles
 
 
 class RoleBook:
