@@ -99,8 +99,10 @@ class Gateway(GatewayFacade):
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def build(cls, settings: Settings) -> Gateway:
-        """Load configuration and open the backends; raises ConfigError on anything fatal."""
+    def build(cls, settings: Settings, *, credentials_required: bool = True) -> Gateway:
+        """Load configuration and open the backends; raises ConfigError on anything fatal.
+        ``credentials_required=False``: a target whose credentials are not in the environment is still
+        loaded (a command that only lists proposals; its calls would fail at login, naming them)."""
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
         backends = open_backends(settings)
         trail = AuditTrail(backends.audit, settings.audit_log)
@@ -108,7 +110,8 @@ class Gateway(GatewayFacade):
         # own audit path once it exists; targets.yaml is read before, straight into the sink
         targets = reloads.load_audited(
             "targets", settings.targets_file,
-            lambda: load_targets(settings.targets_file, settings.credentials),
+            lambda: load_targets(settings.targets_file,
+                                 settings.credentials if credentials_required else None),
             reloads.targets_summary, trail.write_quietly)
         built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
         policy = PolicyStore(settings.rules_file,
