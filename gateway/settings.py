@@ -74,6 +74,8 @@ class Settings:
     audit_log: Path
     enable_destructive: bool = False
     read_only: bool = False
+    #: write tools still offered in read-only mode (``serve --allow-write``; gateway.tools.exposure)
+    allow_write: tuple[str, ...] = ()
     dry_run: bool = False
     web_ui: bool = False
     confirm_ttl_seconds: float = 120.0

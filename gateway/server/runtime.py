@@ -103,7 +103,8 @@ class Gateway(GatewayFacade):
         """Load configuration and open the backends; raises ConfigError on anything fatal.
         ``credentials_required=False``: a target whose credentials are not in the environment is still
         loaded (a command that only lists proposals; its calls would fail at login, naming them)."""
-        registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
+        registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
+                                  allow_write=settings.allow_write)
         backends = open_backends(settings)
         trail = AuditTrail(backends.audit, settings.audit_log)
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
