@@ -263,8 +263,10 @@ def _check_type(problems: list[str], where: str, key: str, value: Any, kind: typ
     return problem is None
 
 
-def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = None) -> tuple[Target, ...]:
-    """Turn parsed YAML into targets; raise ``ConfigProblems`` listing every problem found."""
+def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = None, *,
+                  check_files: bool = False) -> tuple[Target, ...]:
+    """Turn parsed YAML into targets; raise ``ConfigProblems`` listing every problem found.
+    ``check_files``: a ``ca_file`` that does not exist on this machine is a problem too."""
     problems: list[str] = []
     if isinstance(data, Mapping) and set(data) == {"targets"}:
         data = data["targets"]
@@ -285,7 +287,7 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
             at = located(source, entry, key) if key in entry else located(source, data, index)
             return f"{at}: {label}"
 
-        target = _parse_target(entry, where, problems, environ)
+        target = _parse_target(entry, where, problems, environ, check_files)
         if target is None:
             continue
         if target.name in seen:
@@ -301,7 +303,7 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
 
 def _parse_target(  # noqa: C901 - a flat list of independent checks, one per key of a target entry
     entry: Mapping[str, Any], where: Callable[..., str], problems: list[str],
-    environ: Mapping[str, str] | None,
+    environ: Mapping[str, str] | None, check_files: bool = False,
 ) -> Target | None:
     before = len(problems)
     for key in sorted(set(entry) - _TARGET_KEYS, key=str):
@@ -338,7 +340,7 @@ def _parse_target(  # noqa: C901 - a flat list of independent checks, one per ke
         return None
     if entry.get("insecure") and entry.get("ca_file"):
         problems.append(f"{where('insecure')}: set either 'insecure: true' or 'ca_file', not both")
-    elif entry.get("ca_file") and not Path(entry["ca_file"]).is_file():
+    elif check_files and entry.get("ca_file") and not Path(entry["ca_file"]).is_file():
         problems.append(f"{where('ca_file')}: ca_file '{entry['ca_file']}' does not exist (or is not a "
                         "file); point it at the PEM bundle of the CA that signed the target's certificate "
                         "(a relative path counts from the gateway's working directory)")
@@ -411,7 +413,7 @@ def load_targets(path: Path, environ: Mapping[str, str] | None = None) -> tuple[
     problems: list[str] = []
     data = load_yaml(text, str(path), problems)
     try:
-        targets = parse_targets(data, str(path), environ)
+        targets = parse_targets(data, str(path), environ, check_files=True)
     except ConfigProblems as exc:
         problems += exc.problems
     if problems:

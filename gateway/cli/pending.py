@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    gateway = Gateway.build(settings_from(args), credentials_required=False)  # listing logs in nowhere
+    gateway = Gateway.build(settings_from(args), credentials_required=False, cli=True)  # logs in nowhere
     states = None if args.all else ["pending"]
 
     async def go() -> list[dict[str, Any]]:
@@ -83,7 +83,7 @@ def describe(r: dict[str, Any]) -> str:
 
 
 def _decide(args: argparse.Namespace, approve: bool) -> int:
-    gateway = Gateway.build(settings_from(args))
+    gateway = Gateway.build(settings_from(args), cli=True)
 
     async def go() -> dict[str, Any]:
         try:

@@ -181,7 +181,7 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
     from gateway.server.runtime import Gateway
 
     try:
-        gateway = Gateway.build(settings)
+        gateway = Gateway.build(settings, cli=True)
     except ConfigError:
         rec = store.update_token(name, revoked=True)
         _audit(settings, "token_revoked", rec)

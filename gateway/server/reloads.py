@@ -9,7 +9,10 @@ were added, removed or changed) or ``outcome: refused`` with the problems (``err
 in force (``effect``).
 
 The rows are built here by pure functions and written by the gateway through its one audit path
-(``Gateway._write_or_wait``: a row the audit cannot take yet waits in memory).
+(``Gateway.config_row``: a row the audit cannot take yet waits in memory; a roles.yaml load the audit
+cannot take does not apply, the roles before stay). A server writes a row for every load, its start
+included; a CLI run (``gateway pending``, ``token revoke``) only for a file whose content or outcome
+differs from its newest row (``already_audited``), so running commands does not fill the audit.
 """
 
 from __future__ import annotations
@@ -112,6 +115,17 @@ def rules_row(load: RulesLoad) -> dict[str, Any]:
         return refused_row("rules", load.path, load.sha256, load.problems, effect, first=load.first)
     before = None if load.previous is None else rules_summary(load.previous)
     return loaded_row("rules", load.path, load.sha256, rules_summary(load.policy), before, first=load.first)
+
+
+#: how many of the newest configuration rows a CLI run looks through for its files' last loads
+RECENT_ROWS: Final = 50
+
+
+def already_audited(row: Mapping[str, Any], recent: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``row`` (a load by a CLI run) tells nothing new: the newest row of the same file and
+    path in ``recent`` (configuration rows, oldest first) has its sha256 and outcome. Pure."""
+    same = [r for r in recent if r.get("file") == row.get("file") and r.get("path") == row.get("path")]
+    return bool(same) and all(same[-1].get(k) == row.get(k) for k in ("sha256", "outcome"))
 
 
 def file_sha256(path: Path | None) -> str | None:

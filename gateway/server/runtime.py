@@ -35,9 +35,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gateway.audit.readers import AuditReader
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
+from gateway.errors import AuditUnavailable, GatewayError
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
@@ -68,8 +70,11 @@ class Gateway(GatewayFacade):
         roles: RoleBook,
         trail: AuditTrail | None = None,
         clock: Callable[[], float] = time.time,
+        quiet_loads: bool = False,
     ) -> None:
         self.settings = settings
+        #: a CLI run: a configuration load is audited only when it is news (``reloads.already_audited``)
+        self.quiet_loads = quiet_loads
         self.targets = {t.name: t for t in targets}
         self.registry = registry
         self.scheduler = scheduler
@@ -99,10 +104,11 @@ class Gateway(GatewayFacade):
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def build(cls, settings: Settings, *, credentials_required: bool = True) -> Gateway:
+    def build(cls, settings: Settings, *, credentials_required: bool = True, cli: bool = False) -> Gateway:
         """Load configuration and open the backends; raises ConfigError on anything fatal.
         ``credentials_required=False``: a target whose credentials are not in the environment is still
-        loaded (a command that only lists proposals; its calls would fail at login, naming them)."""
+        loaded (a command that only lists proposals; its calls would fail at login, naming them).
+        ``cli``: a command's run, which audits a configuration load only when it is news."""
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
                                   allow_write=settings.allow_write)
         backends = open_backends(settings)
@@ -113,11 +119,13 @@ class Gateway(GatewayFacade):
             "targets", settings.targets_file,
             lambda: load_targets(settings.targets_file,
                                  settings.credentials if credentials_required else None),
-            reloads.targets_summary, trail.write_quietly)
+            reloads.targets_summary, _unless_audited(backends.reader, trail.write_quietly, cli))
         built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
         policy = PolicyStore(settings.rules_file,
                              on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
-        role_rows = reloads.RolesReloads(settings.roles_file, lambda row: built[0].config_row(row))
+        # a roles.yaml load the audit cannot record does not apply (RoleBook keeps the roles before)
+        role_rows = reloads.RolesReloads(settings.roles_file,
+                                         lambda row: built[0].config_row(row, strict=True))
         roles = RoleBook(settings.roles_file, on_reload=role_rows.loaded)
         roles.on_refused = role_rows.refused
         gateway = cls(
@@ -130,6 +138,7 @@ class Gateway(GatewayFacade):
             policy=policy,
             roles=roles,
             trail=trail,
+            quiet_loads=cli,
         )
         built.append(gateway)
         names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
@@ -157,10 +166,18 @@ class Gateway(GatewayFacade):
         await asyncio.to_thread(self.scheduler.close)
         await asyncio.to_thread(self.backends.close)
 
-    def config_row(self, row: Mapping[str, Any]) -> None:
+    def config_row(self, row: Mapping[str, Any], *, strict: bool = False) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
-        cannot take it. Blocking: the stores call it from the thread that read the file."""
-        self.trail.write_or_wait(row)
+        cannot take it, or with ``strict`` raises ``AuditUnavailable`` (the load must not apply).
+        Blocking: the stores call it from the thread that read the file."""
+        write = self._write_now if strict else self.trail.write_or_wait
+        _unless_audited(self.backends.reader, write, self.quiet_loads)(dict(row))
+
+    def _write_now(self, row: Mapping[str, Any]) -> None:
+        self.trail.flush_waiting()
+        if self.trail.waiting:
+            raise AuditUnavailable(f"audit log {self.trail.where} cannot take rows now; see the server log")
+        self.trail.write_row(row)
 
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
@@ -177,3 +194,20 @@ class Gateway(GatewayFacade):
         if self.policy.snapshot()[0] is None:  # no good rules ever loaded: every call is refused
             reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
+
+
+def _unless_audited(reader: AuditReader, write: Callable[[dict[str, Any]], None],
+                    quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """``write``, or (``quiet``: a CLI run) ``write`` only for a load that is news to the audit."""
+    if not quiet:
+        return write
+
+    def maybe(row: dict[str, Any]) -> None:
+        try:
+            recent = reader.rows(phase=reloads.PHASE, last=reloads.RECENT_ROWS)
+        except (OSError, ValueError, GatewayError):  # the audit cannot say: the row is written
+            recent = []
+        if not reloads.already_audited(row, recent):
+            write(row)
+
+    return maybe
