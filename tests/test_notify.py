@@ -380,3 +380,30 @@ def test_file_problems_carry_line_and_column_and_repeated_keys_are_refused(tmp_p
     path.write_text("notifications:\n  channels:\n    - name: ops\n      kind: webhook\n      kind: chat\n")
     with pytest.raises(ConfigError, match=r"n\.yaml:5:7: the key 'kind' appears twice"):
         notify.load(path, ENV)
+
+
+async def test_a_shell_decision_is_told_through_the_servers_own_notifications_file(
+    gated: tuple[Env, Any], receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server was started with GATEWAY_NOTIFICATIONS_FILE pointing outside GATEWAY_HOME; the shell
+    knows nothing of it, and still finds it (the server's audited load names it)."""
+    from gateway.cli import main
+
+    env, _ = gated
+    elsewhere = env.tmp / "etc" / "notifications.yaml"
+    elsewhere.parent.mkdir()
+    (env.tmp / "notifications.yaml").rename(elsewhere)
+    server = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}},
+                       targets_extra={"proposal_ttl_seconds": 1800}, notify_env={"HOOK_SECRET": SECRET},
+                       notifications_file=elsewhere)
+    proposal = await propose_delete(server)
+    for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim},
+                                    {"vc1": {"proposal_ttl_seconds": 1800}}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GATEWAY_NOTIFICATIONS_FILE", raising=False)
+    argv = ["pending", "deny", proposal["proposal_id"], "--home", str(env.tmp)]
+    assert await anyio.to_thread.run_sync(main, argv) == 0
+    (denied,) = await wait_for(lambda: [d for d in receiver.of("denied")
+                                        if d["body"]["proposal"]["proposal_id"] == proposal["proposal_id"]],
+                               "denial from the CLI through the server's file")
+    assert denied["valid"]

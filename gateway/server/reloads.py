@@ -128,6 +128,15 @@ def already_audited(row: Mapping[str, Any], recent: Sequence[Mapping[str, Any]])
     return bool(same) and all(same[-1].get(k) == row.get(k) for k in ("sha256", "outcome"))
 
 
+def last_loaded_path(file: str, recent: Sequence[Mapping[str, Any]]) -> Path | None:
+    """Where the newest row in ``recent`` (oldest first) loaded ``file`` from (a server's own setting,
+    such as the GATEWAY_NOTIFICATIONS_FILE of its unit), or None. Pure."""
+    for row in reversed(recent):
+        if row.get("file") == file and row.get("outcome") == "loaded" and isinstance(row.get("path"), str):
+            return Path(row["path"])
+    return None
+
+
 def file_sha256(path: Path | None) -> str | None:
     """The SHA-256 of the file's bytes; None when it does not exist or cannot be read."""
     if path is None:

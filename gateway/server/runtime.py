@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gateway.audit.readers import AuditReader
@@ -112,6 +113,8 @@ class Gateway(GatewayFacade):
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
                                   allow_write=settings.allow_write)
         backends = open_backends(settings)
+        if cli:  # a shell that names no notifications file of its own tells humans through the server's
+            settings = _with_servers_notifications(settings, backends.reader)
         trail = AuditTrail(backends.audit, settings.audit_log)
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
@@ -211,3 +214,17 @@ def _unless_audited(reader: AuditReader, write: Callable[[dict[str, Any]], None]
             write(row)
 
     return maybe
+
+
+def _with_servers_notifications(settings: Settings, reader: AuditReader) -> Settings:
+    """``settings`` with the notifications file the server last loaded (its audited row names it) when
+    this shell's own is only the default and does not exist, so a decision made here is told too."""
+    own = settings.notifications_file
+    if own is None or own in settings.named_files or own.exists():
+        return settings
+    try:
+        found = reloads.last_loaded_path("notifications", reader.rows(phase=reloads.PHASE,
+                                                                      last=reloads.RECENT_ROWS))
+    except (OSError, ValueError, GatewayError):
+        return settings
+    return replace(settings, notifications_file=found) if found is not None and found.exists() else settings
