@@ -610,6 +610,7 @@ def test_the_audit_tab_tells_a_refusal_from_a_humans_denial(
     gated = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
     refused, answer = run_async(mcp_call, served, "agent", "confirm_action", {"token": gated["token"]})
     assert refused and answer["error"]["code"] == "approval_required"
+    assert answer["error"]["decision"]["require_approval"] is True, answer  # the gate's real reason
     refused, answer = run_async(mcp_call, served, "agent", "no_such_tool", {})
     assert refused and answer["error"]["code"] == "not_found"
     failed, answer = run_async(mcp_call, served, "agent", "create_snapshot",
