@@ -97,3 +97,14 @@ def test_check_json_has_a_stable_shape(home: Path, capsys: pytest.CaptureFixture
     assert files["targets"]["status"] == "ok" and files["roles"]["status"] == "error"
     assert files["notifications"]["status"] == "absent"
     assert files["rules"]["path"] == str(home / "rules.yaml")
+
+
+def test_serve_refuses_a_mistyped_rules_path_too(home: Path) -> None:
+    from gateway.config import ConfigProblems
+    from gateway.server.runtime import Gateway
+    from gateway.settings import Settings
+
+    settings = Settings.from_env({"GATEWAY_HOME": str(home), "VC1_USER": "u", "VC1_PASSWORD": "p"},
+                                 rules=str(home / "rulez.yaml"))
+    with pytest.raises(ConfigProblems, match=r"rulez\.yaml: does not exist"):
+        Gateway.build(settings)

@@ -39,7 +39,7 @@ from typing import Any
 from gateway.audit.readers import AuditReader
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
-from gateway.config import Target, load_targets
+from gateway.config import ConfigProblems, Target, load_targets
 from gateway.errors import AuditUnavailable, GatewayError
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
@@ -110,6 +110,9 @@ class Gateway(GatewayFacade):
         ``credentials_required=False``: a target whose credentials are not in the environment is still
         loaded (a command that only lists proposals; its calls would fail at login, naming them).
         ``cli``: a command's run, which audits a configuration load only when it is news."""
+        missing = settings.missing_named_files()
+        if missing:  # a mistyped --rules must not start with the built-in defaults
+            raise ConfigProblems(missing)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
                                   allow_write=settings.allow_write)
         backends = open_backends(settings)
