@@ -31,6 +31,7 @@ sweeper there expires, cancels orphans and settles dead claims.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -39,7 +40,7 @@ from typing import Any
 from gateway.audit.readers import AuditReader
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
-from gateway.config import ConfigProblems, Target, load_targets
+from gateway.config import Target, load_targets
 from gateway.errors import AuditUnavailable, GatewayError
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
@@ -54,6 +55,8 @@ from gateway.settings import Settings
 from gateway.store.backends import Backends, open_backends
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class Gateway(GatewayFacade):
@@ -110,9 +113,9 @@ class Gateway(GatewayFacade):
         ``credentials_required=False``: a target whose credentials are not in the environment is still
         loaded (a command that only lists proposals; its calls would fail at login, naming them).
         ``cli``: a command's run, which audits a configuration load only when it is news."""
-        missing = settings.missing_named_files()
-        if missing:  # a mistyped --rules must not start with the built-in defaults
-            raise ConfigProblems(missing)
+        for line in settings.missing_named_files():  # `gateway check` and `policy show` refuse these
+            log.warning("%s; running without it (built-in defaults for rules, built-in roles, no channel)",
+                        line)
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
                                   allow_write=settings.allow_write)
         backends = open_backends(settings)
