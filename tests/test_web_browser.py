@@ -616,10 +616,18 @@ def test_the_audit_tab_tells_a_refusal_from_a_humans_denial(
     failed, answer = run_async(mcp_call, served, "agent", "create_snapshot",
                                {"target": "lab-vc", "vm": "DC0_C0_RP0_VM0", "name": "audit-tab"})
     assert not failed, answer
+
+    async def unknown_token() -> int:
+        async with served.http({"Authorization": "Bearer gwt_aaaaaaaaaaaa_" + "x" * 43}) as client:
+            return (await client.post("/mcp", json={})).status_code
+
+    assert run_async(unknown_token) == 401
+    run_async(served.server.config.app.state.refusals.flush)  # its minute's token_refused row, now
     page = sign_in(people(), served, "alice")
     page.goto("/ui/#audit")
     expect(page.locator("#audit-body tbody tr").first).to_be_visible()
     cells = {tuple(c) for c in page.evaluate(AUDIT_CELLS)}
+    assert any(p == "token_refused" and o.startswith("token refused: ") for p, o in cells), cells
     assert ("refused", "approval_required") in cells and ("refused", "not_found") in cells, cells
     assert all(outcome.startswith("denied by ") for phase, outcome in cells if phase == "denied"), cells
     assert ("proposed", "waiting for approval") in cells, cells
