@@ -20,13 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from gateway.audit.readers import AuditReader
 from gateway.config import Target
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayError
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.store import RulesLoad
+from gateway.settings import Settings
 
 PHASE: Final = "config_reload"
 #: at most this many problems are kept in a refusal row (the audit bounds each string on its own)
@@ -180,3 +183,34 @@ class RolesReloads:
         effect = "custom roles are off until it is fixed; the built-in roles reader and admin keep working"
         self.write(refused_row("roles", self.path, sha256, problems, effect, first=self._first))
         self._before, self._first = None, False
+
+
+def unless_audited(reader: AuditReader, write: Callable[[dict[str, Any]], None],
+                    quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """``write``, or (``quiet``: a CLI run) ``write`` only for a load that is news to the audit."""
+    if not quiet:
+        return write
+
+    def maybe(row: dict[str, Any]) -> None:
+        try:
+            recent = reader.rows(phase=PHASE, last=RECENT_ROWS)
+        except (OSError, ValueError, GatewayError):  # the audit cannot say: the row is written
+            recent = []
+        if not already_audited(row, recent):
+            write(row)
+
+    return maybe
+
+
+def with_servers_notifications(settings: Settings, reader: AuditReader) -> Settings:
+    """``settings`` with the notifications file the server last loaded (its audited row names it) when
+    this shell's own is only the default and does not exist, so a decision made here is told too."""
+    own = settings.notifications_file
+    if own is None or own in settings.named_files or own.exists():
+        return settings
+    try:
+        found = last_loaded_path("notifications", reader.rows(phase=PHASE,
+                                                                      last=RECENT_ROWS))
+    except (OSError, ValueError, GatewayError):
+        return settings
+    return replace(settings, notifications_file=found) if found is not None and found.exists() else settings

@@ -34,14 +34,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from gateway.audit.readers import AuditReader
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
 from gateway.config import Target, load_targets
-from gateway.errors import AuditUnavailable, GatewayError
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
@@ -120,7 +117,7 @@ class Gateway(GatewayFacade):
                                   allow_write=settings.allow_write)
         backends = open_backends(settings)
         if cli:  # a shell that names no notifications file of its own tells humans through the server's
-            settings = _with_servers_notifications(settings, backends.reader)
+            settings = reloads.with_servers_notifications(settings, backends.reader)
         trail = AuditTrail(backends.audit, settings.audit_log)
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
@@ -128,7 +125,7 @@ class Gateway(GatewayFacade):
             "targets", settings.targets_file,
             lambda: load_targets(settings.targets_file,
                                  settings.credentials if credentials_required else None),
-            reloads.targets_summary, _unless_audited(backends.reader, trail.write_quietly, cli))
+            reloads.targets_summary, reloads.unless_audited(backends.reader, trail.write_quietly, cli))
         built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
         policy = PolicyStore(settings.rules_file,
                              on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
@@ -179,14 +176,8 @@ class Gateway(GatewayFacade):
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
         cannot take it, or with ``strict`` raises ``AuditUnavailable`` (the load must not apply).
         Blocking: the stores call it from the thread that read the file."""
-        write = self._write_now if strict else self.trail.write_or_wait
-        _unless_audited(self.backends.reader, write, self.quiet_loads)(dict(row))
-
-    def _write_now(self, row: Mapping[str, Any]) -> None:
-        self.trail.flush_waiting()
-        if self.trail.waiting:
-            raise AuditUnavailable(f"audit log {self.trail.where} cannot take rows now; see the server log")
-        self.trail.write_row(row)
+        write = self.trail.write_now if strict else self.trail.write_or_wait
+        reloads.unless_audited(self.backends.reader, write, self.quiet_loads)(dict(row))
 
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
@@ -204,33 +195,3 @@ class Gateway(GatewayFacade):
             reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
 
-
-def _unless_audited(reader: AuditReader, write: Callable[[dict[str, Any]], None],
-                    quiet: bool) -> Callable[[dict[str, Any]], None]:
-    """``write``, or (``quiet``: a CLI run) ``write`` only for a load that is news to the audit."""
-    if not quiet:
-        return write
-
-    def maybe(row: dict[str, Any]) -> None:
-        try:
-            recent = reader.rows(phase=reloads.PHASE, last=reloads.RECENT_ROWS)
-        except (OSError, ValueError, GatewayError):  # the audit cannot say: the row is written
-            recent = []
-        if not reloads.already_audited(row, recent):
-            write(row)
-
-    return maybe
-
-
-def _with_servers_notifications(settings: Settings, reader: AuditReader) -> Settings:
-    """``settings`` with the notifications file the server last loaded (its audited row names it) when
-    this shell's own is only the default and does not exist, so a decision made here is told too."""
-    own = settings.notifications_file
-    if own is None or own in settings.named_files or own.exists():
-        return settings
-    try:
-        found = reloads.last_loaded_path("notifications", reader.rows(phase=reloads.PHASE,
-                                                                      last=reloads.RECENT_ROWS))
-    except (OSError, ValueError, GatewayError):
-        return settings
-    return replace(settings, notifications_file=found) if found is not None and found.exists() else settings
