@@ -60,10 +60,8 @@ from simulator import (  # type: ignore[import-not-found]  # noqa: E402
     wait_until,
 )
 
-from gateway.auth.tokens import create_token  # noqa: E402
 from gateway.config import Credentials, Target  # noqa: E402
 from gateway.server.tls import create_certificate  # noqa: E402
-from gateway.store.sqlite import SqliteStore  # noqa: E402
 from gateway.vsphere import listings, soap_scan  # noqa: E402
 from gateway.vsphere.collector import _view_spec, soap_call  # noqa: E402
 from gateway.vsphere.mirror import Mirror  # noqa: E402
@@ -205,10 +203,13 @@ def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[st
     (tmp / "targets.yaml").write_text(yaml.safe_dump({"targets": entries}, sort_keys=False))
     home = tmp / "home"
     home.mkdir(mode=0o700)
-    with SqliteStore(home / "state.db") as store:
-        token, _ = create_token(store, "bench", "admin", expires_in=None, now=time.time())
-    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"]).cert
     env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp / "targets.yaml")})
+    # the child's own CLI creates the token, so a side-by-side against another build gets a store of that
+    # build's schema (a newer schema stops an older gateway at start)
+    made = subprocess.run([sys.executable, "-c", GATEWAY_MAIN, "token", "create", "bench", "--role", "admin"],
+                          env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    token = made.stdout.splitlines()[0].strip()
+    cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"]).cert
     port = free_port()
     argv = ["serve", "--transport", "https", "--cert", str(cert), "--key", str(cert.with_name("key.pem")),
             "--public-name", "localhost", "--host", "127.0.0.1", "--port", str(port)]

@@ -26,6 +26,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent), str(BENCH.parent / "tests")]
 
+import floors  # noqa: E402
 import mirror as mb  # noqa: E402
 import run_all  # noqa: E402
 from simulator import build_simulator, open_pool, start_simulator  # type: ignore[import-not-found]  # noqa: E402
@@ -70,7 +71,7 @@ async def measure(  # noqa: C901 - a linear script of timed loops over both side
                 pool = sides[side][2]
                 for _ in range(small):
                     started = time.perf_counter()
-                    pool.run(run_all.vm_details_floor)
+                    pool.run(lambda session: floors.vm_details(session, VM))
                     timed((side, "details floor"), started)
                 for _ in range(small):
                     started = time.perf_counter()

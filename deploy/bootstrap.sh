@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one place that knows which Debian packages the project needs (the simulator's Go toolchain and
-# govmomi sources, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
-# PostgreSQL for the store tests, python3-venv for .venv, make for the README's commands). `make run`,
-# `make test` and `.ci/run` all start with it.
+# govmomi sources, Go's sumdb/tlog and sumdb/note for the audit proofs' second implementation, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
+# PostgreSQL for the store tests, buildah and mmdebstrap for the container image, python3-venv for
+# .venv, make for the README's commands, Node.js and npm for the identity tests' OpenID provider).
+# `make run`, `make test` and `.ci/run` all start with it.
 #
 #   bash deploy/bootstrap.sh           install what is missing (as root), or print the one sudo line
 #   bash deploy/bootstrap.sh --check   report what is missing; exit 1 if anything is, install nothing
@@ -11,10 +12,13 @@ set -euo pipefail
 
 PACKAGES=(
     golang-go golang-github-vmware-govmomi-dev
+    golang-golang-x-mod-dev
     chromium fonts-dejavu-core
     nginx-light systemd
+    buildah mmdebstrap
     postgresql
     python3-venv make
+    nodejs
 )
 
 mode="${1:-install}"
@@ -38,6 +42,8 @@ missing=()
 for pkg in "${PACKAGES[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# npm for the identity tests' OpenID provider (tests/oidc); a nodejs build that bundles it provides it
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ "${#missing[@]}" -eq 0 ]; then
     [ "$mode" = "--check" ] && echo "bootstrap: every package is installed (${PACKAGES[*]})"

@@ -440,7 +440,7 @@ def banner(files: DemoFiles, sims: Mapping[str, SimulatorProcess], tokens: Mappi
         f"               NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} or SSL_CERT_FILE=...)",
         "", "MCP client over HTTPS (bearer token in a header):", https_config,
         "", "Desktop client over stdio (runs on this machine, as you):", stdio_config,
-        "", "MCP Inspector CLI (Node.js 20+):",
+        "", "MCP Inspector CLI (Node.js 22.19+; Node 20 works with warnings):",
         f"  NODE_EXTRA_CA_CERTS={files.tls / 'cert.pem'} \\",
         f"  npx -y {INSPECTOR} --cli {base}/mcp --transport http \\",
         f"    --header 'Authorization: Bearer {tokens['demo-admin']}' --method tools/list",
@@ -513,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.vcsim.is_file():
         parser.error(f"--vcsim: {args.vcsim} is missing; build it with: make vcsim")
+    # Ctrl-C must stop the demo however it was started: a shell starting it in the background (a script,
+    # `make run &`, a CI step) hands it SIGINT ignored, and Python then leaves it ignored, so a SIGINT to the
+    # process group stopped the gateway alone (status 0) while the demo went on waiting, or ignored it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         return run(args.dir, args.port, args.vcsim)

@@ -30,7 +30,10 @@ traceback stays in the log and never reaches the wire::
     ├── AuditUnavailable       audit_unavailable
     ├── StateUnavailable       state_unavailable
     ├── Unauthorized           unauthorized
-    └── Forbidden              forbidden
+    ├── Forbidden              forbidden
+    ├── IdempotencyConflict    idempotency_conflict
+    ├── IdempotencyInProgress  idempotency_in_progress
+    └── TaskNotFound           task_not_found
 """
 
 from __future__ import annotations
@@ -168,3 +171,41 @@ class ScanLimitReached(GatewayError):
     """A history scan read ``max_scan`` records without reaching the start of its window."""
 
     code = "scan_limit_reached"
+
+
+class IdempotencyConflict(GatewayError):
+    """An idempotency key the caller already used for another call (another tool or other arguments)."""
+
+    code = "idempotency_conflict"
+
+
+class IdempotencyInProgress(GatewayError):
+    """The call first made with this idempotency key is still running past the wait of its retry."""
+
+    code = "idempotency_in_progress"
+
+
+class TaskNotFound(GatewayError):
+    """No task of this caller has that id (never made, someone else's, or its results expired)."""
+
+    code = "task_not_found"
+
+
+def error_of(wire: dict[str, Any]) -> GatewayError:
+    """The ``GatewayError`` a wire error (``to_wire``) was made from, by its code: how an outcome kept as
+    text (an idempotency key's replay, a task's result) is raised again with the same code and details."""
+    details = {k: v for k, v in wire.items() if k not in ("code", "message")}
+    cls = _by_code().get(str(wire.get("code")), GatewayError)
+    exc = cls.__new__(cls)
+    GatewayError.__init__(exc, str(wire.get("message", "")), **details)
+    return exc
+
+
+def _by_code() -> dict[str, type[GatewayError]]:
+    found: dict[str, type[GatewayError]] = {}
+    stack: list[type[GatewayError]] = [GatewayError]
+    while stack:
+        cls = stack.pop()
+        found.setdefault(cls.code, cls)
+        stack.extend(cls.__subclasses__())
+    return found

@@ -20,7 +20,10 @@ Channels are configured in ``notifications.yaml`` (``$GATEWAY_HOME/notifications
 
 Events: ``approval_needed`` (a proposal a human must approve), ``proposed`` (any proposal),
 ``approved``, ``denied``, ``cancelled``, ``expired``, ``executing``, ``executed``, ``failed``,
-``stale`` and ``outcome_unknown``.
+``stale`` and ``outcome_unknown``; and ``checkpoint`` (not a default: list it), each signed audit
+checkpoint, for ``webhook`` channels only: ``{"event": "checkpoint", "delivery_id", "sent_at",
+"checkpoint": {"note", "tree_size", "root"}}``, the note exactly as signed, so a receiver outside this
+host witnesses the log (``gateway audit verify --witness``).
 
 A ``webhook`` delivery is a POST of ``{"event", "delivery_id", "sent_at", "link", "proposal": {...}}``
 with the headers ``X-Gateway-Event``, ``X-Gateway-Delivery`` (the same across retries: deduplicate on
@@ -69,7 +72,7 @@ log = logging.getLogger(__name__)
 
 EVENTS: Final = frozenset({
     "approval_needed", "proposed", "approved", "denied", "cancelled", "expired", "executing", "executed",
-    "failed", "stale", "outcome_unknown",
+    "failed", "stale", "outcome_unknown", "checkpoint",
 })
 _EVENT_LIST: Final = ", ".join(sorted(EVENTS))
 DEFAULT_EVENTS: Final = ("approval_needed", "approved", "denied", "expired", "failed", "stale",
@@ -454,6 +457,22 @@ class Notifier:
                 self._enqueue(delivery)
             else:
                 loop.call_soon_threadsafe(self._enqueue, delivery)
+
+    def on_checkpoint(self, entry: Mapping[str, Any]) -> None:
+        """A signed audit checkpoint (``gateway.audit.witness.CheckpointPublisher``): queued for each
+        webhook channel listing ``checkpoint``; any thread, never blocks."""
+        loop = self._loop
+        if not self.enabled or loop is None or loop.is_closed() or not isinstance(entry.get("note"), str):
+            return
+        facts = {"note": entry["note"], "tree_size": entry.get("tree_size"), "root": entry.get("root")}
+        for channel in self.config.channels:
+            if channel.kind != "webhook" or "checkpoint" not in channel.events:
+                continue
+            delivery = Delivery(channel, "checkpoint", "", "", b"")
+            payload = {"event": "checkpoint", "delivery_id": delivery.delivery_id,
+                       "sent_at": _iso(self.clock()), "checkpoint": facts}
+            delivery.body = json.dumps(payload, sort_keys=True).encode()
+            loop.call_soon_threadsafe(self._enqueue, delivery)
 
     def _deliveries(self, event: str, proposal: Proposal) -> list[Delivery]:
         facts = proposal_facts(proposal)

@@ -8,6 +8,8 @@ over the environment, which wins over defaults.
 from __future__ import annotations
 
 import logging
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,6 +65,16 @@ def database_url(from_env: str | None, from_flag: str | None) -> str | None:
     return url
 
 
+def audit_origin(raw: str | None) -> str:
+    """GATEWAY_AUDIT_ORIGIN, else ``<host name>/vsphere-mcp-gateway/audit``; ConfigError when it cannot
+    name a signed note's key (empty, or with a space or a '+')."""
+    origin = raw.strip() if raw and raw.strip() else f"{socket.gethostname()}/vsphere-mcp-gateway/audit"
+    if not re.fullmatch(r"[^\s+]+", origin):
+        raise ConfigError(f"GATEWAY_AUDIT_ORIGIN={origin!r} cannot name the audit log's checkpoints: use "
+                          "no spaces and no '+', e.g. gateway.example.com/audit")
+    return origin
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable about one gateway process."""
@@ -79,6 +91,10 @@ class Settings:
     dry_run: bool = False
     web_ui: bool = False
     confirm_ttl_seconds: float = 120.0
+    #: how long an idempotency key's outcome is replayed (``gateway.guard.idempotency``)
+    idempotency_window_seconds: float = 86400.0
+    #: how long a finished MCP task's result is kept when the client asks for no ttl (``server.tasks``)
+    task_keep_seconds: float = 3600.0
     queue_timeout_seconds: float = 300.0
     fanout_timeout_seconds: float = 30.0
     audit_max_bytes: int = 50 * 1024 * 1024
@@ -93,6 +109,20 @@ class Settings:
     #: the Ed25519 key audit checkpoints are signed with (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
     #: ``$GATEWAY_HOME/audit-signing.key``). Replicas sharing one PostgreSQL chain mount the same file.
     audit_signing_key_file: Path | None = None
+    #: identity.yaml (GATEWAY_IDENTITY_FILE; default $GATEWAY_HOME/identity.yaml): identity providers
+    #: whose tokens this gateway accepts besides its own; None or an absent file: gateway tokens only
+    identity_file: Path | None = None
+    #: the environment variables web_sign_in's ``client_secret_env`` may name (ending in _SECRET)
+    identity_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: a file holding the first token for a fresh state, or where serve writes one
+    #: (GATEWAY_BOOTSTRAP_TOKEN_FILE; gateway/server/bootstrap_token.py); None: no such step
+    bootstrap_token_file: Path | None = None
+    #: the origin line (and key name) of the signed checkpoint notes (GATEWAY_AUDIT_ORIGIN; default
+    #: ``<host name>/vsphere-mcp-gateway/audit``). Replicas sharing one PostgreSQL chain set the same one.
+    audit_origin: str = "vsphere-mcp-gateway/audit"
+    #: a directory every signed checkpoint note is also written to (GATEWAY_AUDIT_WITNESS_DIR; none by
+    #: default): mount storage there that this host's root cannot rewrite alone
+    audit_witness_dir: Path | None = None
     #: rules, roles and notifications files named explicitly (a flag or a GATEWAY_*_FILE variable), not
     #: defaulted under ``home``: a missing one is a mistake, never "no file" (``missing_named_files``;
     #: a missing targets file is refused whatever named it)
@@ -153,6 +183,8 @@ class Settings:
             ),
             web_ui=parse_switch("GATEWAY_WEB_UI", environ.get("GATEWAY_WEB_UI"), default=False),
             confirm_ttl_seconds=number("GATEWAY_CONFIRM_TTL_SECONDS", 120.0),
+            idempotency_window_seconds=number("GATEWAY_IDEMPOTENCY_WINDOW_SECONDS", 86400.0),
+            task_keep_seconds=number("GATEWAY_TASK_KEEP_SECONDS", 3600.0),
             queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
             fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
             audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),
@@ -163,12 +195,19 @@ class Settings:
                         if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
+            identity_file=path("identity", "GATEWAY_IDENTITY_FILE", "identity.yaml"),
+            identity_env={k: v for k, v in environ.items() if k.endswith("_SECRET")},
+            bootstrap_token_file=(Path(environ["GATEWAY_BOOTSTRAP_TOKEN_FILE"]).expanduser()
+                                  if environ.get("GATEWAY_BOOTSTRAP_TOKEN_FILE") else None),
+            audit_origin=audit_origin(environ.get("GATEWAY_AUDIT_ORIGIN")),
+            audit_witness_dir=Path(environ["GATEWAY_AUDIT_WITNESS_DIR"]).expanduser()
+            if environ.get("GATEWAY_AUDIT_WITNESS_DIR") else None,
             named_files=tuple(named),  # last: every path() above has run
         )
         overrides = {
             k: v
             for k, v in flags.items()
             if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
-                                           "database_url", "audit_signing_key_file"}
+                                           "database_url", "audit_signing_key_file", "identity"}
         }
         return replace(settings, **overrides) if overrides else settings

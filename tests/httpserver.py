@@ -67,9 +67,12 @@ class Served:
         assert not self.thread.is_alive(), "the server did not stop"
 
 
-def serve(tmp: Path, gateway: Any, edge: Mapping[str, Any] | None = None, **server_options: Any) -> Served:
+def serve(tmp: Path, gateway: Any, edge: Mapping[str, Any] | None = None, *,
+          tokens: Mapping[str, str] | None = None, **server_options: Any) -> Served:
+    """``gateway`` over HTTPS; ``tokens`` of another ``Served`` on the same database (a second replica)
+    instead of new ones."""
     cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"])
-    tokens = {
+    tokens = dict(tokens) if tokens is not None else {
         name: create_token(gateway.store, name, role, expires_in=None, now=time.time(), hasher=FAST_HASH)[0]
         for name, role in (("alice", "admin"), ("bob", "reader"), ("carol", "vc1-reader"))
     }

@@ -107,13 +107,20 @@ def local_nginx_recipe(
     return text
 
 
+def _as_a_background_job() -> None:
+    """A ``preexec_fn``: SIGINT ignored, as a non-interactive shell starts a background job (``cmd &``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start_demo(vcsim_bin: Path, port: int, folder: Path) -> subprocess.Popen[bytes]:
-    """``python -m gateway.demo`` on ``port`` in ``folder``, its output on a pipe (``read_until``)."""
+    """``python -m gateway.demo`` on ``port`` in ``folder``, its output on a pipe (``read_until``), in a
+    process group of its own (its pid) and with SIGINT ignored as a script's ``&`` leaves it: however
+    pytest itself was started, a SIGINT to that group is Ctrl-C in a terminal."""
     return subprocess.Popen(
         [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
          "--vcsim", str(vcsim_bin)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, preexec_fn=_as_a_background_job,
     )
 
 

@@ -137,6 +137,17 @@ def find_vm(si: Any, name: str) -> Any:
     raise LookupError(f"no VM named {name!r}")
 
 
+def count_vms_named(si: Any, name: str) -> int:
+    """How many VMs called ``name`` the inventory holds (the simulator accepts duplicate clone names)."""
+    from pyVmomi import vim
+
+    view = si.content.viewManager.CreateContainerView(si.content.rootFolder, [vim.VirtualMachine], True)
+    try:
+        return sum(1 for vm in view.view if vm.name == name)
+    finally:
+        view.DestroyView()
+
+
 def wait_until(
     condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
 ) -> T:

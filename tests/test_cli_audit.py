@@ -168,11 +168,12 @@ def test_verify_names_the_first_broken_line(capsys: pytest.CaptureFixture[str], 
     lines[3] = lines[3].replace(b'"vc1"', b'"vc3"')
     log.write_bytes(b"".join(lines))
 
-    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log))
+    code, out, err = run(capsys, "audit", "verify", "--audit-log", str(log))
 
     assert code == 1
-    assert out.startswith("BROKEN:") and "tampered" in out
-    assert f"first broken line: {log}:4: hash_mismatch" in out
+    assert err.startswith("BROKEN:") and "tampered" in err  # a verdict scripts see apart from the output
+    assert f"first broken line: {log}:4: hash_mismatch" in err
+    assert "BROKEN" not in out
 
 
 def test_verify_calls_a_torn_last_line_torn(capsys: pytest.CaptureFixture[str], log: Path,
@@ -230,10 +231,10 @@ def test_verify_checkpoint_detects_a_cut_tail(capsys: pytest.CaptureFixture[str]
     signed_log(tmp_path, log)
     log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:-2]))
     assert run(capsys, "audit", "verify", "--audit-log", str(log))[0] == 0  # the chain alone passes
-    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--home", str(tmp_path),
+    code, _, err = run(capsys, "audit", "verify", "--checkpoint", "--home", str(tmp_path),
                        "--audit-log", str(log))
     assert code == 1
-    assert "checkpoints: FAILED" in out and "cut_tail: seq 8 was signed but the log ends at seq 6" in out
+    assert "checkpoints: FAILED" in err and "cut_tail: seq 8 was signed but the log ends at seq 6" in err
 
 
 def test_audit_key_prints_the_public_key_and_verify_pins_it(capsys: pytest.CaptureFixture[str],
@@ -245,9 +246,9 @@ def test_audit_key_prints_the_public_key_and_verify_pins_it(capsys: pytest.Captu
     pinned = run(capsys, "audit", "verify", "--checkpoint", "--public-key", key, "--audit-log", str(log))
     assert pinned[0] == 0
     other = "ed25519:" + "ab" * 32
-    code, out, _ = run(capsys, "audit", "verify", "--checkpoint", "--public-key", other,
+    code, _, err = run(capsys, "audit", "verify", "--checkpoint", "--public-key", other,
                        "--audit-log", str(log))
-    assert code == 1 and "key_mismatch" in out
+    assert code == 1 and "key_mismatch" in err
     with pytest.raises(SystemExit) as exited:
         main(["audit", "verify", "--checkpoint", "--public-key", "nonsense", "--audit-log", str(log)])
     assert exited.value.code == 2 and "expected ed25519:<64 hex digits>" in capsys.readouterr().err
@@ -257,3 +258,89 @@ def test_audit_key_without_a_key_says_how_one_is_made(capsys: pytest.CaptureFixt
                                                       tmp_path: Path) -> None:
     code, out, err = run(capsys, "audit", "key", "--home", str(tmp_path))
     assert code == 1 and out == "" and "no audit signing key" in err
+
+
+# -- issue 25: aliases, --json, and the Merkle tree's commands -----------------------------------------
+
+def test_log_status_is_the_phase_filter(capsys: pytest.CaptureFixture[str], log: Path,
+                                        history: list[dict[str, Any]]) -> None:
+    code, out, _ = run(capsys, "audit", "log", "--audit-log", str(log), "--status", "denied", "--json")
+    assert code == 0 and [json.loads(line)["seq"] for line in out.splitlines()] == [3]
+
+
+def test_stats_days_is_since_n_days(capsys: pytest.CaptureFixture[str], log: Path,
+                                    history: list[dict[str, Any]]) -> None:
+    code, out, _ = run(capsys, "audit", "stats", "--audit-log", str(log), "--days", "1", "--json")
+    assert code == 0 and json.loads(out)["rows"] == 6
+    with pytest.raises(SystemExit):
+        main(["audit", "stats", "--audit-log", str(log), "--days", "1", "--since", "2d"])
+
+
+def test_verify_json_reports_the_first_broken_line(capsys: pytest.CaptureFixture[str], log: Path,
+                                                   history: list[dict[str, Any]]) -> None:
+    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log), "--json")
+    assert code == 0 and json.loads(out)["ok"] is True and json.loads(out)["rows"] == 6
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:2] + lines[3:]))
+    code, out, _ = run(capsys, "audit", "verify", "--audit-log", str(log), "--json")
+    report = json.loads(out)
+    assert code == 1 and report["ok"] is False
+    assert report["first_broken_line"]["reason"] == "seq_gap" and report["first_broken_line"]["line"] == 3
+
+
+def test_checkpoint_prove_and_verify_proof_offline(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_AUDIT_ORIGIN", "cli.example/audit")
+    with AuditSink(log, durable=False, key_file=tmp_path / SIGNING_KEY_NAME, checkpoint_rows=4,
+                   origin="cli.example/audit") as sink:
+        for i in range(10):
+            sink.write({"phase": "call", "tool": "list_vms", "args": {"i": i}})
+    where = ("--home", str(tmp_path), "--audit-log", str(log))
+    code, note, _ = run(capsys, "audit", "checkpoint", *where)
+    entries = [json.loads(line) for line in (tmp_path / "audit.jsonl.checkpoints").read_text().splitlines()]
+    assert code == 0 and note == entries[-1]["note"] and note.startswith("cli.example/audit\n10\n")
+    code, vkey, _ = run(capsys, "audit", "key", "--note", *where)
+    assert code == 0 and vkey.startswith("cli.example/audit+") and vkey.count("+") >= 2
+    code, out, _ = run(capsys, "audit", "prove", "7", "--json", *where)
+    proof = json.loads(out)
+    assert code == 0 and set(proof) == {"index", "tree_size", "hashes"} and proof["index"] == 6
+    (tmp_path / "note").write_text(note)
+    (tmp_path / "proof.json").write_text(out)
+    (tmp_path / "row").write_bytes(log.read_bytes().splitlines(keepends=True)[6])
+    offline = ("audit", "verify-proof", "--public-key", vkey.strip(), "--checkpoint", str(tmp_path / "note"),
+               "--proof", str(tmp_path / "proof.json"))
+    code, out, _ = run(capsys, *offline, "--row", str(tmp_path / "row"))
+    assert code == 0 and out.startswith("OK: row leaf 6 is in the signed tree of 10 rows")
+    (tmp_path / "row").write_bytes(log.read_bytes().splitlines(keepends=True)[5])
+    code, _, err = run(capsys, *offline, "--row", str(tmp_path / "row"))
+    assert code == 1 and err.startswith("FAILED: the row is not leaf 6")
+
+    code, out, _ = run(capsys, "audit", "prove", "--consistency", "4", "--json", *where)
+    assert code == 0 and set(json.loads(out)) == {"old_size", "new_size", "hashes"}
+    (tmp_path / "old").write_text(entries[0]["note"])
+    (tmp_path / "proof.json").write_text(out)
+    code, out, _ = run(capsys, *offline, "--old-checkpoint", str(tmp_path / "old"))
+    assert code == 0 and "extends the signed tree of 4 rows" in out
+
+
+def test_verify_witness_names_the_first_inconsistent_checkpoint(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path, log: Path) -> None:
+    witness = tmp_path / "witness"
+    with AuditSink(log, durable=False, key_file=tmp_path / SIGNING_KEY_NAME, checkpoint_rows=4,
+                   witness_dir=witness) as sink:
+        for i in range(12):
+            sink.write({"phase": "call", "tool": "list_vms", "args": {"i": i}})
+    where = ("--home", str(tmp_path), "--audit-log", str(log), "--witness", str(witness))
+    code, out, _ = run(capsys, "audit", "verify", *where)
+    assert code == 0 and "witness: OK: the log extends all 3 witnessed checkpoints" in out
+    saved = tmp_path / "seen.note"  # an auditor keeps what `gateway audit checkpoint` printed
+    saved.write_text(run(capsys, "audit", "checkpoint", *where[:4])[1])
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[5], lines[6] = lines[6], lines[5]
+    log.write_bytes(b"".join(lines))
+    code, out, err = run(capsys, "audit", "verify", *where)
+    assert code == 1 and "witness: FAILED" in err
+    assert f"first inconsistent checkpoint (and 1 more): {witness}/000000000008-" in err
+    assert "seq 5..8" in err
+    code, _, err = run(capsys, "audit", "verify", *where[:4], "--witness", str(saved))
+    assert code == 1 and f"first inconsistent checkpoint: {saved}: inconsistent" in err

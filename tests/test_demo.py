@@ -134,8 +134,12 @@ def test_the_demo_serves_mcp_over_https_and_ctrl_c_stops_everything(running_demo
     secrets = running_demo.folder / "gateway.env"
     assert secrets.stat().st_mode & 0o077 == 0 and "_PASSWORD=" in secrets.read_text()
 
-    running_demo.process.send_signal(signal.SIGINT)
+    os.killpg(running_demo.process.pid, signal.SIGINT)  # Ctrl-C: the whole group, simulators included
     assert running_demo.process.wait(60) == 0
+    assert running_demo.process.stdout is not None
+    rest = running_demo.process.stdout.read().decode(errors="replace")
+    assert "stopped: the gateway and the simulators are down" in rest, rest
+    assert "the gateway exited with status" not in rest, rest
     assert not [pid for pid in children if alive(pid)], "processes the demo started outlived it"
     log = (running_demo.folder / "gateway.log").read_text()
     assert running_demo.token("demo-admin") not in log and "stopping: readiness fails" in log

@@ -22,6 +22,7 @@ import ssl
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ def test_systemd_unit_is_hardened_and_runs_a_valid_command() -> None:
                        "ProtectHome": "yes", "StateDirectory": "vsphere-mcp-gateway"}.items():
         assert settings.get(key) == [value], key
     assert "GATEWAY_HOME=/var/lib/vsphere-mcp-gateway" in settings["Environment"]
+    # systemctl reload sends SIGHUP, which the gateway handles (tests/test_hangup.py); any other exit
+    # brings it back (on-failure would leave it down after an exit by SIGHUP, SIGTERM or status 0)
+    assert settings["ExecReload"] == ["/bin/kill -HUP $MAINPID"] and settings["Restart"] == ["always"]
     program, *argv = shlex.split(settings["ExecStart"][0])
     assert program.endswith("/bin/gateway")
     accepts_serve(argv)
@@ -258,6 +262,41 @@ def test_container_recipe_runs_as_non_root_with_state_on_a_volume() -> None:
     assert "GATEWAY_HOME=/var/lib/gateway" in image["ENV"][0] and "/healthz" in image["HEALTHCHECK"][0]
 
 
+def test_container_image_builds_with_buildah_and_runs_the_gateway_as_10001() -> None:
+    """deploy/container/build.sh (buildah from Debian; the base made from Debian packages when no
+    registry is reachable) builds the image; in it, ``gateway --version`` runs as uid 10001 and the
+    first-token step is configured."""
+    buildah = need("buildah", "buildah")
+    need("mmdebstrap", "mmdebstrap")
+    image = f"localhost/vsphere-mcp-gateway:test-{os.getpid()}"
+    storage = [buildah, "--storage-driver", "vfs"]
+    build = subprocess.run(["bash", str(DEPLOY / "container" / "build.sh"), image], cwd=REPO, timeout=900,
+                           capture_output=True, text=True, check=False,
+                           env={**os.environ, "PYTHON": sys.executable})
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    container = ""
+
+    def ran(*argv: str) -> str:  # vfs copies the whole image for a container: slow on a loaded machine
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+        assert done.returncode == 0, f"{argv}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        return done.stdout
+
+    try:
+        container = ran(*storage, "from", image).strip()
+
+        def inside(*argv: str) -> str:
+            return ran(*storage, "run", "--isolation", "chroot", container, "--", *argv)
+
+        declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+        assert inside("gateway", "--version").strip() == f"gateway {declared}"
+        assert inside("id", "-u").strip() == "10001" and inside("id", "-g").strip() == "10001"
+        assert "GATEWAY_BOOTSTRAP_TOKEN_FILE=/var/lib/gateway/bootstrap-token" in inside("env")
+    finally:
+        if container:
+            subprocess.run([*storage, "rm", container], capture_output=True, check=False, timeout=120)
+        subprocess.run([*storage, "rmi", image], capture_output=True, check=False, timeout=120)
+
+
 # ------------------------------------------------------------------------------------------ Kubernetes
 
 
@@ -276,14 +315,90 @@ def test_kubernetes_deployment_probes_secret_and_volume() -> None:
         check = container[probe]["httpGet"]
         assert (check["path"], check["scheme"]) == (path, "HTTPS") and check["port"] in ports
     assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
+    bootstrap = {"name": "GATEWAY_BOOTSTRAP_TOKEN_FILE", "value": "/etc/gateway/bootstrap/token"}
+    assert bootstrap in container["env"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     state = volumes[mounts["/var/lib/gateway"]]  # GATEWAY_HOME and the audit log in the image
     assert state["persistentVolumeClaim"]["claimName"] == docs["PersistentVolumeClaim"]["metadata"]["name"]
-    assert volumes[mounts["/etc/gateway"]]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+    config = volumes[mounts["/etc/gateway/config"]]
+    assert config["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     assert docs["Deployment"]["spec"]["replicas"] == 1, "the SQLite store is single-writer"
     accepts_serve(container["args"])
+
+
+KUBERNETES_VERSION = "1.33.0"  # a release clusters run today; the validator ships its schemas (offline)
+RECIPES = ("gateway.yaml", "gateway-replicas.yaml")
+
+
+def documents(recipe: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all((DEPLOY / "kubernetes" / recipe).read_text()) if doc]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_kubernetes_manifests_pass_strict_schema_validation(recipe: str) -> None:
+    """kubernetes-validate (PyPI) with the API's own OpenAPI schemas, rejecting unknown fields."""
+    import kubernetes_validate
+
+    for doc in documents(recipe):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    planted = documents(recipe)[-1] | {"spce": {}}  # a typo'd key is refused: the check has teeth
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(planted, KUBERNETES_VERSION, strict=True)
+
+
+def referenced_paths(docs: dict[str, dict[str, Any]], container: dict[str, Any]) -> set[str]:
+    """Every file the gateway in ``container`` reads: environment paths, serve's --cert/--key, the
+    Secret's PGSSLROOTCERT and each target's ca_file."""
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    secret = docs["Secret"].get("stringData", {})
+    paths = {v for k, v in {**secret, **env}.items()
+             if k.endswith(("_FILE", "ROOTCERT")) and v.startswith("/")}
+    args = container["args"]
+    paths |= {args[i + 1] for i, a in enumerate(args) if a in ("--cert", "--key")}
+    targets = yaml.safe_load(docs["ConfigMap"]["data"]["targets.yaml"])["targets"]
+    return paths | {t["ca_file"] for t in targets if t.get("ca_file")}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_kubernetes_mounts_everything_it_references(recipe: str) -> None:
+    docs = {doc["kind"]: doc for doc in documents(recipe)}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    for path in referenced_paths(docs, container) | {"/etc/gateway/config/targets.yaml"}:
+        holder = [m for m in mounts if path.startswith(m + "/")]
+        assert holder, f"{recipe}: {path} is read but nothing is mounted there"
+        volume = mounts[max(holder, key=len)]
+        if "configMap" in volume:  # the file is one of the ConfigMap's keys
+            assert path.rsplit("/", 1)[1] in docs["ConfigMap"]["data"], path
+    for outer, volume in mounts.items():  # no mount inside a ConfigMap's read-only mount
+        if "configMap" in volume:
+            assert not [m for m in mounts if m.startswith(outer + "/")], f"{recipe}: a mount inside {outer}"
+    security = pod["securityContext"]
+    assert security["runAsUser"] == 10001 and security.get("fsGroup") in (None, 10001)
+
+
+def test_kubernetes_replicas_signing_key_reaches_the_gateway_owner_only() -> None:
+    """The 0440 root-owned Secret file (fsGroup 10001 lets uid 10001 read it) is copied 0400 by an init
+    container running as the gateway's user into the memory volume GATEWAY_AUDIT_SIGNING_KEY_FILE names."""
+    docs = {doc["kind"]: doc for doc in documents("gateway-replicas.yaml")}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 10001
+    (init,) = pod["initContainers"]
+    (container,) = pod["containers"]
+    key = {e["name"]: e["value"] for e in container["env"]}["GATEWAY_AUDIT_SIGNING_KEY_FILE"]
+    assert init["command"][:3] == ["install", "-m", "0400"] and init["command"][-1] == key
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    init_mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    source = init["command"][3]
+    secret_volume = volumes[init_mounts[source.rsplit("/", 1)[0]]]
+    assert secret_volume["secret"]["secretName"] == "gateway-audit-signing-key"
+    copy = init_mounts[key.rsplit("/", 1)[0]]
+    assert volumes[copy]["emptyDir"]["medium"] == "Memory"
+    assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[key.rsplit("/", 1)[0]] == copy
 
 
 def test_kubernetes_configuration_is_what_the_gateway_accepts(tmp_path: Path) -> None:

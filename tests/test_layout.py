@@ -38,7 +38,7 @@ FLOORS: dict[str, int] = {
     "gateway.guard": 1,
     "gateway.store": 2, "gateway.audit": 2,
     "gateway.vsphere": 3,
-    "gateway.auth": 4, "gateway.notify": 4, "gateway.tools": 4, "gateway.logs": 4,
+    "gateway.auth": 4, "gateway.identity": 4, "gateway.notify": 4, "gateway.tools": 4, "gateway.logs": 4,
     "gateway.server": 5,
     "gateway.web": 6, "gateway.cli": 6, "gateway.demo": 6, "gateway.devsim": 6, "gateway.__main__": 6,
 }

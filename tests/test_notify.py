@@ -382,6 +382,36 @@ def test_file_problems_carry_line_and_column_and_repeated_keys_are_refused(tmp_p
         notify.load(path, ENV)
 
 
+async def test_every_signed_audit_checkpoint_goes_to_a_webhook_listing_checkpoint(
+        tmp_path: Path, make_simulator: MakeSimulator, receiver: Receiver) -> None:
+    """The signed checkpoint note reaches a witness outside the host as it was signed."""
+    from gateway.audit.note import open_checkpoint, parse_checkpoint
+    from gateway.audit.signing import load_or_create_signing_key
+
+    env = Env(tmp_path, make_simulator(vms=1))
+    (tmp_path / "notifications.yaml").write_text(yaml.safe_dump({"notifications": {"channels": [
+        {"name": "witness", "kind": "webhook", "url": f"{receiver.url}/hook", "secret_env": "HOOK_SECRET",
+         "events": ["checkpoint"]},
+        {"name": "ops", "kind": "webhook", "url": f"{receiver.url}/ops", "secret_env": "HOOK_SECRET"},
+    ]}}))
+    gw = env.build(notify_env={"HOOK_SECRET": SECRET})
+    await gw.start()
+    try:
+        await anyio.to_thread.run_sync(lambda: gw.audit.write({"phase": "call", "tool": "list_vms"}))
+        entry = await anyio.to_thread.run_sync(gw.audit.checkpoint)
+        assert entry is not None
+        delivered = await wait_for(lambda: receiver.of("checkpoint"), "the checkpoint delivery")
+    finally:
+        await gw.close()
+    body = delivered[0]["body"]
+    assert delivered[0]["valid"] and body["event"] == "checkpoint"
+    assert body["checkpoint"]["note"] == entry["note"] and body["checkpoint"]["tree_size"] == entry["seq"]
+    checkpoint = parse_checkpoint(body["checkpoint"]["note"])
+    key = load_or_create_signing_key(gw.settings.signing_key_file).public_key()
+    assert checkpoint is not None and open_checkpoint(body["checkpoint"]["note"], checkpoint.origin, key)
+    assert receiver.of("checkpoint", "/ops") == [], "a channel not listing checkpoint gets none"
+
+
 async def test_a_shell_decision_is_told_through_the_servers_own_notifications_file(
     gated: tuple[Env, Any], receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -87,6 +87,9 @@ func (g *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name := methodName(body)
 	g.track(name, 1)
 	defer g.track(name, -1)
+	if name == "CancelTask" && g.sessionValid(r) && serveCancel(w, body) {
+		return
+	}
 	if g.armed() {
 		if method := g.decode(body); method != nil && g.intercept(w, r, body, method) {
 			return
@@ -362,11 +365,16 @@ func (g *interceptor) startSlow(w http.ResponseWriter, r *http.Request, body []b
 // with its outcome (progress 100).
 func (g *interceptor) runSlow(task *simulator.Task, replay *http.Request, body []byte, seconds float64) {
 	defer g.running.Done()
+	cancelled := cancellable(task)
+	defer settled(task)
 	step := time.Duration(seconds * float64(time.Second) / 10)
 	for progress := 10; progress <= 100; progress += 10 {
 		select {
 		case <-g.stop:
 			finishTask(task, nil, &types.RequestCanceled{}, "the simulator is shutting down")
+			return
+		case <-cancelled:
+			finishTask(task, nil, &types.RequestCanceled{}, "The task was canceled by a user.")
 			return
 		case <-time.After(step):
 		}

@@ -14,4 +14,11 @@ checkpoints of the chain's head), ``files`` (the JSONL log's files and reading t
 (appending, rotation, retention, the lock file), ``pg_sink`` and ``pg_reader`` (the chain in a
 PostgreSQL table), ``verify`` (walking the chain and its checkpoints), ``query`` (rows by filter,
 counts), ``readers`` (one reading interface for either place) and ``metrics`` (Prometheus families).
+
+The Merkle tree over the rows (RFC 6962), so anyone can check one row or one log's growth without the
+gateway's code: ``merkle`` (the pure tree math), ``tree_file`` and ``pg_tree`` (the stored subtree
+hashes beside the file, in the table), ``note`` (C2SP signed notes and checkpoints), ``witness``
+(publishing checkpoints to witnesses and checking a log against what they saw), ``tree_check`` (the
+tree side of verification), ``proofs`` (inclusion and consistency proofs, checked offline) and
+``pg_retention`` (dropping old table rows while their hashes keep the rest provable).
 """

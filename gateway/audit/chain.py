@@ -36,6 +36,16 @@ def row_hash(row: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in row.items() if k != "hash"})).hexdigest()
 
 
+def row_line(row: Mapping[str, Any]) -> bytes:
+    """A stamped row as stored (the JSONL line without its newline; the same text in PostgreSQL):
+    compact JSON in the row's own key order, UTF-8; a lone surrogate is escaped rather than lost.
+    Its Merkle leaf is ``merkle.leaf_hash`` of exactly these bytes."""
+    try:
+        return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(row, separators=(",", ":")).encode("ascii")
+
+
 def result_fingerprint(result: Any) -> tuple[str, int]:
     """(sha256 hex, size in bytes) of a tool result's answer text (``gateway.answer``): what the log
     keeps of it. ``result`` may be the ``Answer`` the caller was sent, or its bytes."""

@@ -60,11 +60,13 @@ from gateway.audit.chain import (
     parse_ts,
     prepare_event,
     row_hash,
+    row_line,
 )
 from gateway.audit.files import (
     checkpoint_path,
     close_quietly,
     forward_lines,
+    last_line_in,
     last_row_in,
     last_row_of_file,
     lock_path,
@@ -78,6 +80,8 @@ from gateway.audit.signing import (
     load_or_create_signing_key,
     sign_checkpoint,
 )
+from gateway.audit.tree_file import FileTree
+from gateway.audit.witness import DEFAULT_ORIGIN, CheckpointPublisher
 from gateway.errors import AuditUnavailable
 from gateway.private_files import make_private_dirs, open_private
 
@@ -133,6 +137,10 @@ class _SinkSettings(Protocol):
     def audit_max_bytes(self) -> int: ...
     @property
     def signing_key_file(self) -> Path: ...
+    @property
+    def audit_origin(self) -> str: ...
+    @property
+    def audit_witness_dir(self) -> Path | None: ...
 
 
 def _unavailable(path: Path, exc: OSError) -> AuditUnavailable:
@@ -154,7 +162,8 @@ class AuditSink:
                  lock_timeout: float = DEFAULT_LOCK_TIMEOUT, max_total_bytes: int | None = None,
                  retain_seconds: float = DEFAULT_RETAIN_SECONDS, max_age_seconds: float | None = None,
                  key_file: Path | None = None, checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS,
-                 checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS) -> None:
+                 checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS, origin: str = DEFAULT_ORIGIN,
+                 witness_dir: Path | None = None) -> None:
         if max_bytes < 1 or keep < 1 or not lock_timeout > 0 or checkpoint_rows < 1:
             raise ValueError("max_bytes, keep, lock_timeout and checkpoint_rows must be positive")
         if retain_seconds < 0 or (max_age_seconds is not None and max_age_seconds <= retain_seconds):
@@ -168,6 +177,9 @@ class AuditSink:
         self.checkpoint_rows = checkpoint_rows
         self.checkpoint_seconds = float(checkpoint_seconds)
         self._signer: Ed25519PrivateKey | None = None
+        self._tree = FileTree(Path(path))
+        #: where each signed checkpoint note goes besides the checkpoint file (``gateway.audit.witness``)
+        self.publisher = CheckpointPublisher(origin, witness_dir)
         self._checkpointed: tuple[int, float] = (0, time.monotonic())  # (seq, when) of the last one
         self.path = Path(path)
         self.max_bytes = max_bytes
@@ -191,7 +203,8 @@ class AuditSink:
         checkpoints signed with ``settings.signing_key_file`` (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
         ``<home>/audit-signing.key``)."""
         return cls(settings.audit_log, max_bytes=settings.audit_max_bytes,
-                   key_file=settings.signing_key_file, **options)
+                   key_file=settings.signing_key_file, origin=settings.audit_origin,
+                   witness_dir=settings.audit_witness_dir, **options)
 
     def __enter__(self) -> AuditSink:
         return self
@@ -297,6 +310,7 @@ class AuditSink:
             try:
                 fd, size = self._open_log()
                 tail, size, _ = self._current_tail(fd, size)
+                self._tree.sync(tail.seq, lambda: last_line_in(fd, size))
                 return self._write_checkpoint(tail) if tail.seq else None
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
@@ -317,6 +331,7 @@ class AuditSink:
         with self._lock:
             self._closed = True
             self._drop_fd()
+            self._tree.forget()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -331,6 +346,7 @@ class AuditSink:
                     close_quietly(fd)
             self._lock_fd = self._fd = None
             self._tail = None
+            self._tree.forget()
             self._pid = os.getpid()
         if self._lock_fd is None:
             make_private_dirs(self.path.parent)
@@ -378,6 +394,7 @@ class AuditSink:
     def _append_locked(self, body: dict[str, Any], deadline: float, limit: float) -> dict[str, Any]:
         fd, size = self._open_log()
         tail, size, pending = self._current_tail(fd, size)
+        self._tree.sync(tail.seq, lambda: last_line_in(fd, size))
         for extra in pending:
             tail, size = self._emit(fd, size, tail, extra)
         if time.monotonic() > deadline:
@@ -390,6 +407,7 @@ class AuditSink:
             tail, size = self._emit(fd, size, tail, self._rotation_marker(dropped))
             row, line = self._stamp(body, tail)
         self._append_line(fd, size, line)
+        self._tree.add(line[:-1])
         self._tail = _Tail(row["seq"], row["hash"], (*self._ident, size + len(line)))
         if self.key_file is not None and self._checkpoint_due(row["seq"]):
             self._try_checkpoint(self._tail)
@@ -424,8 +442,13 @@ class AuditSink:
         assert self.key_file is not None
         if self._signer is None:
             self._signer = load_or_create_signing_key(self.key_file)
-        entry = sign_checkpoint(self._signer, {"seq": tail.seq, "hash": tail.hash,
-                                               "ts": format_ts(self._clock()), "log": self.path.name})
+        head: dict[str, Any] = {"seq": tail.seq, "hash": tail.hash, "ts": format_ts(self._clock()),
+                                "log": self.path.name}
+        frontier = self._tree.frontier
+        if frontier is not None and frontier.size == tail.seq:
+            self._tree.flush()  # the hashes a proof against this checkpoint reads are on disk first
+            head.update(self.publisher.note_fields(frontier.size, frontier.root(), self._signer))
+        entry = sign_checkpoint(self._signer, head)
         line = (json.dumps(entry, separators=(",", ":"), sort_keys=True) + "\n").encode("ascii")
         fd = open_private(self.checkpoint_file, os.O_WRONLY | os.O_APPEND)
         try:
@@ -434,6 +457,7 @@ class AuditSink:
             os.close(fd)
         self._checkpointed = (tail.seq, time.monotonic())
         self._count("checkpoints")
+        self.publisher.publish(entry)
         return entry
 
     def _count(self, name: str, amount: int = 1) -> None:
@@ -490,15 +514,13 @@ class AuditSink:
         row.update(body)
         row["prev"] = tail.hash
         row["hash"] = row_hash(row)
-        try:
-            return row, (json.dumps(row, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate: escape it rather than lose the row
-            return row, (json.dumps(row, separators=(",", ":")) + "\n").encode("ascii")
+        return row, row_line(row) + b"\n"
 
     def _emit(self, fd: int, size: int, tail: _Tail, body: Mapping[str, Any]) -> tuple[_Tail, int]:
         """Append a bookkeeping row; return the new tail and file size."""
         row, line = self._stamp(prepare_event(body), tail)
         self._append_line(fd, size, line)
+        self._tree.add(line[:-1])
         return _Tail(row["seq"], row["hash"]), size + len(line)
 
     def _append_line(self, fd: int, size: int, line: bytes) -> None:

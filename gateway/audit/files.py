@@ -124,6 +124,14 @@ def last_row_in(fd: int, size: int) -> dict[str, Any] | None:
     return None
 
 
+def last_line_in(fd: int, size: int) -> bytes | None:
+    """The stored bytes (no newline) of the last complete line that is a stamped row."""
+    for _, line in reverse_lines(fd, size):
+        if line.endswith(b"\n") and parse_row(line) is not None:
+            return line[:-1]
+    return None
+
+
 def last_row_of_file(path: Path) -> dict[str, Any] | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

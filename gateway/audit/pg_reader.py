@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, row_hash
+from gateway.audit.pg_retention import retained_from
 from gateway.audit.pg_sink import FILTER_COLUMNS
+from gateway.audit.pg_tree import read_hashes
 from gateway.audit.query import RowCounts
+from gateway.audit.tree_check import TreeWalk, key_of
 from gateway.audit.verify import LineFault, VerifyReport, check_checkpoints, parse_checkpoints
 from gateway.errors import AuditUnavailable
 from gateway.store.postgres import PostgresStore
@@ -99,8 +102,8 @@ class PgAuditReader:
                 counts.add(json.loads(record["body"]))
         return counts.summary(since)
 
-    def verify(self, *, checkpoints: bool = False,
-               public_key: Ed25519PublicKey | None = None) -> VerifyReport:
+    def verify(self, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None,
+               witness: Sequence[tuple[str, str]] | None = None) -> VerifyReport:
         """Walk the table in ``seq`` order and check every row's hash, seq and prev (one snapshot).
 
         With ``checkpoints``, the signed heads in ``audit_checkpoints`` are checked in the same
@@ -118,10 +121,15 @@ class PgAuditReader:
                 found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
                 entries = parse_checkpoints(b"\n".join(str(r["body"]).encode("utf-8") for r in found))
             wanted = {entry["seq"] for _, entry in entries or () if type(entry.get("seq")) is int}
+            tree = TreeWalk(entries or (), witness, key_of(entries or (), public_key))
+            retained = retained_from(conn)
             cursor.execute("SELECT seq, hash, body FROM audit_rows ORDER BY seq")
             for record in cursor:
                 seq = int(record["seq"])
-                problem = _problem(record, expected_seq, expected_prev)
+                if first_seq is None:
+                    tree.start(seq, lambda indexes: read_hashes(conn, indexes))
+                tree.add(str(record["body"]).encode("utf-8"))
+                problem = _problem(record, expected_seq, expected_prev, retained)
                 if problem is not None:
                     faults.append(LineFault(self.label, seq, *problem))
                 first_seq = seq if first_seq is None else first_seq
@@ -133,15 +141,30 @@ class PgAuditReader:
         checkpoint = None
         if entries is not None:
             checkpoint = check_checkpoints(self.checkpoint_label, entries, hashes, first_seq, last_seq,
-                                            public_key)
+                                            public_key, tree.roots())
         return VerifyReport(files=(self.label,) if count else (), rows=count, first_seq=first_seq,
                             last_seq=last_seq,
                             first_broken_line=faults[0] if faults else None, torn_last_line=None,
-                            problems=len(faults), starts_after_rotation=False, checkpoint=checkpoint)
+                            problems=len(faults),
+                            starts_after_rotation=retained > 1 and first_seq == retained,
+                            checkpoint=checkpoint,
+                            witness=tree.witness_report())
+
+    # -- the Merkle tree (``gateway.audit.proofs`` builds proofs from these) ---------------------------
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """The signed checkpoint entries, oldest first."""
+        with self._snapshot() as conn:
+            found = conn.execute("SELECT body FROM audit_checkpoints ORDER BY id").fetchall()
+        return [entry for _, entry in parse_checkpoints(b"\n".join(str(r["body"]).encode() for r in found))]
+
+    def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
+        with self._snapshot() as conn:
+            return read_hashes(conn, indexes)
 
 
-def _problem(record: Mapping[str, Any], expected_seq: int | None,
-             expected_prev: str) -> tuple[str, str] | None:
+def _problem(record: Mapping[str, Any], expected_seq: int | None, expected_prev: str,
+             retained: int = 1) -> tuple[str, str] | None:
     try:
         row = json.loads(record["body"])
     except ValueError:
@@ -150,10 +173,12 @@ def _problem(record: Mapping[str, Any], expected_seq: int | None,
         return "hash_mismatch", "the row's columns do not match its body: it was edited after writing"
     if row_hash(row) != row["hash"]:
         return "hash_mismatch", "the row's content does not match its hash: it was edited after writing"
-    want = 1 if expected_seq is None else expected_seq
+    want = retained if expected_seq is None else expected_seq
     if row["seq"] != want:
         what = "rows are missing" if row["seq"] > want else "rows are out of order"
         return "seq_gap", f"expected seq {want}, found {row['seq']}: {what}"
+    if expected_seq is None and retained > 1:
+        return None  # the first row kept after a prune: the row it chains to was dropped by retention
     if row.get("prev") != expected_prev:
         return "prev_mismatch", "prev does not match the hash of the row before: a row was replaced"
     return None

@@ -20,8 +20,11 @@ fails the row, which is already durable. ``gateway.audit.pg_reader`` reads and v
 ``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts, checkpoints
 and checkpoint failures; no size).
 
-What the file sink does that this one does not (yet): size rotation (the table grows; prune with a
-retention job that keeps the chain's continuity) and torn-line repair (a transaction cannot tear).
+Each row's Merkle tree hashes (``gateway.audit.pg_tree``) are written in the row's own transaction;
+signed checkpoints carry the tree's signed note (``gateway.audit.note``) and go to the witnesses
+(``publisher``). What the file sink does that this one does not: size rotation (the table grows;
+``gateway.audit.pg_retention.prune_audit`` drops old rows, the tree keeping them provable) and
+torn-line repair (a transaction cannot tear).
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
-from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_hash
+from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_hash, row_line
+from gateway.audit.pg_tree import PgTree, stored_frontier
 from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
     load_or_create_signing_key,
     sign_checkpoint,
 )
+from gateway.audit.witness import DEFAULT_ORIGIN, CheckpointPublisher
 from gateway.errors import AuditUnavailable, StateUnavailable
 from gateway.store.postgres import PROBE_SECONDS, PostgresStore
 
@@ -77,7 +82,8 @@ class PgAuditSink:
     def __init__(self, store: PostgresStore, *, timeout: float = 10.0,
                  clock: Callable[[], datetime] = _utcnow, key_file: Path | None = None,
                  checkpoint_rows: int = DEFAULT_CHECKPOINT_ROWS,
-                 checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS) -> None:
+                 checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS, origin: str = DEFAULT_ORIGIN,
+                 witness_dir: Path | None = None) -> None:
         if checkpoint_rows < 1:
             raise ValueError("checkpoint_rows must be positive")
         self.store = store
@@ -93,6 +99,10 @@ class PgAuditSink:
         self._signer: Ed25519PrivateKey | None = None
         self._checkpointed: tuple[int, float] = (0, time.monotonic())  # (seq, when) of the last one
         self._last_written = 0  # the highest seq this process appended
+        self._tree = PgTree()
+        self._tree_lock = threading.Lock()  # one append of this process at a time (the tree's cache)
+        #: where each signed checkpoint note goes besides the table (``gateway.audit.witness``)
+        self.publisher = CheckpointPublisher(origin, witness_dir)
 
     def __enter__(self) -> PgAuditSink:
         return self
@@ -106,6 +116,22 @@ class PgAuditSink:
         limit = self.timeout if timeout is None else timeout
         if self._closed:
             raise AuditUnavailable(f"{self.where} was closed; the gateway is shutting down")
+        if not self._tree_lock.acquire(timeout=limit):
+            raise AuditUnavailable(f"cannot append to {self.where}: other writes of this process held it for "
+                                   f"{limit:g} s; the row was not written. fix: check PostgreSQL")
+        try:
+            row = self._append(body, limit)
+        finally:
+            self._tree_lock.release()
+        with self._lock:
+            self._stats["rows_written"] += 1
+            self._last_written = max(self._last_written, row["seq"])
+        if self.key_file is not None and self._checkpoint_due(row["seq"]):
+            self._try_checkpoint(row["seq"], row["hash"], limit)
+        return row
+
+    def _append(self, body: Mapping[str, Any], limit: float) -> dict[str, Any]:
+        """One row and its tree hashes in one transaction (called under ``_tree_lock``)."""
         try:
             with self.store.pool.connection(timeout=limit) as conn, conn.transaction():
                 ms = max(1, int(limit * 1000))
@@ -119,12 +145,16 @@ class PgAuditSink:
                 row.update(body)
                 row["prev"] = prev
                 row["hash"] = row_hash(row)
+                line = row_line(row)
                 conn.execute(
                     "INSERT INTO audit_rows (seq, ts, phase, tool, target, caller, correlation_id, hash, "
                     "body) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     (row["seq"], row["ts"], *(_column(row.get(c)) for c in FILTER_COLUMNS), row["hash"],
-                     json.dumps(row, separators=(",", ":"))))
+                     line.decode("utf-8")))
+                self._tree.append(conn, seq, prev, row, line)
+            self._tree.committed()
         except (psycopg.Error, StateUnavailable) as exc:
+            self._tree.rolled_back()
             if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
                 with self._lock:
                     self._stats["lock_timeouts"] += 1
@@ -132,11 +162,6 @@ class PgAuditSink:
             raise AuditUnavailable(f"cannot append to {self.where} (the database does not answer or "
                                    "refuses the write); the row was not written. fix: check PostgreSQL and "
                                    "the gateway log") from None
-        with self._lock:
-            self._stats["rows_written"] += 1
-            self._last_written = max(self._last_written, row["seq"])
-        if self.key_file is not None and self._checkpoint_due(row["seq"]):
-            self._try_checkpoint(row["seq"], row["hash"], limit)
         return row
 
     # -- checkpoints (signed as the file sink signs them: ``gateway.audit.signing.sign_checkpoint``) -------
@@ -162,15 +187,20 @@ class PgAuditSink:
         assert self.key_file is not None
         if self._signer is None:
             self._signer = load_or_create_signing_key(self.key_file)
-        entry = sign_checkpoint(self._signer, {"seq": seq, "hash": hash_, "ts": format_ts(self._clock()),
-                                               "log": "audit_rows"})
+        head: dict[str, Any] = {"seq": seq, "hash": hash_, "ts": format_ts(self._clock()),
+                                "log": "audit_rows"}
         with self.store.pool.connection(timeout=limit) as conn, conn.transaction():
             conn.execute(f"SET LOCAL statement_timeout = {max(1, int(limit * 1000))}")
+            frontier = stored_frontier(conn, seq)  # stored hashes never change: no lock needed
+            if frontier is not None:
+                head.update(self.publisher.note_fields(seq, frontier.root(), self._signer))
+            entry = sign_checkpoint(self._signer, head)
             conn.execute("INSERT INTO audit_checkpoints (seq, body) VALUES (%s, %s)",
                          (seq, json.dumps(entry, separators=(",", ":"), sort_keys=True)))
         with self._lock:
             self._checkpointed = (max(seq, self._checkpointed[0]), time.monotonic())
             self._stats["checkpoints"] += 1
+        self.publisher.publish(entry)
         return entry
 
     def checkpoint(self, *, timeout: float | None = None) -> dict[str, Any] | None:

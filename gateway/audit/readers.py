@@ -1,17 +1,21 @@
-"""Reading the audit chain wherever it lives: ``open_audit_reader(settings, store)`` gives the JSONL
-file's reader (embedded mode) or the PostgreSQL table's (``PgAuditReader``), with one interface for
-the approval page (and anything else that shows or verifies rows)."""
+"""Reading the audit chain wherever it lives, through one interface (``AuditReader``): the JSONL file's
+reader (``FileAuditReader``, embedded mode) or the PostgreSQL table's (``PgAuditReader``). Which one
+is chosen once, by the engine table (``gateway.store.backends``); the CLI, the approval page and the
+proof endpoints all read through it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from gateway.audit.files import checkpoint_path
 from gateway.audit.query import read_rows, stats
-from gateway.audit.verify import VerifyReport, verify
-from gateway.settings import Settings
-from gateway.store.base import StateStore
+from gateway.audit.tree_file import stored_reader
+from gateway.audit.verify import VerifyReport, parse_checkpoints, verify
 
 
 class AuditReader(Protocol):
@@ -24,11 +28,17 @@ class AuditReader(Protocol):
 
     def stats(self, *, since: datetime | None = None) -> dict[str, Any]: ...
 
-    def verify(self) -> VerifyReport: ...
+    def verify(self, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None,
+               witness: Sequence[tuple[str, str]] | None = None) -> VerifyReport: ...
+
+    def checkpoints(self) -> list[dict[str, Any]]: ...
+
+    def read_hashes(self, indexes: Sequence[int]) -> list[bytes]: ...
 
 
 class FileAuditReader:
-    """The JSONL log and its rotated files (``gateway.audit.query``, ``gateway.audit.verify``)."""
+    """The JSONL log and its rotated files (``gateway.audit.query``, ``gateway.audit.verify``), its
+    checkpoint file and its tree file (``gateway.audit.tree_file``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -39,21 +49,22 @@ class FileAuditReader:
              phase: str | None = None, caller: str | None = None,
              correlation_id: str | None = None) -> list[dict[str, Any]]:
         return read_rows(self.path, last=last, since=since, until=until, target=target, tool=tool,
-                               phase=phase, caller=caller, correlation_id=correlation_id)
+                         phase=phase, caller=caller, correlation_id=correlation_id)
 
     def stats(self, *, since: datetime | None = None) -> dict[str, Any]:
         return stats(self.path, since=since)
 
-    def verify(self) -> VerifyReport:
-        return verify(self.path)
+    def verify(self, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None,
+               witness: Sequence[tuple[str, str]] | None = None) -> VerifyReport:
+        return verify(self.path, checkpoints=checkpoints, public_key=public_key, witness=witness)
 
+    def checkpoints(self) -> list[dict[str, Any]]:
+        try:
+            data = checkpoint_path(self.path).read_bytes()
+        except FileNotFoundError:
+            return []
+        return [entry for _, entry in parse_checkpoints(data)]
 
-def open_audit_reader(settings: Settings, store: StateStore) -> AuditReader:
-    """The table's reader when ``store`` is the PostgreSQL one of ``settings``, else the file's."""
-    if settings.database_url:
-        from gateway.audit.pg_reader import PgAuditReader
-        from gateway.store.postgres import PostgresStore
-
-        if isinstance(store, PostgresStore):
-            return PgAuditReader(store)
-    return FileAuditReader(settings.audit_log)
+    def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
+        """Stored tree hashes (``LookupError`` when the tree file lacks one)."""
+        return stored_reader(self.path)(indexes)

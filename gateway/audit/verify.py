@@ -5,7 +5,7 @@ reader reports with the same types and checks checkpoints with the same rules.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from gateway.audit.chain import GENESIS, ROTATED_PHASE, parse_row, row_hash
 from gateway.audit.files import checkpoint_path, forward_lines, snapshot
 from gateway.audit.signing import checkpoint_signature_ok, parse_public_key, public_key_text
+from gateway.audit.tree_check import TreeWalk, key_of, note_problem
+from gateway.audit.tree_file import stored_reader
+from gateway.audit.witness import WitnessReport
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,14 @@ class VerifyReport:
     starts_after_rotation: bool
     #: the check against signed checkpoints, when asked for
     checkpoint: CheckpointReport | None = None
+    #: the check against what outside witnesses saw, when asked for
+    witness: WitnessReport | None = None
 
     @property
     def ok(self) -> bool:
         return (self.first_broken_line is None and self.torn_last_line is None
-                and (self.checkpoint is None or self.checkpoint.ok))
+                and (self.checkpoint is None or self.checkpoint.ok)
+                and (self.witness is None or self.witness.ok))
 
 
 class _ChainCheck:
@@ -150,8 +156,8 @@ class CheckpointReport:
         return self.faults[0] if self.faults else None
 
 
-def verify(path: Path, *, checkpoints: bool = False,
-           public_key: Ed25519PublicKey | None = None) -> VerifyReport:
+def verify(path: Path, *, checkpoints: bool = False, public_key: Ed25519PublicKey | None = None,
+           witness: Sequence[tuple[str, str]] | None = None) -> VerifyReport:
     """Walk the log and its rotated predecessors in order and check every line's hash, seq and prev.
 
     A final line of the newest file that lacks its newline or does not parse is reported as
@@ -161,7 +167,12 @@ def verify(path: Path, *, checkpoints: bool = False,
     With ``checkpoints``, the signed heads in ``<name>.checkpoints`` are checked as well (see
     ``CheckpointReport``): each must carry a valid signature (by ``public_key`` when given, else by
     the key of the first checkpoint), and the row at its seq must still be in the log with the signed
-    hash. A log cut below a signed seq (``cut_tail``) or rewritten and re-hashed (``rewritten``) fails.
+    hash, and the Merkle root of the rows up to it must be the one its note signs. A log cut below a
+    signed seq (``cut_tail``) or rewritten and re-hashed (``rewritten``) fails.
+
+    With ``witness`` ((where, note) pairs, ``gateway.audit.witness.read_witness``), every witnessed
+    checkpoint must be extended by the log: its first N rows must still hash to the root the witness
+    saw (``WitnessReport``), which no rewrite of the host's files can fake.
     """
     check = _ChainCheck()
     torn: LineFault | None = None
@@ -169,6 +180,7 @@ def verify(path: Path, *, checkpoints: bool = False,
     with snapshot(Path(path), raw_checkpoints if checkpoints else None) as files:
         entries = parse_checkpoints(raw_checkpoints[0]) if checkpoints else None
         wanted = {entry["seq"] for _, entry in entries or () if isinstance(entry.get("seq"), int)}
+        tree = TreeWalk(entries or (), witness, key_of(entries or (), public_key))
         hashes: dict[int, str] = {}
         for index, (file, fd, size) in enumerate(files):
             newest = index == len(files) - 1
@@ -179,21 +191,25 @@ def verify(path: Path, *, checkpoints: bool = False,
                                      "interrupted, e.g. by a crash); this is not tampering")
                 elif row is None:
                     check.fault(file, number, "not_json", "the line is not a stamped JSON row")
-                if row is not None:
-                    check.row(file, number, row)
-                    if row["seq"] in wanted:
-                        hashes[row["seq"]] = row["hash"]
+                if row is None:
+                    continue
+                if check.first_seq is None:
+                    tree.start(row["seq"], stored_reader(Path(path)))
+                check.row(file, number, row)
+                tree.add(raw.removesuffix(b"\n"))
+                if row["seq"] in wanted:
+                    hashes[row["seq"]] = row["hash"]
     last_seq = None if check.expected_seq is None else check.expected_seq - 1
     checkpoint = None
     if entries is not None:
         checkpoint = check_checkpoints(checkpoint_path(Path(path)), entries, hashes, check.first_seq,
-                                        last_seq, public_key)
+                                        last_seq, public_key, tree.roots())
     return VerifyReport(
         files=tuple(file for file, _, _ in files), rows=check.rows, first_seq=check.first_seq,
         last_seq=last_seq,
         first_broken_line=check.faults[0] if check.faults else None, torn_last_line=torn,
         problems=len(check.faults), starts_after_rotation=check.starts_after_rotation,
-        checkpoint=checkpoint,
+        checkpoint=checkpoint, witness=tree.witness_report(),
     )
 
 
@@ -212,7 +228,8 @@ def parse_checkpoints(data: bytes | None) -> list[tuple[int, dict[str, Any]]]:
 
 def check_checkpoints(file: Path, entries: list[tuple[int, dict[str, Any]]],
                        hashes: Mapping[int, str], first_seq: int | None, last_seq: int | None,
-                       pinned: Ed25519PublicKey | None) -> CheckpointReport:
+                       pinned: Ed25519PublicKey | None,
+                       roots: Mapping[int, bytes] | None = None) -> CheckpointReport:
     faults: list[CheckpointFault] = []
     checked = skipped = 0
     newest: int | None = None
@@ -246,6 +263,8 @@ def check_checkpoints(file: Path, entries: list[tuple[int, dict[str, Any]]],
         elif hashes.get(seq) != signed_hash:
             faults.append(CheckpointFault(number, "rewritten", f"the row at seq {seq} is not the one signed: "
                                           "the history up to it was rewritten"))
+        elif (problem := note_problem(entry, key, roots)) is not None:
+            faults.append(CheckpointFault(number, *problem))
         else:
             checked += 1
     return CheckpointReport(file, checked, skipped, newest, key_text, tuple(faults))

@@ -44,7 +44,7 @@ from gateway.vocabulary import Kind
 
 __all__ = [
     "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
-    "parse_expiry", "parse_token_id",
+    "new_token", "parse_expiry", "parse_token_id", "store_token",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,19 @@ STORE_SECONDS: Final = 5.0
 class Principal:
     """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface,
     and whether a person or an agent holds it (``kind``; for a token, the store's record at each
-    request is what decisions use, see ``Gateway.party``)."""
+    request is what decisions use, see ``Gateway.party``).
+
+    From an identity provider (``gateway.identity``): no ``token_id``; ``acting_for`` names the person
+    whose subject an agent's token carries (that person never approves what the agent proposes), and
+    ``scopes`` the token's scopes, which narrow what the role allows (None: not scope-limited)."""
 
     name: str
     role: str
     token_id: str | None = None
     surface: str = "https"
     kind: Kind = Kind.AGENT
+    acting_for: str | None = None
+    scopes: frozenset[str] | None = None
 
 
 def parse_token_id(token: str) -> str | None:
@@ -108,13 +114,29 @@ def create_token(
         raise InvalidArgument("role", "a token needs a role (reader, admin, or one from roles.yaml)")
     if expires_in is not None and expires_in <= 0:
         raise InvalidArgument("expires_in", "must be positive, e.g. 30d")
-    token_id = new_id()
-    token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    token = new_token()
+    return token, store_token(store, name, role, token, expires_in=expires_in, now=now, hasher=hasher,
+                              kind=kind)
+
+
+def new_token() -> str:
+    """A fresh token's plaintext (``gwt_<id>_<secret>``), not stored anywhere."""
+    return f"{TOKEN_PREFIX}{new_id()}_{secrets.token_urlsafe(32)}"
+
+
+def store_token(
+    store: StateStore, name: str, role: str, token: str, *, expires_in: float | None, now: float,
+    hasher: PasswordHasher | None = None, kind: Kind = Kind.AGENT,
+) -> TokenRecord:
+    """Store the hash of ``token`` (a plaintext of ``new_token``'s format) under ``name``; its record."""
+    token_id = parse_token_id(token)
+    if token_id is None:
+        raise InvalidArgument("token", "not a gateway token (gwt_<12 characters>_<43 characters>)")
     rec = TokenRecord(token_id=token_id, name=name, role=role, hash=(hasher or PasswordHasher()).hash(token),
                       created_at=now, expires_at=None if expires_in is None else now + expires_in,
                       kind=Kind(kind))
     store.add_token(rec)
-    return token, rec
+    return rec
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,11 @@ from gateway.logs import cli_log_level, configure_logging
 from gateway.settings import Settings, logging_options
 
 #: command modules, in the order ``gateway --help`` lists them
-COMMAND_MODULES = ("serve", "check", "token", "roles", "pending", "audit", "policy", "cert", "db")
+COMMAND_MODULES = ("serve", "check", "doctor", "token", "roles", "pending", "audit", "policy", "cert", "db",
+                   "bootstrap-token", "completion")
+
+#: commands whose module is named otherwise
+MODULE_NAMES = {"bootstrap-token": "bootstrap"}
 
 
 def add_path_flags(parser: argparse.ArgumentParser) -> None:
@@ -56,12 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="vSphere MCP Gateway")
     add_verbose_flag(parser, default=False)
     parser.add_argument("--version", action="version", version=f"gateway {version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # none: the help, exit 0
     for name in COMMAND_MODULES:
+        module_name = f"gateway.cli.{MODULE_NAMES.get(name, name)}"
         try:
-            module = importlib.import_module(f"gateway.cli.{name}")
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != f"gateway.cli.{name}":
+            if exc.name != module_name:
                 raise
             continue
         module.register(sub)
@@ -69,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `gateway`: what it can do, not a usage error
+        parser.print_help()
+        return 0
     try:
         log_format, _ = logging_options(os.environ)
         configure_logging(log_format, cli_log_level(args.command, bool(args.verbose), os.environ))

@@ -1,5 +1,7 @@
 """``gateway audit``: read, summarise and verify the audit log: the file named by settings.audit_log, or
-the ``audit_rows`` table when the chain lives in PostgreSQL (GATEWAY_DATABASE_URL), with the same output."""
+the ``audit_rows`` table when the chain lives in PostgreSQL (GATEWAY_DATABASE_URL), with the same output.
+The reader is chosen once (``gateway.store.backends.open_audit_reader``); every subcommand reads
+through it. The Merkle tree's commands (checkpoint, prove, verify-proof) are in ``cli.audit_proofs``."""
 
 from __future__ import annotations
 
@@ -14,21 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.audit.query import read_rows, stats
+from gateway.audit.note import verifier_key
 from gateway.audit.signing import (
     SIGNING_KEY_NAME,
     load_or_create_signing_key,
-    parse_public_key,
     public_key_text,
 )
-from gateway.audit.verify import VerifyReport, verify
-from gateway.cli import add_path_flags, settings_from
+from gateway.audit.verify import VerifyReport
+from gateway.audit.witness import read_witness
+from gateway.cli import add_path_flags, audit_proofs, settings_from
+from gateway.cli.audit_reading import public_key_arg, reading
 from gateway.errors import AuditUnavailable
 
 if TYPE_CHECKING:
-    from gateway.audit.pg_reader import PgAuditReader
-    from gateway.settings import Settings
-    from gateway.store.postgres import PostgresStore
+    pass
 
 _RELATIVE = re.compile(r"(?P<amount>\d+)(?P<unit>[smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -61,15 +62,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               "or all when --since or --until is given)")
     log_cmd.add_argument("--since", type=parse_when, help="ISO-8601 time or an age such as 1h, 2d")
     log_cmd.add_argument("--until", type=parse_when, help="ISO-8601 time or an age such as 30m")
-    for flag in ("target", "tool", "phase", "caller"):
+    for flag in ("target", "tool", "caller"):
         log_cmd.add_argument(f"--{flag}", help=f"only rows whose {flag} is exactly this")
+    log_cmd.add_argument("--phase", "--status", dest="phase", help="only rows whose phase is exactly this "
+                         "(--status is the same filter, for older runbooks)")
     log_cmd.add_argument("--correlation-id", dest="correlation_id", help="only rows of this request")
     log_cmd.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     log_cmd.set_defaults(handler=show_log)
 
     stats_cmd = commands.add_parser("stats", help="count rows by phase, tool, target, caller, outcome")
     add_path_flags(stats_cmd)
-    stats_cmd.add_argument("--since", type=parse_when, help="ISO-8601 time or an age such as 7d")
+    window = stats_cmd.add_mutually_exclusive_group()
+    window.add_argument("--since", type=parse_when, help="ISO-8601 time or an age such as 7d")
+    window.add_argument("--days", type=_days, metavar="N", dest="since",
+                        help="the last N days (the same as --since Nd)")
     stats_cmd.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     stats_cmd.set_defaults(handler=show_stats)
 
@@ -80,15 +86,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--checkpoint", action="store_true",
         help="also check the signed checkpoints beside the log (detects a cut tail or a rewritten history)")
     verify_cmd.add_argument(
-        "--public-key", dest="public_key", type=_public_key, metavar="ed25519:HEX",
-        help="the key checkpoints must be signed with (as `gateway audit key` printed it); default: the key "
-             f"in the state directory ({SIGNING_KEY_NAME}) when readable, else the first checkpoint's")
+        "--public-key", dest="public_key", type=public_key_arg, metavar="KEY",
+        help="the key checkpoints must be signed with, as `gateway audit key` (ed25519:HEX) or `gateway "
+             "audit key --note` printed it; default: the key in the state directory "
+             f"({SIGNING_KEY_NAME}) when readable, else the first checkpoint's")
+    verify_cmd.add_argument(
+        "--witness", type=Path, metavar="FILE_OR_DIR",
+        help="checkpoint notes a witness kept (a file of notes, or a directory such as "
+             "GATEWAY_AUDIT_WITNESS_DIR): fail, naming the first one, unless the log still extends every one")
+    verify_cmd.add_argument("--json", action="store_true", help="print the report as one JSON object")
     verify_cmd.set_defaults(handler=run_verify)
 
     key_cmd = commands.add_parser(
         "key", help="print the public key audit checkpoints are signed with (pin it off this host)")
     add_path_flags(key_cmd)
+    key_cmd.add_argument("--note", action="store_true",
+                         help="print it as a signed-note verifier key (<name>+<id>+<key>, as Go's sumdb/note "
+                              "reads it), named by the log's origin (GATEWAY_AUDIT_ORIGIN)")
     key_cmd.set_defaults(handler=show_key)
+
+    audit_proofs.register(commands)
 
 
 # -- log ----------------------------------------------------------------------------------------------
@@ -141,17 +158,13 @@ def _row_limit(args: argparse.Namespace) -> int | None:
 
 
 def show_log(args: argparse.Namespace) -> int:
-    if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
-        return _show_table_log(args, shared)
-    path = shared.audit_log
     limit = _row_limit(args)
-    try:
-        rows = read_rows(path, last=limit, since=args.since, until=args.until,
-                         target=args.target, tool=args.tool, phase=args.phase, caller=args.caller,
-                         correlation_id=args.correlation_id)
-    except OSError as exc:
-        return _unreadable(path, exc)
-    return print_rows(rows, args, limit, where=path)
+    with reading(args) as (reader, failed):
+        rows = reader.rows(last=limit, since=args.since, until=args.until, target=args.target, tool=args.tool,
+                           phase=args.phase, caller=args.caller, correlation_id=args.correlation_id)
+    if failed:
+        return 1
+    return print_rows(rows, args, limit, where=reader.where)
 
 
 def print_rows(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace, limit: int | None, *,
@@ -184,14 +197,17 @@ def render_stats(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _days(text: str) -> datetime:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days")
+    return datetime.now(UTC) - timedelta(days=int(text))
+
+
 def show_stats(args: argparse.Namespace) -> int:
-    if (shared := settings_from(args)).database_url:  # the chain is in PostgreSQL
-        return _show_table_stats(args, shared)
-    path = shared.audit_log
-    try:
-        summary = stats(path, since=args.since)
-    except OSError as exc:
-        return _unreadable(path, exc)
+    with reading(args) as (reader, failed):
+        summary = reader.stats(since=args.since)
+    if failed:
+        return 1
     print(json.dumps(summary, ensure_ascii=False) if args.json else render_stats(summary))
     return 0
 
@@ -219,14 +235,7 @@ def describe(report: VerifyReport) -> list[str]:
     return lines
 
 
-def _public_key(text: str) -> Ed25519PublicKey:
-    try:
-        return parse_public_key(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _state_key(key_file: Path) -> Ed25519PublicKey | None:
+def state_key(key_file: Path) -> Ed25519PublicKey | None:
     """The public half of the signing key (``Settings.signing_key_file``), when there is one to read."""
     if not key_file.is_file():
         return None
@@ -254,27 +263,89 @@ def describe_checkpoints(report: VerifyReport) -> list[str]:
             f"first failure{more}: {checkpoint.first_fault}"]
 
 
+def describe_witness(report: VerifyReport) -> list[str]:
+    witness = report.witness
+    if witness is None:
+        return []
+    if witness.ok:
+        return [f"witness: OK: the log extends all {witness.checked} witnessed checkpoints"]
+    more = f" (and {len(witness.faults) - 1} more)" if len(witness.faults) > 1 else ""
+    return ["witness: FAILED: the log no longer extends what a witness saw (a rollback or a split view)",
+            f"first inconsistent checkpoint{more}: {witness.first_fault}"]
+
+
+def report_json(report: VerifyReport) -> dict[str, Any]:
+    """``verify --json``: the report as plain values (faults as {where, reason, detail})."""
+    def fault(value: Any) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        where = getattr(value, "file", None) or getattr(value, "where", None)
+        place = ({"line": value.line} if hasattr(value, "line")
+                 else {"tree_size": getattr(value, "size", None)})
+        return {"where": str(where) if where is not None else None, **place, "reason": value.reason,
+                "detail": value.detail}
+
+    checkpoint = report.checkpoint
+    witness = report.witness
+    return {
+        "ok": report.ok, "rows": report.rows, "first_seq": report.first_seq, "last_seq": report.last_seq,
+        "files": [str(f) for f in report.files], "problems": report.problems,
+        "first_broken_line": fault(report.first_broken_line), "torn_last_line": fault(report.torn_last_line),
+        "starts_after_rotation": report.starts_after_rotation,
+        "checkpoint": None if checkpoint is None else {
+            "ok": checkpoint.ok, "checked": checkpoint.checked, "skipped": checkpoint.skipped,
+            "last_seq": checkpoint.last_seq, "public_key": checkpoint.public_key,
+            "faults": [fault(f) for f in checkpoint.faults]},
+        "witness": None if witness is None else {
+            "ok": witness.ok, "checked": witness.checked, "faults": [fault(f) for f in witness.faults]},
+    }
+
+
 def run_verify(args: argparse.Namespace) -> int:
-    if (settings := settings_from(args)).database_url:  # the chain is in PostgreSQL
-        return _verify_table(args, settings)
-    path = settings.audit_log
+    settings = settings_from(args)
     pinned: Ed25519PublicKey | None = args.public_key
-    if args.checkpoint and pinned is None:
-        pinned = _state_key(settings.signing_key_file)
+    if (args.checkpoint or args.witness) and pinned is None:
+        pinned = state_key(settings.signing_key_file)
     try:
-        report = verify(path, checkpoints=args.checkpoint, public_key=pinned)
-    except OSError as exc:
-        return _unreadable(path, exc)
-    if not report.files:
-        print(f"no audit log at {path} (check GATEWAY_AUDIT_LOG / --audit-log)", file=sys.stderr)
+        witness = read_witness(args.witness) if args.witness is not None else None
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"gateway: cannot read the witness {args.witness}: {exc}", file=sys.stderr)
         return 1
-    lines = [line for line in (*describe(report), *describe_checkpoints(report)) if line]
-    print("\n".join(lines))
-    return 0 if report.ok else 1
+    with reading(args, settings) as (reader, failed):
+        report = reader.verify(checkpoints=args.checkpoint, public_key=pinned, witness=witness)
+    if failed:
+        return 1
+    if not report.files and not report.rows and not args.json:
+        print(f"no audit log at {reader.where} (check GATEWAY_AUDIT_LOG / --audit-log, or "
+              "GATEWAY_DATABASE_URL)", file=sys.stderr)
+        if witness is None:
+            return 1
+    if args.json:
+        print(json.dumps(report_json(report), ensure_ascii=False))
+        return 0 if report.ok and report.rows else 1
+    lines = [line for line in (*describe(report), *describe_checkpoints(report), *describe_witness(report))
+             if line]
+    good = [line for line in lines if not _is_failure(line)]
+    bad = [line for line in lines if _is_failure(line)]
+    if good:
+        print("\n".join(good))
+    if bad:
+        print("\n".join(bad), file=sys.stderr)
+    return 0 if report.ok and report.rows else 1
+
+
+#: what a failed verification prints goes to stderr (scripts read stdout; BROKEN is not output)
+_FAILURE_PREFIXES = ("BROKEN:", "first broken line", "checkpoints: FAILED", "first failure",
+                     "witness: FAILED", "first inconsistent checkpoint")
+
+
+def _is_failure(line: str) -> bool:
+    return line.startswith(_FAILURE_PREFIXES)
 
 
 def show_key(args: argparse.Namespace) -> int:
-    key_file = settings_from(args).signing_key_file
+    settings = settings_from(args)
+    key_file = settings.signing_key_file
     if not key_file.is_file():
         print(f"gateway: no audit signing key at {key_file}; the gateway creates it on its first "
               "checkpoint (GATEWAY_AUDIT_SIGNING_KEY_FILE names it; default in GATEWAY_HOME)",
@@ -285,69 +356,6 @@ def show_key(args: argparse.Namespace) -> int:
     except (OSError, ValueError, AuditUnavailable) as exc:
         print(f"gateway: cannot read the audit signing key {key_file}: {exc}", file=sys.stderr)
         return 1
-    print(public_key_text(key.public_key()))
+    public = key.public_key()
+    print(verifier_key(settings.audit_origin, public) if args.note else public_key_text(public))
     return 0
-
-
-def _unreadable(path: object, exc: OSError) -> int:
-    print(f"gateway: cannot read the audit log {path}: {exc.strerror or exc}", file=sys.stderr)
-    return 1
-
-
-# -- the chain in PostgreSQL (GATEWAY_DATABASE_URL): the same output, read from the audit_rows table ------
-
-
-def _table_reader(settings: Settings) -> tuple[PostgresStore, PgAuditReader]:
-    """The audit table's reader on its own small pool (imported here: only PostgreSQL mode needs it)."""
-    from gateway.audit.pg_reader import PgAuditReader
-    from gateway.store.postgres import PostgresStore
-
-    assert settings.database_url is not None
-    store = PostgresStore(settings.database_url, max_size=2)
-    return store, PgAuditReader(store)
-
-
-def _show_table_log(args: argparse.Namespace, settings: Settings) -> int:
-    store, reader = _table_reader(settings)
-    limit = _row_limit(args)
-    try:
-        rows = reader.rows(last=limit, since=args.since, until=args.until, target=args.target, tool=args.tool,
-                           phase=args.phase, caller=args.caller, correlation_id=args.correlation_id)
-    except AuditUnavailable as exc:
-        print(f"gateway: {exc.message}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-    return print_rows(rows, args, limit, where=reader.where)
-
-
-def _show_table_stats(args: argparse.Namespace, settings: Settings) -> int:
-    store, reader = _table_reader(settings)
-    try:
-        summary = reader.stats(since=args.since)
-    except AuditUnavailable as exc:
-        print(f"gateway: {exc.message}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-    print(json.dumps(summary, ensure_ascii=False) if args.json else render_stats(summary))
-    return 0
-
-
-def _verify_table(args: argparse.Namespace, settings: Settings) -> int:
-    pinned = args.public_key
-    if args.checkpoint and pinned is None:
-        pinned = _state_key(settings.signing_key_file)
-    store, reader = _table_reader(settings)
-    try:
-        report = reader.verify(checkpoints=args.checkpoint, public_key=pinned)
-    except AuditUnavailable as exc:
-        print(f"gateway: {exc.message}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-    if not report.rows:
-        print(f"no audit rows in {reader.where} (check GATEWAY_DATABASE_URL)", file=sys.stderr)
-        return 1
-    print("\n".join(line for line in (*describe(report), *describe_checkpoints(report)) if line))
-    return 0 if report.ok else 1

@@ -14,7 +14,7 @@ channel's missing ``secret_env``/``url_env`` variable are ``warning:`` lines (ex
 Exit 1 on any problem.
 
 ``--json`` prints one object instead: ``{"ok": bool, "problems": [str], "warnings": [str],
-"files": [{"file": "targets"|"rules"|"roles"|"notifications", "path": str,
+"files": [{"file": "targets"|"rules"|"roles"|"notifications"|"identity", "path": str,
 "status": "ok"|"error"|"absent", "summary": str}]}``.
 """
 
@@ -36,6 +36,7 @@ from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.guard.policy.read_filter import unreachable_rules
 from gateway.guard.policy.store import PolicyStore
+from gateway.identity.config import load_identity
 from gateway.role import BUILTIN_ROLES
 from gateway.settings import Settings
 from gateway.tools.registry import tool_categories
@@ -167,6 +168,7 @@ def survey(settings: Settings, strict: bool) -> Report:
     else:
         report.file("roles", roles, "absent", f"roles: {roles} absent; built-in roles reader and admin only")
     check_notifications(settings, report, strict)
+    check_identity(settings.identity_file, report, role_names)
     known = KnownNames.of(targets, role_names, tool_categories())
     report.problems += [str(u) for u in unknown_names(refs, known)]
     report.problems = list(dict.fromkeys(report.problems))
@@ -190,3 +192,23 @@ def run(args: argparse.Namespace) -> int:
     if report.problems:
         print(f"gateway check: {len(report.problems)} problem(s); fix them and run it again", file=sys.stderr)
     return 1 if report.problems else 0
+
+
+def check_identity(path: Path | None, report: Report, role_names: list[str]) -> None:
+    """identity.yaml (absent: gateway tokens only, and nothing to say), and every role its mappings name."""
+    if path is None:
+        return
+    try:
+        config = load_identity(path)
+    except ConfigProblems as exc:
+        report.problems += exc.problems
+        report.file("identity", path, "error", f"identity: {path} has problems")
+        return
+    if config is None:
+        return
+    report.problems += [
+        f"{where}: issuer {i.issuer}: roles: {value!r} maps to the role {role!r}, which is not defined; "
+        "define it in roles.yaml or map to another role"
+        for i in config.issuers for (value, role), where in zip(i.roles, i.role_places, strict=True)
+        if role not in role_names]
+    report.file("identity", path, "ok", f"identity: {path} ok ({len(config.issuers)} issuer(s))")

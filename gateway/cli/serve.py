@@ -22,8 +22,10 @@ from starlette.types import ASGIApp
 
 from gateway.cli import add_path_flags, settings_from
 from gateway.errors import ConfigError, InvalidArgument
+from gateway.server import bootstrap_token
 from gateway.server.app import GatewayServer, build_app, self_check, uvicorn_config
 from gateway.server.edge import EdgeConfig, is_loopback, split_authority
+from gateway.server.hangup import Hangup
 from gateway.server.mcp import serve_stdio
 from gateway.server.tls import server_context
 from gateway.settings import Settings
@@ -119,7 +121,8 @@ def require_token(store: Any) -> None:
     now = time.time()
     if not any(record.usable(now) for record in store.list_tokens()):
         raise ConfigError("no usable bearer token exists, so no client could connect; create one with "
-                          "`gateway token create NAME --role admin`")
+                          "`gateway token create NAME --role admin` (in a container or pod: set "
+                          "GATEWAY_BOOTSTRAP_TOKEN_FILE, see deploy/README.md)")
 
 
 def edge_config(args: argparse.Namespace) -> EdgeConfig:
@@ -176,7 +179,9 @@ def run(args: argparse.Namespace) -> int:
     if args.transport == "stdio":
         anyio.run(lambda: serve_stdio(gateway, version=_version()))
         return 0
-    require_token(gateway.store)
+    bootstrap_token.adopt(gateway.store, settings.bootstrap_token_file, gateway.trail.write_or_wait)
+    if gateway.identity is None:  # with identity.yaml, callers may all come from the identity provider
+        require_token(gateway.store)
     config = edge_config(args)
     context = server_context(args.cert, args.key) if args.transport == "https" else None
     app = build_app(gateway, config, version=_version(), web=_web_app(gateway) if settings.web_ui else None,
@@ -189,5 +194,10 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info("serving MCP over %s at /mcp for %s", args.transport,
              ", ".join(h.authority() for h in config.hosts))
-    server.run()
+    hangup = Hangup(gateway)  # SIGHUP (systemctl reload) re-reads rules and roles instead of ending it
+    hangup.install()
+    try:
+        server.run()
+    finally:
+        hangup.uninstall()
     return 0

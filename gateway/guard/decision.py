@@ -101,11 +101,25 @@ class Proposed:
     proposer: str
     target: str
     id: str | None = None
+    #: the person an agent made it for (``acting_for_of``): that person may not decide it either
+    acting_for: str | None = None
 
     @classmethod
     def of(cls, proposal: Any) -> Proposed:
         """From a stored proposal (``gateway.proposals.Proposal``)."""
-        return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id)
+        return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id,
+                   acting_for=acting_for_of(proposal.caller))
+
+
+#: an agent acting for a person (an identity provider's token carrying that person's subject, used by
+#: an MCP client) is named ``<person> via <client>``; a gateway token's name never holds a space
+ACTING_FOR: Final = " via "
+
+
+def acting_for_of(caller: str) -> str | None:
+    """The person an agent named ``<person> via <client>`` acts for, else None."""
+    person, sep, client = caller.partition(ACTING_FOR)
+    return person if sep and person and client else None
 
 
 @dataclass(frozen=True)
@@ -219,7 +233,7 @@ def proposal_rights(viewer: Party, proposed: Proposed) -> ProposalRights:
     and a second approval by the same person or a role outside ``approver_roles`` is refused the same
     way, with its own reason code.)"""
     role = viewer.role
-    own = viewer.name == proposed.proposer
+    own = viewer.name in (proposed.proposer, proposed.acting_for)
     see = role is not None and role.permits_target(proposed.target) and (own or role.approve != "none")
     refusal = _decider_refusal(viewer, proposed, see=see, own=own)
     return ProposalRights(see=see, approve=refusal, deny=refusal)
@@ -248,7 +262,8 @@ def _decider_refusal(viewer: Party, proposed: Proposed, *, see: bool, own: bool)
     if own:
         return _refuse(
             "forbidden",
-            "you proposed this, and nobody approves or denies their own proposal whatever their role; ask "
+            "you proposed this (or an agent acting for you did), and nobody approves or denies their own "
+            "proposal whatever their role; ask "
             "another approver (its proposer may cancel it with cancel_action)",
             "approve:own", reason_code="own_proposal", proposal_id=proposed.id,
         )
@@ -355,7 +370,8 @@ def _role(f: Facts) -> Verdict | None:
     if f.entry in (Entry.APPROVE, Entry.DENY):
         if f.owner is None or f.target is None:  # a proposal always has both: fail closed
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
-        rights = proposal_rights(f.actor, Proposed(f.owner.name, f.target, f.proposal_id))
+        rights = proposal_rights(f.actor, Proposed(f.owner.name, f.target, f.proposal_id,
+                                                   acting_for=acting_for_of(f.owner.name)))
         return rights.approve if f.entry is Entry.APPROVE else rights.deny
     if f.entry is Entry.LOCAL:
         if not tool_permitted(role, f.tool, f.category, f.change_tools):

@@ -8,8 +8,12 @@
                reasons name no target, path or secret)
     /metrics   Prometheus exposition (text, or OpenMetrics when asked), token required
     /.well-known/oauth-*   404 saying this server takes bearer tokens from `gateway token create`,
-               no token (so a client's OAuth discovery ends with that message)
+               no token (so a client's OAuth discovery ends with that message); with identity.yaml
+               the two oauth-protected-resource paths serve RFC 9728 metadata instead
     /ui        the approval page, when given (it authenticates with its own cookie)
+    /audit/checkpoint, /audit/proof/inclusion, /audit/proof/consistency
+               the audit log's signed checkpoint and Merkle proofs, token required, for roles that may
+               read the audit (``gateway.server.audit_proofs``)
 
 MCP sessions are bounded per token and in total (``BoundedSessionManager``); uvicorn runs with a
 protocol that closes connections whose request headers crawl in (``header_deadline_protocol``).
@@ -51,10 +55,14 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.audit.metrics import audit_families
 from gateway.errors import ConfigError
+from gateway.identity.service import PRM_PATH, IdentityService
 from gateway.server import edge
+from gateway.server.audit_proofs import ProofGateway, audit_proof_routes
 from gateway.server.edge import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
 from gateway.server.metrics import Metrics, target_families
+from gateway.server.oauth_edge import OAuthGate
+from gateway.tools.registry import tool_categories
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +109,8 @@ def _edge_stack(gateway: AppGateway, config: EdgeConfig, gate: DrainGate,
                 refusals: RefusalAudit) -> list[Middleware]:
     """The middleware, outermost first (see the ``edge`` module docstring for what each refuses)."""
     metrics = gateway.metrics
+    identity: IdentityService | None = getattr(gateway, "identity", None)
+    oauth = None if identity is None else OAuthGate(identity, tool_categories(), surface=config.surface)
     return [
         Middleware(edge.CorrelationIdMiddleware, hsts=config.surface == "https",
                    quiet_paths=config.open_paths),
@@ -114,7 +124,7 @@ def _edge_stack(gateway: AppGateway, config: EdgeConfig, gate: DrainGate,
         # authentication before admission: bad tokens are refused within their own budget and never
         # take one of the slots of authenticated requests
         Middleware(edge.BearerAuthMiddleware, authenticator=gateway.authenticator, config=config,
-                   metrics=metrics, refusals=refusals),
+                   metrics=metrics, refusals=refusals, oauth=oauth),
         Middleware(edge.ConcurrencyLimitMiddleware, limit=config.max_concurrent_requests, config=config,
                    metrics=metrics),
     ]
@@ -181,15 +191,30 @@ def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
                                                             request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
-    async def no_oauth(_request: Request) -> Response:
-        return JSONResponse({"error": {"code": "not_found", "message": edge.TOKEN_HINT}}, status_code=404)
-
     return [
         Route("/healthz", healthz, methods=["GET", "HEAD"]),
         Route("/readyz", readyz, methods=["GET", "HEAD"]),
         Route("/metrics", metrics, methods=["GET"]),
-        *(Route(path, no_oauth, methods=["GET"]) for path in sorted(OAUTH_DISCOVERY)),
+        *_discovery_routes(gateway),
     ]
+
+
+def _discovery_routes(gateway: AppGateway) -> list[BaseRoute]:
+    async def no_oauth(_request: Request) -> Response:
+        return JSONResponse({"error": {"code": "not_found", "message": edge.TOKEN_HINT}}, status_code=404)
+
+    identity: IdentityService | None = getattr(gateway, "identity", None)
+
+    async def resource_metadata(_request: Request) -> Response:
+        assert identity is not None
+        return JSONResponse(identity.metadata(), headers={"cache-control": "max-age=300"})
+
+    def discovery(path: str) -> Callable[[Request], Any]:
+        """RFC 9728 metadata when identity.yaml names providers; this gateway is never itself an
+        authorization server, so its own RFC 8414 / OpenID paths stay 404."""
+        return resource_metadata if identity is not None and path.startswith(PRM_PATH) else no_oauth
+
+    return [Route(path, discovery(path), methods=["GET"]) for path in sorted(OAUTH_DISCOVERY)]
 
 
 def _owner(context: AuthorizationContext | None) -> tuple[str, str | None]:
@@ -304,6 +329,8 @@ def build_app(
     # cap single server-sent events (the SDK at 1 MiB), and a large inventory answer exceeds that
     mcp_endpoint = AnswerAsJson(StreamableHTTPASGIApp(manager))
     routes: list[BaseRoute] = [Route("/mcp", mcp_endpoint), *_probe_routes(gateway)]
+    if isinstance(gateway, ProofGateway):  # the audit log's checkpoint and proofs (server/audit_proofs.py)
+        routes.extend(audit_proof_routes(gateway))
     if web is not None:
         routes.append(Mount("/ui", app=web))
     app = Starlette(routes=routes, middleware=_edge_stack(gateway, config, gate, refusals), lifespan=lifespan)

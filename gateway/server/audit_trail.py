@@ -46,11 +46,15 @@ class AuditTrail:
         self.where = where
         self.waiting: collections.deque[dict[str, Any]] = collections.deque()
         self._flushing = threading.Lock()
+        #: called with each row as written (stamped: seq, prev, hash), in the writing thread, after the
+        #: sink took it: the one hook for forwarding rows elsewhere (a log pipeline). A listener must not
+        #: block or raise; a failure is logged and never fails the row
+        self.written: list[Callable[[Mapping[str, Any]], None]] = []
 
     def write_quietly(self, row: Mapping[str, Any]) -> None:
         """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
         try:
-            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+            self._written(self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS))
         except AuditUnavailable:
             log.error("the audit log could not record the load of %s", row.get("path"))
 
@@ -174,7 +178,7 @@ class AuditTrail:
     def write_row(self, row: Mapping[str, Any]) -> None:
         try:
             # the sink gives up on its locks first, so a refused row is never appended late
-            self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
+            written = self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS)
         except AuditUnavailable:
             raise
         except Exception as exc:  # any failure to record is a refusal, never a silent pass
@@ -182,3 +186,14 @@ class AuditTrail:
             raise AuditUnavailable(
                 f"audit log {self.where} could not record the call; see the server log"
             ) from exc
+        self._written(written)
+
+    def _written(self, row: Any) -> None:
+        """Hand a row the sink wrote to the ``written`` listeners."""
+        if not isinstance(row, Mapping):
+            return
+        for listener in list(self.written):
+            try:
+                listener(row)
+            except Exception:
+                log.exception("an audit row listener failed (the row is in the log)")

@@ -10,6 +10,7 @@ from gateway.config import Target
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.calls import Calls
 from gateway.server.facts import FactsNow
+from gateway.server.idempotency import Idempotency
 from gateway.server.metrics import Metrics, sample_families
 from gateway.server.moves import Moves
 from gateway.server.proposal_flow import ProposalFlow
@@ -59,4 +60,6 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
     writes.proposer = proposals
     calls.route(read=reads.read, write=writes.write,
                 local={"list_targets": reads.list_targets, **proposals.handlers()})
+    calls.around = Idempotency(backends.keys, trail, backends.instance,
+                               window=settings.idempotency_window_seconds).wrap
     return CallPath(trail, moves, calls, reads, writes, proposals, mirrors, read_rules)

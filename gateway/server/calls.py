@@ -82,6 +82,8 @@ class Calls:
         self.local: dict[str, Handler] = {}
         self._read: Handler | None = None
         self._write: Handler | None = None
+        #: what every handler is wrapped in (the idempotency keys of changes, ``server.idempotency``)
+        self.around: Callable[[ToolSpec, Handler], Handler] | None = None
 
     def route(self, *, read: Handler, write: Handler, local: Mapping[str, Handler]) -> None:
         self._read, self._write = read, write
@@ -227,11 +229,9 @@ class Calls:
         raise exc
 
     def _handler_for(self, spec: ToolSpec) -> Handler:
-        if spec.name in self.local:
-            return self.local[spec.name]
-        handler = self._read if spec.kind is Category.READ else self._write
+        handler = self.local.get(spec.name) or (self._read if spec.kind is Category.READ else self._write)
         assert handler is not None  # the runtime routes reads and writes before the first call
-        return handler
+        return self.around(spec, handler) if self.around is not None else handler
 
     async def refuse_unless_audit_writable(
         self, ctx: CallContext, args: Mapping[str, Any], **fields: Any

@@ -57,6 +57,8 @@ class CallContext:
     client: str | None = None
     #: the tool that acts on a proposal (confirm_action, approve, ...) when rows name the change itself
     via: str | None = None
+    #: the call's idempotency key (``gateway.server.idempotency``), named in each of its rows
+    idempotency_key: str | None = None
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -76,6 +78,7 @@ class CallContext:
             "client": self.client,
             "correlation_id": self.correlation_id,
             "via": self.via,
+            "idempotency_key": self.idempotency_key,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
         }
         base.update({k: v for k, v in fields.items() if v is not None})

@@ -18,7 +18,11 @@ Outermost first (composed in ``gateway.server.app.build_app``)::
                       being checked (their own budget: a token already proven skips it); a valid token
                       becomes the SDK's AuthenticatedUser, so get_access_token() works in handlers and
                       each MCP session stays bound to the token that opened it. Refused tokens are
-                      counted per (source, reason) and audited in aggregate (``RefusalAudit``)
+                      counted per (source, reason) and audited in aggregate (``RefusalAudit``).
+                      With identity.yaml, a bearer token that is not a ``gwt_`` one is an identity
+                      provider's JWT (``gateway.server.oauth_edge``): 401s then carry
+                      ``resource_metadata`` and ``scope``; 403 for an unmapped identity or a missing
+                      scope (``error="insufficient_scope"``), 503 naming a provider with no usable keys
     ConcurrencyLimit  503 beyond the limit of authenticated requests in progress (long-lived event
                       streams excepted): a flood of bad tokens is refused above and never takes a slot
 
@@ -54,6 +58,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth.tokens import TOKEN_PREFIX, Principal, Verdict
 from gateway.errors import GatewayError, InvalidArgument, StateUnavailable
+from gateway.identity.service import IdentityRefusal
+from gateway.server.oauth_edge import OAuthGate, claims_of, refusal_code
+from gateway.vocabulary import Kind
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("gateway.access")
@@ -69,6 +76,11 @@ _QUERY_TOKEN_KEYS: Final = frozenset({"access_token", "token"})
 TOKEN_HINT: Final = ("this gateway needs a bearer token made with `gateway token create NAME --role ROLE` "
                      "by its operator; send it as 'Authorization: Bearer <token>' (MCP Inspector: --header "
                      "'Authorization: Bearer <token>'); it offers no OAuth sign-in")
+#: what a client without a token is told when identity.yaml names identity providers
+IDP_HINT: Final = ("sign in with your organisation's identity provider: an MCP client follows the "
+                   "WWW-Authenticate header's resource_metadata to this gateway's protected resource "
+                   "metadata "
+                   "and its authorization servers; a gateway token (`gateway token create`) works as well")
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "::1")
 
@@ -488,12 +500,18 @@ class DrainMiddleware:
 # ---------------------------------------------------------------------------- authentication
 
 
-def access_token_for(principal: Principal) -> AccessToken:
+def access_token_for(principal: Principal, *, idp: bool = False) -> AccessToken:
     """The SDK's view of a caller. ``subject`` is the token id, so a session opened with one token
-    cannot be continued with another token of the same name (the SDK compares both)."""
+    cannot be continued with another token of the same name (the SDK compares both); a caller from an
+    identity provider (``idp``) keeps its session across its refreshed tokens."""
+    claims: dict[str, Any] = {"gateway_role": principal.role, "gateway_surface": principal.surface}
+    if idp:
+        claims.update(claims_of(principal))
+        return AccessToken(token=principal.name, client_id=principal.name,
+                           scopes=sorted(principal.scopes or ()), subject=f"idp:{principal.name}",
+                           claims=claims)
     return AccessToken(token=principal.token_id or principal.name, client_id=principal.name, scopes=[],
-                       subject=principal.token_id,
-                       claims={"gateway_role": principal.role, "gateway_surface": principal.surface})
+                       subject=principal.token_id, claims=claims)
 
 
 def principal_of(access: AccessToken) -> Principal | None:
@@ -501,6 +519,11 @@ def principal_of(access: AccessToken) -> Principal | None:
     role, surface = claims.get("gateway_role"), claims.get("gateway_surface")
     if not isinstance(role, str) or not isinstance(surface, str):
         return None
+    if claims.get("gateway_idp") is True:
+        scopes, acting_for = claims.get("gateway_scopes"), claims.get("gateway_acting_for")
+        return Principal(name=access.client_id, role=role, surface=surface, kind=Kind(claims["gateway_kind"]),
+                         acting_for=acting_for if isinstance(acting_for, str) else None,
+                         scopes=frozenset(scopes) if isinstance(scopes, list) else None)
     return Principal(name=access.client_id, role=role, token_id=access.subject, surface=surface)
 
 
@@ -597,6 +620,8 @@ class BearerAuthMiddleware:
     config: EdgeConfig
     metrics: Counter
     refusals: RefusalAudit | None = None
+    #: identity provider tokens (identity.yaml); None: gateway tokens only, as without the file
+    oauth: OAuthGate | None = None
     _challenge: str = field(default=f'Bearer realm="{REALM}"', init=False)
     #: checks in progress of tokens not proven yet (on the event loop only: no lock needed)
     _unverified: int = field(default=0, init=False)
@@ -612,15 +637,39 @@ class BearerAuthMiddleware:
         token = _bearer(Headers(scope=scope))
         if token is None:
             self._refused(client, "missing")
+            hint = TOKEN_HINT if self.oauth is None else IDP_HINT
             await refuse(scope, receive, send, 401, "unauthorized",
-                         f"a bearer token is required: {TOKEN_HINT}",
-                         headers={"WWW-Authenticate": self._missing})
+                         f"a bearer token is required: {hint}",
+                         headers={"WWW-Authenticate": self._missing if self.oauth is None
+                                  else self.oauth.missing_challenge()})
+            return
+        if self.oauth is not None and not token.startswith(TOKEN_PREFIX):
+            await self._identity_call(scope, receive, send, client, token)
             return
         verdict = await self._admitted_check(token, client)
         if verdict.principal is None:
             await self._refuse_token(scope, receive, send, client, verdict)
             return
-        access = access_token_for(replace(verdict.principal, surface=self.config.surface))
+        await self._serve(scope, receive, send, access_token_for(replace(verdict.principal,
+                                                                         surface=self.config.surface)))
+
+    async def _identity_call(self, scope: Scope, receive: Receive, send: Send, client: str,
+                             token: str) -> None:
+        """A token from an identity provider (``gateway.server.oauth_edge``)."""
+        assert self.oauth is not None
+        try:
+            principal, receive = await self.oauth.check(scope, receive, token)
+        except IdentityRefusal as refusal:
+            self._refused(client, f"idp_{refusal.reason}")
+            headers = {"WWW-Authenticate": refusal.challenge} if refusal.challenge else {}
+            if refusal.retry_after is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after)))
+            await refuse(scope, receive, send, refusal.status, refusal_code(refusal), refusal.message,
+                         headers=headers)
+            return
+        await self._serve(scope, receive, send, access_token_for(principal, idp=True))
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, access: AccessToken) -> None:
         user = AuthenticatedUser(access)
         scope["user"], scope["auth"] = user, AuthCredentials(access.scopes)
         reset = auth_context_var.set(user)
@@ -672,7 +721,9 @@ class BearerAuthMiddleware:
         else:
             log.debug("refused a token (%s) from %s (correlation id %s)", verdict.reason, client,
                       correlation_id_var.get())
+            challenge = (f'{self._challenge}, error="invalid_token"' if self.oauth is None
+                         else self.oauth.invalid_challenge())
             await refuse(scope, receive, send, 401, "unauthorized",
                          "the bearer token is invalid, expired or revoked; ask the gateway's operator for a "
                          "new one (`gateway token create`)",
-                         headers={"WWW-Authenticate": f'{self._challenge}, error="invalid_token"'})
+                         headers={"WWW-Authenticate": challenge})

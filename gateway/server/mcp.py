@@ -45,6 +45,8 @@ from gateway.errors import GatewayError, Unauthorized
 from gateway.guard.decision import sees_target_addresses
 from gateway.server.context import client_of, mcp_client_var
 from gateway.server.edge import correlation_id_var
+from gateway.server.idempotency import key_from_meta
+from gateway.server.tasks import TASK_TOOLS, TaskRunner
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -127,6 +129,7 @@ def tool_of(spec: ToolSpec) -> types.Tool:
     return types.Tool(
         name=spec.name, description=spec.description, input_schema=spec.input_schema(),
         annotations=types.ToolAnnotations.model_validate(spec.annotations()),
+        execution=types.ToolExecution(task_support="optional") if spec.name in TASK_TOOLS else None,
     )
 
 
@@ -178,7 +181,8 @@ class _Handlers:
         mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
         with self.in_flight:
             try:
-                answer = await self.gateway.answer(principal, params.name, params.arguments or {},
+                arguments = key_from_meta(ctx.meta, params.arguments or {})  # the argument wins
+                answer = await self.gateway.answer(principal, params.name, arguments,
                                                    progress=sink, correlation_id=correlation_id)
                 return success_result(answer)
             except GatewayError as exc:
@@ -237,6 +241,11 @@ def build_mcp_server(
         on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
     )
     server.middleware.append(_PerCallerInstructions(handlers))
+    backends, settings = getattr(gateway, "backends", None), getattr(gateway, "settings", None)
+    trail = getattr(gateway, "trail", None)
+    if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
+        TaskRunner(gateway.answer, backends.tasks, principal_of, instance=backends.instance, trail=trail,
+                   keep_seconds=settings.task_keep_seconds).install(server)
     return server
 
 

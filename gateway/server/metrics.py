@@ -39,6 +39,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from gateway.identity.service import IDP_REFUSALS
+
 log = logging.getLogger(__name__)
 
 #: histogram bucket upper bounds in seconds: vSphere calls range from milliseconds to many minutes
@@ -48,7 +50,7 @@ UNKNOWN: Final = "unknown"
 OUTCOMES: Final = frozenset({"ok", "error", "denied"})
 AUTH_REASONS: Final = frozenset({"missing", "malformed", "unknown_token", "invalid", "revoked", "expired",
                                  "throttled", "busy",
-                                 "unavailable"})
+                                 "unavailable"}) | IDP_REFUSALS
 REFUSAL_REASONS: Final = frozenset({"host", "origin", "headers_too_large", "body_too_large",
                                     "receive_timeout",
                                     "overloaded", "token_in_query", "draining", "header_timeout", "sessions"})

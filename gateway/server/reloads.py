@@ -29,6 +29,7 @@ from gateway.config import Target
 from gateway.errors import ConfigError, GatewayError
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.store import RulesLoad
+from gateway.identity.service import IdentityService, open_identity
 from gateway.settings import Settings
 
 PHASE: Final = "config_reload"
@@ -214,3 +215,19 @@ def with_servers_notifications(settings: Settings, reader: AuditReader) -> Setti
     except (OSError, ValueError, GatewayError):
         return settings
     return replace(settings, notifications_file=found) if found is not None and found.exists() else settings
+
+
+def load_identity(path: Path | None, audit: Callable[[Mapping[str, Any]], None],
+                  write: Callable[[dict[str, Any]], None]) -> IdentityService | None:
+    """identity.yaml (``gateway.identity``), its load audited like the other files; None without it."""
+    if path is None or not path.is_file():
+        return None
+
+    def summary(service: IdentityService | None) -> Summary:
+        if service is None:
+            return {}
+        web = service.config.web_sign_in
+        return {"issuers": {i.issuer: i.audience for i in service.config.issuers},
+                "web_sign_in": {web.client_id: web.issuer} if web is not None else {}}
+
+    return load_audited("identity", path, lambda: open_identity(path, audit), summary, write)

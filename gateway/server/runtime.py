@@ -49,7 +49,7 @@ from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.settings import Settings
-from gateway.store.backends import Backends, open_backends
+from gateway.store.backends import AuditReader, Backends, open_backends
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
 
@@ -94,6 +94,8 @@ class Gateway(GatewayFacade):
                                       metrics=self.metrics, trail=trail)
         self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
         self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
+        # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
+        self.identity = reloads.load_identity(settings.identity_file, self.trail_write, self.config_row)
         # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
         self.notifier: Notifier | None = None
         path = settings.notifications_file
@@ -102,6 +104,9 @@ class Gateway(GatewayFacade):
             self.notifier = reloads.load_audited(
                 "notifications", path, lambda: notifier_for(path, settings.notify_env, write, [self]),
                 lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
+            publisher = getattr(self.audit, "publisher", None)  # each signed checkpoint also to the webhooks
+            if publisher is not None:
+                publisher.listeners.append(self.notifier.on_checkpoint)
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -170,7 +175,18 @@ class Gateway(GatewayFacade):
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
+        if self.identity is not None:
+            await asyncio.to_thread(self.identity.close)
         await asyncio.to_thread(self.backends.close)
+
+    def trail_write(self, row: Mapping[str, Any]) -> None:
+        """An identity provider's caller, first seen (``gateway.identity.service``); blocking."""
+        self.trail.write_or_wait(row)
+    def reload_files(self) -> None:
+        """Re-read rules.yaml and roles.yaml now (SIGHUP, gateway/server/hangup.py); each new content is a
+        ``config_reload`` row through the same hooks as a change noticed by a call. Blocking."""
+        self.policy.snapshot()
+        self.roles.refresh()
 
     def config_row(self, row: Mapping[str, Any], *, strict: bool = False) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
@@ -178,6 +194,14 @@ class Gateway(GatewayFacade):
         Blocking: the stores call it from the thread that read the file."""
         write = self.trail.write_now if strict else self.trail.write_or_wait
         reloads.unless_audited(self.backends.reader, write, self.quiet_loads)(dict(row))
+
+    def audit_reader(self) -> AuditReader:
+        """The audit log's reader (the engine's: file or table), for the proof endpoints."""
+        return self.backends.reader
+
+    def audit_refusal(self, row: Mapping[str, Any]) -> None:
+        """Audit a refused read of the audit (blocking; it waits in memory when the log cannot take it)."""
+        self.trail.write_or_wait(row)
 
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""

@@ -181,12 +181,19 @@ class Writes:
     def _progress_relay(self, sink: ProgressSink | None) -> Callable[[float, str], None]:
         if sink is None:
             return lambda _f, _m: None
-        loop = asyncio.get_running_loop()
+        return _Relay(sink, asyncio.get_running_loop())
 
-        def relay(fraction: float, message: str) -> None:
-            asyncio.run_coroutine_threadsafe(sink(fraction, message), loop)
 
-        return relay
+class _Relay:
+    """Progress from a worker thread to ``sink`` on the loop; the sink's ``task_started`` (an MCP task
+    that may be cancelled, ``gateway.server.tasks``) learns each vSphere task the change starts."""
+
+    def __init__(self, sink: ProgressSink, loop: asyncio.AbstractEventLoop) -> None:
+        self.sink, self.loop = sink, loop
+        self.task_started = getattr(sink, "task_started", None)
+
+    def __call__(self, fraction: float, message: str) -> None:
+        asyncio.run_coroutine_threadsafe(self.sink(fraction, message), self.loop)
 
 
 def _sent(result: dict[str, Any], target: Target, proposal: Proposal | None) -> dict[str, Any]:

@@ -5,17 +5,20 @@ instance lock, the sweeper's leadership) as one ``Backends`` value; nothing else
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.audit.file_sink import AuditSink
-from gateway.audit.readers import AuditReader, FileAuditReader
+from gateway.audit.readers import AuditReader as AuditReader  # re-exported: the reader type of Backends
+from gateway.audit.readers import FileAuditReader
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.private_files import make_private_dirs
 from gateway.store.base import AuditWriter, StateStore
+from gateway.store.idempotency import KeyTable
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
+from gateway.store.tasks import TaskTable
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -54,12 +57,16 @@ class Engine:
     store: Callable[[Settings], StateStore]
     audit: Callable[[Settings, StateStore], AuditWriter]
     reader: Callable[[Settings, StateStore], AuditReader]
+    #: the audit reader alone, opening just what it needs (``open_audit_reader``)
+    reader_alone: Callable[[Settings], contextlib.AbstractContextManager[AuditReader]]
     instance: Callable[[Settings], InstanceLock]
     slots: Callable[[Settings], SlotLimiter | None]
     leader: Callable[[Settings, str], Leader | None]
     limits: Callable[[StateStore], tuple[RateLimiter, RunawayBreaker]]
     #: whether several replicas share this engine (the MCP transport then keeps no session)
     shared: bool
+    #: the SQL placeholder of the engine's driver (the idempotency keys and tasks tables share their SQL)
+    placeholder: str = "%s"
 
 
 def _sqlite_describe(settings: Settings) -> tuple[str, int]:
@@ -90,7 +97,8 @@ def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
     from gateway.store.postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)
-    return PgAuditSink(store, key_file=settings.signing_key_file)
+    return PgAuditSink(store, key_file=settings.signing_key_file, origin=settings.audit_origin,
+                       witness_dir=settings.audit_witness_dir)
 
 
 def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
@@ -99,6 +107,23 @@ def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:
 
     assert isinstance(store, PostgresStore)
     return PgAuditReader(store)
+
+
+@contextlib.contextmanager
+def _file_reader_alone(settings: Settings) -> Iterator[AuditReader]:
+    yield FileAuditReader(settings.audit_log)
+
+
+@contextlib.contextmanager
+def _pg_reader_alone(settings: Settings) -> Iterator[AuditReader]:
+    from gateway.audit.pg_reader import PgAuditReader
+    from gateway.store.postgres import PostgresStore
+
+    store = PostgresStore(_url(settings), max_size=2)
+    try:
+        yield PgAuditReader(store)
+    finally:
+        store.close()
 
 
 def _pg_instance(settings: Settings) -> InstanceLock:
@@ -136,11 +161,13 @@ ENGINES: dict[str, Engine] = {
         store=lambda s: SqliteStore(s.state_db),
         audit=lambda s, _store: AuditSink.for_settings(s),
         reader=lambda s, _store: FileAuditReader(s.audit_log),
+        reader_alone=_file_reader_alone,
         instance=lambda s: Instance(s.home),
         slots=lambda _s: None,
         leader=lambda _s, _name: None,
         limits=lambda _store: (RateLimiter(), RunawayBreaker()),
         shared=False,
+        placeholder="?",
     ),
     "postgresql": Engine(
         name="postgresql",
@@ -149,6 +176,7 @@ ENGINES: dict[str, Engine] = {
         store=_pg_store,
         audit=_pg_audit,
         reader=_pg_reader,
+        reader_alone=_pg_reader_alone,
         instance=_pg_instance,
         slots=_pg_slots,
         leader=_pg_leader,
@@ -156,6 +184,12 @@ ENGINES: dict[str, Engine] = {
         shared=True,
     ),
 }
+
+
+def open_audit_reader(settings: Settings) -> contextlib.AbstractContextManager[AuditReader]:
+    """The audit reader of the engine ``settings`` name with only what it needs (the CLI's ``gateway
+    audit``): the JSONL file's, or the table's on a small pool of its own, closed on exit."""
+    return engine_of(settings).reader_alone(settings)
 
 
 def engine_of(settings: Settings) -> Engine:
@@ -177,6 +211,8 @@ class Backends:
     sweep_leader: Leader | None
     rate_limiter: RateLimiter
     breaker: RunawayBreaker
+    keys: KeyTable
+    tasks: TaskTable
 
     def close(self) -> None:
         """Close what ``open_backends`` opened except the slots (the scheduler that uses them closes them):
@@ -213,4 +249,6 @@ def open_backends(settings: Settings) -> Backends:
         sweep_leader=engine.leader(settings, "expiry-sweeper"),
         rate_limiter=rate_limiter,
         breaker=breaker,
+        keys=KeyTable(store, placeholder=engine.placeholder),  # type: ignore[arg-type]
+        tasks=TaskTable(store, placeholder=engine.placeholder),  # type: ignore[arg-type]
     )

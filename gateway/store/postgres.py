@@ -57,6 +57,8 @@ from gateway.store.base import (
     token_values,
     web_session_from_row,
 )
+from gateway.store.idempotency import KEYS_MIGRATION
+from gateway.store.tasks import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "display_url", "is_postgres_url"]
@@ -152,8 +154,22 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+_V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
+#: the Merkle tree over ``audit_rows`` (gateway.audit.pg_tree): every complete subtree's hash once, at its
+#: position in ``gateway.audit.merkle.stored_hash_index``; written in the row's own transaction
+_V6: Final = (
+    "CREATE TABLE audit_tree (idx bigint PRIMARY KEY, hash bytea NOT NULL)",
+    # the oldest seq kept after retention pruned older rows (gateway.audit.pg_retention); one row at most
+    """CREATE TABLE audit_retention (
+    id        smallint PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+    first_seq bigint NOT NULL
+)""",
+)
 #: the schema's history, kept in ``schema_version``. Append, never edit.
-MIGRATIONS: Final[tuple[Migration, ...]] = ((1, _V1), (2, _V2), (3, _V3), (4, _V4))
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6)
+)
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 #: how long a readiness probe waits for a connection

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gateway.errors import ConfigError
+from gateway.guard.idempotency import DEFAULT_WINDOW_SECONDS, KEY_FIELD, checked_key
 from gateway.tools.destructive import DESTRUCTIVE_TOOLS
 from gateway.tools.pending import PENDING_TOOLS
 from gateway.tools.read import LIST_TARGETS, READ_TOOLS, access_info_tool
@@ -43,10 +44,21 @@ OVERRIDE = Param(
     "still apply). Use only when a person asked for it.", default=False)
 
 
+IDEMPOTENCY_KEY = Param(
+    KEY_FIELD, "string",
+    "A key of your choice (a UUID) naming this call: a retry with the same key and the same arguments, "
+    f"within {DEFAULT_WINDOW_SECONDS / 3600:g} h by default, returns the first call's outcome and never runs "
+    "again (also while the first still runs). Without it, the request's _meta.idempotency_key is used.",
+    normalize=checked_key)
+
+
 def _with_override(spec: ToolSpec) -> ToolSpec:
+    """A change's tool with the parameters every change takes: ``override`` and the idempotency key."""
     if spec.target_mode == "none" or any(p.name == "override" for p in spec.params):
         return spec
-    return replace(spec, params=(*spec.params, OVERRIDE))
+    # the key opens the outcome kept for it (``server.idempotency``): audited as *** like a secret
+    return replace(spec, params=(*spec.params, OVERRIDE, IDEMPOTENCY_KEY),
+                   sensitive_params=(*spec.sensitive_params, KEY_FIELD))
 
 
 def all_tools(*, destructive: bool) -> list[ToolSpec]:

@@ -83,6 +83,19 @@ def wait_for_task(
     return props.get("info.result")
 
 
+def cancel_task(task: Any, target: str) -> str | None:
+    """Ask vSphere to cancel ``task`` (``vim.Task.CancelTask``); None when it accepted, else why not (the
+    task is not cancellable, has ended, or the call failed): the task then runs on."""
+    try:
+        task.CancelTask()
+    except Exception as exc:
+        if not faults.is_foreign(exc):
+            raise
+        error = faults.translate(exc, target)
+        return f"vSphere did not cancel task {task._moId} ({error.code}: {error.message})"
+    return None
+
+
 def watch(
     session: Any,
     obj: Any,

@@ -51,7 +51,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.answer import Answer
 from gateway.audit.verify import LineFault
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import TOKEN_PREFIX, Principal
 from gateway.errors import (
     AuditUnavailable,
     Forbidden,
@@ -62,6 +62,8 @@ from gateway.errors import (
     VSphereError,
 )
 from gateway.guard.decision import Proposed, audit_view, may_read_audit_row, proposal_rights
+from gateway.identity.service import IdentityRefusal
+from gateway.identity.verify import MAX_TOKEN_CHARS as MAX_JWT_CHARS
 from gateway.proposals import FINAL_STATES, Proposal
 from gateway.role import BUILTIN_ROLES, Role
 from gateway.sanitize import clean_text
@@ -79,6 +81,7 @@ from gateway.web.session import (
     origin_refusal,
     set_cookie_header,
 )
+from gateway.web.sso_routes import SsoRoutes, sign_on_for, sso_principal
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +199,8 @@ class WebApi:
         self.gateway, self.sessions = gateway, sessions
         self.secure_cookies, self.origin_allowed = secure_cookies, origin_allowed
         self.page_bytes, self.assets = _load_static()
+        # single sign-on (identity.yaml's web_sign_in), None without it
+        self.sign_on = sign_on_for(gateway.identity, gateway.settings.identity_env)
 
     def routes(self) -> list[Route]:
         api = self._endpoint
@@ -212,7 +217,15 @@ class WebApi:
             Route("/api/inventory/{kind}", api(self.inventory), methods=["GET"]),
             Route("/api/audit", api(self.audit_tail), methods=["GET"]),
             Route("/api/audit/verify", api(self.audit_verify), methods=["GET"]),
+            *self._sso_routes(),
         ]
+
+    def _sso_routes(self) -> list[Route]:
+        if self.sign_on is None:
+            return []
+        return SsoRoutes(self.sign_on, self.sessions, secure=self._secure, cookie_path=self._cookie_path,
+                         audit=self._audit_event,
+                         role_known=lambda p: self.gateway.role_of(p) is not None).routes()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -235,6 +248,14 @@ class WebApi:
         session = self.sessions.get(sid)
         if session is None:
             raise Unauthorized("you are not signed in, or your session ended; sign in with your token")
+        person = sso_principal(session, SURFACE)
+        if person is not None:  # signed in through the identity provider: the role mapped then
+            sso_role = self.gateway.role_of(person)
+            if sso_role is None:
+                self.sessions.end(sid)
+                raise Unauthorized(f"your role '{person.role}' is no longer defined on this gateway; sign in "
+                                   "again")
+            return Viewer(session, person, sso_role)
         record = self.gateway.store.token_by_id(session.token_id)
         if record is None or record.name != session.name or not record.usable(self.sessions.clock()):
             self.sessions.end(sid)
@@ -308,7 +329,10 @@ class WebApi:
 
     def _signed_out(self) -> dict[str, Any]:
         """The signed-out answer, with a role that exists and may approve for the page's sign-in hint."""
-        return {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles())}
+        body: dict[str, Any] = {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles())}
+        if self.sign_on is not None:  # single sign-on configured: how people sign in here
+            body.update({"sso": True, "token_sign_in": self.sign_on.token_sign_in})
+        return body
 
     def _session_body(self, viewer: Viewer) -> dict[str, Any]:
         return {"signed_in": True, "name": viewer.principal.name, "kind": viewer.principal.kind.value,
@@ -349,7 +373,10 @@ class WebApi:
                 message = "too many failed sign-ins from this address; wait a minute and try again"
                 return _json({"error": {"code": "rate_limited", "message": message}}, 429,
                              {"retry-after": str(max(1, int(wait) + 1))})
-            token = await _token_from(request)
+            # an identity provider's JWT is longer than a gateway token (it is refused below, audited)
+            token = await _token_from(request, MAX_TOKEN_CHARS if self.gateway.identity is None
+                                      else MAX_JWT_CHARS)
+            await self._identity_token_refusal(token)
             principal = await self.gateway.authenticator.verify_async(token, client)
             if principal is None:
                 raise Unauthorized("that token is not valid (unknown, revoked or expired); ask an "
@@ -374,6 +401,26 @@ class WebApi:
                                    path=self._cookie_path(request))
         body = self._session_body(Viewer(session, viewer_principal, role))
         return _json(body, headers={"set-cookie": cookie})
+
+    async def _identity_token_refusal(self, token: str) -> None:
+        """With single sign-on, pasting a token can be off; an identity provider's access token is an
+        agent's (an MCP client's), never a way in: refused and audited like an agent's gateway token."""
+        if self.sign_on is not None and not self.sign_on.token_sign_in:
+            raise Forbidden("signing in with a pasted token is turned off here; use single sign-on",
+                            reason_code="token_sign_in_off")
+        identity = self.gateway.identity
+        if identity is None or token.startswith(TOKEN_PREFIX):
+            return
+        try:
+            found = await identity.authenticate(token, surface=SURFACE)
+        except IdentityRefusal as exc:
+            raise Unauthorized(f"that token is not valid ({exc.reason}); people sign in with single sign-on "
+                               f"or {PERSON_TOKEN}") from None
+        await self._audit_event("web_sign_in_refused", found.principal, error_code="forbidden",
+                                reason_code="agent_identity", **found.audit_fields())
+        raise Forbidden("this is an identity provider's access token for an agent (an MCP client), and only "
+                        "people sign in to the approval page; use single sign-on",
+                        reason_code="agent_identity")
 
     def _new_session(self, request: Request, principal: Principal) -> WebSession:
         self.sessions.end(self._session_id(request))  # a fresh id on every sign-in: no session fixation
@@ -514,13 +561,13 @@ def _query_count(request: Request, name: str, default: int, maximum: int) -> int
     return int(raw)
 
 
-async def _token_from(request: Request) -> str:
+async def _token_from(request: Request, limit: int = MAX_TOKEN_CHARS) -> str:
     try:
         body = await request.json()
     except ValueError:
         body = None
     token = body.get("token") if isinstance(body, dict) else None
-    if not isinstance(token, str) or not token.strip() or len(token) > MAX_TOKEN_CHARS:
+    if not isinstance(token, str) or not token.strip() or len(token) > limit:
         raise InvalidArgument("token", "send the token as JSON: {\"token\": \"gwt_...\"}")
     return token.strip()
 

@@ -78,6 +78,9 @@ class Execution:
              progress: ProgressFn | None = None, **kwargs: Any) -> Any:
         """Start a task and wait for it (``timeout_seconds`` from now); return its result."""
         task = self.invoke(method, *args, destructive=destructive, what=label, **kwargs)
+        started = getattr(self.progress, "task_started", None)
+        if callable(started):  # an MCP task that may be cancelled (gateway.server.tasks)
+            started(task, self.target)
         return wait_for_task(self.session, task, deadline=time.monotonic() + self.timeout,
                              progress=progress or self.progress, destructive=destructive, label=label)
 

@@ -127,6 +127,12 @@
     clear($("sign-in-command")).append(...words.flatMap((word, i) => [i ? " " : "", el("span", { class: "word", text: word })]));
   }
 
+  function signInWays(session) {
+    // single sign-on when identity.yaml configures it; pasting a token unless that is turned off
+    $("sso").hidden = !session.sso;
+    $("sign-in-form").hidden = session.token_sign_in === false;
+  }
+
   function showSignIn(message, hintRole) {
     if (hintRole !== undefined) signInHint(hintRole);
     state.me = null;
@@ -198,6 +204,7 @@
   async function signOut() {
     let answer = null;
     try { answer = await api("api/sign-out", { method: "POST" }); } catch (_) { /* signed out either way */ }
+    if (answer) signInWays(answer);
     showSignIn("You are signed out.", answer ? answer.sign_in_role || null : undefined);
   }
 
@@ -679,7 +686,7 @@
     try {
       const session = await api("api/session");
       if (session.signed_in) signedIn(session);
-      else showSignIn("", session.sign_in_role || null);
+      else { signInWays(session); showSignIn("", session.sign_in_role || null); }
     } catch (error) {
       showSignIn("The gateway could not be reached: " + error.message);
     }

@@ -1,0 +1,120 @@
+"""Verified claims -> a caller: its name, kind, role and scopes. Pure, table-tested.
+
+Kind, for an access token presented to /mcp (always an agent there):
+
+- no person: ``sub`` is absent or equals the client id (a client-credentials token, RFC 9068), or
+  ``idtyp`` is ``app`` (Entra ID's app-only tokens) -> an agent named by its client id;
+- otherwise the token carries a person's subject and an MCP client uses it -> an agent *acting for*
+  that person, named ``<person> via <client>`` (``guard.decision.acting_for_of``); the person is the
+  ``principal_claim`` (``sub``, ``email``, ...). That person never approves what this agent proposes.
+
+An ID token from the page's sign-in is a person, named by ``principal_claim``; an ID token without a
+person (no ``sub``) is refused. The role is the first entry of the issuer's ``roles`` whose value the
+``roles_claim`` carries (a list, or one string); none -> ``TokenRefused("unmapped")`` (403), never a
+default role. Scopes come from ``scope`` (space-separated) or ``scp`` (a list or a string).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gateway.auth.tokens import Principal
+from gateway.guard.decision import ACTING_FOR
+from gateway.identity.config import IssuerConfig
+from gateway.identity.verify import TokenRefused, jti_digest
+from gateway.vocabulary import Category, Kind
+
+#: the scope each tool category needs, when the issuer enforces scopes
+SCOPES: Final[Mapping[Category, str]] = {
+    Category.READ: "vsphere:read", Category.WRITE: "vsphere:write",
+    Category.DESTRUCTIVE: "vsphere:destructive",
+}
+_NAME: Final = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a verified token names, and what the audit keeps of it (never the token)."""
+
+    principal: Principal
+    issuer: str
+    subject: str | None
+    client_id: str | None
+    jti_sha256: str | None
+
+    def audit_fields(self) -> dict[str, Any]:
+        return {"issuer": self.issuer, "subject": self.subject, "client_id": self.client_id,
+                "jti_sha256": self.jti_sha256, "acting_for": self.principal.acting_for,
+                "scopes": sorted(self.principal.scopes) if self.principal.scopes is not None else None}
+
+
+def _text(claims: Mapping[str, Any], name: str) -> str | None:
+    value = claims.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def _values(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
+    scope = claims.get("scope")
+    if isinstance(scope, str):
+        return frozenset(scope.split())
+    scp = claims.get("scp")
+    return frozenset(scp.split()) if isinstance(scp, str) else frozenset(_values(scp))
+
+
+def role_of(claims: Mapping[str, Any], config: IssuerConfig) -> str:
+    carried = set(_values(claims.get(config.roles_claim)))
+    for value, role in config.roles:
+        if value in carried:
+            return role
+    shown = ", ".join(sorted(carried)[:10]) or "none"
+    raise TokenRefused("unmapped", "this identity maps to no role on this gateway: its "
+                       f"{config.roles_claim!r} "
+                       f"claim carries {shown}, and identity.yaml maps only "
+                       f"{', '.join(v for v, _ in config.roles)}; ask an administrator to map one of your "
+                       "groups to a role")
+
+
+def _name(value: str | None, what: str) -> str:
+    if value is None or not _NAME.fullmatch(value) or ACTING_FOR in value:
+        raise TokenRefused("missing_claim", f"the token has no usable {what}")
+    return value
+
+
+def identity_of(claims: Mapping[str, Any], config: IssuerConfig, *, surface: str,
+                person: bool = False) -> Identity:
+    """The caller ``claims`` name (see the module docstring); ``TokenRefused`` when none is usable."""
+    subject = _text(claims, "sub")
+    client = _text(claims, "client_id") or _text(claims, "azp") or _text(claims, "appid")
+    role = role_of(claims, config)
+    scopes = scopes_of(claims) if config.enforce_scopes else None
+    if person:
+        if subject is None:
+            raise TokenRefused("agent_identity", "this identity is an application, not a person; only people "
+                               "sign in to the approval page")
+        name = _name(_text(claims, config.principal_claim), f"{config.principal_claim!r} claim")
+        principal = Principal(name=name, role=role, surface=surface, kind=Kind.PERSON)
+    elif subject is None or subject == client or claims.get("idtyp") == "app":
+        name = _name(client or subject, "client id (client_id, azp or appid)")
+        principal = Principal(name=name, role=role, surface=surface, kind=Kind.AGENT, scopes=scopes)
+    else:
+        person_name = _name(_text(claims, config.principal_claim), f"{config.principal_claim!r} claim")
+        client_name = _name(client, "client id (client_id, azp or appid)")
+        principal = Principal(name=f"{person_name}{ACTING_FOR}{client_name}", role=role, surface=surface,
+                              kind=Kind.AGENT, acting_for=person_name, scopes=scopes)
+    return Identity(principal=principal, issuer=config.issuer, subject=subject, client_id=client,
+                    jti_sha256=jti_digest(claims))
+
+
+def required_scope(category: Category) -> str:
+    return SCOPES[category]
