@@ -155,6 +155,14 @@ class AuditTrail:
             log.error("audit row (%s) waits until the audit log is writable", row.get("phase"))
             self.wait(row)
 
+    def write_now(self, row: Mapping[str, Any]) -> None:
+        """Append ``row`` now, after the rows waiting, or raise ``AuditUnavailable`` (a load that must
+        not apply unrecorded: roles.yaml)."""
+        self.flush_waiting()
+        if self.waiting:
+            raise AuditUnavailable(f"audit log {self.where} cannot take rows now; see the server log")
+        self.write_row(row)
+
     def wait(self, row: Mapping[str, Any]) -> None:
         self.waiting.append({**row, "delayed": True, "row_id": uuid.uuid4().hex})
 
