@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The one place that knows which Debian packages the project needs (the simulator's Go toolchain and
-# govmomi sources, Go's sumdb/tlog and sumdb/note for the audit proofs' second implementation, headless Chromium for the web page tests, nginx and systemd for the deploy recipes,
-# PostgreSQL for the store tests, buildah and mmdebstrap for the container image, python3-venv for
-# .venv, make for the README's commands, Node.js and npm for the identity tests' OpenID provider).
-# `make run`, `make test` and `.ci/run` all start with it.
+# The one place that knows which Debian packages the project needs: the simulator's Go toolchain and
+# govmomi sources; Go's sumdb/tlog and sumdb/note (the audit proofs' second implementation); headless
+# Chromium for the web page tests; nginx and systemd for the deploy recipes; buildah and mmdebstrap
+# for the container image; PostgreSQL for the store tests; rsyslog with its TLS driver for the syslog
+# forwarder's tests; Node.js and npm for the identity tests' OpenID provider; python3-venv for .venv;
+# make for the README's commands. `make run`, `make test` and `.ci/run` all start with it.
 #
 #   bash deploy/bootstrap.sh           install what is missing (as root), or print the one sudo line
 #   bash deploy/bootstrap.sh --check   report what is missing; exit 1 if anything is, install nothing
@@ -17,6 +18,7 @@ PACKAGES=(
     nginx-light systemd
     buildah mmdebstrap
     postgresql
+    rsyslog rsyslog-gnutls
     python3-venv make
     nodejs
 )

@@ -76,6 +76,8 @@ def located(source: str, container: Any = None, key: Any = None) -> str:
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader with duplicate keys refused and positions kept (see ``load_yaml``)."""
 
+    duplicates: list[str]
+
     def construct_located_mapping(self, node: yaml.MappingNode) -> YamlMap:
         out = YamlMap()
         out.start, out.marks = Mark.of(node.start_mark), {}
@@ -91,11 +93,12 @@ class _StrictLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None, None, "a key must be a plain value, not a list or mapping",
                     key_node.start_mark) from None
-            if key in out:
-                first = out.marks[key]
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"the key {key!r} appears twice in one mapping (first at line {first.line}, "
-                    f"column {first.column}); keep only one", key_node.start_mark)
+            if key in out:  # noted, and the first value kept, so the file's other problems show too
+                first, at = out.marks[key], Mark.of(key_node.start_mark)
+                self.duplicates.append(
+                    f"{self.name}:{at.line}:{at.column}: the key {key!r} appears twice in one mapping (first "
+                    f"at line {first.line}, column {first.column}); keep only one")
+                continue
             out[key] = self.construct_object(value_node, deep=True)
             out.marks[key] = Mark.of(key_node.start_mark)
         return out
@@ -112,13 +115,21 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG,
                               _StrictLoader.construct_located_list)
 
 
-def load_yaml(text: str | bytes, source: str) -> Any:
+def load_yaml(text: str | bytes, source: str, problems: list[str] | None = None) -> Any:
     """Parse one configuration file's text strictly (see the module doc). ``ConfigProblems`` with one
-    ``file:line:column: ...`` problem when it is not valid YAML or repeats a key."""
+    ``file:line:column: ...`` problem when it is not valid YAML. A repeated key is a problem too, but
+    it does not stop the parse (the first value is kept): given ``problems``, each one is appended
+    there and the data returned, so the caller reports the file's other problems in the same round
+    (and must refuse the file); without it, ``ConfigProblems`` lists every repeated key."""
     loader = _StrictLoader(text)
-    loader.name = source
+    loader.name, loader.duplicates = source, []
     try:
-        return loader.get_single_data()
+        data = loader.get_single_data()
+        if problems is None and loader.duplicates:
+            raise ConfigProblems(loader.duplicates)
+        if problems is not None:
+            problems += loader.duplicates
+        return data
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -227,16 +238,39 @@ class ConfigProblems(ConfigError):
         self.problems = problems
 
 
-def _check_type(problems: list[str], where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> bool:
+#: how a value of each expected type is written in YAML (the fix hint of a type error)
+_WRITTEN: dict[str, str] = {
+    "int": "a whole number without quotes, e.g. {key}: 4",
+    "int or float": "a number without quotes, e.g. {key}: 30",
+    "bool": "true or false without quotes, e.g. {key}: true",
+    "str": "text, quoted if it looks like a number, e.g. {key}: \"value\"",
+    "list": "a list, e.g. {key}: [a, b]",
+}
+
+
+def type_problem(where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> str | None:
+    """``where: 'key' must be int, got str; write a whole number without quotes, e.g. key: 4`` when
+    ``value`` is not of ``kind`` (a bool is no number); None when it is. Pure."""
     ok = False if isinstance(value, bool) and kind in (int, float, (int, float)) else isinstance(value, kind)
-    if not ok:
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        problems.append(f"{where}: '{key}' must be {names}, got {type(value).__name__}")
-    return ok
+    if ok:
+        return None
+    names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+    form = _WRITTEN.get(names)
+    hint = f"; write {form.format(key=key)}" if form else ""
+    return f"{where}: '{key}' must be {names}, got {type(value).__name__}{hint}"
 
 
-def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = None) -> tuple[Target, ...]:
-    """Turn parsed YAML into targets; raise ``ConfigProblems`` listing every problem found."""
+def _check_type(problems: list[str], where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> bool:
+    problem = type_problem(where, key, value, kind)
+    if problem:
+        problems.append(problem)
+    return problem is None
+
+
+def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = None, *,
+                  check_files: bool = False) -> tuple[Target, ...]:
+    """Turn parsed YAML into targets; raise ``ConfigProblems`` listing every problem found.
+    ``check_files``: a ``ca_file`` that does not exist on this machine is a problem too."""
     problems: list[str] = []
     if isinstance(data, Mapping) and set(data) == {"targets"}:
         data = data["targets"]
@@ -257,7 +291,7 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
             at = located(source, entry, key) if key in entry else located(source, data, index)
             return f"{at}: {label}"
 
-        target = _parse_target(entry, where, problems, environ)
+        target = _parse_target(entry, where, problems, environ, check_files)
         if target is None:
             continue
         if target.name in seen:
@@ -273,7 +307,7 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
 
 def _parse_target(  # noqa: C901 - a flat list of independent checks, one per key of a target entry
     entry: Mapping[str, Any], where: Callable[..., str], problems: list[str],
-    environ: Mapping[str, str] | None,
+    environ: Mapping[str, str] | None, check_files: bool = False,
 ) -> Target | None:
     before = len(problems)
     for key in sorted(set(entry) - _TARGET_KEYS, key=str):
@@ -311,6 +345,10 @@ def _parse_target(  # noqa: C901 - a flat list of independent checks, one per ke
         return None
     if entry.get("insecure") and entry.get("ca_file"):
         problems.append(f"{where('insecure')}: set either 'insecure: true' or 'ca_file', not both")
+    elif check_files and entry.get("ca_file") and not Path(entry["ca_file"]).is_file():
+        problems.append(f"{where('ca_file')}: ca_file '{entry['ca_file']}' does not exist (or is not a "
+                        "file); point it at the PEM bundle of the CA that signed the target's certificate "
+                        "(a relative path counts from the gateway's working directory)")
     pool_size = entry.get("pool_size", 2)
     if not 1 <= pool_size <= 32:
         problems.append(f"{where('pool_size')}: 'pool_size' must be between 1 and 32")
@@ -382,4 +420,12 @@ def load_targets(path: Path, environ: Mapping[str, str] | None = None) -> tuple[
                 "GATEWAY_TARGETS_FILE / --targets"
             ]
         ) from exc
-    return parse_targets(load_yaml(text, str(path)), str(path), environ)
+    problems: list[str] = []
+    data = load_yaml(text, str(path), problems)
+    try:
+        targets = parse_targets(data, str(path), environ, check_files=True)
+    except ConfigProblems as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigProblems(problems)
+    return targets

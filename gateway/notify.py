@@ -133,8 +133,8 @@ def load(path: Path, environ: Mapping[str, str]) -> NotificationConfig:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the notifications file ({exc.strerror}); fix its "
                           "permissions or set GATEWAY_NOTIFICATIONS_FILE") from None
-    data = load_yaml(text, str(path))
     problems: list[str] = []
+    data = load_yaml(text, str(path), problems)
     config = parse(data, environ, problems, str(path))
     if problems:
         raise ConfigProblems(problems)

@@ -86,6 +86,8 @@ class Settings:
     audit_log: Path
     enable_destructive: bool = False
     read_only: bool = False
+    #: write tools still offered in read-only mode (``serve --allow-write``; gateway.tools.exposure)
+    allow_write: tuple[str, ...] = ()
     dry_run: bool = False
     web_ui: bool = False
     confirm_ttl_seconds: float = 120.0
@@ -121,8 +123,22 @@ class Settings:
     #: a directory every signed checkpoint note is also written to (GATEWAY_AUDIT_WITNESS_DIR; none by
     #: default): mount storage there that this host's root cannot rewrite alone
     audit_witness_dir: Path | None = None
+    #: syslog.yaml: the SIEM audit rows are forwarded to (GATEWAY_SYSLOG_FILE; default
+    #: ``$GATEWAY_HOME/syslog.yaml``; a missing file forwards nothing; ``gateway.audit.syslog_config``)
+    syslog_file: Path | None = None
+    #: rules, roles and notifications files named explicitly (a flag or a GATEWAY_*_FILE variable), not
+    #: defaulted under ``home``: a missing one is a mistake, never "no file" (``missing_named_files``;
+    #: a missing targets file is refused whatever named it)
+    named_files: tuple[Path, ...] = ()
     #: OTEL_TRACES_EXPORTER: otlp, console or none (the default); see ``gateway.tracing``
     traces_exporter: str = "none"
+
+    def missing_named_files(self) -> list[str]:
+        """A sentence for each explicitly named configuration file that does not exist (a typo in
+        ``--rules`` must not silently mean the built-in defaults)."""
+        return [f"{path}: does not exist, but it was named explicitly (a flag or a GATEWAY_*_FILE "
+                "variable); fix the path, or drop the setting to use the default location"
+                for path in self.named_files if not path.exists()]
 
     @property
     def state_db(self) -> Path:
@@ -138,8 +154,13 @@ class Settings:
         """Build settings from the environment, then apply non-None ``flags`` on top."""
         home = Path(flags.get("home") or environ.get("GATEWAY_HOME") or Path.home() / ".gateway").expanduser()
 
+        named: list[Path] = []
+
         def path(flag: str, env: str, default: str) -> Path:
-            return Path(flags.get(flag) or environ.get(env) or home / default).expanduser()
+            given = flags.get(flag) or environ.get(env)
+            if given and flag in ("rules", "roles", "notifications"):
+                named.append(Path(given).expanduser())
+            return Path(given or home / default).expanduser()
 
         def number(env: str, default: float) -> float:
             raw = environ.get(env)
@@ -186,12 +207,15 @@ class Settings:
             audit_origin=audit_origin(environ.get("GATEWAY_AUDIT_ORIGIN")),
             audit_witness_dir=Path(environ["GATEWAY_AUDIT_WITNESS_DIR"]).expanduser()
             if environ.get("GATEWAY_AUDIT_WITNESS_DIR") else None,
+            syslog_file=path("syslog", "GATEWAY_SYSLOG_FILE", "syslog.yaml"),
             traces_exporter=environ.get("OTEL_TRACES_EXPORTER", "none"),
+            named_files=tuple(named),  # last: every path() above has run
         )
         overrides = {
             k: v
             for k, v in flags.items()
             if v is not None and k not in {"home", "targets", "rules", "roles", "audit_log", "notifications",
-                                           "database_url", "audit_signing_key_file", "identity"}
+                                           "database_url", "audit_signing_key_file", "identity",
+                                           "syslog"}
         }
         return replace(settings, **overrides) if overrides else settings

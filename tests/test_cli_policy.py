@@ -136,9 +136,9 @@ def test_check_reports_each_problem_once_with_its_position(
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.strip()]
     problems = [line for line in lines if ": " in line and line.split(":")[0].endswith(".yaml")]
-    assert len(problems) == len(set(problems)) == 4, lines
+    assert len(problems) == len(set(problems)) == 3, lines
     assert all(re.match(r"^\S+\.yaml:\d+:\d+: ", p) for p in problems), problems
-    assert sum("VC1_PASSWORD" in p for p in problems) == 1
+    assert sum("VC1_PASSWORD" in line for line in lines) == 1  # a warning: no secrets needed to lint
     assert all(p.count(str(tmp_path)) == 1 for p in problems)
     assert all("target 'vc-1': target 'vc-1'" not in p for p in problems)
     assert "<unicode string>" not in captured.err + captured.out
@@ -198,6 +198,9 @@ def test_the_three_example_files_agree(
     repo = Path(__file__).resolve().parent.parent
     for name in ("targets", "rules", "roles"):
         (tmp_path / f"{name}.yaml").write_text((repo / f"{name}.example.yaml").read_text())
+    (tmp_path / "ca.pem").write_text("")  # the example's ca_file, which check requires to exist
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(targets.read_text().replace("/etc/gateway/ca/prod.pem", str(tmp_path / "ca.pem")))
     (tmp_path / "roles.yaml").chmod(0o600)
     for prefix in ("VC_PROD", "VC_DEV", "ESX_EDGE", "VC_LAB"):
         monkeypatch.setenv(f"{prefix}_USER", "u")

@@ -17,6 +17,7 @@ from gateway.guard.decision import (
     authorize,
     authorize_resolved,
     proposal_rights,
+    sees_target_addresses,
     token_state,
     tool_permitted,
 )
@@ -278,6 +279,28 @@ def test_a_refusal_raises_its_typed_error_with_the_verdict() -> None:
 def test_the_gated_call_needs_a_human() -> None:
     verdict = authorize(facts(rules=GATED))
     assert verdict.allowed and verdict.require_approval
+
+
+def test_an_agents_confirm_of_a_gated_call_says_it_requires_approval() -> None:
+    from gateway.errors import ApprovalRequired
+
+    verdict = authorize(facts(Entry.CONFIRM, rules=GATED))
+    assert verdict.code == "approval_required" and verdict.to_dict()["require_approval"] is True
+    with pytest.raises(ApprovalRequired) as caught:
+        verdict.raise_if_refused()
+    assert caught.value.details["decision"]["require_approval"] is True
+
+
+@pytest.mark.parametrize(("role", "sees"), [
+    (BUILTIN_ROLES["admin"], True),
+    (BUILTIN_ROLES["reader"], False),  # covers every target, yet is no admin
+    (Role("ops", tools="*", targets="*"), True),
+    (Role("ops", tools="*", targets=("vc-*",)), False),
+    (Role("ops", tools="read", allow_write=frozenset({"power_on_vm"}), targets="*"), False),
+    (None, False),
+])
+def test_target_addresses_are_an_admins(role: Role | None, sees: bool) -> None:
+    assert sees_target_addresses(role) is sees
 
 
 def test_proposal_tools_come_with_the_first_change_tool() -> None:

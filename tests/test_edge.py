@@ -50,6 +50,7 @@ pytestmark = pytest.mark.anyio
 class _Role:
     def __init__(self, all_targets: bool) -> None:
         self.all_targets = all_targets
+        self.tools = "*"
 
 
 class StandInGateway:

@@ -428,3 +428,30 @@ async def test_every_signed_audit_checkpoint_goes_to_a_webhook_listing_checkpoin
     key = load_or_create_signing_key(gw.settings.signing_key_file).public_key()
     assert checkpoint is not None and open_checkpoint(body["checkpoint"]["note"], checkpoint.origin, key)
     assert receiver.of("checkpoint", "/ops") == [], "a channel not listing checkpoint gets none"
+
+
+async def test_a_shell_decision_is_told_through_the_servers_own_notifications_file(
+    gated: tuple[Env, Any], receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server was started with GATEWAY_NOTIFICATIONS_FILE pointing outside GATEWAY_HOME; the shell
+    knows nothing of it, and still finds it (the server's audited load names it)."""
+    from gateway.cli import main
+
+    env, _ = gated
+    elsewhere = env.tmp / "etc" / "notifications.yaml"
+    elsewhere.parent.mkdir()
+    (env.tmp / "notifications.yaml").rename(elsewhere)
+    server = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}},
+                       targets_extra={"proposal_ttl_seconds": 1800}, notify_env={"HOOK_SECRET": SECRET},
+                       notifications_file=elsewhere)
+    proposal = await propose_delete(server)
+    for key, value in write_targets(env.tmp / "targets.yaml", {"vc1": env.sim},
+                                    {"vc1": {"proposal_ttl_seconds": 1800}}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GATEWAY_NOTIFICATIONS_FILE", raising=False)
+    argv = ["pending", "deny", proposal["proposal_id"], "--home", str(env.tmp)]
+    assert await anyio.to_thread.run_sync(main, argv) == 0
+    (denied,) = await wait_for(lambda: [d for d in receiver.of("denied")
+                                        if d["body"]["proposal"]["proposal_id"] == proposal["proposal_id"]],
+                               "denial from the CLI through the server's file")
+    assert denied["valid"]

@@ -69,6 +69,7 @@ SLOW = ToolSpec("slow_read", "Waits for the test.", Category.READ, Risk.LOW, par
 
 class _Role:
     all_targets = True
+    tools = "*"  # an admin's: shown the targets' addresses
 
 
 class StandInGateway:

@@ -122,6 +122,7 @@ BIG = ToolSpec("list_vms", "List VMs.", Category.READ, Risk.LOW, params=(TARGETS
 
 class _Role:
     all_targets = False
+    tools = "*"
 
 
 class BigGateway:

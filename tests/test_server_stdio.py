@@ -27,6 +27,7 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import NotFound, PolicyDenied
+from gateway.role import BUILTIN_ROLES, Role
 from gateway.server.mcp import ProgressSink, build_mcp_server, instructions_for, stdio_principal
 from gateway.tools.spec import TARGET, TARGETS, Param, ToolSpec
 from gateway.vocabulary import Category, Risk
@@ -44,11 +45,6 @@ SPECS = (
              params=(TARGET, Param("vm", "string", "VM name or moid.", required=True))),
     ToolSpec("explode", "Fails unexpectedly.", Category.READ, Risk.LOW, params=(TARGETS,)),
 )
-
-
-class _Role:
-    def __init__(self, all_targets: bool) -> None:
-        self.all_targets = all_targets
 
 
 class StandInPipeline:
@@ -75,8 +71,8 @@ class StandInPipeline:
         target = dict(args or {}).get("target")
         return Answer.of({"target": target, "vms": [{"name": "web-1", "moid": "vm-1"}]})
 
-    def role_of(self, principal: Principal) -> _Role:
-        return _Role(principal.role == "admin")
+    def role_of(self, principal: Principal) -> Role:
+        return BUILTIN_ROLES[principal.role]  # the real built-ins: the reader covers every target too
 
     def visible_targets(self, role: Any) -> list[Target]:
         return [Target("vc1", "vc1.example.com", "VC1"), Target("esx", "10.0.0.9", "ESX", port=8443)]
@@ -172,7 +168,7 @@ async def test_progress_is_relayed_only_when_the_client_asks(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_instructions_list_addresses_only_to_roles_with_every_target(mode: str) -> None:
+async def test_instructions_list_addresses_to_admin_only_not_the_reader(mode: str) -> None:
     async with connected(ADMIN, mode) as admin, connected(READER, mode) as reader:
         assert admin.instructions is not None and reader.instructions is not None
         assert "Targets: vc1 (vc1.example.com); esx (10.0.0.9:8443)." in admin.instructions

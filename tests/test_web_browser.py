@@ -571,4 +571,131 @@ def test_the_audit_outcome_column_shows_outcomes_not_rule_names(
     cells = page.locator(f"#audit-body tbody tr td:nth-child({column + 1})").all_inner_texts()
     assert cells and not (set(cells) & rules), set(cells) & rules
     proposed = page.locator("#audit-body tbody tr", has=page.locator(".phase-proposed")).first
-    expect(proposed.locator(f"td:nth-child({column + 1})")).to_have_text("waiting for confirmation")
+    # prod-vc is gated: its proposals wait for a human's approval, not for the agent's confirmation
+    expect(proposed.locator(f"td:nth-child({column + 1})")).to_have_text("waiting for approval")
+
+
+# ---------------------------------------------------------------------------- the Audit tab reads right
+
+SHOTS = Path("/work/notes/shots")
+
+#: (phase, outcome) as the Audit tab shows each row
+AUDIT_CELLS = """() => {
+    const heads = [...document.querySelectorAll("#audit-body thead th")]
+        .map((th) => th.textContent.toLowerCase());
+    const phase = heads.indexOf("phase"), outcome = heads.indexOf("outcome");
+    return [...document.querySelectorAll("#audit-body tbody tr:not(.row-json)")].map(
+        (tr) => [tr.children[phase].textContent, tr.children[outcome].textContent]);
+}"""
+
+
+#: the text of the first cell wider than its table's frame (a frame scrolling sideways), or null
+WIDEST_CELL = """(wrap) => {
+    if (wrap.scrollWidth <= wrap.clientWidth) return null;
+    const right = wrap.getBoundingClientRect().right;
+    const cell = [...wrap.querySelectorAll("td")].find((td) => td.getBoundingClientRect().right > right + 1
+        || td.scrollWidth > td.clientWidth + 1);
+    return cell ? cell.textContent : `frame ${wrap.scrollWidth} > ${wrap.clientWidth}`;
+}"""
+
+
+def page_shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"page-{name}.png"))  # what the screen shows
+
+
+def test_the_audit_tab_tells_a_refusal_from_a_humans_denial(
+    people: Callable[[], Watched], served: WebServer,
+) -> None:
+    gated = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    refused, answer = run_async(mcp_call, served, "agent", "confirm_action", {"token": gated["token"]})
+    assert refused and answer["error"]["code"] == "approval_required"
+    assert answer["error"]["decision"]["require_approval"] is True, answer  # the gate's real reason
+    refused, answer = run_async(mcp_call, served, "agent", "no_such_tool", {})
+    assert refused and answer["error"]["code"] == "not_found"
+    failed, answer = run_async(mcp_call, served, "agent", "create_snapshot",
+                               {"target": "lab-vc", "vm": "DC0_C0_RP0_VM0", "name": "audit-tab"})
+    assert not failed, answer
+
+    async def unknown_token() -> int:
+        async with served.http({"Authorization": "Bearer gwt_aaaaaaaaaaaa_" + "x" * 43}) as client:
+            return (await client.post("/mcp", json={})).status_code
+
+    assert run_async(unknown_token) == 401
+    run_async(served.server.config.app.state.refusals.flush)  # its minute's token_refused row, now
+    page = sign_in(people(), served, "alice")
+    page.goto("/ui/#audit")
+    expect(page.locator("#audit-body tbody tr").first).to_be_visible()
+    cells = {tuple(c) for c in page.evaluate(AUDIT_CELLS)}
+    assert any(p == "token_refused" and o.startswith("token refused: ") for p, o in cells), cells
+    assert ("refused", "approval_required") in cells and ("refused", "not_found") in cells, cells
+    assert all(outcome.startswith("denied by ") for phase, outcome in cells if phase == "denied"), cells
+    assert ("proposed", "waiting for approval") in cells, cells
+    assert ("executing", "started (intent recorded)") in cells, cells
+    assert not [c for c in cells if c[1] in ("", "—", "-")], "a row without its outcome"
+    page_shot(page, "audit-1280")
+
+
+def test_a_rows_json_opens_across_the_whole_table(people: Callable[[], Watched], served: WebServer) -> None:
+    page = sign_in(people(), served, "alice")
+    page.goto("/ui/#audit")
+    first = page.locator("#audit-body tbody tr").first
+    expect(first).to_be_visible()
+    first.locator("button.row-toggle").click()
+    opened = page.locator("#audit-body tr.row-json pre")
+    expect(opened).to_be_visible()
+    table_box, pre_box = page.locator("#audit-body table").bounding_box(), opened.bounding_box()
+    assert table_box and pre_box and pre_box["width"] > 0.9 * table_box["width"], (table_box, pre_box)
+    assert opened.evaluate("(pre) => getComputedStyle(pre).whiteSpace") == "pre"  # never broken mid-token
+    assert '"phase"' in opened.inner_text()
+    page_shot(page, "audit-row-1280")
+    first.locator("button.row-toggle").click()
+    expect(page.locator("#audit-body tr.row-json")).to_have_count(0)
+
+
+def test_at_360_px_the_header_and_the_tables_show_everything(
+    people: Callable[[], Watched], served: WebServer,
+) -> None:
+    page = narrow(people(), served, "alice", 360)
+    for part in ("#who-name", "#who-role", "#sign-out"):
+        assert within_view(page, page.locator(part)), part
+        assert page.locator(part).evaluate("(node) => node.scrollWidth <= node.clientWidth"), f"{part} is cut"
+    expect(page.locator("#who-role")).to_contain_text("admin")
+    for tab, ready, column in (("targets", "#targets-body tbody tr", "Web approval"),
+                               ("inventory", "#inventory-body tbody tr", "Name"),
+                               ("audit", "#audit-body tbody tr", "Outcome")):
+        page.goto(f"/ui/#{tab}")
+        expect(page.locator(ready).first).to_be_visible(timeout=SLOW)
+        cell = page.locator(f'{ready} td[data-label="{column}"]').first
+        assert within_view(page, cell), f"{tab}: {column} is off the screen"
+        wraps = page.locator(f"#{tab}-body .table-wrap")
+        wide = [w.evaluate(WIDEST_CELL) for w in wraps.all()]
+        assert not [w for w in wide if w], (tab, wide)
+        problems = layout_problems(page)
+        assert problems == [], (tab, problems)
+        page_shot(page, f"{tab}-360")
+    page.goto("/ui/#audit")
+    expect(page.locator("#audit-body tbody tr").first).to_be_visible()
+    page.locator("#audit-body tbody tr").first.locator("button.row-toggle").click()
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    page_shot(page, "audit-row-360")
+
+
+def test_a_link_to_a_proposal_shows_that_card_alone(people: Callable[[], Watched], served: WebServer) -> None:
+    others = [run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1") for _ in range(4)]
+    linked = run_async(propose_delete, served, "agent", "prod-vc", "DC0_C0_RP0_VM1")
+    page = narrow(people(), served, "alice", 360)
+    page.goto(f"/ui/#proposal={linked['proposal_id']}")
+    card = pending_card(page, linked["proposal_id"])
+    expect(card).to_be_in_viewport()
+    for other in others:
+        expect(pending_card(page, other["proposal_id"])).to_be_hidden()
+    expect(page.locator("#focus-bar")).to_contain_text(linked["proposal_id"])
+    page_shot(page, "linked-360")
+    page.click("#focus-all")
+    expect(pending_card(page, others[0]["proposal_id"])).to_be_visible()
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/ui/#proposal={linked['proposal_id']}")
+    expect(pending_card(page, others[0]["proposal_id"])).to_be_hidden()
+    expect(card).to_be_in_viewport()
+    page_shot(page, "linked-1280")

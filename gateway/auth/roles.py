@@ -209,7 +209,15 @@ def load_roles(content: bytes | None, source: str, refs: list[NameRef] | None = 
         # A write cut off mid-line can still parse, with a name shortened into another one.
         raise ConfigProblems([f"{source}: does not end with a newline, so it may have been cut off "
                               "mid-write; check its end and finish it with a newline"])
-    return parse_roles(load_yaml(content, source), source, refs)
+    problems: list[str] = []
+    data = load_yaml(content, source, problems)
+    try:
+        roles = parse_roles(data, source, refs)
+    except ConfigProblems as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigProblems(problems)
+    return roles
 
 
 class RoleBook:
@@ -218,7 +226,7 @@ class RoleBook:
     Each lookup of a custom role checks the file (a ``stat``; the content when that changed) and
     reloads it when its sha256 changed. ``on_reload(sha256, role_names)`` is called for every valid
     content loaded (the first included) before it takes effect, so the server can audit it; if it
-    raises, the previous roles stay and the next lookup tries again. Thread-safe.
+    raises, the previous roles stay in force (logged) and the next lookup tries again. Thread-safe.
     """
 
     def __init__(self, path: Path, on_reload: Callable[[str, list[str]], None] | None = None) -> None:
@@ -282,13 +290,13 @@ class RoleBook:
             content, access_problems = _read_roles_file(self.path)
             digest = None if content is None else hashlib.sha256(content).hexdigest()
             seen = (digest, tuple(access_problems))
-            if not self._loaded or seen != self._seen:
-                self._apply(content, digest, access_problems)
-            # recorded only once applied: if on_reload raised, the next lookup tries again
+            if (not self._loaded or seen != self._seen) and not self._apply(content, digest, access_problems):
+                return  # on_reload failed: the roles before stay, and the next lookup tries again
             self._seen, self._loaded, self._signature = seen, True, signature
             self._racy = signature is not None and signature[0] >= time.time_ns() - _RACY_NS
 
-    def _apply(self, content: bytes | None, digest: str | None, problems: list[str]) -> None:
+    def _apply(self, content: bytes | None, digest: str | None, problems: list[str]) -> bool:
+        """Put the content in force; False (nothing changed) when ``on_reload`` refused it."""
         roles: dict[str, Role] = {}
         refs: list[NameRef] = []
         try:
@@ -304,10 +312,16 @@ class RoleBook:
         elif digest is None and self._custom:
             log.warning("%s is gone: custom roles are off, built-in roles keep working", self.path)
         elif self._on_reload is not None and digest is not None:
-            self._on_reload(digest, sorted(roles))
+            try:
+                self._on_reload(digest, sorted(roles))
+            except Exception as exc:  # unaudited, so not in force: fail closed to the roles before
+                log.error("%s changed, but its load could not be audited (%s); the roles before stay in "
+                          "force until it can be (retried at the next lookup)", self.path, exc)
+                return False
         if not problems and self.on_refs is not None:
             self.on_refs(refs)
         self._custom, self._sha256 = roles, digest
+        return True
 
     def _stat(self) -> tuple[int, ...] | None:
         try:

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gateway.cli.output import quiet_on_broken_pipe
 from gateway.errors import GatewayError
 from gateway.logs import cli_log_level, configure_logging
 from gateway.settings import Settings, logging_options
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         log_format, _ = logging_options(os.environ)
         configure_logging(log_format, cli_log_level(args.command, bool(args.verbose), os.environ))
-        return int(args.handler(args) or 0)
+        return quiet_on_broken_pipe(lambda: int(args.handler(args) or 0))
     except GatewayError as exc:
         print(f"gateway: {exc.code}: {exc.message}", file=sys.stderr)
         return 1

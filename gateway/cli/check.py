@@ -1,20 +1,35 @@
 """``gateway check``: validate every configuration file and print each problem once.
 
 Each problem is one line on stderr, ``file:line:column: where in the file: what is wrong; the fix``,
-in the order of the files (targets.yaml, rules.yaml, roles.yaml), then the names one file uses for
-what another defines (a target, tool, role or tag) that match nothing (``gateway.guard.names``), and
-the rules whose object fields can never apply to the tools they name (``gateway.guard.policy.read_filter``).
-A short summary of each good file goes to stdout. Exit 1 on any problem.
+in the order of the files (targets.yaml, rules.yaml, roles.yaml, notifications.yaml, identity.yaml,
+syslog.yaml), then the names one file uses for what another defines (a target, tool, role or tag) that
+match nothing (``gateway.guard.names``), and the rules whose object fields can never apply to the tools
+they name (``gateway.guard.policy.read_filter``). Every file is read by the parser ``serve`` uses, and a
+repeated key does not hide the rest of its file. A rules, roles or notifications file named
+explicitly (a flag or ``GATEWAY_*_FILE``) that does not exist is a problem, not the built-in defaults.
+
+Secrets are not needed to lint: a target's missing ``_USER``/``_PASSWORD`` and a notification
+channel's missing ``secret_env``/``url_env`` variable are ``warning:`` lines (exit 0), problems with
+``--require-credentials`` (what ``serve`` needs). A short summary of each good file goes to stdout.
+Exit 1 on any problem.
+
+``--json`` prints one object instead: ``{"ok": bool, "problems": [str], "warnings": [str],
+"files": [{"file": "targets"|"rules"|"roles"|"notifications"|"identity"|"syslog", "path": str,
+"status": "ok"|"error"|"absent", "summary": str}]}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway import notify
+from gateway.audit import syslog_config
 from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
@@ -24,81 +39,192 @@ from gateway.guard.policy.read_filter import unreachable_rules
 from gateway.guard.policy.store import PolicyStore
 from gateway.identity.config import load_identity
 from gateway.role import BUILTIN_ROLES
+from gateway.settings import Settings
 from gateway.tools.registry import tool_categories
 
 
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
-        "check", help="validate targets.yaml, rules.yaml and roles.yaml (exit 1 on any problem)"
-    )
+        "check", help="validate targets.yaml, rules.yaml, roles.yaml and notifications.yaml (exit 1 on any "
+                      "problem; no secrets needed)")
+    parser.add_argument("--require-credentials", action="store_true", dest="require_credentials",
+                        help="a target's or channel's missing secret variable is a problem, not a warning "
+                             "(what `serve` needs)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (see the module doc)")
     add_path_flags(parser)
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-    problems: list[str] = []
-    summary: list[tuple[Path, str]] = []
-    refs: list[NameRef] = []
+class StandInSecrets(Mapping[str, str]):
+    """The environment for linting a notifications file: a ``*_SECRET`` or ``*_URL`` variable that is
+    not set reads as a harmless stand-in (an https URL), and its name is remembered in ``missing``."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.missing: list[str] = []
+
+    def __getitem__(self, key: str) -> str:
+        if self.environ.get(key):
+            return self.environ[key]
+        if key.endswith(("_SECRET", "_URL")):
+            self.missing.append(key)
+            return "https://stand-in.invalid/" if key.endswith("_URL") else "stand-in"
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.environ)
+
+    def __len__(self) -> int:
+        return len(self.environ)
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    files: list[dict[str, str]] = field(default_factory=list)
+
+    def file(self, name: str, path: Path, status: str, summary: str) -> None:
+        self.files.append({"file": name, "path": str(path), "status": status, "summary": summary})
+
+
+def check_targets(settings: Settings, report: Report, strict: bool) -> tuple[Target, ...] | None:
+    """targets.yaml as serve reads it; without ``strict`` a missing credential is a warning (the
+    problems the environment adds to those of the file alone)."""
+    path = settings.targets_file
     targets: tuple[Target, ...] | None = None
     try:
-        targets = load_targets(settings.targets_file, settings.credentials)
-        summary.append((settings.targets_file, f"targets: {len(targets)} in {settings.targets_file}"))
+        targets = load_targets(path)
+        shape: list[str] = []
     except ConfigProblems as exc:
-        problems += exc.problems
-        with contextlib.suppress(ConfigProblems):  # names can still be checked without credentials
-            targets = load_targets(settings.targets_file)
-    if settings.rules_file.exists():
+        shape = exc.problems
+    try:
+        load_targets(path, settings.credentials)
+        secrets: list[str] = []
+    except ConfigProblems as exc:
+        secrets = [p for p in exc.problems if p not in shape]
+    report.problems += shape + (secrets if strict else [])
+    if not strict:
+        report.warnings += [f"warning: {p} (needed by `serve`, not by this check)" for p in secrets]
+    bad = shape or (secrets and strict)
+    count = f"targets: {len(targets)} in {path}" if targets is not None else f"targets: {path} has problems"
+    report.file("targets", path, "error" if bad else "ok", count)
+    return targets
+
+
+def check_notifications(settings: Settings, report: Report, strict: bool) -> None:
+    path = settings.notifications_file
+    if path is None or not path.exists():
+        if path is not None and path not in settings.named_files:
+            report.file("notifications", path, "absent", f"notifications: {path} absent; no channel")
+        return
+    environ: Mapping[str, str] = settings.notify_env if strict else StandInSecrets(settings.notify_env)
+    try:
+        config = notify.load(path, environ)
+    except ConfigError as exc:
+        report.problems += exc.details.get("problems") or [exc.message]
+        report.file("notifications", path, "error", f"notifications: {path} has problems")
+        return
+    for name in dict.fromkeys(getattr(environ, "missing", [])):
+        report.warnings.append(f"warning: {path}: the environment variable {name} is not set (needed by "
+                               "`serve`, not by this check)")
+    report.file("notifications", path, "ok", f"notifications: {len(config.channels)} channel(s) in {path}")
+
+
+def survey(settings: Settings, strict: bool) -> Report:
+    report = Report()
+    refs: list[NameRef] = []
+    targets = check_targets(settings, report, strict)
+    report.problems += settings.missing_named_files()
+    rules = settings.rules_file
+    if rules.exists():
         try:
-            policy = PolicyStore(settings.rules_file).current()
+            policy = PolicyStore(rules).current()
             refs += policy.refs
-            problems += unreachable_rules(policy, tool_categories())
-            summary.append((settings.rules_file, f"rules: {settings.rules_file} ok"))
+            unreachable = unreachable_rules(policy, tool_categories())
+            report.problems += unreachable
+            report.file("rules", rules, "error" if unreachable else "ok", f"rules: {rules} ok")
         except ConfigError as exc:
-            problems += exc.details.get("problems") or [exc.message]
+            report.problems += exc.details.get("problems") or [exc.message]
+            report.file("rules", rules, "error", f"rules: {rules} has problems")
+    elif rules in settings.named_files:
+        report.file("rules", rules, "error", f"rules: {rules} does not exist")
     else:
-        summary.append((settings.rules_file, f"rules: {settings.rules_file} absent; built-in strict "
-                                             "defaults apply (destructive denied)"))
+        report.file("rules", rules, "absent", f"rules: {rules} absent; built-in strict defaults apply "
+                                              "(destructive denied)")
     role_names: list[str] = list(BUILTIN_ROLES)
-    if settings.roles_file.exists():
-        role_problems, custom, role_refs = RoleBook(settings.roles_file).survey()
-        problems += role_problems
+    roles = settings.roles_file
+    if roles.exists():
+        role_problems, custom, role_refs = RoleBook(roles).survey()
+        report.problems += role_problems
         refs += role_refs
         role_names += custom
         if not role_problems:
-            summary.append((settings.roles_file, f"roles: {settings.roles_file} ok"))
+            report.file("roles", roles, "ok", f"roles: {roles} ok")
         else:  # a rule naming a custom role is not reported while the roles file itself is broken
             refs = [r for r in refs if r.kind != "role"]
+            report.file("roles", roles, "error", f"roles: {roles} has problems")
+    elif roles in settings.named_files:
+        report.file("roles", roles, "error", f"roles: {roles} does not exist")
     else:
-        summary.append((settings.roles_file, f"roles: {settings.roles_file} absent; built-in roles reader "
-                                             "and admin only"))
-    problems += _identity_problems(settings.identity_file, summary, role_names)
+        report.file("roles", roles, "absent", f"roles: {roles} absent; built-in roles reader and admin only")
+    check_notifications(settings, report, strict)
+    check_identity(settings.identity_file, report, role_names)
+    check_syslog(settings.syslog_file, report)
     known = KnownNames.of(targets, role_names, tool_categories())
-    problems += [str(u) for u in unknown_names(refs, known)]
-    problems = list(dict.fromkeys(problems))
-    for path, line in summary:
-        if not any(p.startswith(str(path)) for p in problems):  # a file with a problem is not "ok"
-            print(line)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print(f"gateway check: {len(problems)} problem(s); fix them and run it again", file=sys.stderr)
-    return 1 if problems else 0
+    report.problems += [str(u) for u in unknown_names(refs, known)]
+    report.problems = list(dict.fromkeys(report.problems))
+    for entry in report.files:  # a file with a problem is not "ok"
+        if entry["status"] == "ok" and any(p.startswith(entry["path"]) for p in report.problems):
+            entry["status"] = "error"
+    return report
 
 
-def _identity_problems(path: Path | None, summary: list[tuple[Path, str]],
-                       role_names: list[str]) -> list[str]:
-    """identity.yaml (absent: gateway tokens only), and every role its mappings name."""
+def run(args: argparse.Namespace) -> int:
+    report = survey(settings_from(args), bool(args.require_credentials))
+    if args.json:
+        print(json.dumps({"ok": not report.problems, "problems": report.problems, "warnings": report.warnings,
+                          "files": report.files}, indent=2))
+        return 1 if report.problems else 0
+    for entry in report.files:
+        if entry["status"] != "error":
+            print(entry["summary"])
+    for line in [*report.warnings, *report.problems]:
+        print(line, file=sys.stderr)
+    if report.problems:
+        print(f"gateway check: {len(report.problems)} problem(s); fix them and run it again", file=sys.stderr)
+    return 1 if report.problems else 0
+
+
+def check_identity(path: Path | None, report: Report, role_names: list[str]) -> None:
+    """identity.yaml (absent: gateway tokens only, and nothing to say), and every role its mappings name."""
     if path is None:
-        return []
+        return
     try:
         config = load_identity(path)
     except ConfigProblems as exc:
-        return exc.problems
-    if config is None:  # absent: gateway tokens only, and nothing to say (as before identity.yaml)
-        return []
-    summary.append((path, f"identity: {path} ok ({len(config.issuers)} issuer(s))"))
-    return [f"{where}: issuer {i.issuer}: roles: {value!r} maps to the role {role!r}, which is not defined; "
-            "define it in roles.yaml or map to another role"
-            for i in config.issuers for (value, role), where in zip(i.roles, i.role_places, strict=True)
-            if role not in role_names]
+        report.problems += exc.problems
+        report.file("identity", path, "error", f"identity: {path} has problems")
+        return
+    if config is None:
+        return
+    report.problems += [
+        f"{where}: issuer {i.issuer}: roles: {value!r} maps to the role {role!r}, which is not defined; "
+        "define it in roles.yaml or map to another role"
+        for i in config.issuers for (value, role), where in zip(i.roles, i.role_places, strict=True)
+        if role not in role_names]
+    report.file("identity", path, "ok", f"identity: {path} ok ({len(config.issuers)} issuer(s))")
+
+
+def check_syslog(path: Path | None, report: Report) -> None:
+    """syslog.yaml (gateway.audit.syslog_config); absent: no forwarding, and nothing to say."""
+    if path is None or not path.exists():
+        return
+    try:
+        config = syslog_config.load(path)
+    except ConfigError as exc:
+        report.problems += list(exc.details.get("problems") or [exc.message])
+        report.file("syslog", path, "error", f"syslog: {path} has problems")
+        return
+    if config is not None:
+        report.file("syslog", path, "ok", f"syslog: audit rows forwarded to the {config.where}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.auth.local import os_person
 from gateway.cli import add_path_flags, settings_from
+from gateway.cli.output import iso_utc, print_json
 from gateway.guard.decision import Proposed, proposal_rights
 from gateway.server.proposal_flow import proposal_view
 from gateway.server.runtime import Gateway
@@ -23,7 +24,9 @@ def register(sub: Any) -> None:
     actions = parser.add_subparsers(dest="pending_action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="proposals awaiting a decision")
     listing.add_argument("--all", action="store_true", help="include decided proposals")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true",
+                         help="one JSON object per line: the proposal as the web page shows it, with "
+                              "created_at and expires_at in ISO-8601 UTC (as the webhooks write times)")
     add_path_flags(listing)
     listing.set_defaults(handler=run_list)
     helps = {
@@ -41,7 +44,7 @@ def register(sub: Any) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    gateway = Gateway.build(settings_from(args))
+    gateway = Gateway.build(settings_from(args), credentials_required=False, cli=True)  # logs in nowhere
     states = None if args.all else ["pending"]
 
     async def go() -> list[dict[str, Any]]:
@@ -49,7 +52,8 @@ def run_list(args: argparse.Namespace) -> int:
             await gateway.start_notifier()  # proposals this listing expires are told like any other
             gateway.expire_due()
             viewer = gateway.party(os_person())
-            return [proposal_view(p, gateway.clock()) for p in gateway.store.list_proposals(states)
+            return [{**proposal_view(p, gateway.clock()), "created_at": iso_utc(p.created_at),
+                     "expires_at": iso_utc(p.expires_at)} for p in gateway.store.list_proposals(states)
                     if proposal_rights(viewer, Proposed.of(p)).see]
         finally:
             await gateway.close()
@@ -57,7 +61,7 @@ def run_list(args: argparse.Namespace) -> int:
     rows = asyncio.run(go())
     if args.json:
         for row in rows:
-            print(json.dumps(row, sort_keys=True))
+            print_json(row, one_line=True)
         return 0
     if not rows:
         print("no proposals")
@@ -112,7 +116,7 @@ def describe(r: dict[str, Any]) -> str:
 
 
 def _decide(args: argparse.Namespace, approve: bool) -> int:
-    gateway = Gateway.build(settings_from(args))
+    gateway = Gateway.build(settings_from(args), cli=True)
 
     async def go() -> dict[str, Any]:
         try:

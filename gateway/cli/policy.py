@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 import yaml
@@ -38,7 +39,14 @@ def run_show(args: argparse.Namespace) -> int:
     except ConfigProblems:
         known_targets = None  # the policy can still be shown for its defaults; `gateway check` explains
     known = KnownNames.of(known_targets, RoleBook(settings.roles_file).roles(), tool_categories())
-    report = describe(PolicyStore(settings.rules_file), known_targets or (), known)
+    missing = settings.missing_named_files()
+    for line in missing:
+        print(line, file=sys.stderr)
+    if missing:  # a mistyped --rules must not show the built-in defaults as if they were the file's
+        report: dict[str, object] = {"file": str(settings.rules_file), "status": "error", "errors": missing,
+                                     "effect": "nothing shown: the files named do not exist"}
+    else:
+        report = describe(PolicyStore(settings.rules_file), known_targets or (), known)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:

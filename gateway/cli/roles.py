@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.auth.roles import RoleBook
 from gateway.cli import add_path_flags, settings_from
+from gateway.cli.output import print_json
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.role import BUILTIN_ROLES
@@ -24,6 +25,8 @@ def register(sub: Any) -> None:
     actions = parser.add_subparsers(dest="roles_action", required=True, metavar="ACTION")
     check = actions.add_parser("check", help="exit 1 if roles.yaml is broken, names a tool or target that "
                                              "does not exist, or a token's role is undefined")
+    check.add_argument("--json", action="store_true",
+                       help='print {"ok", "problems", "roles_file", "custom_roles"} instead of lines')
     check.set_defaults(handler=run_check)
     listing = actions.add_parser("list", help="the built-in roles and those of roles.yaml")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -58,11 +61,15 @@ def run_check(args: argparse.Namespace) -> int:
             targets = load_targets(settings.targets_file)
         problems = [str(u) for u in unknown_names(refs, KnownNames.of(targets, (), tool_categories()))]
         problems += token_problems(settings, book)
+    custom = sorted(set(book.roles()) - set(BUILTIN_ROLES))
+    if args.json:
+        print_json({"ok": not problems, "problems": problems, "roles_file": str(settings.roles_file),
+                    "custom_roles": custom})
+        return 1 if problems else 0
     for problem in problems:
         print(problem)
     if problems:
         return 1
-    custom = sorted(set(book.roles()) - set(BUILTIN_ROLES))
     source = f"{settings.roles_file}: {len(custom)} custom role(s)" if settings.roles_file.exists() else \
         f"{settings.roles_file} absent: built-in roles only"
     print(f"{source}; every usable token names a defined role")

@@ -30,6 +30,7 @@ from gateway.server.hangup import Hangup
 from gateway.server.mcp import serve_stdio
 from gateway.server.tls import server_context
 from gateway.settings import Settings
+from gateway.tools.exposure import allow_write_arg
 
 if TYPE_CHECKING:
     from gateway.server.runtime import Gateway
@@ -62,6 +63,8 @@ def register(sub: Any) -> None:
                         help="proxies whose X-Forwarded-For/-Proto are trusted (comma-separated)")
     parser.add_argument("--web", action="store_true", help="serve the approval page at /ui (GATEWAY_WEB_UI)")
     parser.add_argument("--read-only", action="store_true", help="offer read tools only (GATEWAY_READ_ONLY)")
+    parser.add_argument("--allow-write", type=allow_write_arg, default=None, metavar="TOOL[,TOOL]",
+                        help="with --read-only: also offer these write tools (e.g. create_snapshot)")
     parser.add_argument("--enable-destructive", action="store_true",
                         help="offer destructive tools (GATEWAY_ENABLE_DESTRUCTIVE)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
@@ -90,7 +93,7 @@ def register(sub: Any) -> None:
 def switches(args: argparse.Namespace) -> dict[str, bool | None]:
     """A switch given on the command line turns the feature on; an absent one leaves the environment's."""
     return {"read_only": args.read_only or None, "enable_destructive": args.enable_destructive or None,
-            "web_ui": args.web or None}
+            "web_ui": args.web or None, "allow_write": getattr(args, "allow_write", None)}
 
 
 def check_network_args(args: argparse.Namespace) -> str:

@@ -1,7 +1,8 @@
 """``gateway token``: create, list, revoke, re-role and re-kind bearer tokens.
 
-``create`` prints the token alone on stdout (``TOKEN=$(gateway token create ci --role reader)``); it
-is shown this once and only its hash is stored. A token is an agent's unless created ``--kind
+``create`` prints the token alone on stdout (``TOKEN=$(gateway token create ci --role reader)``), or
+with ``--json`` one object ``{"token", "name", "kind", "role", "token_id", "expires"}``; it is shown
+this once and only its hash is stored. A token is an agent's unless created ``--kind
 person``: only a person's token signs in to the approval page and approves. Every change is an
 audit row naming the shell user (``os:<user>``, a person); a change that cannot be audited is undone
 (a created token is revoked) and reported as an error. Running servers apply revocations, role and
@@ -16,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 from gateway.audit.file_sink import AuditSink
@@ -24,6 +24,7 @@ from gateway.auth.local import os_person
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import create_token, parse_expiry
 from gateway.cli import add_path_flags, settings_from
+from gateway.cli.output import iso_utc, print_json
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
 from gateway.settings import Settings
 from gateway.store import StateStore, open_store
@@ -44,9 +45,13 @@ def register(sub: Any) -> None:
     create.add_argument("--kind", choices=KINDS, default=Kind.AGENT.value,
                         help="agent (default): an MCP client's token; person: a human's, the only kind that "
                              "signs in to the approval page and approves (never their own proposals)")
+    create.add_argument("--json", action="store_true",
+                        help='print {"token", "name", "kind", "role", "token_id", "expires"} (ISO-8601 UTC '
+                             "or null) instead of the token alone")
     create.set_defaults(handler=run_create)
     listing = actions.add_parser("list", help="tokens with kind, role, dates and state (never a secret)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    listing.add_argument("-l", "--long", action="store_true", help="also the token ids (a long listing)")
     listing.set_defaults(handler=run_list)
     revoke = actions.add_parser("revoke", help="refuse a token from the next request on")
     revoke.add_argument("name")
@@ -102,32 +107,32 @@ def run_create(args: argparse.Namespace) -> int:
         except AuditUnavailable:
             store.update_token(rec.name, revoked=True)
             raise
-    print(token)
+    if args.json:
+        print_json({"token": token, "name": rec.name, "kind": rec.kind.value, "role": rec.role,
+                    "token_id": rec.token_id, "expires": iso_utc(rec.expires_at)})
+    else:
+        print(token)
     print(f"created {rec.kind.value} token {rec.name!r} with role {rec.role}; it is shown only this once",
           file=sys.stderr)
     return 0
-
-
-def _when(stamp: float | None) -> str | None:
-    return None if stamp is None else datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def token_row(rec: TokenRecord, now: float) -> dict[str, Any]:
     """What ``list`` shows of a token: never its secret or hash."""
     state = "revoked" if rec.revoked else "expired" if rec.expired(now) else "active"
     return {"name": rec.name, "kind": rec.kind.value, "role": rec.role, "token_id": rec.token_id,
-            "created": _when(rec.created_at),
-            "expires": _when(rec.expires_at), "last_used": _when(rec.last_used), "revoked": rec.revoked,
+            "created": iso_utc(rec.created_at),
+            "expires": iso_utc(rec.expires_at), "last_used": iso_utc(rec.last_used), "revoked": rec.revoked,
             "state": state}
 
 
 _COLUMNS = ("name", "kind", "role", "state", "created", "expires", "last_used")
 
 
-def _print_table(rows: Sequence[Mapping[str, Any]]) -> None:
-    cells = [[str(r[c] if r[c] is not None else "-") for c in _COLUMNS] for r in rows]
-    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(_COLUMNS)]
-    for line in [list(_COLUMNS), *cells]:
+def _print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = _COLUMNS) -> None:
+    cells = [[str(r[c] if r[c] is not None else "-") for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    for line in [list(columns), *cells]:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
 
 
@@ -138,7 +143,7 @@ def run_list(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(row, sort_keys=True))
     elif rows:
-        _print_table(rows)
+        _print_table(rows, ("name", "token_id", *_COLUMNS[1:]) if args.long else _COLUMNS)
     else:
         print("no tokens; create one with `gateway token create NAME --role reader`")
     return 0
@@ -176,7 +181,7 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
     from gateway.server.runtime import Gateway
 
     try:
-        gateway = Gateway.build(settings)
+        gateway = Gateway.build(settings, cli=True)
     except ConfigError:
         rec = store.update_token(name, revoked=True)
         _audit(settings, "token_revoked", rec)

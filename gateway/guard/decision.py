@@ -511,7 +511,7 @@ def _policy(f: Facts) -> Verdict:
     if not decision.allowed:
         return _refuse("policy_denied", decision.reason, decision.rule or "policy", decision)
     if f.entry is Entry.CONFIRM and decision.require_approval:
-        return _refuse(
+        refused = _refuse(
             "approval_required",
             f"target '{f.target}' requires a human to approve this action: it waits in the approval "
             f"page (/ui) or for `gateway pending approve {f.proposal_id}`; it executes once approved, "
@@ -520,6 +520,7 @@ def _policy(f: Facts) -> Verdict:
             decision,
             proposal_id=f.proposal_id,
         )
+        return replace(refused, require_approval=True)  # the answer's decision says why it waits
     return Verdict(
         True,
         decision.reason,
@@ -592,5 +593,6 @@ def may_read_audit_row(role: Role, viewer: str, row: Mapping[str, Any]) -> bool:
 
 def sees_target_addresses(role: Role | None) -> bool:
     """Whether a caller with ``role`` is shown the targets' hosts, addresses and ports (``list_targets``,
-    the MCP server's instructions): only a role covering every target. Pure."""
-    return role is not None and role.all_targets
+    the MCP server's instructions): an admin's only, a role that may call every tool on every target
+    (the built-in reader covers every target too, but learns no address from it). Pure."""
+    return role is not None and role.all_targets and role.tools == "*"

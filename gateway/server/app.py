@@ -300,7 +300,9 @@ def build_app(
     config = replace(config, open_paths=config.open_paths | OAUTH_DISCOVERY)
     in_flight = InFlightCalls()
     gate = DrainGate()
-    refusals = RefusalAudit(audit if audit is not None else getattr(gateway, "audit", None),
+    # refused tokens are written through the trail (so they are forwarded to syslog like every row)
+    sink = audit if audit is not None else getattr(gateway, "trail", None) or getattr(gateway, "audit", None)
+    refusals = RefusalAudit(sink,
                             interval=config.refusal_audit_seconds, surface=config.surface)
     gateway.metrics.add_collector("targets", lambda: _target_metrics(gateway))
     gateway.metrics.add_collector("audit", lambda: audit_families(getattr(gateway, "audit", None)))

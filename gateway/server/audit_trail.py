@@ -25,7 +25,9 @@ from typing import Any, Final, TypeVar
 
 from gateway import tracing
 from gateway.answer import Answer
+from gateway.audit.syslog_forward import Forwarder, forwarder_for
 from gateway.errors import AuditUnavailable
+from gateway.server import reloads
 from gateway.server.context import off_loop
 from gateway.store.base import AuditWriter
 
@@ -51,11 +53,13 @@ class AuditTrail:
         #: sink took it: the one hook for forwarding rows elsewhere (a log pipeline). A listener must not
         #: block or raise; a failure is logged and never fails the row
         self.written: list[Callable[[Mapping[str, Any]], None]] = []
+        #: the syslog forwarder (``forward_to_syslog``), one of the ``written`` listeners; stopped at close
+        self.forwarder: Forwarder | None = None
 
     def write_quietly(self, row: Mapping[str, Any]) -> None:
         """A row written before the gateway exists (targets.yaml at start): lost only if the audit is down."""
         try:
-            self._written(self.audit.write(row, timeout=AUDIT_DEADLINE_SECONDS))
+            self.write_row(row)
         except AuditUnavailable:
             log.error("the audit log could not record the load of %s", row.get("path"))
 
@@ -152,6 +156,14 @@ class AuditTrail:
             log.error("audit row (%s) waits until the audit log is writable", row.get("phase"))
             self.wait(row)
 
+    def write_now(self, row: Mapping[str, Any]) -> None:
+        """Append ``row`` now, after the rows waiting, or raise ``AuditUnavailable`` (a load that must
+        not apply unrecorded: roles.yaml)."""
+        self.flush_waiting()
+        if self.waiting:
+            raise AuditUnavailable(f"audit log {self.where} cannot take rows now; see the server log")
+        self.write_row(row)
+
     def wait(self, row: Mapping[str, Any]) -> None:
         self.waiting.append({**tracing.with_trace_id(row), "delayed": True, "row_id": uuid.uuid4().hex})
 
@@ -168,11 +180,18 @@ class AuditTrail:
                 written += 1
         return written
 
-    def write_row(self, row: Mapping[str, Any]) -> None:
+    def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """The sink's own shape (``AuditWriter.write``), for collaborators handed a sink (the edge's
+        refused-token rows, the web page's sign-ins): the row goes through ``write_row``, so it is
+        forwarded too. The deadline is always ``AUDIT_DEADLINE_SECONDS``."""
+        return self.write_row(event)
+
+    def write_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Append one row now (``AuditUnavailable`` when it cannot be); return it as stored."""
         try:
             # the sink gives up on its locks first, so a refused row is never appended late
             with tracing.span("gateway.audit_append", **{"audit.phase": row.get("phase")}):
-                written = self.audit.write(tracing.with_trace_id(row), timeout=AUDIT_DEADLINE_SECONDS)
+                stored = self.audit.write(tracing.with_trace_id(row), timeout=AUDIT_DEADLINE_SECONDS)
         except AuditUnavailable:
             raise
         except Exception as exc:  # any failure to record is a refusal, never a silent pass
@@ -180,7 +199,8 @@ class AuditTrail:
             raise AuditUnavailable(
                 f"audit log {self.where} could not record the call; see the server log"
             ) from exc
-        self._written(written)
+        self._written(stored)
+        return stored
 
     def _written(self, row: Any) -> None:
         """Hand a row the sink wrote to the ``written`` listeners."""
@@ -191,3 +211,32 @@ class AuditTrail:
                 listener(row)
             except Exception:
                 log.exception("an audit row listener failed (the row is in the log)")
+
+    def forward_to(self, forwarder: Forwarder) -> Forwarder:
+        """Hand every row written from now on to ``forwarder`` (one of the ``written`` listeners); it is
+        stopped by ``stop_forwarding``."""
+        self.forwarder = forwarder
+        self.written.append(forwarder.offer)
+        return forwarder
+
+    def stop_forwarding(self) -> None:
+        """Let the syslog forwarder send what waits (a few seconds at most), then stop it."""
+        if self.forwarder is not None:
+            self.forwarder.close()
+
+
+def forward_to_syslog(trail: AuditTrail, path: Path | None) -> Forwarder | None:
+    """Start forwarding every row ``trail`` writes to the receiver ``syslog.yaml`` at ``path`` names
+    (nothing without the file). Its load is audited like every configuration file's; a bad file is
+    ``ConfigError`` and the gateway does not start."""
+    if path is None or not path.exists():
+        return None
+
+    def start() -> Forwarder | None:  # attached before the load's own row is written, so it is sent too
+        forwarder = forwarder_for(path)
+        return trail.forward_to(forwarder).start() if forwarder is not None else None
+
+    return reloads.load_audited(
+        "syslog", path, start,
+        lambda f: {"receivers": {f.config.where: reloads.fingerprint(repr(f.config))} if f else {}},
+        trail.write_quietly)

@@ -52,7 +52,7 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
     moves = Moves(backends.store, trail, facts.registry, facts, instance=backends.instance,
                   reader=backends.reader, sweep_leader=backends.sweep_leader, clock=facts.clock)
     calls = Calls(facts.targets, facts=facts, trail=trail, metrics=metrics,
-                  rate_limiter=backends.rate_limiter, dry_run=settings.dry_run)
+                  rate_limiter=backends.rate_limiter, dry_run=settings.dry_run, breaker=backends.breaker)
     reads = Reads(calls, scheduler=scheduler, mirrors=mirrors, read_rules=read_rules,
                   fanout_timeout=settings.fanout_timeout_seconds)
     writes = Writes(calls, scheduler=scheduler, moves=moves, breaker=backends.breaker)

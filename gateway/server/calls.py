@@ -20,7 +20,7 @@ from gateway.errors import (
     NotFound,
     RateLimited,
 )
-from gateway.guard import inputs
+from gateway.guard import confirm, inputs
 from gateway.guard.decision import (
     Entry,
     Facts,
@@ -30,7 +30,7 @@ from gateway.guard.decision import (
     authorize,
     authorize_resolved,
 )
-from gateway.guard.limits import RateLimiter
+from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy.model import Decision, TargetPolicy
 from gateway.proposals import Proposal
 from gateway.server.audit_trail import AuditTrail
@@ -75,8 +75,9 @@ class Calls:
     """Runs tool calls: the gate, reads, writes and the execution of a change, every refusal audited."""
 
     def __init__(self, targets: Mapping[str, Target], *, facts: FactsNow, trail: AuditTrail, metrics: Metrics,
-                 rate_limiter: RateLimiter, dry_run: bool) -> None:
+                 rate_limiter: RateLimiter, dry_run: bool, breaker: RunawayBreaker | None = None) -> None:
         self.targets = targets
+        self.breaker = breaker
         self.facts = facts
         self.trail = trail
         self.metrics = metrics
@@ -140,7 +141,12 @@ class Calls:
                 target=ref if single else None,
                 resolved=False,
             )
-            await self.check(ctx, gate, args)
+            with tracing.span("gateway.decision",
+                              **{"gateway.entry": gate.entry.value, "gateway.tool": spec.name}):
+                verdict = authorize(gate)
+            if not verdict.allowed and single:
+                await self.count_refused_change(ctx, str(ref), args)
+            await self.enforce(ctx, verdict, gate, args)
             try:
                 valid = spec.validate(args)
             except InvalidArgument as exc:
@@ -176,6 +182,22 @@ class Calls:
         party = Party(principal.name, TokenState.USABLE, None)  # the row names the principal's role
         ctx = CallContext(principal, party, spec or unknown_tool(name), correlation_id, client)
         await self.refused(ctx, args, InvalidArgument(where, inputs.UNSTORABLE_MESSAGE))
+
+    async def count_refused_change(self, ctx: CallContext, target: str,
+                                   args: Mapping[str, Any] | None) -> None:
+        """A change refused at the gate counts toward the runaway breaker as an allowed one does
+        (``Writes.write``): an agent looping on a refusal is told to fix its loop (rate_limited)."""
+        if self.breaker is None:
+            return
+        try:
+            digest = confirm.args_digest(ctx.spec.name, target, args or {})
+        except (TypeError, ValueError):  # not canonical JSON: validation refuses it anyway
+            return
+        try:
+            await off_loop(self.breaker.check, ctx.principal.name, ctx.spec.name, digest, ctx.spec.kind,
+                           time.monotonic())
+        except GatewayError as exc:
+            await self.refused(ctx, args, exc, target=target)
 
     async def check(
         self, ctx: CallContext, facts: Facts, args: Mapping[str, Any] | None, **row: Any

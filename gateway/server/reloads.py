@@ -9,7 +9,10 @@ were added, removed or changed) or ``outcome: refused`` with the problems (``err
 in force (``effect``).
 
 The rows are built here by pure functions and written by the gateway through its one audit path
-(``Gateway._write_or_wait``: a row the audit cannot take yet waits in memory).
+(``Gateway.config_row``: a row the audit cannot take yet waits in memory; a roles.yaml load the audit
+cannot take does not apply, the roles before stay). A server writes a row for every load, its start
+included; a CLI run (``gateway pending``, ``token revoke``) only for a file whose content or outcome
+differs from its newest row (``already_audited``), so running commands does not fill the audit.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from gateway.audit.readers import AuditReader
 from gateway.config import Target
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayError
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.store import RulesLoad
 from gateway.identity.service import IdentityService, open_identity
+from gateway.settings import Settings
 
 PHASE: Final = "config_reload"
 #: at most this many problems are kept in a refusal row (the audit bounds each string on its own)
@@ -115,6 +121,26 @@ def rules_row(load: RulesLoad) -> dict[str, Any]:
     return loaded_row("rules", load.path, load.sha256, rules_summary(load.policy), before, first=load.first)
 
 
+#: how many of the newest configuration rows a CLI run looks through for its files' last loads
+RECENT_ROWS: Final = 50
+
+
+def already_audited(row: Mapping[str, Any], recent: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``row`` (a load by a CLI run) tells nothing new: the newest row of the same file and
+    path in ``recent`` (configuration rows, oldest first) has its sha256 and outcome. Pure."""
+    same = [r for r in recent if r.get("file") == row.get("file") and r.get("path") == row.get("path")]
+    return bool(same) and all(same[-1].get(k) == row.get(k) for k in ("sha256", "outcome"))
+
+
+def last_loaded_path(file: str, recent: Sequence[Mapping[str, Any]]) -> Path | None:
+    """Where the newest row in ``recent`` (oldest first) loaded ``file`` from (a server's own setting,
+    such as the GATEWAY_NOTIFICATIONS_FILE of its unit), or None. Pure."""
+    for row in reversed(recent):
+        if row.get("file") == file and row.get("outcome") == "loaded" and isinstance(row.get("path"), str):
+            return Path(row["path"])
+    return None
+
+
 def file_sha256(path: Path | None) -> str | None:
     """The SHA-256 of the file's bytes; None when it does not exist or cannot be read."""
     if path is None:
@@ -158,6 +184,37 @@ class RolesReloads:
         effect = "custom roles are off until it is fixed; the built-in roles reader and admin keep working"
         self.write(refused_row("roles", self.path, sha256, problems, effect, first=self._first))
         self._before, self._first = None, False
+
+
+def unless_audited(reader: AuditReader, write: Callable[[dict[str, Any]], None],
+                    quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """``write``, or (``quiet``: a CLI run) ``write`` only for a load that is news to the audit."""
+    if not quiet:
+        return write
+
+    def maybe(row: dict[str, Any]) -> None:
+        try:
+            recent = reader.rows(phase=PHASE, last=RECENT_ROWS)
+        except (OSError, ValueError, GatewayError):  # the audit cannot say: the row is written
+            recent = []
+        if not already_audited(row, recent):
+            write(row)
+
+    return maybe
+
+
+def with_servers_notifications(settings: Settings, reader: AuditReader) -> Settings:
+    """``settings`` with the notifications file the server last loaded (its audited row names it) when
+    this shell's own is only the default and does not exist, so a decision made here is told too."""
+    own = settings.notifications_file
+    if own is None or own in settings.named_files or own.exists():
+        return settings
+    try:
+        found = last_loaded_path("notifications", reader.rows(phase=PHASE,
+                                                                      last=RECENT_ROWS))
+    except (OSError, ValueError, GatewayError):
+        return settings
+    return replace(settings, notifications_file=found) if found is not None and found.exists() else settings
 
 
 def load_identity(path: Path | None, audit: Callable[[Mapping[str, Any]], None],

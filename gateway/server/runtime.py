@@ -31,6 +31,7 @@ sweeper there expires, cancels orphans and settles dead claims.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
-from gateway.server.audit_trail import AuditTrail
+from gateway.server.audit_trail import AuditTrail, forward_to_syslog
 from gateway.server.call_path import compose_call_path
 from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
@@ -51,6 +52,8 @@ from gateway.settings import Settings
 from gateway.store.backends import AuditReader, Backends, open_backends
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class Gateway(GatewayFacade):
@@ -68,8 +71,11 @@ class Gateway(GatewayFacade):
         roles: RoleBook,
         trail: AuditTrail | None = None,
         clock: Callable[[], float] = time.time,
+        quiet_loads: bool = False,
     ) -> None:
         self.settings = settings
+        #: a CLI run: a configuration load is audited only when it is news (``reloads.already_audited``)
+        self.quiet_loads = quiet_loads
         self.targets = {t.name: t for t in targets}
         self.registry = registry
         self.scheduler = scheduler
@@ -94,7 +100,7 @@ class Gateway(GatewayFacade):
         self.notifier: Notifier | None = None
         path = settings.notifications_file
         if path is not None:
-            write = self.audit.write
+            write = self.trail.write_row  # through the trail, so the rows are forwarded too
             self.notifier = reloads.load_audited(
                 "notifications", path, lambda: notifier_for(path, settings.notify_env, write, [self]),
                 lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
@@ -104,21 +110,34 @@ class Gateway(GatewayFacade):
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def build(cls, settings: Settings) -> Gateway:
-        """Load configuration and open the backends; raises ConfigError on anything fatal."""
-        registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only)
+    def build(cls, settings: Settings, *, credentials_required: bool = True, cli: bool = False) -> Gateway:
+        """Load configuration and open the backends; raises ConfigError on anything fatal.
+        ``credentials_required=False``: a target whose credentials are not in the environment is still
+        loaded (a command that only lists proposals; its calls would fail at login, naming them).
+        ``cli``: a command's run, which audits a configuration load only when it is news."""
+        for line in settings.missing_named_files():  # `gateway check` and `policy show` refuse these
+            log.warning("%s; running without it (built-in defaults for rules, built-in roles, no channel)",
+                        line)
+        registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
+                                  allow_write=settings.allow_write)
         backends = open_backends(settings)
+        if cli:  # a shell that names no notifications file of its own tells humans through the server's
+            settings = reloads.with_servers_notifications(settings, backends.reader)
         trail = AuditTrail(backends.audit, settings.audit_log)
+        forward_to_syslog(trail, settings.syslog_file)  # syslog.yaml: every row from here on
         # every configuration load is an audit row (gateway.server.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
         targets = reloads.load_audited(
             "targets", settings.targets_file,
-            lambda: load_targets(settings.targets_file, settings.credentials),
-            reloads.targets_summary, trail.write_quietly)
+            lambda: load_targets(settings.targets_file,
+                                 settings.credentials if credentials_required else None),
+            reloads.targets_summary, reloads.unless_audited(backends.reader, trail.write_quietly, cli))
         built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
         policy = PolicyStore(settings.rules_file,
                              on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
-        role_rows = reloads.RolesReloads(settings.roles_file, lambda row: built[0].config_row(row))
+        # a roles.yaml load the audit cannot record does not apply (RoleBook keeps the roles before)
+        role_rows = reloads.RolesReloads(settings.roles_file,
+                                         lambda row: built[0].config_row(row, strict=True))
         roles = RoleBook(settings.roles_file, on_reload=role_rows.loaded)
         roles.on_refused = role_rows.refused
         gateway = cls(
@@ -131,8 +150,11 @@ class Gateway(GatewayFacade):
             policy=policy,
             roles=roles,
             trail=trail,
+            quiet_loads=cli,
         )
         built.append(gateway)
+        if trail.forwarder is not None:
+            gateway.metrics.add_collector("syslog", trail.forwarder.families)
         names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
         return gateway
 
@@ -155,6 +177,7 @@ class Gateway(GatewayFacade):
         await self.moves.stop_sweeper()
         await self.path.calls.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
+        await asyncio.to_thread(self.trail.stop_forwarding)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
         if self.identity is not None:
@@ -170,10 +193,12 @@ class Gateway(GatewayFacade):
         self.policy.snapshot()
         self.roles.refresh()
 
-    def config_row(self, row: Mapping[str, Any]) -> None:
+    def config_row(self, row: Mapping[str, Any], *, strict: bool = False) -> None:
         """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
-        cannot take it. Blocking: the stores call it from the thread that read the file."""
-        self.trail.write_or_wait(row)
+        cannot take it, or with ``strict`` raises ``AuditUnavailable`` (the load must not apply).
+        Blocking: the stores call it from the thread that read the file."""
+        write = self.trail.write_now if strict else self.trail.write_or_wait
+        reloads.unless_audited(self.backends.reader, write, self.quiet_loads)(dict(row))
 
     def audit_reader(self) -> AuditReader:
         """The audit log's reader (the engine's: file or table), for the proof endpoints."""
@@ -198,3 +223,4 @@ class Gateway(GatewayFacade):
         if self.policy.snapshot()[0] is None:  # no good rules ever loaded: every call is refused
             reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
+

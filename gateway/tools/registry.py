@@ -77,27 +77,38 @@ def tool_categories() -> dict[str, Category]:
     return {spec.name: spec.kind for spec in all_tools(destructive=True)}
 
 
-def apply_read_only(specs: Sequence[ToolSpec]) -> tuple[list[ToolSpec], list[str]]:
-    """Keep the read tools; return them and the sorted names of the tools withheld."""
-    kept = [s for s in specs if s.kind is Category.READ]
-    return kept, sorted(s.name for s in specs if s.kind is not Category.READ)
+def _allowed(spec: ToolSpec, allow_write: Sequence[str]) -> bool:
+    return spec.kind is Category.WRITE and spec.name in allow_write
 
 
-def verify_read_only(offered: Sequence[ToolSpec]) -> None:
+def apply_read_only(specs: Sequence[ToolSpec], allow_write: Sequence[str] = ()) -> tuple[list[ToolSpec],
+                                                                                          list[str]]:
+    """Keep the read tools (and the write tools named in ``allow_write``); return them and the sorted
+    names of the tools withheld."""
+    kept = [s for s in specs if s.kind is Category.READ or _allowed(s, allow_write)]
+    return kept, sorted(s.name for s in specs if s not in kept)
+
+
+def verify_read_only(offered: Sequence[ToolSpec], allow_write: Sequence[str] = ()) -> None:
     """Prove read-only mode on what will actually be offered: every tool must be a read, by category
-    and by its MCP annotation. Raises ``ReadOnlyGateError`` (the server refuses to start) otherwise."""
-    survivors = sorted(s.name for s in offered
-                       if s.kind is not Category.READ or not s.annotations()["readOnlyHint"])
+    and by its MCP annotation, or a write tool named in ``allow_write`` (``gateway.tools.exposure``).
+    Raises ``ReadOnlyGateError`` (the server refuses to start) otherwise."""
+    survivors = sorted(s.name for s in offered if not _allowed(s, allow_write)
+                       and (s.kind is not Category.READ or not s.annotations()["readOnlyHint"]))
     if survivors:
         raise ReadOnlyGateError(f"read-only mode is on but {', '.join(survivors)} would still be offered; "
                                 "refusing to start")
 
 
-def build_registry(*, destructive: bool, read_only: bool) -> Registry:
+def build_registry(*, destructive: bool, read_only: bool, allow_write: Sequence[str] = ()) -> Registry:
     specs = all_tools(destructive=destructive)
     withheld: list[str] = []
+    if allow_write and not read_only:
+        raise ConfigError("--allow-write narrows --read-only (reads plus those writes); without --read-only "
+                          "every write tool is offered already: add --read-only or drop --allow-write")
     if read_only:
-        specs, withheld = apply_read_only(specs)
-        verify_read_only(specs)
-        log.warning("read-only mode: withholding %d tools: %s", len(withheld), ", ".join(withheld))
+        specs, withheld = apply_read_only(specs, allow_write)
+        verify_read_only(specs, allow_write)
+        log.warning("read-only mode: withholding %d tools: %s%s", len(withheld), ", ".join(withheld),
+                    f" (writes allowed: {', '.join(allow_write)})" if allow_write else "")
     return Registry(by_name(specs), tuple(withheld))

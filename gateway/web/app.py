@@ -326,7 +326,7 @@ class WebApi:
         row = {"phase": phase, "caller": principal.name, "kind": principal.kind.value, "role": principal.role,
                "surface": SURFACE, "correlation_id": correlation_id_var.get(), **fields}
         try:
-            await anyio.to_thread.run_sync(self.gateway.audit.write, row)
+            await anyio.to_thread.run_sync(self.gateway.trail.write_row, row)  # forwarded too
         except AuditUnavailable:
             log.warning("could not audit %s of %r: the audit log is not writable", phase, principal.name)
 

@@ -460,8 +460,9 @@ def parse_rules_file(raw: bytes, source: str) -> Policy:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigProblems([f"{source}: not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from None
-    data = load_yaml(text, source)
-    problems = section_problems(data, source)
+    problems: list[str] = []
+    data = load_yaml(text, source, problems)
+    problems += section_problems(data, source)
     try:
         policy = parse_policy(data, source)
     except ConfigProblems as exc:

@@ -385,13 +385,18 @@
     showLinkedProposal(proposals);
   }
 
-  // /ui#proposal=<id> (the link in notifications): scroll that card into view once, outlined.
+  // /ui#proposal=<id> (the link in notifications): that card alone (outlined; "Show all" brings the others
+  // back), scrolled into view once.
   function showLinkedProposal(proposals) {
+    const linked = Boolean(state.focus) && state.tab === "pending" && proposals.some((p) => p.proposal_id === state.focus);
+    $("view-pending").classList.toggle("isolating", linked);
+    $("focus-bar").hidden = !linked;
+    if (linked) $("focus-id").textContent = state.focus;
     if (!state.focus || state.focusShown || state.tab !== "pending") return;
     const card = document.querySelector('.card[data-proposal="' + CSS.escape(state.focus) + '"]');
     if (card) {
       state.focusShown = true;
-      card.scrollIntoView({ block: "center" });
+      requestAnimationFrame(() => card.scrollIntoView({ block: "center" }));
     } else if (!proposals.some((p) => p.proposal_id === state.focus)) {
       state.focusShown = true;
       toast("Proposal " + state.focus + " is not among the proposals you may see (it may be older than the list).", "error");
@@ -480,7 +485,7 @@
     const head = el("tr", {}, ...columns.map((c) => el("th", { text: c.title, class: c.num ? "num" : undefined })));
     const body = rows.map((row) => el("tr", {}, ...columns.map((c) => {
       const value = c.value(row);
-      const cell = el("td", { class: c.num ? "num" : c.cls });
+      const cell = el("td", { class: c.num ? "num" : c.cls, "data-label": c.title });
       cell.append(value instanceof Node ? value : String(value === null || value === undefined ? "—" : value));
       return cell;
     })));
@@ -625,19 +630,60 @@
 
   // What happened, in words; the deciding rule and reason are on hover, never in place of the outcome.
   const PHASE_OUTCOMES = {
-    proposed: "waiting for confirmation", approved: "approved", denied: "denied", expired: "expired",
+    approved: "approved", denied: "denied", expired: "expired",
     cancelled: "cancelled", dry_run: "dry run: nothing changed", executed: "ok", call: "ok",
-    web_sign_in: "signed in", web_sign_out: "signed out", token_created: "created",
-    notification_failed: "not delivered",
+    executing: "started (intent recorded)", web_sign_in: "signed in", web_sign_out: "signed out",
+    token_created: "created", notification_failed: "not delivered",
   };
+
+  // A row's phase as a reader should take it: a call the gateway refused (phase "denied" with an error
+  // code: not_found, approval_required, forbidden...) is "refused", never "denied", which a human's
+  // decision on a proposal reads as.
+  function auditPhase(row) {
+    if (row.phase === "denied" && row.error_code) return "refused";
+    return row.phase || "-";
+  }
 
   function auditOutcome(row) {
     const decision = row.decision || {};
     const why = [decision.rule ? "rule: " + decision.rule : "", decision.reason || ""].filter(Boolean).join(" — ");
     if (row.error_code) return el("span", { class: "bad", text: row.error_code, title: why || undefined });
-    const text = row.outcome || PHASE_OUTCOMES[row.phase] || null;
+    let text = row.outcome || PHASE_OUTCOMES[row.phase] || null;
+    if (row.phase === "proposed") {
+      text = decision.require_approval ? "waiting for approval" : "waiting for confirmation";
+    } else if (row.phase === "denied" && row.caller) {
+      text = "denied by " + row.caller;
+    } else if (row.phase === "token_refused") {
+      text = "token refused: " + (row.reason || "?") + (row.count > 1 ? " ×" + row.count : "");
+    }
     if (text === null) return null;
     return why ? el("span", { text, title: why }) : text;
+  }
+
+  // The audit table: each row's JSON opens in a row of its own, across the whole table.
+  function auditTable(columns, rows) {
+    const wrap = table(columns, rows);
+    wrap.classList.add("audit-table");
+    const trs = wrap.querySelectorAll("tbody tr");
+    trs.forEach((tr, index) => {
+      const button = el("button", { type: "button", class: "button quiet row-toggle", text: "show", "aria-expanded": "false" });
+      tr.lastChild.append(button);
+      button.addEventListener("click", () => {
+        const open = tr.nextSibling && tr.nextSibling.classList && tr.nextSibling.classList.contains("row-json");
+        if (open) {
+          tr.nextSibling.remove();
+          button.textContent = "show";
+          button.setAttribute("aria-expanded", "false");
+          return;
+        }
+        const cell = el("td", {}, el("pre", { class: "row-json-text", text: JSON.stringify(rows[index], null, 2) }));
+        cell.colSpan = columns.length;
+        tr.after(el("tr", { class: "row-json" }, cell));
+        button.textContent = "hide";
+        button.setAttribute("aria-expanded", "true");
+      });
+    });
+    return wrap;
   }
 
   async function loadAudit() {
@@ -654,15 +700,16 @@
       const columns = [
         { title: "Time (UTC)", cls: "mono", value: (r) => (r.ts || "").replace("T", " ").replace("Z", "") },
         { title: "Seq", num: true, value: (r) => r.seq },
-        { title: "Phase", value: (r) => el("span", { class: "phase phase-" + r.phase, text: r.phase }) },
+        { title: "Phase", value: (r) => el("span", { class: "phase phase-" + auditPhase(r), text: auditPhase(r),
+          title: auditPhase(r) !== r.phase ? "logged as " + r.phase : undefined }) },
         { title: "Caller", value: (r) => r.caller },
         { title: "Surface", value: (r) => r.surface },
         { title: "Tool", value: (r) => r.tool },
         { title: "Target", value: (r) => r.target },
         { title: "Outcome", value: auditOutcome },
-        { title: "Row", value: (r) => el("details", {}, el("summary", { text: "show" }), el("pre", { text: JSON.stringify(r, null, 2) })) },
+        { title: "Row", value: () => "" },
       ];
-      clear(body).append(table(columns, rows));
+      clear(body).append(auditTable(columns, rows));
       if (!rows.length) body.append(el("p", { class: "empty", text: "No rows match." }));
     } catch (error) {
       clear(body).append(errorLine(error));
@@ -675,6 +722,7 @@
     $("sign-in-form").addEventListener("submit", signIn);
     $("sign-out").addEventListener("click", signOut);
     $("targets-refresh").addEventListener("click", loadTargets);
+    $("focus-all").addEventListener("click", () => { location.hash = "#pending"; });
     $("audit-filters").addEventListener("submit", (event) => { event.preventDefault(); loadAudit(); });
     $("inventory-filter").addEventListener("input", renderInventory);
     for (const button of document.querySelectorAll("#inventory-kinds button")) {

@@ -1,0 +1,38 @@
+"""Exposure between all and read-only: ``gateway serve --read-only --allow-write a,b`` offers every
+read plus the named write tools, to every caller (roles and rules still decide each call).
+
+Only write tools (``gateway.tools.write``) can be named: a destructive tool stays behind
+``--enable-destructive`` and its two-phase flow, and a read is always offered anyway. A name that
+is not a write tool of this gateway stops ``serve`` (exit 2) with the list of valid names.
+"""
+
+from __future__ import annotations
+
+from gateway.tools.write import WRITE_TOOLS
+
+
+def write_tool_names() -> tuple[str, ...]:
+    """The names ``--allow-write`` accepts, sorted."""
+    return tuple(sorted(spec.name for spec in WRITE_TOOLS))
+
+
+def allow_write_names(raw: str) -> tuple[str, ...]:
+    """``"a, b,"`` as ``("a", "b")`` (order kept, repeats dropped); ``ValueError`` naming the valid
+    names when one is not a write tool or none is given. Pure."""
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    valid = write_tool_names()
+    wrong = [n for n in names if n not in valid]
+    if not names or wrong:
+        what = f"{wrong[0]!r} is not a write tool of this gateway" if wrong else "no tool named"
+        raise ValueError(f"{what}; --allow-write takes a comma-separated list of: {', '.join(valid)}")
+    return names
+
+
+def allow_write_arg(raw: str) -> tuple[str, ...]:
+    """The argparse ``type`` of ``--allow-write``: a wrong name is a usage error (exit 2)."""
+    import argparse
+
+    try:
+        return allow_write_names(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
