@@ -632,6 +632,7 @@ def test_the_audit_tab_tells_a_refusal_from_a_humans_denial(
     assert all(outcome.startswith("denied by ") for phase, outcome in cells if phase == "denied"), cells
     assert ("proposed", "waiting for approval") in cells, cells
     assert ("executing", "started (intent recorded)") in cells, cells
+    assert all(o.startswith("approved by ") for p, o in cells if p == "approval"), cells
     assert not [c for c in cells if c[1] in ("", "—", "-")], "a row without its outcome"
     page_shot(page, "audit-1280")
 

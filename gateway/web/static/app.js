@@ -633,7 +633,8 @@
     approved: "approved", denied: "denied", expired: "expired",
     cancelled: "cancelled", dry_run: "dry run: nothing changed", executed: "ok", call: "ok",
     executing: "started (intent recorded)", web_sign_in: "signed in", web_sign_out: "signed out",
-    token_created: "created", notification_failed: "not delivered",
+    token_created: "created", notification_failed: "not delivered", config_reload: "loaded",
+    identity_verified: "identity verified", token_revoked: "revoked",
   };
 
   // A row's phase as a reader should take it: a call the gateway refused (phase "denied" with an error
@@ -653,10 +654,16 @@
       text = decision.require_approval ? "waiting for approval" : "waiting for confirmation";
     } else if (row.phase === "denied" && row.caller) {
       text = "denied by " + row.caller;
+    } else if (row.phase === "elicited") {
+      text = "asked at the client: " + (row.answer || "?");
+    } else if (row.phase === "retry") {
+      text = "retry answered from the first call (" + (row.outcome || "?") + ")";
+    } else if (row.phase === "approval") {
+      text = "approved by " + (row.caller || "?") + (row.approvals ? " (" + row.approvals + ")" : "");
     } else if (row.phase === "token_refused") {
       text = "token refused: " + (row.reason || "?") + (row.count > 1 ? " ×" + row.count : "");
     }
-    if (text === null) return null;
+    if (text === null) text = "recorded";
     return why ? el("span", { text, title: why }) : text;
   }
 
