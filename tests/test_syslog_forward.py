@@ -6,6 +6,8 @@ counted in /metrics), and no write waits on a dead receiver."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import re
 import time
@@ -41,9 +43,11 @@ ROW: dict[str, Any] = {"ts": "2026-12-01T12:00:00.123Z", "seq": 7, "phase": "cal
 
 def test_a_row_is_one_rfc5424_message_with_the_chain_in_structured_data() -> None:
     text = message(ROW, CONFIG, "4242").decode()
+    line = json.dumps(ROW, separators=(",", ":"))
+    leaf = base64.b64encode(hashlib.sha256(b"\x00" + line.encode()).digest()).decode()
     assert text == (f'<110>1 2026-12-01T12:00:00.123Z gw1 vsphere-mcp-gateway 4242 call '
-                    f'[audit@32473 seq="7" hash="{"b" * 64}" prev="{"a" * 64}"] ') + json.dumps(
-                        ROW, separators=(",", ":"))
+                    f'[audit@32473 seq="7" hash="{"b" * 64}" prev="{"a" * 64}" leaf="6" leaf_hash="{leaf}"] '
+                    ) + line
 
 
 @pytest.mark.parametrize(("row", "pri", "msgid"), [
@@ -122,7 +126,11 @@ def test_a_written_row_arrives_at_rsyslog_with_its_seq_and_hash(tmp_path: Path, 
     finally:
         forwarder.close()
     stored = read_rows(tmp_path / "audit.jsonl")[0]
-    assert _chain(got[0]) == {"seq": str(stored["seq"]), "hash": stored["hash"], "prev": stored["prev"]}
+    lines = (tmp_path / "audit.jsonl").read_bytes().splitlines()
+    line = next(raw for raw in lines if json.loads(raw) == stored)
+    leaf = base64.b64encode(hashlib.sha256(b"\x00" + line).digest()).decode()  # RFC 6962 leaf of the line
+    assert _chain(got[0]) == {"seq": str(stored["seq"]), "hash": stored["hash"], "prev": stored["prev"],
+                              "leaf": str(stored["seq"] - 1), "leaf_hash": leaf}
     assert json.loads(got[0]["msg"]) == stored  # the row exactly as the audit log holds it
     assert "hunter2-secret" not in json.dumps(got)  # redacted by the sink before it was sent
     assert (got[0]["app"], got[0]["hostname"], got[0]["msgid"]) == ("vsphere-mcp-gateway", "gw1", "call")

@@ -4,14 +4,16 @@ messages, octet-counted on TCP as RFC 6587 and RFC 5425 frame them, TLS by defau
 
 One message per row::
 
-    <PRI>1 TS HOSTNAME APP-NAME PROCID MSGID [audit@32473 seq="42" hash="…" prev="…"] {"ts":…}
+    <PRI>1 TS HOSTNAME APP-NAME PROCID MSGID [audit@32473 seq="42" hash="…" prev="…" leaf="41"
+    leaf_hash="…"] {"ts":…}
 
 - PRI: the configured facility (default 13, log audit) with severity 6 (info), or 5 (notice) for a
   row carrying an ``error_code`` (a refusal or a failure);
 - TS: the row's own ``ts``; MSGID: the row's ``phase`` (``-`` when it has none or it is not short
   printable ASCII);
-- the structured-data element (``sd_id``) carries the chain fields, so a SIEM can check the chain
-  and spot a gap without parsing MSG (``chain_params``);
+- the structured-data element (``sd_id``) carries the chain fields and the row's Merkle leaf (index
+  and hash), so a SIEM can check the chain, spot a gap and check a proof without parsing MSG
+  (``chain_params``);
 - MSG: the row as stored (compact JSON, UTF-8). Rows are already redacted and bounded by the sink
   (``gateway.audit.chain.prepare_event``): nothing is sent that the audit log does not hold.
   A row may be tens of kilobytes: raise the receiver's maximum message size (rsyslog:
@@ -44,9 +46,9 @@ and ``_send_failures_total``.
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
-import json
 import logging
 import os
 import re
@@ -61,6 +63,8 @@ from typing import Any, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gateway.audit.chain import row_line
+from gateway.audit.merkle import leaf_hash
 from gateway.audit.syslog_config import SyslogConfig, load
 from gateway.errors import ConfigError
 
@@ -78,9 +82,6 @@ CLOSE_DRAIN_SECONDS: Final = 5.0
 REFUSAL_WAIT_SECONDS: Final = 0.25
 #: the chain fields every message's structured data carries, in this order
 CHAIN_FIELDS: Final = ("seq", "hash", "prev")
-#: the Merkle tree's fields (issue 21), once the sink stamps them on rows: named here, they are
-#: carried in the structured data after the chain fields (e.g. "leaf_index", "tree_size", "root")
-TREE_FIELDS: Final[tuple[str, ...]] = ()
 _MSGID: Final = re.compile(r"[!-~]{1,32}")
 _TS: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)")
 
@@ -98,16 +99,18 @@ def sd_escape(value: str) -> str:
 
 
 def chain_params(row: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The structured-data parameters of one row: the chain fields, then the tree fields it carries."""
-    return [(name, str(row[name])) for name in (*CHAIN_FIELDS, *TREE_FIELDS) if name in row]
+    """The structured-data parameters of one row: the chain fields, then its place in the tree."""
+    return [(name, str(row[name])) for name in CHAIN_FIELDS if name in row] + tree_params(row)
 
 
-def row_json(row: Mapping[str, Any]) -> bytes:
-    """The row as the sink stores it: compact JSON, UTF-8 (a lone surrogate escaped, as the sink does)."""
-    try:
-        return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(row, separators=(",", ":")).encode("ascii")
+def tree_params(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The row's place in the Merkle tree (``gateway.audit.merkle``): its leaf index (``seq`` - 1, as
+    ``gateway audit prove`` names it) and its RFC 6962 leaf hash (base64, as proofs carry hashes), so
+    a SIEM can ask for and check an inclusion proof without the gateway's code."""
+    seq = row.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        return []
+    return [("leaf", str(seq - 1)), ("leaf_hash", base64.b64encode(leaf_hash(row_line(row))).decode("ascii"))]
 
 
 def message(row: Mapping[str, Any], config: SyslogConfig, procid: str) -> bytes:
@@ -121,7 +124,7 @@ def message(row: Mapping[str, Any], config: SyslogConfig, procid: str) -> bytes:
               f"{config.hostname} {config.app_name} {procid} "
               f"{phase if isinstance(phase, str) and _MSGID.fullmatch(phase) else '-'} "
               f"[{config.sd_id}{' ' + sd if sd else ''}] ")
-    return header.encode("utf-8") + row_json(row)
+    return header.encode("utf-8") + row_line(row)
 
 
 def octet_counted(msg: bytes) -> bytes:
