@@ -247,23 +247,14 @@ class Moves:
         **fields: Any,
     ) -> Proposal | None:
         """``move_sync`` for the event loop: the compare-and-set in a worker thread with a deadline; the
-        row through ``record_outcome`` (never blocks the caller: a row the audit cannot take waits)."""
-        moved = await off_loop(self.store.transition, proposal.id, from_states, to_state, **fields)
-        if not moved:
+        row through ``record_outcome`` (never blocks the caller: a row the audit cannot take waits), or
+        none when the caller ``audited`` the move itself."""
+        shown = _row_only(fields, result_row)
+        if not await off_loop(self.store.transition, proposal.id, from_states, to_state, **fields):
             return None
-        after = replace(proposal, state=to_state, **fields)
+        after, row = self._moved(proposal, to_state, actor, correlation_id, reason, shown, fields)
         if not audited:
-            await self.trail.record_outcome(
-                self.transition_row(
-                    proposal,
-                    to_state,
-                    actor=actor,
-                    correlation_id=correlation_id,
-                    reason=reason,
-                    shown=result_row,
-                    **fields,
-                )
-            )
+            await self.trail.record_outcome(row)
         self.notify(to_state, after)
         return after
 
@@ -283,23 +274,23 @@ class Moves:
         if another caller moved it first. A row the audit cannot take now waits in memory (the server
         reports unready) and is appended once it can be. (``move`` is the same for the event loop; the
         ``executing`` claim writes its row first, as the intent: see ``claim``.)"""
-        shown = {k: fields.pop(k) for k in ("decision", "args") if k in fields}
+        shown = _row_only(fields)
         if not self.store.transition(proposal.id, from_states, to_state, **fields):
             return None
-        after = replace(proposal, state=to_state, **fields)
-        self.trail.write_or_wait(
-            self.transition_row(
-                proposal,
-                to_state,
-                actor=actor,
-                correlation_id=correlation_id,
-                reason=reason,
-                **shown,
-                **fields,
-            )
-        )
+        after, row = self._moved(proposal, to_state, actor, correlation_id, reason, shown, fields)
+        self.trail.write_or_wait(row)
         self.notify(to_state, after)
         return after
+
+    def _moved(
+        self, proposal: Proposal, to_state: str, actor: Principal, correlation_id: str | None,
+        reason: str | None, shown: dict[str, Any], fields: dict[str, Any],
+    ) -> tuple[Proposal, dict[str, Any]]:
+        """What a move that won its compare-and-set leaves: the proposal after it, and its audit row."""
+        after = replace(proposal, state=to_state, **fields)
+        row = self.transition_row(proposal, to_state, actor=actor, correlation_id=correlation_id,
+                                  reason=reason, **shown, **fields)
+        return after, row
 
     def transition_row(
         self,
@@ -344,3 +335,12 @@ class Moves:
                 listener(event, proposal)
             except Exception:
                 log.exception("a lifecycle listener failed on %s of proposal %s", event, proposal.id)
+
+
+def _row_only(fields: dict[str, Any], result_row: Any = None) -> dict[str, Any]:
+    """Take out of ``fields`` what only the audit row shows (the decision, the arguments, the result the
+    caller was given); the rest is what the store records."""
+    shown: dict[str, Any] = {k: fields.pop(k) for k in ("decision", "args") if k in fields}
+    if result_row is not None:
+        shown["shown"] = result_row
+    return shown
