@@ -219,6 +219,31 @@ async def test_every_call_reaches_the_decisions_verdict(rig: Rig) -> None:
     assert mismatches == []
 
 
+@pytest.mark.parametrize("tool", ["power_off_vm", "delete_vm", "bulk_vm_action"])
+async def test_a_change_is_decided_once_at_the_gate_and_once_with_its_objects(
+    rig: Rig, tool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order call -> each object as the tool it reaches -> preconditions lives in the decision
+    module: the I/O classes ask ``authorize`` once before anything is read from vSphere and
+    ``authorize_resolved`` once with the resolved objects (a bulk call's many objects included), never
+    a third, partial time of their own."""
+    import gateway.server.calls as calls
+
+    asked: list[str] = []
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            asked.append(name)
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(calls, "authorize", counted("gate", calls.authorize))
+    monkeypatch.setattr(calls, "authorize_resolved", counted("resolved", calls.authorize_resolved))
+    rig.rules("permissive")
+    assert await outcome(rig.gw.call(rig.token("admin"), tool, {"target": "vc1", **TOOLS[tool][2]})) is None
+    assert asked == ["gate", "resolved"], asked
+
+
 PROPOSALS = list(
     itertools.product(
         ["admin", "reader", "deleter", "bulker"],
