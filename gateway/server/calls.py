@@ -51,8 +51,7 @@ from gateway.server.facts import FactsNow
 from gateway.server.metrics import Metrics
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category, Plan
-from gateway.vsphere.fair_order import DEFAULT_WEIGHT
-from gateway.vsphere.lane import Caller, caller_var
+from gateway.vsphere.lane import queue_as
 
 Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]
 #: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)
@@ -127,43 +126,40 @@ class Calls:
         ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", target_label(args)
         # every vSphere call this tool call makes queues as this caller, on every target it reaches
-        weight = actor.role.queue_weight if actor.role else DEFAULT_WEIGHT
-        queueing = caller_var.set(Caller(principal.name, weight))
-        try:
-            # the gate, once: a change names its one target here (reads decide per target once resolved)
-            ref = (args or {}).get("target")
-            single = spec.kind is not Category.READ and isinstance(ref, str) and ref != ALL
-            gate = self.facts.facts(
-                Entry.LOCAL if spec.target_mode == "none" else entry_of(spec),
-                actor,
-                spec,
-                args or {},
-                target=ref if single else None,
-                resolved=False,
-            )
-            with tracing.span("gateway.decision",
-                              **{"gateway.entry": gate.entry.value, "gateway.tool": spec.name}):
-                verdict = authorize(gate)
-            if not verdict.allowed and single:
-                await self.count_refused_change(ctx, str(ref), args)
-            await self.enforce(ctx, verdict, gate, args)
+        with queue_as(principal.name, actor.role.queue_weight if actor.role else None):
             try:
-                valid = spec.validate(args)
-            except InvalidArgument as exc:
-                await self.refused(ctx, args, exc)
-            result = await self._handler_for(spec)(ctx, valid, progress)
-            outcome = "ok"
-            return result if isinstance(result, Answer) else Answer.cleaned(result)
-        except GatewayError as exc:
-            outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
-            raise
-        finally:
-            caller_var.reset(queueing)
-            # metric labels only from configured names: raw caller input never becomes a label value
-            label = (
-                "-" if target is None else target if target in self.targets or target == ALL else "unknown"
-            )
-            self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
+                # the gate, once: a change names its one target here (reads decide per target once resolved)
+                ref = (args or {}).get("target")
+                single = spec.kind is not Category.READ and isinstance(ref, str) and ref != ALL
+                gate = self.facts.facts(
+                    Entry.LOCAL if spec.target_mode == "none" else entry_of(spec),
+                    actor,
+                    spec,
+                    args or {},
+                    target=ref if single else None,
+                    resolved=False,
+                )
+                with tracing.span("gateway.decision",
+                                  **{"gateway.entry": gate.entry.value, "gateway.tool": spec.name}):
+                    verdict = authorize(gate)
+                if not verdict.allowed and single:
+                    await self.count_refused_change(ctx, str(ref), args)
+                await self.enforce(ctx, verdict, gate, args)
+                try:
+                    valid = spec.validate(args)
+                except InvalidArgument as exc:
+                    await self.refused(ctx, args, exc)
+                result = await self._handler_for(spec)(ctx, valid, progress)
+                outcome = "ok"
+                return result if isinstance(result, Answer) else Answer.cleaned(result)
+            except GatewayError as exc:
+                outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
+                raise
+            finally:
+                # metric labels only from configured names: raw caller input never becomes a label value
+                known = target in self.targets or target == ALL
+                label = "-" if target is None else target if known else "unknown"
+                self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
 
     async def _refuse_unstorable(
         self,

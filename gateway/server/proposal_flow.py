@@ -41,7 +41,6 @@ from gateway.server.elicitation import InBand
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
-from gateway.vsphere.fair_order import DEFAULT_WEIGHT
 from gateway.vsphere.lane import queue_as
 
 
@@ -232,7 +231,7 @@ class ProposalFlow:
         if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         role = (await off_loop(self.facts.party, human)).role
-        with queue_as(human.name, role.queue_weight if role else DEFAULT_WEIGHT):
+        with queue_as(human.name, role.queue_weight if role else None):
             return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True,
                                                reason=reason)
 

@@ -45,9 +45,10 @@ caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_calle
 
 
 @contextlib.contextmanager
-def queue_as(key: str, weight: float = DEFAULT_WEIGHT) -> Iterator[Caller]:
-    """Every vSphere call made inside queues as ``key`` with ``weight`` (the server's entry points)."""
-    caller = Caller(key, weight)
+def queue_as(key: str, weight: float | None = None) -> Iterator[Caller]:
+    """Every vSphere call made inside queues as ``key`` with ``weight`` (the server's entry points; a
+    caller without a role's ``queue_weight`` weighs ``DEFAULT_WEIGHT``)."""
+    caller = Caller(key, DEFAULT_WEIGHT if weight is None else weight)
     token = caller_var.set(caller)
     try:
         yield caller
