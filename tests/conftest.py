@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import launched_chromium
 from gateway_env import Env
 from postgres import PgServer, PostgresError, discard, start_postgres
 from processes import unavailable
@@ -69,6 +70,13 @@ def anyio_backend() -> str:
     """The one backend the suite runs async tests on (module scope, like anyio's own fixture, so
     module-scoped async fixtures can use it)."""
     return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium for the web page tests, once per module (tests/browser.py)."""
+    with launched_chromium() as launched:
+        yield launched
 
 
 @pytest.fixture(scope="session")

@@ -13,19 +13,14 @@ from typing import Any
 
 import anyio
 import pytest
-from httpserver import REPO
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-from processes import unavailable
+from browser import ARTIFACTS
+from playwright.sync_api import Browser, Page, expect
 from pyVim.connect import Disconnect
 from simulator import find_vm, pyvmomi_connect
 from webserver import N_OF_M_RULES, WebServer, propose_delete, web_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-               "--disable-component-update", "--disable-sync"]
-ARTIFACTS = REPO / "test-artifacts" / "web"
 #: where the lead looks at the card (the brief of issue 17); written when the directory exists
 NOTES_SHOTS = Path("/work/notes/shots")
 
@@ -34,17 +29,6 @@ NOTES_SHOTS = Path("/work/notes/shots")
 def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     with web_server(tmp_path_factory.mktemp("approvals-browser"), vcsim_bin, rules=N_OF_M_RULES) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.is_file():
-        unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield launched
-        launched.close()
 
 
 def run_async(fn: Any, *args: Any) -> Any:

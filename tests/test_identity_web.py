@@ -13,30 +13,16 @@ import httpx2
 import pytest
 from httpserver import audit_rows
 from oidc_provider import IdentityServed, identity_gateway
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-from processes import unavailable
+from playwright.sync_api import Browser, Page, expect
 from simulator import Simulator
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")
 def served(sim_vc1: Simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IdentityServed]:
     with identity_gateway(tmp_path_factory.mktemp("identity-web"), sim_vc1, web=True) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.is_file():
-        unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield launched
-        launched.close()
 
 
 def sso_login(browser: Browser, served: IdentityServed, login: str) -> Page:

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from httpserver import REPO
+from browser import ARTIFACTS
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -28,18 +28,12 @@ from playwright.sync_api import (
     Locator,
     Page,
     expect,
-    sync_playwright,
 )
-from processes import unavailable
 from simulator import find_vm, pyvmomi_connect, wait_until
 from webserver import WebServer, mcp_call, propose_delete, web_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-               "--disable-component-update", "--disable-sync"]
-ARTIFACTS = REPO / "test-artifacts" / "web"
 XSS = "<img src=x onerror=alert(1)>"
 SLOW = 15_000  # ms: long enough for the expiry sweeper (2 s) plus the page's poll (2 s), with margin
 
@@ -56,17 +50,6 @@ def run_async(fn: Callable[..., Any], *args: Any) -> Any:
 def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     with web_server(tmp_path_factory.mktemp("web-browser"), vcsim_bin) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.is_file():
-        unavailable(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield launched
-        launched.close()
 
 
 class Watched:
