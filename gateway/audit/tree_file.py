@@ -59,44 +59,42 @@ def row_lines_after(path: Path, seq: int) -> Iterator[bytes]:
     """The stored bytes (no newline) of every complete row after ``seq``, oldest first, across the log's
     files; stops at the first gap (a row rotated away cannot be hashed again)."""
     expected = seq + 1
-    for file in log_files(path):
-        try:
-            fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+    for fd, size in _opened(path):
+        last = next((r for _, raw in reverse_lines(fd, size)
+                     if raw.endswith(b"\n") and (r := parse_row(raw)) is not None), None)
+        if last is None or last["seq"] < expected:
             continue
-        try:
-            size = os.fstat(fd).st_size
-            last = next((r for _, raw in reverse_lines(fd, size)
-                         if raw.endswith(b"\n") and (r := parse_row(raw)) is not None), None)
-            if last is None or last["seq"] < expected:
+        for raw in forward_lines(fd, size):
+            row = parse_row(raw) if raw.endswith(b"\n") else None
+            if row is None or row["seq"] < expected:
                 continue
-            for raw in forward_lines(fd, size):
-                row = parse_row(raw) if raw.endswith(b"\n") else None
-                if row is None or row["seq"] < expected:
-                    continue
-                if row["seq"] != expected:
-                    return
-                expected += 1
-                yield raw[:-1]
-        finally:
-            os.close(fd)
+            if row["seq"] != expected:
+                return
+            expected += 1
+            yield raw[:-1]
 
 
 def first_seq_of(path: Path) -> int | None:
     """The seq of the oldest row still in the log's files."""
+    for fd, size in _opened(path):
+        row = next((r for raw in forward_lines(fd, size) if (r := parse_row(raw)) is not None), None)
+        if row is not None:
+            return int(row["seq"])
+    return None
+
+
+def _opened(path: Path) -> Iterator[tuple[int, int]]:
+    """Each of the log's files still there, oldest first, open for reading: (descriptor, size); each is
+    closed when the caller moves on (or stops)."""
     for file in log_files(path):
         try:
             fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             continue
         try:
-            size = os.fstat(fd).st_size
-            row = next((r for raw in forward_lines(fd, size) if (r := parse_row(raw)) is not None), None)
+            yield fd, os.fstat(fd).st_size
         finally:
             os.close(fd)
-        if row is not None:
-            return int(row["seq"])
-    return None
 
 
 class FileTree:
