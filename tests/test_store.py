@@ -466,6 +466,27 @@ def test_many_processes_can_create_the_store_at_once(location: str) -> None:
     assert len(set(outputs)) == 1 and int(outputs[0]) >= 1
 
 
+
+def test_sqlite_store_opens_while_another_process_holds_the_new_file_for_writing(tmp_path: Path) -> None:
+    """Switching a new file to WAL while another writer holds it is retried, not refused at once.
+
+    SQLite answers that switch with "database is locked" immediately (its busy handler is not
+    called, since waiting could deadlock); replicas creating one store together hit exactly this."""
+    path = tmp_path / "state.db"
+    path.touch(mode=0o600)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    released.start()
+    try:
+        with SqliteStore(path) as store:
+            assert store.schema_version() >= 1
+            assert store.ping()
+    finally:
+        released.join()
+        holder.close()
+
+
 # -- web sessions ----------------------------------------------------------------------------------
 
 def web_session(key: str = "k" * 64, *, created_at: float = 1000.0, lifetime: float = 3600.0,

@@ -25,6 +25,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -209,9 +210,34 @@ class SqliteStore:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
                                check_same_thread=False)
         conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
+        self._enter_wal(conn)
         conn.execute("PRAGMA synchronous=FULL")
         return conn
+
+    def _enter_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch to WAL, retrying while another process is switching the same new file.
+
+        Changing the journal mode upgrades a shared lock to an exclusive one; when another
+        connection is doing the same, SQLite answers "database is locked" at once instead of
+        calling the busy handler (waiting could deadlock), so the retry has to be ours. Once
+        the file is in WAL mode the pragma is a read and never contends.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.005
+        while True:
+            try:
+                mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                mode = ""
+            if mode == "wal":
+                return
+            if time.monotonic() >= deadline:
+                raise sqlite3.OperationalError(
+                    f"database is locked: could not switch to WAL journal mode (still {mode or 'locked'})")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
