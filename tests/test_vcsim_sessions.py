@@ -6,7 +6,8 @@
 - ``/terminate-sessions`` drops the ended sessions' listeners; a new login's collector works.
 - ``MoveIntoFolder`` is a ``modify`` of the object's ``parent`` (it stays in a recursive view), not an
   ``enter`` followed by a ``leave`` that drops it.
-- ``ReconfigVM_Task`` reports what it changed (``config.hardware.memoryMB``, ``numCPU`` ...).
+- ``ReconfigVM_Task`` reports what it changed (``config.hardware.memoryMB``, ``numCPU`` ...); a new VM's
+  own configuration while it is built is not a reconfiguration and is not reported after its enter.
 
 Changes are made by a third session; watchers read them with long waits on the default collector.
 """
@@ -244,6 +245,29 @@ def test_a_reconfigured_vm_reports_its_new_memory_and_cpus(sessions: Callable[[]
     assert watcher.kinds(vm) and set(watcher.kinds(vm)) == {"modify"}
     assert read_properties(actor, vm, "config.hardware.memoryMB", "config.hardware.numCPU") == {
         "config.hardware.memoryMB": 3072, "config.hardware.numCPU": 3}
+
+
+def test_a_cloned_vm_is_reported_with_its_sources_memory_never_the_defaults(sessions: Callable[[], Any]) -> None:
+    """A new VM is one enter with its state; the defaults it is built from (memoryMB 32) are never
+    reported after it as a modify, which would leave a client applying updates in order with them."""
+    watcher = Watcher(sessions()).start()
+    actor = sessions()
+    source = find_vm(actor, "DC0_H0_VM2")
+    finished(actor, source.ReconfigVM_Task(CONFIG_SPEC(memoryMB=96)))
+    spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec(), powerOn=False, template=False)
+    clone_task = source.CloneVM_Task(folder=read_properties(actor, source, "parent")["parent"],
+                                     name="clone-of-vm2", spec=spec)
+    finished(actor, clone_task)
+    clone = read_properties(actor, clone_task, "info.result")["info.result"]
+    # a change after the clone: once the watcher has it, it has everything the clone queued before it
+    finished(actor, source.Rename_Task("renamed-after-the-clone"))
+    watcher.until(lambda w: w.prop(source, "name") == "renamed-after-the-clone", "the rename after the clone")
+
+    assert watcher.prop(clone, "config.hardware.memoryMB") == 96, watcher.updates
+    reported = [u.changes["config.hardware.memoryMB"] for u in watcher.updates
+                if u.moid == clone._moId and "config.hardware.memoryMB" in u.changes]
+    assert reported == [96], f"the clone's memory as reported, in order: {reported}"
+    assert read_properties(actor, clone, "config.hardware.memoryMB")["config.hardware.memoryMB"] == 96
 
 
 def synced(mirrors: Mirrors) -> bool:

@@ -9,7 +9,7 @@ package simulator
 //     drops it). vCenter moves it: the object stays, its parent and the folders' childEntity change
 //     (modify), and only container views whose membership changed report a new view.
 //   - ReconfigVM_Task: Debian's configure changes the VM's fields without telling the collectors; the
-//     overlay reports every property the reconfiguration changed.
+//     overlay reports every property the reconfiguration changed (a creation's configure is not one).
 
 import (
 	"log"
@@ -134,8 +134,16 @@ func sameMembers(a, b []types.ManagedObjectReference) bool {
 
 // configure replaces Debian's (renamed configureDebian by build.sh): the same change, then, for a VM
 // already in the inventory (a reconfiguration, not a creation), a report of every property it changed.
+//
+// A VM being created is in the registry before its defaults are configured (NewVirtualMachine puts it in
+// its folder first, configures the defaults, sets its runtime, then applies the caller's spec without a
+// report). Reporting that first configure sent every watcher a modify with the defaults (memoryMB 32)
+// after the enter, and nothing for the spec's values that replace them: a client applying updates in
+// order kept the defaults. vCenter reports a new VM once, as an enter with its state; so does this,
+// the enter's properties being read when a collector applies it. A VM whose runtime has no connection
+// state yet is still being created.
 func (vm *VirtualMachine) configure(spec *types.VirtualMachineConfigSpec) types.BaseMethodFault {
-	if Map.Get(vm.Self) != mo.Reference(vm) {
+	if Map.Get(vm.Self) != mo.Reference(vm) || vm.Runtime.ConnectionState == "" {
 		return vm.configureDebian(spec)
 	}
 	before := cloneValue(getManagedObject(vm))
