@@ -247,7 +247,9 @@ def test_a_reconfigured_vm_reports_its_new_memory_and_cpus(sessions: Callable[[]
         "config.hardware.memoryMB": 3072, "config.hardware.numCPU": 3}
 
 
-def test_a_cloned_vm_is_reported_with_its_sources_memory_never_the_defaults(sessions: Callable[[], Any]) -> None:
+def test_a_cloned_vm_is_reported_with_its_sources_memory_never_the_defaults(
+    sessions: Callable[[], Any],
+) -> None:
     """A new VM is one enter with its state; the defaults it is built from (memoryMB 32) are never
     reported after it as a modify, which would leave a client applying updates in order with them."""
     watcher = Watcher(sessions()).start()
