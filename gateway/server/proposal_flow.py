@@ -35,8 +35,15 @@ from gateway.guard.approvals import (
 from gateway.guard.decision import Entry, Proposed, Verdict, authorize, proposal_rights
 from gateway.guard.policy.model import Decision
 from gateway.proposals import OPEN_STATES, Approval, Proposal
-from gateway.server.calls import Handler
-from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
+from gateway.server.context import (
+    CallContext,
+    Handler,
+    ProgressSink,
+    cut,
+    off_loop,
+    redact_args,
+    unknown_tool,
+)
 from gateway.server.elicitation import InBand
 from gateway.server.moves import Moves
 from gateway.server.writes import Writes
@@ -50,7 +57,7 @@ class ProposalFlow:
     def __init__(self, targets: Mapping[str, Target], *, writes: Writes, moves: Moves,
                  confirm_ttl_seconds: float) -> None:
         self.targets = targets
-        self.calls = writes.calls
+        self.gate = writes.gate
         self.writes = writes
         self.facts = writes.facts
         self.registry = writes.facts.registry
@@ -81,7 +88,7 @@ class ProposalFlow:
         route = self.in_band.route(decision)
         refusal = self.in_band.refusal(route, decision)
         if refusal is not None:
-            await self.calls.refused(ctx, args, refusal, target=target.name)
+            await self.gate.refused(ctx, args, refusal, target=target.name)
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = target.proposal_ttl_seconds or self.confirm_ttl_seconds
@@ -177,7 +184,7 @@ class ProposalFlow:
     async def _by_token(self, ctx: CallContext, args: dict[str, Any]) -> Proposal:
         proposal = await off_loop(self.store.proposal_by_token_hash, confirm.token_hash(args["token"]))
         if proposal is None:
-            await self.calls.refused(
+            await self.gate.refused(
                 ctx,
                 {},
                 ConfirmationInvalid(
@@ -206,7 +213,7 @@ class ProposalFlow:
         facts = replace(
             facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem
         )
-        await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
+        await self.gate.check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
         moved = await self.moves.move(
             proposal,
             OPEN_STATES,
@@ -265,7 +272,7 @@ class ProposalFlow:
         facts = await off_loop(self.facts.facts, Entry.DENY, party, spec, proposal.args,
                                target=proposal.target, owner=owner, proposal=proposal)
         facts = replace(facts, proposed=Proposed.of(proposal), reason=reason)
-        await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, requested_by=proposal.caller)
+        await self.gate.check(ctx, facts, {}, proposal_id=proposal.id, requested_by=proposal.caller)
         given = await off_loop(clean_reason, reason)
         why = f"denied by {human.name}" + (f": {given}" if given else "")
         moved = await off_loop(
@@ -312,7 +319,7 @@ class ProposalFlow:
             via="approve" if approved else "confirm_action",
         )
         if spec is None or target is None or spec.plan is None:
-            await self.calls.refused(
+            await self.gate.refused(
                 ctx,
                 {},
                 ConfirmationInvalid(
@@ -327,15 +334,15 @@ class ProposalFlow:
         gate = self.facts.of_proposal(entry, party, spec, proposal, owner)
         if approved:
             gate = replace(gate, reason=reason)
-        await self.calls.check(ctx, gate, {}, proposal_id=proposal.id)
-        await self.calls.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
+        await self.gate.check(ctx, gate, {}, proposal_id=proposal.id)
+        await self.gate.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
         if approved:
             await self._check_as_shown(ctx, proposal, plan)
-        verdict = await self.calls.authorize_plan(
+        verdict = await self.gate.authorize_plan(
             ctx, entry, party, proposal.args, target, plan, owner, proposal
         )
-        decision = self.calls.decision_of(verdict, target)
+        decision = self.gate.decision_of(verdict, target)
         if approved:
             counted = await self._record_approval(ctx, proposal, decision, reason)
             if not counted.complete:
@@ -500,7 +507,7 @@ class ProposalFlow:
                                  "caller had moved the proposal; nothing was sent")
             raise error from exc
         except GatewayError as exc:
-            await self.calls.refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
+            await self.gate.refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
         return plan
 
 

@@ -90,7 +90,7 @@ class Gateway(GatewayFacade):
         self.authenticator = TokenVerifier(backends.store)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
-        self.path = compose_call_path(settings, targets, self.facts, scheduler=scheduler, backends=backends,
+        self.path = compose_call_path(settings, self.facts, scheduler=scheduler, backends=backends,
                                       metrics=self.metrics, trail=trail)
         self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
         self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
@@ -175,7 +175,7 @@ class Gateway(GatewayFacade):
         if self.notifier is not None:
             await self.notifier.close()
         await self.moves.stop_sweeper()
-        await self.path.calls.busy.flush()
+        await self.path.gate.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.trail.stop_forwarding)
         await asyncio.to_thread(self.mirrors.close)
