@@ -46,7 +46,7 @@ def query_count(request: Request, name: str, default: int, maximum: int) -> int:
 
 async def reason_from(request: Request) -> str:
     """The reason of an approve or deny: ``{"reason": "..."}`` (an empty body: none given). Bounded
-    here; the flow sanitizes and redacts it (``proposal_flow.clean_reason``)."""
+    here; the flow sanitizes and redacts it (``proposal_views.clean_reason``)."""
     raw = await request.body()
     if not raw.strip():
         return ""

@@ -10,7 +10,7 @@ from gateway.audit.verify import LineFault, VerifyReport
 from gateway.guard.decision import Verdict
 from gateway.proposals import Proposal
 from gateway.sanitize import clean_text
-from gateway.server.proposal_flow import proposal_view
+from gateway.server.proposal_views import proposal_view
 
 
 def proposal_card(p: Proposal, now: float, *, mine: bool,
