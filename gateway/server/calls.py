@@ -93,7 +93,7 @@ class Calls:
                 # the gate, once: a change names its one target here (reads decide per target once resolved)
                 ref = (args or {}).get("target")
                 single = spec.kind is not Category.READ and isinstance(ref, str) and ref != ALL
-                gate = self.facts.facts(
+                at_gate = self.facts.facts(
                     Entry.LOCAL if spec.target_mode == "none" else entry_of(spec),
                     actor,
                     spec,
@@ -101,10 +101,10 @@ class Calls:
                     target=ref if single else None,
                     resolved=False,
                 )
-                verdict = self.gate.decide(gate, spec.name)
+                verdict = self.gate.decide(at_gate, spec.name)
                 if not verdict.allowed and single:
                     await self.gate.count_refused_change(ctx, str(ref), args)
-                await self.gate.enforce(ctx, verdict, gate, args)
+                await self.gate.enforce(ctx, verdict, at_gate, args)
                 try:
                     valid = spec.validate(args)
                 except InvalidArgument as exc:
