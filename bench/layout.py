@@ -1,7 +1,7 @@
 """The shape of the package, measured with ``ast``: module and class sizes, the package's own imports per
 module, import cycles (lazy imports inside functions included) and imports that run up the layers.
 
-    python bench/layout.py            # a table of the modules over the limits, then the cycles
+    python bench/layout.py            # the modules over the limits, the most importing ones, the cycles
     python bench/layout.py --json     # the same as one JSON object
 
 Limits (issue "The house"): no module over 900 lines, no class over 600 lines, no module importing more
@@ -22,6 +22,8 @@ PACKAGE = "gateway"
 MAX_MODULE_LINES = 900
 MAX_CLASS_LINES = 600
 MAX_OWN_IMPORTS = 16
+#: how many of the modules importing the most of the package the report names (the figure to watch)
+TOP_IMPORTERS = 5
 
 
 @dataclass
@@ -137,6 +139,8 @@ def report(modules: dict[str, Module]) -> dict[str, object]:
                                if n > MAX_CLASS_LINES},
         "modules_over_imports": {m.name: len(m.imports) for m in modules.values()
                                  if len(m.imports) > MAX_OWN_IMPORTS},
+        "most_own_imports": dict(sorted(((m.name, len(m.imports)) for m in modules.values()),
+                                        key=lambda item: (-item[1], item[0]))[:TOP_IMPORTERS]),
         "cycles": cycles(modules),
     }
 
@@ -158,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{key} (limit {limit}): {len(rows)}")
             for name, value in sorted(rows.items(), key=lambda item: -int(item[1])):
                 print(f"  {value:6d}  {name}")
+        most = result["most_own_imports"]
+        assert isinstance(most, dict)
+        print(f"\nmost own imports (limit {MAX_OWN_IMPORTS}):")
+        for name, value in most.items():
+            print(f"  {value:6d}  {name}")
         found = result["cycles"]
         assert isinstance(found, list)
         print(f"\nimport cycles: {len(found)}")

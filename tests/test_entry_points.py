@@ -227,7 +227,7 @@ async def test_a_change_is_decided_once_at_the_gate_and_once_with_its_objects(
     module: the I/O classes ask ``authorize`` once before anything is read from vSphere and
     ``authorize_resolved`` once with the resolved objects (a bulk call's many objects included), never
     a third, partial time of their own."""
-    import gateway.server.calls as calls
+    import gateway.server.gate as gate
 
     asked: list[str] = []
 
@@ -237,8 +237,8 @@ async def test_a_change_is_decided_once_at_the_gate_and_once_with_its_objects(
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(calls, "authorize", counted("gate", calls.authorize))
-    monkeypatch.setattr(calls, "authorize_resolved", counted("resolved", calls.authorize_resolved))
+    monkeypatch.setattr(gate, "authorize", counted("gate", gate.authorize))
+    monkeypatch.setattr(gate, "authorize_resolved", counted("resolved", gate.authorize_resolved))
     rig.rules("permissive")
     assert await outcome(rig.gw.call(rig.token("admin"), tool, {"target": "vc1", **TOOLS[tool][2]})) is None
     assert asked == ["gate", "resolved"], asked

@@ -1,5 +1,7 @@
-"""The package's floors, measured with ``bench/layout.py`` over ``gateway/``: no import cycle (lazy and
-``TYPE_CHECKING`` imports included) and no module importing a module on a higher floor.
+"""The package's shape, measured with ``bench/layout.py`` over ``gateway/``: no import cycle (lazy and
+``TYPE_CHECKING`` imports included), no module importing a module on a higher floor, no module over 900
+lines, no class over 600 lines and no module importing more than 16 of the package's own modules (every
+module, no exception: a module that needs more holds more than one concern; split it).
 
 The floors, bottom up (a module may import its own floor and the floors below it, never above):
 
@@ -14,9 +16,7 @@ The floors, bottom up (a module may import its own floor and the floors below it
 6     ``web``, ``cli``, ``demo``, ``devsim``, ``__main__``
 ====  ===============================================================================================
 
-Module sizes are reported by ``python bench/layout.py`` but not asserted here (they hold only once
-every module is split); a module on no floor fails ``test_every_module_has_a_floor``: add it to
-``FLOORS``.
+A module on no floor fails ``test_every_module_has_a_floor``: add it to ``FLOORS``.
 """
 
 from __future__ import annotations
@@ -96,6 +96,19 @@ def test_nothing_imports_upward() -> None:
     assert upward_imports(REPO) == []
 
 
+def test_no_module_over_its_line_limit() -> None:
+    assert layout.report(layout.load(REPO))["modules_over_lines"] == {}
+
+
+def test_no_class_over_its_line_limit() -> None:
+    assert layout.report(layout.load(REPO))["classes_over_lines"] == {}
+
+
+def test_no_module_imports_more_than_16_of_the_package() -> None:
+    assert layout.MAX_OWN_IMPORTS == 16
+    assert layout.report(layout.load(REPO))["modules_over_imports"] == {}
+
+
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for relative, text in {"gateway/__init__.py": "", **files}.items():
         path = root / relative
@@ -129,6 +142,19 @@ def test_a_cycle_through_a_lazy_import_is_found(tmp_path: Path) -> None:
         "gateway/guard/policy.py": "from gateway.guard.names import KnownNames\n",
     })
     assert cycles(root) == [["gateway.guard.names", "gateway.guard.policy"]]
+
+
+def test_own_imports_are_counted_once_per_module(tmp_path: Path) -> None:
+    """``from gateway.x import a, b`` and a lazy ``import gateway.y`` are two of the package's modules;
+    a package imported for one of its modules counts as that module only; the standard library none."""
+    root = _tree(tmp_path, {
+        "gateway/x.py": "", "gateway/y.py": "", "gateway/guard/__init__.py": "", "gateway/guard/z.py": "",
+        "gateway/user.py": "import json\nfrom gateway.x import a, b\nfrom gateway.guard import z\n"
+                           "def f():\n    import gateway.y\n",
+    })
+    modules = layout.load(root)
+    assert modules["gateway.user"].imports == {"gateway.x", "gateway.y", "gateway.guard.z"}
+    assert next(iter(layout.report(modules)["most_own_imports"].items())) == ("gateway.user", 3)
 
 
 def test_floors_read_by_longest_prefix() -> None:

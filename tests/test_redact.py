@@ -42,7 +42,7 @@ from gateway.audit.redact import MASK, is_secret_key, redact, redact_text, shown
 from gateway.auth.tokens import create_token
 from gateway.logs import configure_logging
 from gateway.proposals import Proposal
-from gateway.server.proposal_flow import proposal_view
+from gateway.server.proposal_views import proposal_view
 from gateway.server.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 from gateway.vocabulary import Kind

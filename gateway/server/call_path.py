@@ -1,15 +1,15 @@
 """The call path of one process, composed in one place: the audit trail, the lifecycle moves, the gate,
-reads, writes and the proposal flow, each handed the collaborators it needs (``compose_call_path``)."""
+the calls, reads, writes and the proposal flow, each handed the collaborators it needs
+(``compose_call_path``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import Target
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.calls import Calls
 from gateway.server.facts import FactsNow
+from gateway.server.gate import Gate
 from gateway.server.idempotency import Idempotency
 from gateway.server.metrics import Metrics, queue_families, sample_families
 from gateway.server.moves import Moves
@@ -30,6 +30,7 @@ class CallPath:
 
     trail: AuditTrail
     moves: Moves
+    gate: Gate
     calls: Calls
     reads: Reads
     writes: Writes
@@ -38,10 +39,11 @@ class CallPath:
     read_rules: ReadRules
 
 
-def compose_call_path(settings: Settings, targets: Sequence[Target], facts: FactsNow, *, scheduler: Scheduler,
-                      backends: Backends, metrics: Metrics, trail: AuditTrail | None = None) -> CallPath:
-    """Wire the call path once: who writes rows, who moves proposals, who gates, reads, writes, proposes."""
-    mirrors = Mirrors(targets, settings.credentials, MIRROR_READS)
+def compose_call_path(settings: Settings, facts: FactsNow, *, scheduler: Scheduler, backends: Backends,
+                      metrics: Metrics, trail: AuditTrail | None = None) -> CallPath:
+    """Wire the call path once: who writes rows, who moves proposals, who gates, reads, writes, proposes
+    (over the configured targets, ``facts.targets``)."""
+    mirrors = Mirrors(list(facts.targets.values()), settings.credentials, MIRROR_READS)
     list_vms = facts.registry.get("list_vms")
     assert list_vms is not None and list_vms.read is not None
     #: what each read may show (read rules), applied after the mirror or the sweep answered
@@ -51,11 +53,12 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
     trail = trail or AuditTrail(backends.audit, settings.audit_log)
     moves = Moves(backends.store, trail, facts.registry, facts, instance=backends.instance,
                   reader=backends.reader, sweep_leader=backends.sweep_leader, clock=facts.clock)
-    calls = Calls(facts.targets, facts=facts, trail=trail, metrics=metrics,
-                  rate_limiter=backends.rate_limiter, dry_run=settings.dry_run, breaker=backends.breaker)
-    reads = Reads(calls, scheduler=scheduler, mirrors=mirrors, read_rules=read_rules,
+    gate = Gate(facts.targets, facts=facts, trail=trail, rate_limiter=backends.rate_limiter,
+                dry_run=settings.dry_run, breaker=backends.breaker)
+    calls = Calls(gate, metrics=metrics)
+    reads = Reads(gate, scheduler=scheduler, mirrors=mirrors, read_rules=read_rules,
                   fanout_timeout=settings.fanout_timeout_seconds)
-    writes = Writes(calls, scheduler=scheduler, moves=moves, breaker=backends.breaker)
+    writes = Writes(gate, scheduler=scheduler, moves=moves, breaker=backends.breaker)
     proposals = ProposalFlow(facts.targets, writes=writes, moves=moves,
                              confirm_ttl_seconds=settings.confirm_ttl_seconds)
     writes.proposer = proposals
@@ -63,4 +66,4 @@ def compose_call_path(settings: Settings, targets: Sequence[Target], facts: Fact
                 local={"list_targets": reads.list_targets, **proposals.handlers()})
     calls.around = Idempotency(backends.keys, trail, backends.instance,
                                window=settings.idempotency_window_seconds).wrap
-    return CallPath(trail, moves, calls, reads, writes, proposals, mirrors, read_rules)
+    return CallPath(trail, moves, gate, calls, reads, writes, proposals, mirrors, read_rules)

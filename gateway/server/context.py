@@ -7,10 +7,11 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.errors import StateUnavailable
 from gateway.guard.decision import Entry, Party
@@ -83,6 +84,10 @@ class CallContext:
         }
         base.update({k: v for k, v in fields.items() if v is not None})
         return base
+
+
+#: what answers a tool call past the gate (a read, a write, a tool the gateway answers itself)
+Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]
 
 
 def client_of(request_context: Any) -> str | None:

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final, NoReturn, Protocol
 
@@ -40,14 +40,13 @@ from gateway.errors import (
 from gateway.guard import confirm
 from gateway.guard.idempotency import KEY_FIELD, Step, decide, keeps_error
 from gateway.server.audit_trail import AuditTrail
-from gateway.server.context import CallContext, ProgressSink, off_loop, redact_args, target_label
+from gateway.server.context import CallContext, Handler, ProgressSink, off_loop, redact_args, target_label
 from gateway.store.idempotency import KeyRecord, KeyTable
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[CallContext, dict[str, Any], ProgressSink | None], Awaitable[dict[str, Any] | Answer]]
 #: how often a retry on another replica reads the store while the first call runs
 POLL_SECONDS: Final = 0.25
 #: how long a retry waits for the first call still running before it reports idempotency_in_progress

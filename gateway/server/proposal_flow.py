@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gateway.answer import Answer
-from gateway.audit.redact import shown, shown_text
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import (
@@ -23,22 +22,32 @@ from gateway.errors import (
     Stale,
 )
 from gateway.guard import confirm
-from gateway.guard.approvals import (
-    MAX_REASON_CHARS,
-    ApprovalRule,
-    Tally,
-    approval_view,
-    blast_changes,
-    shown_digest,
-    tally,
-)
 from gateway.guard.decision import Entry, Proposed, Verdict, authorize, proposal_rights
 from gateway.guard.policy.model import Decision
-from gateway.proposals import OPEN_STATES, Approval, Proposal
-from gateway.server.calls import Handler
-from gateway.server.context import CallContext, ProgressSink, cut, off_loop, redact_args, unknown_tool
+from gateway.proposals import OPEN_STATES, Proposal
+from gateway.server.approval_steps import ApprovalSteps
+from gateway.server.context import (
+    CallContext,
+    Handler,
+    ProgressSink,
+    cut,
+    off_loop,
+    redact_args,
+    unknown_tool,
+)
 from gateway.server.elicitation import InBand
 from gateway.server.moves import Moves
+from gateway.server.proposal_views import (
+    as_shown,
+    check_not_stale,
+    clean_reason,
+    pending_answer,
+    proposal_view,
+    rule_of,
+    shown_summary,
+    void_note,
+    voided,
+)
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
 from gateway.vsphere.lane import queue_as
@@ -50,7 +59,7 @@ class ProposalFlow:
     def __init__(self, targets: Mapping[str, Target], *, writes: Writes, moves: Moves,
                  confirm_ttl_seconds: float) -> None:
         self.targets = targets
-        self.calls = writes.calls
+        self.gate = writes.gate
         self.writes = writes
         self.facts = writes.facts
         self.registry = writes.facts.registry
@@ -62,6 +71,8 @@ class ProposalFlow:
         self.clock = moves.clock
         #: who confirms a fresh proposal: the agent's token, or the person at the client (elicitation)
         self.in_band = InBand(self.trail)
+        #: a human's approval between the proposal's re-planning and its claim (N of M, as shown)
+        self.approvals = ApprovalSteps(moves=moves, store=self.store, trail=self.trail, lost=self._lost)
 
     def handlers(self) -> dict[str, Handler]:
         """The proposal tools, answered here (``Calls.local``)."""
@@ -81,13 +92,13 @@ class ProposalFlow:
         route = self.in_band.route(decision)
         refusal = self.in_band.refusal(route, decision)
         if refusal is not None:
-            await self.calls.refused(ctx, args, refusal, target=target.name)
+            await self.gate.refused(ctx, args, refusal, target=target.name)
         token = confirm.new_confirmation_token()
         now = self.clock()
         ttl = target.proposal_ttl_seconds or self.confirm_ttl_seconds
         # redacted and bounded where it is made: the stored record, the answer, the audit row, the card and
         # every notification then carry the same clean text
-        summary = shown_text(plan.summary)
+        summary = shown_summary(plan)
         affected, blast, shown_as = as_shown(ctx.spec.name, digest, plan)
         rule = rule_of(decision)
         proposal = Proposal(
@@ -125,32 +136,7 @@ class ProposalFlow:
         )
         await off_loop(self.store.add_proposal, proposal)
         self.moves.notify("proposed", proposal)
-        people = f"{rule.required} different people" if rule.required > 1 else "a human"
-        how = (
-            f"{people} must approve proposal {proposal.id} on the web page (/ui) or with "
-            f"`gateway pending approve {proposal.id}`; confirm_action is refused until then"
-            if decision.require_approval
-            else f'confirm_action(token="{token}") within {int(ttl)}s'
-        )
-        answer = {
-            "state": "pending",
-            "proposal_id": proposal.id,
-            "target": target.name,
-            "target_host": target.address,
-            "tool": ctx.spec.name,
-            "summary": summary,
-            "affected": affected,
-            "blast_radius": blast,
-            **({"approvals_required": rule.required, "approvals_progress": tally(rule, (), None).text}
-               if decision.require_approval else {}),
-            "token": token,
-            "expires_in_seconds": int(ttl),
-            "requires_human_approval": decision.require_approval,
-            "dry_run": decision.dry_run,
-            "confirm_with": how,
-            "note": f"Nothing has changed yet. This proposal acts on target '{target.name}' "
-            f"({target.address}): check the target and the affected objects before confirming.",
-        }
+        answer = pending_answer(proposal, token, ttl, rule, decision)
         return await self.in_band.settle(self, ctx, proposal, answer, route, decision.confirm_by, progress)
 
     async def withdraw(self, ctx: CallContext, proposal: Proposal, reason: str) -> None:
@@ -177,7 +163,7 @@ class ProposalFlow:
     async def _by_token(self, ctx: CallContext, args: dict[str, Any]) -> Proposal:
         proposal = await off_loop(self.store.proposal_by_token_hash, confirm.token_hash(args["token"]))
         if proposal is None:
-            await self.calls.refused(
+            await self.gate.refused(
                 ctx,
                 {},
                 ConfirmationInvalid(
@@ -206,7 +192,7 @@ class ProposalFlow:
         facts = replace(
             facts, proposal_problem=None if proposal.state in OPEN_STATES else facts.proposal_problem
         )
-        await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
+        await self.gate.check(ctx, facts, {}, proposal_id=proposal.id, via=ctx.spec.name)
         moved = await self.moves.move(
             proposal,
             OPEN_STATES,
@@ -265,7 +251,7 @@ class ProposalFlow:
         facts = await off_loop(self.facts.facts, Entry.DENY, party, spec, proposal.args,
                                target=proposal.target, owner=owner, proposal=proposal)
         facts = replace(facts, proposed=Proposed.of(proposal), reason=reason)
-        await self.calls.check(ctx, facts, {}, proposal_id=proposal.id, requested_by=proposal.caller)
+        await self.gate.check(ctx, facts, {}, proposal_id=proposal.id, requested_by=proposal.caller)
         given = await off_loop(clean_reason, reason)
         why = f"denied by {human.name}" + (f": {given}" if given else "")
         moved = await off_loop(
@@ -312,7 +298,7 @@ class ProposalFlow:
             via="approve" if approved else "confirm_action",
         )
         if spec is None or target is None or spec.plan is None:
-            await self.calls.refused(
+            await self.gate.refused(
                 ctx,
                 {},
                 ConfirmationInvalid(
@@ -327,19 +313,19 @@ class ProposalFlow:
         gate = self.facts.of_proposal(entry, party, spec, proposal, owner)
         if approved:
             gate = replace(gate, reason=reason)
-        await self.calls.check(ctx, gate, {}, proposal_id=proposal.id)
-        await self.calls.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
+        await self.gate.check(ctx, gate, {}, proposal_id=proposal.id)
+        await self.gate.refuse_unless_audit_writable(ctx, {}, proposal_id=proposal.id, target=target.name)
         plan = await self._replan(ctx, target, spec.plan, proposal)
         if approved:
-            await self._check_as_shown(ctx, proposal, plan)
-        verdict = await self.calls.authorize_plan(
+            await self.approvals.check_as_shown(ctx, proposal, plan)
+        verdict = await self.gate.authorize_plan(
             ctx, entry, party, proposal.args, target, plan, owner, proposal
         )
-        decision = self.calls.decision_of(verdict, target)
+        decision = self.gate.decision_of(verdict, target)
         if approved:
-            counted = await self._record_approval(ctx, proposal, decision, reason)
+            counted = await self.approvals.record(ctx, proposal, decision, reason)
             if not counted.complete:
-                return Answer.cleaned(await off_loop(self._waiting, proposal.id, counted))
+                return Answer.cleaned(await off_loop(self.approvals.waiting, proposal.id, counted))
             moved = await self.moves.move(
                 proposal,
                 ["pending"],
@@ -357,63 +343,6 @@ class ProposalFlow:
         claimed = await self.claim(ctx, proposal, decision)
         return await self.writes.execute(ctx, target, plan, decision, proposal.args, progress,
                                          proposal=claimed)
-
-    async def _check_as_shown(self, ctx: CallContext, proposal: Proposal, plan: Plan) -> None:
-        """The proposal as re-read now against what its approvers were shown (objects with moids and the
-        blast radius, ``shown_digest``): any difference voids every approval, the proposal becomes
-        ``stale`` (its row names what changed), and proposer and approvers are told (notification)."""
-        if proposal.shown_digest is None:
-            return
-        _affected, blast, now_digest = await off_loop(as_shown, proposal.tool, proposal.args_digest, plan)
-        if now_digest == proposal.shown_digest:
-            return
-        changed = blast_changes(proposal.blast_radius, blast) or ["the affected objects"]
-        what = cut("; ".join(changed), 400)
-        error = Stale(
-            f"proposal {proposal.id} changed in vSphere since it was shown ({what}); "
-            f"{_void_note(proposal)}make a fresh proposal and check it again",
-            proposal_id=proposal.id,
-        )
-        moved = await self.moves.move(
-            proposal, OPEN_STATES, "stale", actor=ctx.principal, correlation_id=ctx.correlation_id,
-            outcome="stale", error=error.to_wire(), decided_at=self.clock(),
-            reason=cut(f"changed since shown: {what}; approvals void: {_voided(proposal)}", 512),
-        )
-        if moved is None:
-            await self._lost(ctx, proposal, f"found changed ({what}) after another caller had moved the "
-                             "proposal; nothing was sent")
-        raise error
-
-    async def _record_approval(self, ctx: CallContext, proposal: Proposal, decision: Decision,
-                               reason: str) -> Tally:
-        """Record this person's approval (bound to the digest as shown), audit it, and count the approvals
-        that hold now (``guard.approvals.tally``; the rule: the stricter of the proposal's and the
-        policy's)."""
-        rule = ApprovalRule.of(proposal.approval_rule).stricter(rule_of(decision))
-        given = await off_loop(clean_reason, reason)
-        approval = Approval(proposal.id, ctx.principal.name, ctx.party.kind.value, ctx.principal.role,
-                            self.clock(), given, proposal.shown_digest or "")
-        if not await off_loop(self.store.add_approval, approval):
-            await self._lost(ctx, proposal, "the proposal was no longer pending, or this person's approval "
-                             "was already recorded; nothing was sent")
-        fresh = await off_loop(self.store.get_proposal, proposal.id)
-        counted = tally(rule, fresh.approvals if fresh else (approval,), proposal.shown_digest)
-        row = self.moves.transition_row(proposal, "approval", actor=ctx.principal,
-                                        correlation_id=ctx.correlation_id,
-                                        reason=given or None, decision=decision.to_dict())
-        await self.trail.record({**row, "approvals": counted.text, "approved_by": list(counted.by)})
-        if not counted.complete and fresh is not None:
-            self.moves.notify("approval", fresh)
-        return counted
-
-    def _waiting(self, proposal_id: str, counted: Tally) -> dict[str, Any]:
-        """The answer to an approval that is not yet the last: nothing ran; who approved, who is needed."""
-        fresh = self.store.get_proposal(proposal_id)
-        view = proposal_view(fresh, self.clock()) if fresh else {"proposal_id": proposal_id}
-        return {**view, "state": "pending", "approvals_progress": counted.text,
-                "approved_by": list(counted.by),
-                "note": f"Recorded; {counted.text}. Nothing has changed in vSphere: the proposal runs when "
-                        f"{counted.need - counted.have} more different approver(s) approve it."}
 
     async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
         """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
@@ -477,10 +406,10 @@ class ProposalFlow:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, proposal.args), deadline=target.timeout_seconds
             )
-            _check_not_stale(proposal, plan)
+            check_not_stale(proposal, plan)
         except (NotFound, Ambiguous, Stale, InvalidArgument) as exc:
             error = Stale(
-                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); {_void_note(proposal)}"
+                f"proposal {proposal.id} no longer matches vSphere ({exc.message}); {void_note(proposal)}"
                 "make a fresh proposal and check it again",
                 proposal_id=proposal.id,
             )
@@ -493,72 +422,12 @@ class ProposalFlow:
                 outcome="stale",
                 error=error.to_wire(),
                 decided_at=self.clock(),
-                reason=cut(f"{exc.message}; approvals void: {_voided(proposal)}", 512),
+                reason=cut(f"{exc.message}; approvals void: {voided(proposal)}", 512),
             )
             if moved is None:
                 await self._lost(ctx, proposal, f"found stale ({cut(exc.message, 256)}) after another "
                                  "caller had moved the proposal; nothing was sent")
             raise error from exc
         except GatewayError as exc:
-            await self.calls.refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
+            await self.gate.refused(ctx, {}, exc, proposal_id=proposal.id, target=target.name)
         return plan
-
-
-def _check_not_stale(proposal: Proposal, plan: Plan) -> None:
-    before = sorted((a.get("type"), a.get("moid"), a.get("name")) for a in proposal.affected)
-    after = sorted((a["type"], a["moid"], a["name"]) for a in shown([a.to_dict() for a in plan.affected]))
-    if before != after:
-        raise Stale(
-            f"the objects of proposal {proposal.id} changed since it was made (renamed, replaced or "
-            "removed); make a fresh proposal and check it again"
-        )
-
-
-def _voided(proposal: Proposal) -> str:
-    return ", ".join(a.approver for a in proposal.approvals) or "none"
-
-
-def _void_note(proposal: Proposal) -> str:
-    """What a stale proposal's message says of its approvals (all void)."""
-    return f"its approvals by {_voided(proposal)} are void; " if proposal.approvals else ""
-
-
-def rule_of(decision: Decision) -> ApprovalRule:
-    """The N of M a policy decision asks for."""
-    return ApprovalRule(decision.approvals_required, decision.approver_roles, decision.reason_required)
-
-
-def as_shown(tool: str, args_digest: str, plan: Plan) -> tuple[Any, dict[str, Any] | None, str]:
-    """A plan as a proposal shows it (affected objects and blast radius, redacted and bounded) and the
-    digest its approvals bind to (``guard.approvals.shown_digest``)."""
-    affected = shown([a.to_dict() for a in plan.affected])
-    blast = shown(dict(plan.blast_radius)) if plan.blast_radius is not None else None
-    return affected, blast, shown_digest(tool, args_digest, affected, blast)
-
-
-def clean_reason(text: str | None) -> str:
-    """A human's reason as kept and shown: redacted (no secret survives), sanitized and bounded."""
-    return shown_text(" ".join(str(text or "").split()), MAX_REASON_CHARS)
-
-
-def proposal_view(p: Proposal, now: float) -> dict[str, Any]:
-    """A proposal as shown to callers and humans (redacted and bounded, ``gateway.guard.redact.shown``;
-    never the token or its hash)."""
-    view = {
-        "proposal_id": p.id,
-        "state": p.state,
-        "target": p.target,
-        "target_host": p.target_host,
-        "tool": p.tool,
-        "summary": p.plan_summary,
-        "affected": p.affected,
-        "requested_by": p.caller,
-        "requires_human_approval": p.require_web_approval,
-        "expires_in_seconds": max(0, int(p.expires_at - now)),
-        "created_at": p.created_at,
-        "approved_by": p.approved_by,
-        "outcome": p.outcome,
-        "error": p.error,
-        **approval_view(p),
-    }
-    return shown(view)  # type: ignore[no-any-return]

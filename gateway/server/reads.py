@@ -13,8 +13,8 @@ from gateway.errors import Busy, Forbidden, GatewayError, PolicyDenied, RateLimi
 from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
 from gateway.guard.policy.model import TargetPolicy
 from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
-from gateway.server.calls import Calls
 from gateway.server.context import ALL, CallContext, ProgressSink, off_loop, redact_args, target_label
+from gateway.server.gate import Gate
 from gateway.server.read_rules import ReadRules, denial
 from gateway.tools.read import summarize_targets, target_about
 from gateway.tools.spec import ToolSpec
@@ -25,14 +25,14 @@ from gateway.vsphere.scheduler import Scheduler
 
 
 class Reads:
-    """Answers read tools on one target or many, through the gate of ``Calls``."""
+    """Answers read tools on one target or many, through the gate (``server.gate``)."""
 
-    def __init__(self, calls: Calls, *, scheduler: Scheduler, mirrors: Mirrors, read_rules: ReadRules,
+    def __init__(self, gate: Gate, *, scheduler: Scheduler, mirrors: Mirrors, read_rules: ReadRules,
                  fanout_timeout: float) -> None:
-        self.calls = calls
-        self.facts = calls.facts
-        self.targets = calls.targets
-        self.trail = calls.trail
+        self.gate = gate
+        self.facts = gate.facts
+        self.targets = gate.targets
+        self.trail = gate.trail
         self.scheduler = scheduler
         self.mirrors = mirrors
         self.read_rules = read_rules
@@ -51,7 +51,7 @@ class Reads:
         if ref == ALL:
             names = [t.name for t in self.facts.visible_targets(ctx.role)]
             if not names:
-                await self.calls.refused(ctx, args, Forbidden("your role covers no configured target"))
+                await self.gate.refused(ctx, args, Forbidden("your role covers no configured target"))
         else:
             names = [ref] if isinstance(ref, str) else list(ref)
         refused: dict[str, dict[str, Any]] = {}
@@ -60,8 +60,8 @@ class Reads:
             facts, limits = await off_loop(self._read_facts, ctx, args, name)
             filters[name] = read_rules(facts)
             try:
-                await self.calls.check(ctx, facts, args, target=name)
-                await self.calls.rate_limit(ctx, args, name, Category.READ, limits)
+                await self.gate.check(ctx, facts, args, target=name)
+                await self.gate.rate_limit(ctx, args, name, Category.READ, limits)
             except (PolicyDenied, RateLimited) as exc:
                 if single:
                     raise
@@ -116,12 +116,12 @@ class Reads:
                 }
                 result = await asyncio.to_thread(fan_out_answer, per_target)
         except Busy as exc:  # refused before it reached the target: one row per burst
-            await self.calls.refused(ctx, args, exc, target=names[0])
+            await self.gate.refused(ctx, args, exc, target=names[0])
         except GatewayError as exc:
             await self.trail.record(ctx.row("call", outcome="error", error_code=exc.code, **row))
             raise
         if hidden is not None:  # read rules hide the one object this read is about
-            await self.calls.refused(ctx, args, denial(ctx.spec.name, names[0], hidden), target=names[0])
+            await self.gate.refused(ctx, args, denial(ctx.spec.name, names[0], hidden), target=names[0])
         outcome = "ok" if not outcomes or all(v == "ok" for v in outcomes.values()) else "partial"
         done = ctx.row("call", outcome=outcome, outcomes=outcomes, **row)
         return await self.trail.record_answer(done, result)

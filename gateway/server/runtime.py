@@ -7,7 +7,8 @@ How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``
     Gateway.answer -> server/calls.py Calls.answer
       -> text no engine can store (NUL, lone surrogates: guard.inputs) refused first, audited escaped
       -> facts about the caller as the store says *now* (server/facts.py: token state, current role)
-      -> gate: guard.decision.authorize (token -> role), before anything is read from vSphere
+      -> gate (server/gate.py, where the call path asks the decision and enforces its verdict):
+         guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
       -> runaway breaker, rate limit per caller x target x category (reads too), target-wide ceiling
       -> a change while the audit cannot take rows (readiness says so): refused, nothing read
@@ -16,10 +17,11 @@ How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``
          each tool it reaches, then the state preconditions; the first refusal wins
       -> read: answer (per-target outcomes in the row)
          write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
-         destructive: persist a proposal (server/proposal_flow.py); confirm_action / a human's approval
-         re-run authorize on the state at that moment (the proposer's current token and role, current
-         rules, re-resolved objects), then claim it by compare-and-set, then write ``executing``
-         (naming this process) and run it; every losing attempt is one row
+         destructive: persist a proposal (server/proposal_flow.py; an approval's own steps in
+         server/approval_steps.py, what a proposal shows in server/proposal_views.py); confirm_action
+         / a human's approval re-run authorize on the state at that moment (the proposer's current
+         token and role, current rules, re-resolved objects), then claim it by compare-and-set,
+         then write ``executing`` (naming this process) and run it; every losing attempt is one row
       -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
          unready) and is appended as soon as the audit is writable again (server/audit_trail.py)
 
@@ -90,7 +92,7 @@ class Gateway(GatewayFacade):
         self.authenticator = TokenVerifier(backends.store)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
-        self.path = compose_call_path(settings, targets, self.facts, scheduler=scheduler, backends=backends,
+        self.path = compose_call_path(settings, self.facts, scheduler=scheduler, backends=backends,
                                       metrics=self.metrics, trail=trail)
         self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
         self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
@@ -175,7 +177,7 @@ class Gateway(GatewayFacade):
         if self.notifier is not None:
             await self.notifier.close()
         await self.moves.stop_sweeper()
-        await self.path.calls.busy.flush()
+        await self.path.gate.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.trail.stop_forwarding)
         await asyncio.to_thread(self.mirrors.close)

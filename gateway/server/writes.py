@@ -18,8 +18,8 @@ from gateway.guard.decision import Entry
 from gateway.guard.limits import RunawayBreaker
 from gateway.guard.policy.model import Decision
 from gateway.proposals import Proposal
-from gateway.server.calls import Calls
 from gateway.server.context import ALL, CallContext, ProgressSink, cut, redact_args
+from gateway.server.gate import Gate
 from gateway.server.moves import Moves
 from gateway.vocabulary import Category, Plan
 from gateway.vsphere.scheduler import Scheduler
@@ -34,13 +34,13 @@ class Proposer(Protocol):
 
 
 class Writes:
-    """Runs changes through the gate of ``Calls``: one explicit target, planned, decided, then executed."""
+    """Runs changes through the gate (``server.gate``): one explicit target, planned, decided, executed."""
 
-    def __init__(self, calls: Calls, *, scheduler: Scheduler, moves: Moves, breaker: RunawayBreaker) -> None:
-        self.calls = calls
-        self.facts = calls.facts
-        self.targets = calls.targets
-        self.trail = calls.trail
+    def __init__(self, gate: Gate, *, scheduler: Scheduler, moves: Moves, breaker: RunawayBreaker) -> None:
+        self.gate = gate
+        self.facts = gate.facts
+        self.targets = gate.targets
+        self.trail = gate.trail
         self.scheduler = scheduler
         self.moves = moves
         self.breaker = breaker
@@ -56,23 +56,23 @@ class Writes:
         if not isinstance(ref, str) or ref == ALL:
             reason = "a change needs exactly one explicit target; 'all' and lists are refused for writes"
             single = {"allowed": False, "reason": reason, "rule": "target:single"}
-            await self.calls.refused(ctx, args, PolicyDenied(reason, decision=single))
+            await self.gate.refused(ctx, args, PolicyDenied(reason, decision=single))
         target = self.targets[ref]  # known: the gate (``Calls.answer``) refused any other
-        await self.calls.refuse_unless_audit_writable(ctx, args, target=target.name)
+        await self.gate.refuse_unless_audit_writable(ctx, args, target=target.name)
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
             self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
         except GatewayError as exc:
-            await self.calls.refused(ctx, args, exc, target=target.name)
-        await self.calls.rate_limit(ctx, args, target.name, spec.kind)
+            await self.gate.refused(ctx, args, exc, target=target.name)
+        await self.gate.rate_limit(ctx, args, target.name, spec.kind)
         try:
             plan = await self.scheduler.run(
                 target.name, lambda s: plan_fn(s, args), deadline=target.timeout_seconds
             )
         except GatewayError as exc:
-            await self.calls.refused(ctx, args, exc, target=target.name)
-        verdict = await self.calls.authorize_plan(ctx, Entry.WRITE, ctx.party, args, target, plan)
-        decision = self.calls.decision_of(verdict, target)
+            await self.gate.refused(ctx, args, exc, target=target.name)
+        verdict = await self.gate.authorize_plan(ctx, Entry.WRITE, ctx.party, args, target, plan)
+        decision = self.gate.decision_of(verdict, target)
         if spec.kind is Category.DESTRUCTIVE or decision.require_approval:
             assert self.proposer is not None  # the runtime wires the proposal flow in
             return await self.proposer.propose(ctx, target, args, plan, decision, digest, progress)

@@ -34,9 +34,7 @@ deny, is ``guard.decision.proposal_rights``, the rule MCP and ``gateway pending`
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -51,7 +49,6 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.answer import Answer
-from gateway.audit.verify import LineFault
 from gateway.auth.tokens import TOKEN_PREFIX, Principal
 from gateway.errors import (
     AuditUnavailable,
@@ -62,17 +59,22 @@ from gateway.errors import (
     Unauthorized,
     VSphereError,
 )
-from gateway.guard.approvals import MAX_REASON_CHARS
 from gateway.guard.decision import Proposed, audit_view, may_read_audit_row, proposal_rights
 from gateway.identity.service import IdentityRefusal
 from gateway.identity.verify import MAX_TOKEN_CHARS as MAX_JWT_CHARS
 from gateway.proposals import FINAL_STATES, Proposal
 from gateway.role import BUILTIN_ROLES, Role
-from gateway.sanitize import clean_text
 from gateway.server.edge import correlation_id_var
-from gateway.server.proposal_flow import proposal_view
 from gateway.server.runtime import Gateway
 from gateway.vocabulary import Kind
+from gateway.web.requests import (
+    MAX_TOKEN_CHARS,
+    proposal_id,
+    query_count,
+    query_text,
+    reason_from,
+    token_from,
+)
 from gateway.web.session import (
     CSRF_HEADER,
     SessionStore,
@@ -84,6 +86,7 @@ from gateway.web.session import (
     set_cookie_header,
 )
 from gateway.web.sso_routes import SsoRoutes, sign_on_for, sso_principal
+from gateway.web.views import proposal_card, verify_body
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +117,8 @@ AUDIT_MAX_ROWS: Final = 500
 #: rows read per row shown when a role sees only some targets (the rest are filtered out)
 AUDIT_SCAN_FACTOR: Final = 20
 AUDIT_FILTERS: Final = ("phase", "target", "tool", "caller")
-MAX_TOKEN_CHARS: Final = 256
 #: how a person gets a token the page accepts
 PERSON_TOKEN: Final = "`gateway token create NAME --role ROLE --kind person`"
-_PROPOSAL_ID: Final = re.compile(r"[a-z0-9]{12}")
 #: HTTP status per error code; other vSphere errors are 502, anything else 400
 _STATUS: Final = {
     "invalid_argument": 400, "unauthorized": 401, "forbidden": 403, "policy_denied": 403,
@@ -377,8 +378,8 @@ class WebApi:
                 return _json({"error": {"code": "rate_limited", "message": message}}, 429,
                              {"retry-after": str(max(1, int(wait) + 1))})
             # an identity provider's JWT is longer than a gateway token (it is refused below, audited)
-            token = await _token_from(request, MAX_TOKEN_CHARS if self.gateway.identity is None
-                                      else MAX_JWT_CHARS)
+            token = await token_from(request, MAX_TOKEN_CHARS if self.gateway.identity is None
+                                     else MAX_JWT_CHARS)
             await self._identity_token_refusal(token)
             principal = await self.gateway.authenticator.verify_async(token, client)
             if principal is None:
@@ -450,20 +451,8 @@ class WebApi:
     def _proposal(self, p: Proposal, viewer: Viewer, now: float) -> dict[str, Any]:
         """One card. Whether the viewer may deny or approve is the decision's own verdict
         (``Gateway.decision_rights``), asked only for pending proposals; clicks are decided again."""
-        view = proposal_view(p, now)
-        view.update({
-            "gated": p.require_web_approval, "requested_via": p.surface, "decided_at": p.decided_at,
-            "mine": p.caller == viewer.principal.name,
-            "can_decide": False, "decide_note": None, "can_approve": False, "approve_note": None,
-        })
-        if p.state == "pending":
-            deny, approve = self.gateway.decision_rights(p, viewer.principal)
-            view.update({
-                "can_decide": deny.allowed, "decide_note": None if deny.allowed else clean_text(deny.reason),
-                "can_approve": approve.allowed,
-                "approve_note": None if approve.allowed else clean_text(approve.reason),
-            })
-        return view
+        rights = self.gateway.decision_rights(p, viewer.principal) if p.state == "pending" else None
+        return proposal_card(p, now, mine=p.caller == viewer.principal.name, rights=rights)
 
     def _proposals(self, viewer: Viewer) -> list[dict[str, Any]]:
         store, now = self.gateway.store, self.gateway.clock()
@@ -479,21 +468,21 @@ class WebApi:
     async def _reason(self, request: Request, viewer: Viewer, pid: str, action: str) -> str:
         """The decision's reason from the body; a malformed one is refused, and audited."""
         try:
-            return await _reason_from(request)
+            return await reason_from(request)
         except InvalidArgument as exc:
             await self._audit_event("web_refused", viewer.principal, proposal_id=pid, via=action,
                                     error_code=exc.code, error=exc.message)
             raise
 
     async def approve(self, request: Request, viewer: Viewer) -> Answer:
-        pid = _proposal_id(request)
+        pid = proposal_id(request)
         reason = await self._reason(request, viewer, pid, "approve")
         result = await self.gateway.approve_answer(pid, viewer.principal, reason=reason,
                                                    correlation_id=correlation_id_var.get())
         return Answer.composed({"result": result})  # the approval's answer as sent, fingerprinted
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
-        pid = _proposal_id(request)
+        pid = proposal_id(request)
         reason = await self._reason(request, viewer, pid, "deny")
         result = await self.gateway.deny(pid, viewer.principal, reason=reason,
                                          correlation_id=correlation_id_var.get())
@@ -522,8 +511,8 @@ class WebApi:
         """The newest audit rows the viewer's role may read (``guard.decision.may_read_audit_row``): its own
         calls for ``audit: own``, the rows of its targets for ``audit: all``, nothing for ``none``."""
         _audit_right(viewer)
-        filters = {name: _query_text(request, name) for name in AUDIT_FILTERS}
-        last = _query_count(request, "last", AUDIT_DEFAULT_ROWS, AUDIT_MAX_ROWS)
+        filters = {name: query_text(request, name) for name in AUDIT_FILTERS}
+        last = query_count(request, "last", AUDIT_DEFAULT_ROWS, AUDIT_MAX_ROWS)
         name, own = viewer.principal.name, viewer.role.audit == "own"
         shown = {k: v for k, v in filters.items() if v}
         if own and filters["caller"] not in (None, name):
@@ -540,68 +529,7 @@ class WebApi:
         _audit_right(viewer)
         reader = self.gateway.backends.reader
         report = await anyio.to_thread.run_sync(reader.verify)
-        return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq,
-                "last_seq": report.last_seq, "problems": report.problems,
-                "starts_after_rotation": report.starts_after_rotation,
-                "first_broken_line": _fault(report.first_broken_line),
-                "torn_last_line": _fault(report.torn_last_line)}
-
-
-def _fault(fault: LineFault | None) -> dict[str, Any] | None:
-    if fault is None:
-        return None
-    return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}
-
-
-def _proposal_id(request: Request) -> str:
-    pid = str(request.path_params["pid"])
-    if not _PROPOSAL_ID.fullmatch(pid):
-        raise NotFound(f"no proposal {pid[:40]!r}; proposal ids are 12 lowercase letters and digits")
-    return pid
-
-
-def _query_text(request: Request, name: str) -> str | None:
-    value = request.query_params.get(name, "").strip()
-    if len(value) > 128:
-        raise InvalidArgument(name, "at most 128 characters")
-    return value or None
-
-
-def _query_count(request: Request, name: str, default: int, maximum: int) -> int:
-    raw = request.query_params.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or not 1 <= int(raw) <= maximum:
-        raise InvalidArgument(name, f"a whole number from 1 to {maximum}")
-    return int(raw)
-
-
-async def _reason_from(request: Request) -> str:
-    """The reason of an approve or deny: ``{"reason": "..."}`` (an empty body: none given). Bounded
-    here; the flow sanitizes and redacts it (``proposal_flow.clean_reason``)."""
-    raw = await request.body()
-    if not raw.strip():
-        return ""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    reason = body.get("reason", "") if isinstance(body, dict) else None
-    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS * 4:
-        raise InvalidArgument("reason", f"send the reason as JSON: {{\"reason\": \"...\"}}, at most "
-                              f"{MAX_REASON_CHARS} characters")
-    return reason
-
-
-async def _token_from(request: Request, limit: int = MAX_TOKEN_CHARS) -> str:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    token = body.get("token") if isinstance(body, dict) else None
-    if not isinstance(token, str) or not token.strip() or len(token) > limit:
-        raise InvalidArgument("token", "send the token as JSON: {\"token\": \"gwt_...\"}")
-    return token.strip()
+        return verify_body(report)
 
 
 def build_web_app(

@@ -1,0 +1,48 @@
+"""What the approval page shows, assembled from plain values: a proposal's card (the shared proposal
+view, plus whether this viewer may deny or approve it, as the decision's verdicts say) and the audit
+chain's verification report. Pure: no store, no request, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.audit.verify import LineFault, VerifyReport
+from gateway.guard.decision import Verdict
+from gateway.proposals import Proposal
+from gateway.sanitize import clean_text
+from gateway.server.proposal_views import proposal_view
+
+
+def proposal_card(p: Proposal, now: float, *, mine: bool,
+                  rights: tuple[Verdict, Verdict] | None) -> dict[str, Any]:
+    """One card. ``rights``: the verdicts of a deny and of an approval by the viewer now
+    (``Gateway.decision_rights``), asked only for a pending proposal; clicks are decided again."""
+    view = proposal_view(p, now)
+    view.update({
+        "gated": p.require_web_approval, "requested_via": p.surface, "decided_at": p.decided_at,
+        "mine": mine,
+        "can_decide": False, "decide_note": None, "can_approve": False, "approve_note": None,
+    })
+    if rights is not None:
+        deny, approve = rights
+        view.update({
+            "can_decide": deny.allowed, "decide_note": None if deny.allowed else clean_text(deny.reason),
+            "can_approve": approve.allowed,
+            "approve_note": None if approve.allowed else clean_text(approve.reason),
+        })
+    return view
+
+
+def verify_body(report: VerifyReport) -> dict[str, Any]:
+    """Whether the audit chain verifies, as the page shows it (file names, never their paths)."""
+    return {"ok": report.ok, "rows": report.rows, "first_seq": report.first_seq,
+            "last_seq": report.last_seq, "problems": report.problems,
+            "starts_after_rotation": report.starts_after_rotation,
+            "first_broken_line": _fault(report.first_broken_line),
+            "torn_last_line": _fault(report.torn_last_line)}
+
+
+def _fault(fault: LineFault | None) -> dict[str, Any] | None:
+    if fault is None:
+        return None
+    return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}
