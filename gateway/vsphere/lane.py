@@ -5,9 +5,9 @@ Who calls comes from ``Caller`` (a key and a weight): the server sets ``caller_v
 queues as that caller. Waiting calls sit in per-caller FIFO queues served deficit round-robin by call
 (``gateway.vsphere.fair_order``): a slot freed by a finishing call goes to the next waiter in that
 order, so a newcomer never overtakes a waiter and one caller's burst only delays that caller. It goes
-at once, unless that call would start together with another one (``gateway.vsphere.stagger``: at
-fixed call times the slots would otherwise free in lock step, and a newcomer wait for the whole lane
-to come round); then the slot stays reserved, for a fraction of a call, until the start it is given.
+at once, unless the lane's slots are in lock step (``gateway.vsphere.stagger``: at fixed call times
+they free together call after call, and a newcomer waits for the whole lane to come round); then the
+slot stays reserved, for a fraction of a call, until the start it is given.
 
 Admission: a caller with ``max_queued_per_caller`` calls already waiting on the target is refused at
 once with ``Busy`` (``retry_after_seconds`` from the lane's recent call time); the queue timeout is the
@@ -98,6 +98,8 @@ class Lane:
         self.wait_sum = 0.0
         #: the lane's latest call starts (made or scheduled), for ``stagger.start_at``
         self._starts: deque[float] = deque(maxlen=max(1, self.capacity))
+        #: the last start let through together with another (``stagger.Start.met``)
+        self._met: float | None = None
         #: starts moved apart from another (``stagger``)
         self.staggered = 0
 
@@ -150,7 +152,8 @@ class Lane:
                 self._call_seconds += (held_seconds - self._call_seconds) * _CALL_TIME_WEIGHT
             if self.spread_starts and len(self._order) and not self.closed:
                 now = time.monotonic()
-                at = stagger.start_at(now, self._starts, self._call_seconds, self.capacity)
+                start = stagger.start_at(now, self._starts, self._call_seconds, self.capacity, self._met)
+                at, self._met = start.at, start.met
                 self._starts.append(at)
                 if at > now:  # the slot stays taken until then: nobody else can start with the others
                     self.staggered += 1
@@ -184,15 +187,16 @@ class Lane:
                 waiter.future.get_loop().call_soon_threadsafe(self._fail, waiter)
 
     def snapshot(self) -> dict[str, Any]:
-        """The wait histogram (cumulative counts per ``WAIT_BUCKETS`` bound, then +Inf), its sum, and the
-        refusals by reason."""
+        """The wait histogram (cumulative counts per ``WAIT_BUCKETS`` bound, then +Inf), its sum, the
+        refusals by reason, and the starts moved apart (``staggered``)."""
         with self._lock:
             counts, total, refused = list(self.wait_counts), self.wait_sum, dict(self.refused)
+            staggered = self.staggered
         cumulative, running = [], 0
         for count in counts:
             running += count
             cumulative.append(running)
-        return {"wait_buckets": cumulative, "wait_sum": total, "refused": refused}
+        return {"wait_buckets": cumulative, "wait_sum": total, "refused": refused, "staggered": staggered}
 
     def _busy(self, caller: Caller) -> errors.Busy:
         waiting = self._order.depth(caller.key)
