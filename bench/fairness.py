@@ -1,27 +1,29 @@
 """Fair queueing on a slowed target: agent B's call alone against behind agent A's burst, fair and FIFO.
 
-Plain script: ``python bench/fairness.py [--rounds 5] [--burst 24] [--delay-ms 120]``; ``make bench``
-runs it as one section of bench/run_all.py.
+Plain script: ``python bench/fairness.py [--rounds 5] [--burst 24] [--delay-ms 120] [--jitter 0 0.25]``;
+``make bench`` runs it as one section of bench/run_all.py.
 
 One simulator with every SOAP call slowed by ``--delay-ms`` (its control endpoint's ``/delay``), one
 target with ``pool_size: 2`` and ``mirror: off`` (every read goes to the target), and the gateway's
 whole pipeline in this process (``Gateway.call``: the gate, the read, the scheduler, the audit). Each
-round, side by side:
+round, for each ``--jitter`` in turn (the spread of every delay, as a fraction: 0 is the issue's
+condition, "every call slowed to 120 ms", fixed; 0.25 the simulator's normal spread, as a real
+target's calls vary), side by side:
 
 - **fair**: A (``agent-a``) queues a burst of ``--burst`` get_vm_details at once; as soon as it is in
   the lane, B (``agent-b``) makes the same call again and again, one at a time, each after a random
   pause of up to one call time (an agent of its own, whose calls come at any moment of A's), until
-  A's burst is done; and once more with B's calls back to back (no pause: B always asks right after
-  a slot went to A, the worst phase, so it waits for a whole call of A's);
+  A's burst is done;
+- **back to back**: the same with no pause (B always asks right after its call's slot went to A);
+- **starts not spread**: the first, with the lane's stagger off (``Lane.spread_starts``: a freed slot
+  goes to the next waiter at once even when that starts it together with the other slot; what the
+  lane did before): at fixed delays A's two calls stay in lock step and B waits half a call on average;
 - **strict FIFO**: the first, but A and B call as one principal, so the lane holds one caller's queue
   and serves it in arrival order (what every call got before per-caller queues).
 
-Every delay varies (``--jitter``, the simulator's normal spread) as a real target's do; with none, A's
-two calls stay in lock step and B's wait for the next free slot is half a call on average.
-
-Reported: B alone (median of sequential calls), B's median behind the burst in each arm and its ratio
-to alone (target <= 1.5x fair), and the calls finished per second during the burst, fair against FIFO
-(target >= 0.95x).
+Reported per jitter: B alone (median of sequential calls), B's median behind the burst in each arm and
+its ratio to alone (target <= 1.5x fair), and the calls finished per second during the burst, fair
+(with and without the stagger) against FIFO (target >= 0.95x).
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):  # run as a plain script from a checkout: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,6 +44,7 @@ from gateway.auth.tokens import Principal
 from gateway.devsim import SimulatorProcess, build_simulator, start_simulator, write_targets
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
+from gateway.vsphere.lane import Lane
 
 VM = "DC0_C0_RP0_VM0"
 READ = {"target": "vc1", "vm": VM}
@@ -83,55 +85,93 @@ async def _round(gw: Gateway, a: Principal, b: Principal, burst: int,
     return b_times, (burst + len(b_times)) / elapsed
 
 
+def _staggered(gw: Gateway) -> int:
+    """Starts the lane has moved apart so far (``Lane.snapshot``)."""
+    return int(gw.scheduler.queue_stats()["vc1"]["staggered"])
+
+
+async def _arms(gw: Gateway, a: Principal, b: Principal, one: Principal, burst: int, alone: float,
+                got: dict[str, list[float]]) -> None:
+    """One round of every arm (appended to ``got``)."""
+    spread = _staggered(gw)
+    times, rate = await _round(gw, a, b, burst, alone)
+    got["fair"] += times
+    got["fair_rate"].append(rate)
+    got["fair_spread"].append((_staggered(gw) - spread) / (burst + len(times)))
+    times, _rate = await _round(gw, a, b, burst, 0.0)
+    got["tight"] += times
+    Lane.spread_starts = False
+    try:
+        times, rate = await _round(gw, a, b, burst, alone)
+    finally:
+        Lane.spread_starts = True
+    got["unspread"] += times
+    got["unspread_rate"].append(rate)
+    times, rate = await _round(gw, one, one, burst, alone)
+    got["fifo"] += times
+    got["fifo_rate"].append(rate)
+
+
 async def measure(gw: Gateway, sim: SimulatorProcess, *, rounds: int, burst: int, delay_ms: int,
-                  jitter: float) -> dict[str, Any]:
+                  jitters: tuple[float, ...]) -> dict[float, dict[str, float]]:
+    """Per jitter: B alone and the medians of every arm."""
     a, b, one = (Principal(n, "admin", surface="bench") for n in ("agent-a", "agent-b", "agent"))
     await asyncio.gather(*(gw.call(a, "get_vm_details", READ) for _ in range(2)))  # two sessions open
-    sim.control("/delay", {"delay": delay_ms, "jitter": jitter})
-    alone = statistics.median([await _timed(gw, b) for _ in range(max(5, rounds * 2))])
-    got: dict[str, list[float]] = {k: [] for k in ("fair", "fair_rate", "tight", "fifo", "fifo_rate")}
-    for _ in range(rounds):  # the arms alternate, so drift on a shared machine hits them alike
-        times, rate = await _round(gw, a, b, burst, alone)
-        got["fair"] += times
-        got["fair_rate"].append(rate)
-        times, _rate = await _round(gw, a, b, burst, 0.0)
-        got["tight"] += times
-        times, rate = await _round(gw, one, one, burst, alone)
-        got["fifo"] += times
-        got["fifo_rate"].append(rate)
-    return {"alone": alone, **{k: statistics.median(v) for k, v in got.items()}}
+    alone: dict[float, float] = {}
+    for jitter in jitters:
+        sim.control("/delay", {"delay": delay_ms, "jitter": jitter})
+        alone[jitter] = statistics.median([await _timed(gw, b) for _ in range(max(5, rounds * 2))])
+    arms = ("fair", "fair_rate", "fair_spread", "tight", "unspread", "unspread_rate", "fifo", "fifo_rate")
+    got: dict[float, dict[str, list[float]]] = {j: {k: [] for k in arms} for j in jitters}
+    for _ in range(rounds):  # the conditions and arms alternate, so drift on a shared machine hits them alike
+        for jitter in jitters:
+            sim.control("/delay", {"delay": delay_ms, "jitter": jitter})
+            await _arms(gw, a, b, one, burst, alone[jitter], got[jitter])
+    return {j: {"alone": alone[j], **{k: statistics.median(v) for k, v in got[j].items()}} for j in jitters}
 
 
-def run(*, rounds: int = 5, burst: int = 24, delay_ms: int = 120, jitter: float = 0.25) -> list[Row]:
-    """The rows for bench/run_all.py: (what, value, ratio)."""
+def _rows(burst: int, delay_ms: int, jitter: float, got: dict[str, float]) -> list[Row]:
+    where = f"{delay_ms} ms per SOAP call " + ("fixed" if jitter == 0 else f"+-{jitter:g} sd")
+    alone = got["alone"]
+    behind = f"B behind A's burst of {burst}"
+    return [
+        (f"fairness [{where}]: B's get_vm_details alone (pool_size 2)", f"{alone * 1000:.1f} ms", "1.00x"),
+        (f"fairness [{where}]: {behind}, per-caller queues (target <= 1.5x)",
+         f"{got['fair'] * 1000:.1f} ms", f"{got['fair'] / alone:.2f}x"),
+        (f"fairness [{where}]: {behind}, per-caller queues, B's calls back to back",
+         f"{got['tight'] * 1000:.1f} ms", f"{got['tight'] / alone:.2f}x"),
+        (f"fairness [{where}]: {behind}, per-caller queues, starts not spread",
+         f"{got['unspread'] * 1000:.1f} ms", f"{got['unspread'] / alone:.2f}x"),
+        (f"fairness [{where}]: {behind}, strict FIFO (one caller's queue)",
+         f"{got['fifo'] * 1000:.1f} ms", f"{got['fifo'] / alone:.2f}x"),
+        (f"fairness [{where}]: calls/s during the burst, per-caller queues vs strict FIFO (target >= 0.95x)",
+         f"{got['fair_rate']:.2f}/s", f"{got['fair_rate'] / got['fifo_rate']:.2f}x"),
+        (f"fairness [{where}]: calls/s during the burst, per-caller queues, starts not spread, vs FIFO",
+         f"{got['unspread_rate']:.2f}/s", f"{got['unspread_rate'] / got['fifo_rate']:.2f}x"),
+        (f"fairness [{where}]: starts moved apart, per-caller queues (of the calls in a burst)",
+         f"{got['fair_spread'] * 100:.1f}%", ""),
+    ]
+
+
+def run(*, rounds: int = 5, burst: int = 24, delay_ms: int = 120,
+        jitters: tuple[float, ...] = (0.0, 0.25)) -> list[Row]:
+    """The rows for bench/run_all.py: (what, value, ratio), the conditions side by side."""
     sim = start_simulator(binary=build_simulator(), vms=2)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp:
             gw = _gateway(sim, Path(tmp))
 
-            async def main() -> dict[str, Any]:
+            async def main() -> dict[float, dict[str, float]]:
                 try:
                     return await measure(gw, sim, rounds=rounds, burst=burst, delay_ms=delay_ms,
-                                         jitter=jitter)
+                                         jitters=jitters)
                 finally:
                     await gw.close()
 
             got = asyncio.run(main())
     finally:
         sim.stop()
-    where = f"{delay_ms} ms per SOAP call +-{jitter:g} sd, pool_size 2"
-    alone = got["alone"]
-    return [
-        (f"fairness: B's get_vm_details alone ({where})", f"{alone * 1000:.1f} ms", "1.00x"),
-        (f"fairness: B behind A's burst of {burst}, per-caller queues (target <= 1.5x)",
-         f"{got['fair'] * 1000:.1f} ms", f"{got['fair'] / alone:.2f}x"),
-        (f"fairness: B behind A's burst of {burst}, per-caller queues, B's calls back to back",
-         f"{got['tight'] * 1000:.1f} ms", f"{got['tight'] / alone:.2f}x"),
-        (f"fairness: B behind A's burst of {burst}, strict FIFO (one caller's queue)",
-         f"{got['fifo'] * 1000:.1f} ms", f"{got['fifo'] / alone:.2f}x"),
-        ("fairness: calls/s during the burst, per-caller queues vs strict FIFO (target >= 0.95x)",
-         f"{got['fair_rate']:.2f}/s", f"{got['fair_rate'] / got['fifo_rate']:.2f}x"),
-    ]
+    return [row for jitter in jitters for row in _rows(burst, delay_ms, jitter, got[jitter])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,12 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="bursts per arm (medians over them)")
     parser.add_argument("--burst", type=int, default=24, help="calls in A's burst")
     parser.add_argument("--delay-ms", type=int, default=120, help="milliseconds added to every SOAP call")
-    parser.add_argument("--jitter", type=float, default=0.25,
-                        help="spread of each delay (the simulator's normal jitter, as a fraction)")
+    parser.add_argument("--jitter", type=float, nargs="+", default=[0.0, 0.25],
+                        help="spreads of each delay, as fractions (0: fixed, the issue's condition; 0.25: "
+                             "the simulator's normal jitter), measured side by side")
     args = parser.parse_args(argv)
     for what, value, ratio in run(rounds=args.rounds, burst=args.burst, delay_ms=args.delay_ms,
-                                  jitter=args.jitter):
-        print(f"  {what:<88} {value:>12} {ratio:>8}", flush=True)
+                                  jitters=tuple(args.jitter)):
+        print(f"  {what:<100} {value:>12} {ratio:>8}", flush=True)
     return 0
 
 

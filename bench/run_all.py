@@ -30,9 +30,10 @@ https`` as a child process, the peer's server) and measures, in this order:
 9. The read that cannot use the mirror (bench/sweep.py): list_vms over HTTPS on a ``mirror: off``
    target at 3,000 and 30,000 VMs against the raw RetrievePropertiesEx, this checkout beside the
    package as it was before the decoder work (``sweep.BEFORE``), and the decode alone of each.
-10. Fair queueing (bench/fairness.py; its own simulator, every SOAP call slowed): agent B's
-    get_vm_details alone against behind agent A's burst of 24 with per-caller queues and with strict
-    FIFO, and the calls finished per second during the burst, fair against FIFO.
+10. Fair queueing (bench/fairness.py; its own simulator, every SOAP call slowed, fixed and varying,
+    side by side): agent B's get_vm_details alone against behind agent A's burst of 24 with
+    per-caller queues (starts spread and not) and with strict FIFO, and the calls finished per second
+    during the burst, fair against FIFO.
 
 The table goes to stdout and, unless ``--quick``, into bench/RESULTS.md with the date and core count.
 """

@@ -8,6 +8,7 @@ shares of calls finished over a window counted in calls.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -76,6 +77,29 @@ async def test_b_behind_a_burst_of_24_is_served_within_two_call_times(env: Env) 
     # B waits for one slot to free and then runs: the two calls running when it came, and at most
     # one more per slot, finish before it (strict arrival order: all but the last of A's)
     assert ahead <= 4, f"{ahead} of A's calls finished before B's"
+
+
+@pytest.mark.anyio
+async def test_a_burst_at_fixed_call_times_is_spread_over_the_slots_not_run_in_lock_step(env: Env) -> None:
+    """At fixed call times the burst's two slots would free at the same instant, call after call, so a
+    newcomer waits for half a call on average; the lane starts its calls apart instead. Counted in
+    finishes that come together (closer than a tenth of a call), not in elapsed time."""
+    gw = slowed(env, 100)
+    await warm(gw, env, 100)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await gw.call(agent("agent-a"), "get_vm_details", READ)
+    call = loop.time() - started
+    finished: list[float] = []
+
+    async def a_call() -> None:
+        await gw.call(agent("agent-a"), "get_vm_details", READ)
+        finished.append(loop.time())
+
+    await asyncio.gather(*(a_call() for _ in range(16)))
+    gaps = [b - a for a, b in itertools.pairwise(finished[4:])]  # past the first two rounds
+    together = [round(g * 1000) for g in gaps if g < call / 10]
+    assert len(together) <= 1, f"{len(together)} of {len(gaps)} finishes came together (ms apart: {together})"
 
 
 async def shares(gw: Gateway, callers: Sequence[Principal], *, each: int, skip: int,

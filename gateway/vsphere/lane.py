@@ -3,8 +3,11 @@
 Who calls comes from ``Caller`` (a key and a weight): the server sets ``caller_var`` once per tool call
 (``gateway.server.calls``), so every vSphere call a tool call makes, on every target a fan-out reaches,
 queues as that caller. Waiting calls sit in per-caller FIFO queues served deficit round-robin by call
-(``gateway.vsphere.fair_order``): a slot freed by a finishing call goes straight to the next waiter in
-that order, so a newcomer never overtakes a waiter and one caller's burst only delays that caller.
+(``gateway.vsphere.fair_order``): a slot freed by a finishing call goes to the next waiter in that
+order, so a newcomer never overtakes a waiter and one caller's burst only delays that caller. It goes
+at once, unless the lane's slots are in lock step (``gateway.vsphere.stagger``: at fixed call times
+they free together call after call, and a newcomer waits for the whole lane to come round); then the
+slot stays reserved, for a fraction of a call, until the start it is given.
 
 Admission: a caller with ``max_queued_per_caller`` calls already waiting on the target is refused at
 once with ``Busy`` (``retry_after_seconds`` from the lane's recent call time); the queue timeout is the
@@ -20,12 +23,14 @@ import contextlib
 import contextvars
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway import errors
 from gateway.config import Target
+from gateway.vsphere import stagger
 from gateway.vsphere.fair_order import DEFAULT_WEIGHT, FairOrder
 
 
@@ -76,6 +81,10 @@ class Lane:
     """One target's slots, fair queue and admission; shared by the event loop and the worker threads
     (which release slots), hence the lock. ``running`` counts slots taken."""
 
+    #: whether starts together with another are moved apart (``stagger``); bench/fairness.py turns it
+    #: off for its comparison arm
+    spread_starts = True
+
     def __init__(self, target: Target) -> None:
         self.target = target
         self.capacity = target.pool_size
@@ -87,6 +96,12 @@ class Lane:
         self.refused = dict.fromkeys(ADMISSION_REFUSALS, 0)
         self.wait_counts = [0] * (len(WAIT_BUCKETS) + 1)  # the last: over every bound
         self.wait_sum = 0.0
+        #: the lane's latest call starts (made or scheduled), for ``stagger.start_at``
+        self._starts: deque[float] = deque(maxlen=max(1, self.capacity))
+        #: the last start let through together with another (``stagger.Start.met``)
+        self._met: float | None = None
+        #: starts moved apart from another (``stagger``)
+        self.staggered = 0
 
     @property
     def queued(self) -> int:
@@ -106,6 +121,7 @@ class Lane:
                 raise shutting_down(self.target.name)
             if self.running < self.capacity and not len(self._order):
                 self.running += 1
+                self._starts.append(time.monotonic())
                 self._observe_wait(0.0)
                 return True
             if bounded and self._order.depth(caller.key) >= self.target.max_queued_per_caller:
@@ -129,17 +145,37 @@ class Lane:
             self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def release(self, held_seconds: float | None = None) -> None:
-        """Give a slot back: to the next waiter in fair order if there is one. Any thread."""
+        """Give a slot back: to the next waiter in fair order if there is one, at once or, when that
+        would start it together with another call, a little later (``stagger``). Any thread."""
         with self._lock:
             if held_seconds is not None:
                 self._call_seconds += (held_seconds - self._call_seconds) * _CALL_TIME_WEIGHT
-            while (waiter := self._order.pop()) is not None:
-                try:
-                    waiter.future.get_loop().call_soon_threadsafe(self._hand_over, waiter)
+            if self.spread_starts and len(self._order) and not self.closed:
+                now = time.monotonic()
+                start = stagger.start_at(now, self._starts, self._call_seconds, self.capacity, self._met)
+                at, self._met = start.at, start.met
+                self._starts.append(at)
+                if at > now:  # the slot stays taken until then: nobody else can start with the others
+                    self.staggered += 1
+                    timer = threading.Timer(at - now, self._pass_on)
+                    timer.daemon = True
+                    timer.start()
                     return
-                except RuntimeError:  # that waiter's event loop is closed; it will never run
-                    continue
-            self.running -= 1
+            self._grant_next()
+
+    def _pass_on(self) -> None:
+        """Give a taken slot to the next waiter at once (no stagger), or free it. Any thread."""
+        with self._lock:
+            self._grant_next()
+
+    def _grant_next(self) -> None:  # under the lock
+        while (waiter := self._order.pop()) is not None:
+            try:
+                waiter.future.get_loop().call_soon_threadsafe(self._hand_over, waiter)
+                return
+            except RuntimeError:  # that waiter's event loop is closed; it will never run
+                continue
+        self.running -= 1
 
     def close(self) -> None:
         """Refuse new calls and fail queued ones."""
@@ -151,15 +187,16 @@ class Lane:
                 waiter.future.get_loop().call_soon_threadsafe(self._fail, waiter)
 
     def snapshot(self) -> dict[str, Any]:
-        """The wait histogram (cumulative counts per ``WAIT_BUCKETS`` bound, then +Inf), its sum, and the
-        refusals by reason."""
+        """The wait histogram (cumulative counts per ``WAIT_BUCKETS`` bound, then +Inf), its sum, the
+        refusals by reason, and the starts moved apart (``staggered``)."""
         with self._lock:
             counts, total, refused = list(self.wait_counts), self.wait_sum, dict(self.refused)
+            staggered = self.staggered
         cumulative, running = [], 0
         for count in counts:
             running += count
             cumulative.append(running)
-        return {"wait_buckets": cumulative, "wait_sum": total, "refused": refused}
+        return {"wait_buckets": cumulative, "wait_sum": total, "refused": refused, "staggered": staggered}
 
     def _busy(self, caller: Caller) -> errors.Busy:
         waiting = self._order.depth(caller.key)
@@ -176,7 +213,7 @@ class Lane:
 
     def _hand_over(self, waiter: _Waiter) -> None:
         if waiter.future.done():  # its caller gave up after the slot was already on its way: pass it on
-            self.release()
+            self._pass_on()
             return
         with self._lock:
             self._observe_wait(time.monotonic() - waiter.since)
