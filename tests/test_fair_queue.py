@@ -99,7 +99,12 @@ async def test_a_burst_at_fixed_call_times_is_spread_over_the_slots_not_run_in_l
     await asyncio.gather(*(a_call() for _ in range(16)))
     gaps = [b - a for a, b in itertools.pairwise(finished[4:])]  # past the first two rounds
     together = [round(g * 1000) for g in gaps if g < call / 10]
-    assert len(together) <= 1, f"{len(together)} of {len(gaps)} finishes came together (ms apart: {together})"
+    # in lock step about every other finish comes with another (6 of 11 on the old lane); a loaded
+    # machine can bring two together by chance now and then, never most
+    assert len(together) <= 3, f"{len(together)} of {len(gaps)} finishes came together (ms apart: {together})"
+    scrape = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(gw.metrics.render()) for s in family.samples}
+    assert scrape[("gateway_target_starts_staggered_total", (("target", "vc1"),))] >= 1
 
 
 async def shares(gw: Gateway, callers: Sequence[Principal], *, each: int, skip: int,

@@ -121,18 +121,22 @@ def target_families(stats: Mapping[str, Mapping[str, float]]) -> list[Metric]:
 def queue_families(stats: Mapping[str, Mapping[str, Any]]) -> list[Metric]:
     """The queue wait histogram and the refused admissions per target, from ``scheduler.queue_stats()``
     (each row: ``wait_buckets`` cumulative per ``WAIT_BUCKETS`` bound then +Inf, ``wait_sum``,
-    ``refused`` by reason)."""
+    ``refused`` by reason, ``staggered`` starts)."""
     waits = HistogramMetricFamily("gateway_target_queue_wait_seconds",
                                   "Time calls waited for one of the target's slots.", labels=["target"])
     refused = CounterMetricFamily("gateway_target_admissions_refused",
                                   "Calls the target's lane refused, by reason.", labels=["target", "reason"])
+    staggered = CounterMetricFamily("gateway_target_starts_staggered",
+                                    "Calls the target's lane started a little later to break a lock step "
+                                    "of its slots (vsphere/stagger).", labels=["target"])
     bounds = [*(f"{b:g}" for b in WAIT_BUCKETS), "+Inf"]
     for target, row in sorted(stats.items()):
         buckets = list(zip(bounds, (float(c) for c in row["wait_buckets"]), strict=True))
         waits.add_metric([target], buckets, float(row["wait_sum"]))
         for reason in ADMISSION_REFUSALS:
             refused.add_metric([target, reason], float(row["refused"].get(reason, 0)))
-    return [waits, refused]
+        staggered.add_metric([target], float(row.get("staggered", 0)))
+    return [waits, refused, staggered]
 
 
 class _Callbacks:
