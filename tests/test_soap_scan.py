@@ -177,6 +177,8 @@ _MANY = {
     "objects without properties": _reply("".join(_obj(f"vm-{i}", "") for i in range(5))),
     "a later value that is not a number": _reply(_same_shape(5) + _same_shape(1, "seven")),
     "a later control character": _reply(_later("name", "a\x01b")),
+    "a later control character, not ASCII": _reply(_later("name", "wé\x1fb")),
+    "not ASCII": _reply(_later("name", "wéb\u202e")),
     "a later reference": _reply(_later("name", "a &amp; b")),
     "a later CDATA section": _reply(_later("name", "<![CDATA[x]]>")),
     "a later object with a data object": _reply(_later("name", "<a>b</a>", "VirtualMachineSummary")),
@@ -185,7 +187,7 @@ _MANY = {
 }
 _MANY_SCANNED = {"one shape", "shapes alternating", "a property missing on some objects",
                  "the same name with another type", "more shapes than compiled", "a repeated property name",
-                 "empty arrays and dates", "objects without properties", "a later reference"}
+                 "empty arrays and dates", "objects without properties", "a later reference", "not ASCII"}
 
 
 def _decoded(decode: Any, body: bytes) -> Any:

@@ -7,6 +7,7 @@ ElementTree on large inventories) and anything else with ElementTree; both give 
 
 from __future__ import annotations
 
+import codecs
 import re
 import threading
 import xml.etree.ElementTree as ET
@@ -195,9 +196,9 @@ def scan_retrieve_result(body: bytes) -> Page | None:
 
 
 def _scan(body: bytes) -> Page:
-    text = body.decode("utf-8")
+    text = _text(body)
     head = _PROLOGUE.match(text)
-    if (head is None or _has_non_xml_chars(body) or "\ufffe" in text or "\uffff" in text
+    if (head is None or "\ufffe" in text or "\uffff" in text
             or ("]" in text and "]]>" in text) or not _plain_declaration(head["decl"])):
         raise _Unrecognised
     prefix, response = head["p"], head["resp"]
@@ -229,6 +230,20 @@ def _scan(body: bytes) -> Page:
     if re.fullmatch(epilogue, text[pos:]) is None:
         raise _Unrecognised
     return Page(objects, token)
+
+
+_ASCII_XML = "".join(chr(c) if c in (9, 10, 13) or 32 <= c < 128 else "\ufffe" for c in range(256))
+"""A decoding table of the ASCII characters XML allows ("\ufffe": undefined, so decoding fails)."""
+
+
+def _text(body: bytes) -> str:
+    """The reply as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0 control
+    character XML forbids. An ASCII reply (every sweep of plain names) is decoded and checked in one pass."""
+    if body.isascii():
+        return codecs.charmap_decode(body, "strict", _ASCII_XML)[0]
+    if _has_non_xml_chars(body):
+        raise _Unrecognised
+    return body.decode("utf-8")
 
 
 def _has_non_xml_chars(body: bytes) -> bool:
