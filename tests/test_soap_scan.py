@@ -37,6 +37,14 @@ def _vm(moid: str, name: str, cpus: int = 1) -> str:
             '</objects>')
 
 
+def _fed(body: bytes, size: int) -> soap_scan.Page:
+    """``body`` decoded as it would arrive in pieces of ``size`` bytes."""
+    scanner = soap_scan.ReplyScanner()
+    for start in range(0, len(body), size):
+        scanner.feed(body[start:start + size])
+    return scanner.page()
+
+
 def _reply(objects: str, doctype: str = "") -> bytes:
     return (_HEAD.format(doctype=doctype) + objects + _TAIL).encode()
 
@@ -99,13 +107,14 @@ def test_a_sweep_answered_with_entities_fails_closed_as_unreachable(
     sent: list[str] = []
     real_call = collector.soap_call
 
-    def fake_hostile_target(stub: Any, mo: Any, method: str, args: Any) -> bytes:
-        """A fake target: the real request is sent, the reply replaced by one declaring entities."""
+    def fake_hostile_target(stub: Any, mo: Any, method: str, args: Any) -> soap_scan.Page:
+        """A fake target: the real request is sent, the reply replaced by one declaring entities (fed
+        to the decoder in pieces, as a reply arriving)."""
         real_call(stub, mo, method, args)
         sent.append(method)
-        return _HOSTILE["billion laughs"]
+        return _fed(_HOSTILE["billion laughs"], 64)
 
-    monkeypatch.setattr(collector, "soap_call", fake_hostile_target)
+    monkeypatch.setattr(collector, "soap_retrieve", fake_hostile_target)
     with pytest.raises(errors.Unreachable, match="malformed XML"):
         vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))
     assert sent == ["RetrievePropertiesEx"]
@@ -218,3 +227,34 @@ def test_a_seen_shape_reads_typed_values_and_keeps_every_object() -> None:
         "e": [], "d": datetime(2024, 5, 1, 10, tzinfo=UTC), "b": True})
     repeated = soap_scan.scan_retrieve_result(_MANY["a repeated property name"])
     assert repeated is not None and [o.props for o in repeated.objects][3] == {"n": "s3"}
+
+
+_PIECES = (1, 9, 100, 1_000, 1 << 20)
+
+
+@pytest.mark.parametrize("name", [*_MANY, *_HOSTILE])
+def test_a_reply_fed_in_pieces_decodes_as_the_whole_reply(name: str) -> None:
+    body = {**_MANY, **_HOSTILE}[name]
+    whole = _decoded(soap_scan.parse_retrieve_result, body)
+    for size in _PIECES:
+        assert _decoded(lambda b: _fed(b, size), body) == whole, size  # noqa: B023 (called at once)
+    for cut in range(len(body) - 1, len(body) // 2, -29):
+        for size in (7, 500):
+            with pytest.raises(MalformedReply):
+                _fed(body[:cut], size)
+
+
+def test_a_sweep_decodes_the_reply_as_it_arrives(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pieces: list[int] = []
+    feed = soap_scan.ReplyScanner.feed
+
+    def counting(self: soap_scan.ReplyScanner, piece: bytes) -> None:
+        pieces.append(len(piece))
+        feed(self, piece)
+
+    everything = listings.VmQuery(fields=tuple(listings.VM_COLUMNS))
+    monkeypatch.setattr(collector, "_FEED_BYTES", 256)
+    monkeypatch.setattr(soap_scan.ReplyScanner, "feed", counting)
+    streamed = vc1.run(lambda s: listings.list_vms(s, everything))
+    assert len(pieces) > 10 and max(pieces) <= 256  # the reply went to the decoder in pieces, as read
+    assert streamed == vc1.run(lambda s: listings.list_vms(s, everything, fast=False))  # pyVmomi's decoding

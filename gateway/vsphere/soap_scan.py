@@ -87,11 +87,9 @@ def parse_retrieve_result(body: bytes) -> Page:
     the same objects. Raises ``ComplexValueError`` for a data-object value and ``MalformedReply`` for
     malformed XML or a document type declaration (never expanded).
     """
-    page = scan_retrieve_result(body)
-    if page is not None:
-        return page
-    DECODER.fell_back()
-    return parse_retrieve_tree(body)
+    scanner = ReplyScanner()
+    scanner.feed(body)
+    return scanner.page()
 
 
 class DecoderCounters:
@@ -192,61 +190,151 @@ def scan_retrieve_result(body: bytes) -> Page | None:
     """The reply decoded by regular expressions, or None when it is not in the plain shape: one
     envelope, body and response, then a ``returnval`` holding only a token and objects whose
     properties are all scalar values, without whitespace, comments or CDATA between elements."""
-    try:
-        return _scan(body)
-    except (_Unrecognised, UnicodeDecodeError, ValueError, OverflowError):
-        return None  # ValueError/OverflowError: a value that does not convert; ElementTree will say so
+    scanner = ReplyScanner()
+    scanner.feed(body)
+    return scanner.scanned()
 
 
-def _scan(body: bytes) -> Page:
-    text = _text(body)
-    head = _PROLOGUE.match(text)
-    if (head is None or "\ufffe" in text or "\uffff" in text
-            or ("]" in text and "]]>" in text) or not _plain_declaration(head["decl"])):
+_FAILURES = (_Unrecognised, UnicodeDecodeError, ValueError, OverflowError)
+"""What makes the scanner leave a reply to ElementTree (ValueError/OverflowError: a value that does
+not convert; ElementTree will say so)."""
+_OBJECTS_END = b"</objects>"
+
+
+class ReplyScanner:
+    """``parse_retrieve_result`` fed the reply piece by piece as it arrives (``feed``, then ``page``).
+
+    Each piece's complete objects are decoded at once, while the rest of the reply is still on its
+    way, so the decode overlaps the transfer. The pieces are cut after an ``</objects>``: in a reply
+    the scanner accepts that string only ends an object (values hold no ``<``), so every region
+    holds whole objects and the outcome is that of decoding the reply whole. Anything unrecognised
+    leaves the reply, joined, to ElementTree.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._pending = b""  # the part after the last complete object
+        self._open: _Open | None = None  # the prologue, once read
+        self._failed = False
+
+    def feed(self, piece: bytes) -> None:
+        self._pieces.append(piece)
+        if self._failed:
+            return
+        buffer = self._pending + piece if self._pending else piece
+        end = buffer.rfind(_OBJECTS_END)
+        if end < 0:
+            self._pending = buffer
+            return
+        end += len(_OBJECTS_END)
+        self._pending = buffer[end:]
+        try:
+            text = _checked_text(buffer, end)
+            pos = 0
+            if self._open is None:
+                self._open, pos = _Open.read(text)
+            if self._open.objects_from(text, pos) != len(text):
+                raise _Unrecognised  # something between objects (a token, whitespace, a comment)
+        except _FAILURES:
+            self._failed, self._pending = True, b""
+
+    def scanned(self) -> Page | None:
+        """The page, or None when the scanner does not recognise the reply (``scan_retrieve_result``)."""
+        if self._failed:
+            return None
+        try:
+            text = _checked_text(self._pending, len(self._pending))
+            pos = 0
+            if self._open is None:
+                self._open, pos = _Open.read(text)
+            return self._open.close(text, self._open.objects_from(text, pos))
+        except _FAILURES:
+            return None
+
+    def page(self) -> Page:
+        """The decoded page (``parse_retrieve_result`` of the whole reply)."""
+        page = self.scanned()
+        if page is not None:
+            return page
+        DECODER.fell_back()
+        return parse_retrieve_tree(self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces))
+
+
+class _Open:
+    """A reply's prologue (namespaces in scope, response element, first token) and the objects
+    decoded so far."""
+
+    def __init__(self, head: re.Match[str], scope: dict[str, str], token: str | None) -> None:
+        self.prefix, self.response = head["p"], head["resp"]
+        self.token = token
+        self.kinds = _Readers(scope)
+        self.types: dict[str, str] = {}
+        self.shapes = _Shapes(self.kinds)
+        self.objects: list[ObjectProps] = []
+
+    @classmethod
+    def read(cls, text: str) -> tuple[_Open, int]:
+        head = _PROLOGUE.match(text)
+        if head is None or not _plain_declaration(head["decl"]):
+            raise _Unrecognised
+        scope: dict[str, str] = {}
+        for attrs in (head["env"], head["body"], head["resp_attrs"]):
+            scope.update(_declared(_attributes(attrs)))
+        if head["p"] and head["p"][:-1] not in scope:
+            raise _Unrecognised
+        token, pos = _scan_token(text, head.end(), None)
+        return cls(head, scope, token), pos
+
+    def objects_from(self, text: str, pos: int) -> int:
+        """Decode the objects of ``text`` from ``pos`` on; where they end."""
+        objects, kinds, types = self.objects, self.kinds, self.types
+        plain = "&" not in text and "\r" not in text  # no references, no line ends to normalise: as is
+        shapes = self.shapes if plain else None
+        while True:
+            shape = shapes.current if shapes is not None else None
+            if shape is not None and (same := shape.pattern.match(text, pos)) is not None:
+                objects.append(shape.read(same))
+                pos = same.end()
+                continue
+            if (match := _OBJECT.match(text, pos)) is None:
+                return pos
+            objects.append(_scan_object(match, kinds, types, plain))
+            pos = match.end()
+            if shapes is not None:
+                shapes.learn(match)
+
+    def close(self, text: str, pos: int) -> Page:
+        """The page, ``text[pos:]`` being the reply's end: a last token, then the closing tags."""
+        token, pos = _scan_token(text, pos, self.token)
+        prefix = re.escape(self.prefix)
+        epilogue = rf"</returnval></{self.response}>\s*</{prefix}Body>\s*</{prefix}Envelope>\s*"
+        if re.fullmatch(epilogue, text[pos:]) is None:
+            raise _Unrecognised
+        return Page(self.objects, token)
+
+
+def _checked_text(buffer: bytes, end: int) -> str:
+    text = _text(buffer, end)
+    if "\ufffe" in text or "\uffff" in text or ("]" in text and "]]>" in text):
         raise _Unrecognised
-    prefix, response = head["p"], head["resp"]
-    scope: dict[str, str] = {}
-    for attrs in (head["env"], head["body"], head["resp_attrs"]):
-        scope.update(_declared(_attributes(attrs)))
-    if prefix and prefix[:-1] not in scope:
-        raise _Unrecognised
-    kinds = _Readers(scope)
-    types: dict[str, str] = {}
-    objects: list[ObjectProps] = []
-    plain = "&" not in text and "\r" not in text  # no references, no line ends to normalise: as is
-    token, pos = _scan_token(text, head.end(), None)
-    shapes = _Shapes(kinds) if plain else None
-    while True:
-        shape = shapes.current if shapes is not None else None
-        if shape is not None and (same := shape.pattern.match(text, pos)) is not None:
-            objects.append(shape.read(same))
-            pos = same.end()
-            continue
-        if (match := _OBJECT.match(text, pos)) is None:
-            break
-        objects.append(_scan_object(match, kinds, types, plain))
-        pos = match.end()
-        if shapes is not None:
-            shapes.learn(match)
-    token, pos = _scan_token(text, pos, token)
-    epilogue = rf"</returnval></{response}>\s*</{re.escape(prefix)}Body>\s*</{re.escape(prefix)}Envelope>\s*"
-    if re.fullmatch(epilogue, text[pos:]) is None:
-        raise _Unrecognised
-    return Page(objects, token)
+    return text
 
 
 _ASCII_XML = "".join(chr(c) if c in (9, 10, 13) or 32 <= c < 128 else "\ufffe" for c in range(256))
 """A decoding table of the ASCII characters XML allows ("\ufffe": undefined, so decoding fails)."""
 
 
-def _text(body: bytes) -> str:
-    """The reply as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0 control
-    character XML forbids. An ASCII reply (every sweep of plain names) is decoded and checked in one pass."""
-    if body.isascii():
-        return codecs.charmap_decode(body, "strict", _ASCII_XML)[0]
-    if _has_non_xml_chars(body):
+def _text(buffer: bytes, end: int) -> str:
+    """``buffer[:end]`` as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0
+    control character XML forbids. ASCII (every sweep of plain names) is decoded and checked in one
+    pass, without copying the bytes first (a 35 MB copy costs more than the pass)."""
+    view = memoryview(buffer)[:end]
+    if buffer.isascii():
+        return codecs.charmap_decode(view, "strict", _ASCII_XML)[0]
+    raw = bytes(view)
+    if _has_non_xml_chars(raw):
         raise _Unrecognised
-    return body.decode("utf-8")
+    return raw.decode("utf-8")
 
 
 def _has_non_xml_chars(body: bytes) -> bool:
