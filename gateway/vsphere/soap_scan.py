@@ -213,7 +213,7 @@ class ReplyScanner:
 
     def __init__(self) -> None:
         self._pieces: list[bytes] = []
-        self._pending = b""  # the part after the last complete object
+        self._pending: list[bytes] = []  # what came after the last complete object, in pieces
         self._open: _Open | None = None  # the prologue, once read
         self._failed = False
 
@@ -221,13 +221,14 @@ class ReplyScanner:
         self._pieces.append(piece)
         if self._failed:
             return
-        buffer = self._pending + piece if self._pending else piece
-        end = buffer.rfind(_OBJECTS_END)
-        if end < 0:
-            self._pending = buffer
+        # the end tag may straddle two pieces: look in the last bytes waiting too; each byte is joined once
+        tail = self._pending[-1][1 - len(_OBJECTS_END):] if self._pending else b""
+        if piece.rfind(_OBJECTS_END) < 0 and (tail + piece[:len(_OBJECTS_END) - 1]).find(_OBJECTS_END) < 0:
+            self._pending.append(piece)
             return
-        end += len(_OBJECTS_END)
-        self._pending = buffer[end:]
+        buffer = b"".join([*self._pending, piece]) if self._pending else piece
+        end = buffer.rfind(_OBJECTS_END) + len(_OBJECTS_END)
+        self._pending = [buffer[end:]]
         try:
             text = _checked_text(buffer, end)
             pos = 0
@@ -236,14 +237,15 @@ class ReplyScanner:
             if self._open.objects_from(text, pos) != len(text):
                 raise _Unrecognised  # something between objects (a token, whitespace, a comment)
         except _FAILURES:
-            self._failed, self._pending = True, b""
+            self._failed, self._pending = True, []
 
     def scanned(self) -> Page | None:
         """The page, or None when the scanner does not recognise the reply (``scan_retrieve_result``)."""
         if self._failed:
             return None
         try:
-            text = _checked_text(self._pending, len(self._pending))
+            rest = b"".join(self._pending)
+            text = _checked_text(rest, len(rest))
             pos = 0
             if self._open is None:
                 self._open, pos = _Open.read(text)
