@@ -12,8 +12,8 @@ raw floor       the exact RetrievePropertiesEx the gateway sends for list_vms (i
 before / after  list_vms over HTTPS (MCP SDK client, TLS, bearer token) on the ``mirror: off`` target of
                 the server running the ``--before`` package / this checkout
 decode          the last raw reply decoded in this process by ``soap_scan.parse_retrieve_result`` of
-                each version (the decode alone, no network; thread CPU time, so other load on the
-                machine does not count)
+                each version (the decode alone, whole, no network; thread CPU time, so other load on
+                the machine does not count; the gateway now decodes a reply in pieces as it arrives)
 
 Beside the wall-clock rows, the CPU time each server process spent per list_vms (``/proc/PID/stat``,
 user + system, median over the rounds): what the gateway itself costs for the call, which other

@@ -351,17 +351,22 @@ def test_fast_decoder_and_pyvmomi_decoder_agree(pool_name: str, request: pytest.
 
 
 def test_the_simulators_replies_take_the_scanner(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    replies: list[bytes] = []
-    send = collector.soap_call
+    replies: list[bytearray] = []
 
-    def recording(*args: Any) -> bytes:
-        replies.append(send(*args))
-        return replies[-1]
+    class Recording(soap_scan.ReplyScanner):
+        """The real decoder, keeping what it was fed."""
 
-    monkeypatch.setattr(collector, "soap_call", recording)
+        def feed(self, piece: bytes) -> None:
+            if not hasattr(self, "body"):
+                self.body = bytearray()
+                replies.append(self.body)
+            self.body += piece
+            super().feed(piece)
+
+    monkeypatch.setattr(collector, "ReplyScanner", Recording)
     vc1.run(lambda s: listings.list_vms(s, VmQuery(fields=tuple(listings.VM_COLUMNS))))
     assert replies
-    for body in replies:
+    for body in map(bytes, replies):
         scanned = soap_scan.scan_retrieve_result(body)
         assert scanned is not None and scanned == soap_scan.parse_retrieve_tree(body)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from datetime import UTC, datetime
 from http.client import HTTPException
 from typing import Any
 
@@ -34,6 +35,14 @@ def _vm(moid: str, name: str, cpus: int = 1) -> str:
             f'<propSet><name>name</name><val xsi:type="xsd:string">{name}</val></propSet>'
             f'<propSet><name>config.hardware.numCPU</name><val xsi:type="xsd:int">{cpus}</val></propSet>'
             '</objects>')
+
+
+def _fed(body: bytes, size: int) -> soap_scan.Page:
+    """``body`` decoded as it would arrive in pieces of ``size`` bytes."""
+    scanner = soap_scan.ReplyScanner()
+    for start in range(0, len(body), size):
+        scanner.feed(body[start:start + size])
+    return scanner.page()
 
 
 def _reply(objects: str, doctype: str = "") -> bytes:
@@ -98,13 +107,14 @@ def test_a_sweep_answered_with_entities_fails_closed_as_unreachable(
     sent: list[str] = []
     real_call = collector.soap_call
 
-    def fake_hostile_target(stub: Any, mo: Any, method: str, args: Any) -> bytes:
-        """A fake target: the real request is sent, the reply replaced by one declaring entities."""
+    def fake_hostile_target(stub: Any, mo: Any, method: str, args: Any) -> soap_scan.Page:
+        """A fake target: the real request is sent, the reply replaced by one declaring entities (fed
+        to the decoder in pieces, as a reply arriving)."""
         real_call(stub, mo, method, args)
         sent.append(method)
-        return _HOSTILE["billion laughs"]
+        return _fed(_HOSTILE["billion laughs"], 64)
 
-    monkeypatch.setattr(collector, "soap_call", fake_hostile_target)
+    monkeypatch.setattr(collector, "soap_retrieve", fake_hostile_target)
     with pytest.raises(errors.Unreachable, match="malformed XML"):
         vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))
     assert sent == ["RetrievePropertiesEx"]
@@ -133,3 +143,118 @@ def test_a_reply_over_the_limit_fails_the_sweep_and_leaves_the_session_usable(
         vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))
     monkeypatch.undo()
     assert vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))["count"] == 4
+
+
+# Replies of many objects: after the first object of a shape, the scanner reads objects of that shape
+# with a pattern compiled for it (soap_scan._Shape). Each must decode exactly as ElementTree does, or be
+# left to it / refused alike, whatever changes from one object to the next.
+def _prop(name: str, value: str, kind: str = "xsd:string") -> str:
+    return f'<propSet><name>{name}</name><val xsi:type="{kind}">{value}</val></propSet>'
+
+
+def _obj(moid: str, props: str, kind: str = "VirtualMachine") -> str:
+    return f'<objects><obj type="{kind}">{moid}</obj>{props}</objects>'
+
+
+def _later(name: str, value: str, kind: str = "xsd:string") -> str:
+    """Five objects of one shape, then one whose name is ``value`` (of ``kind``)."""
+    return _same_shape(5) + _obj("vm-x", _prop("name", value, kind) + _prop("n", "1", "xsd:int"))
+
+
+def _same_shape(count: int, value: Any = "1") -> str:
+    return "".join(_obj(f"vm-{i}", _prop("name", f"web-{i}") + _prop("n", str(value), "xsd:int"))
+                   for i in range(count))
+
+
+_MANY = {
+    "one shape": _reply(_same_shape(50)),
+    "shapes alternating": _reply("".join(
+        _obj(f"vm-{i}", _prop("name", f"v{i}")) + _obj(f"host-{i}", _prop("name", f"h{i}"), "HostSystem")
+        for i in range(20))),
+    "a property missing on some objects": _reply("".join(
+        _obj(f"vm-{i}", _prop("name", f"v{i}") + (_prop("ip", "10.0.0.1") if i % 3 else ""))
+        for i in range(20))),
+    "the same name with another type": _reply(_same_shape(3)
+                                              + _obj("vm-9", _prop("name", "x") + _prop("n", "7"))),
+    "more shapes than compiled": _reply("".join(
+        _obj(f"vm-{i}", _prop(f"p{i // 2}", str(i), "xsd:int")) for i in range(80))),  # 40 shapes, in pairs
+    "a repeated property name": _reply("".join(
+        _obj(f"vm-{i}", _prop("n", str(i), "xsd:int") + _prop("n", f"s{i}")) for i in range(5))),
+    "empty arrays and dates": _reply("".join(
+        _obj(f"vm-{i}", _prop("e", "", "ArrayOfString") + _prop("d", "2024-05-01T10:00:00Z", "xsd:dateTime")
+             + _prop("b", "true", "xsd:boolean")) for i in range(5))),
+    "objects without properties": _reply("".join(_obj(f"vm-{i}", "") for i in range(5))),
+    "a later value that is not a number": _reply(_same_shape(5) + _same_shape(1, "seven")),
+    "a later control character": _reply(_later("name", "a\x01b")),
+    "a later control character, not ASCII": _reply(_later("name", "wé\x1fb")),
+    "not ASCII": _reply(_later("name", "wéb\u202e")),
+    "a later reference": _reply(_later("name", "a &amp; b")),
+    "a later CDATA section": _reply(_later("name", "<![CDATA[x]]>")),
+    "a later object with a data object": _reply(_later("name", "<a>b</a>", "VirtualMachineSummary")),
+    "a document type": _reply(_same_shape(5), "<!DOCTYPE soapenv:Envelope>"),
+    "garbage after the objects": _reply(_same_shape(5) + "<x/>"),
+}
+_MANY_SCANNED = {"one shape", "shapes alternating", "a property missing on some objects",
+                 "the same name with another type", "more shapes than compiled", "a repeated property name",
+                 "empty arrays and dates", "objects without properties", "a later reference", "not ASCII"}
+
+
+def _decoded(decode: Any, body: bytes) -> Any:
+    try:
+        return decode(body)
+    except Exception as exc:  # both decoders must fail alike
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("name", list(_MANY))
+def test_objects_of_a_seen_shape_decode_as_elementtree_does(name: str) -> None:
+    body = _MANY[name]
+    scanned = soap_scan.scan_retrieve_result(body)
+    assert (scanned is not None) == (name in _MANY_SCANNED)
+    tree = _decoded(soap_scan.parse_retrieve_tree, body)
+    assert _decoded(soap_scan.parse_retrieve_result, body) == tree
+    if scanned is not None:
+        assert scanned == tree
+    for cut in range(len(body) - 1, len(body) // 2, -13):  # cut inside later objects: refused, never shorter
+        with pytest.raises(MalformedReply):
+            soap_scan.parse_retrieve_result(body[:cut])
+
+
+def test_a_seen_shape_reads_typed_values_and_keeps_every_object() -> None:
+    page = soap_scan.scan_retrieve_result(_MANY["empty arrays and dates"])
+    assert page is not None and len(page.objects) == 5
+    assert page.objects[4] == ObjectProps("VirtualMachine", "vm-4", {
+        "e": [], "d": datetime(2024, 5, 1, 10, tzinfo=UTC), "b": True})
+    repeated = soap_scan.scan_retrieve_result(_MANY["a repeated property name"])
+    assert repeated is not None and [o.props for o in repeated.objects][3] == {"n": "s3"}
+
+
+_PIECES = (1, 9, 100, 1_000, 1 << 20)
+
+
+@pytest.mark.parametrize("name", [*_MANY, *_HOSTILE])
+def test_a_reply_fed_in_pieces_decodes_as_the_whole_reply(name: str) -> None:
+    body = {**_MANY, **_HOSTILE}[name]
+    whole = _decoded(soap_scan.parse_retrieve_result, body)
+    for size in _PIECES:
+        assert _decoded(lambda b: _fed(b, size), body) == whole, size  # noqa: B023 (called at once)
+    for cut in range(len(body) - 1, len(body) // 2, -29):
+        for size in (7, 500):
+            with pytest.raises(MalformedReply):
+                _fed(body[:cut], size)
+
+
+def test_a_sweep_decodes_the_reply_as_it_arrives(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pieces: list[int] = []
+    feed = soap_scan.ReplyScanner.feed
+
+    def counting(self: soap_scan.ReplyScanner, piece: bytes) -> None:
+        pieces.append(len(piece))
+        feed(self, piece)
+
+    everything = listings.VmQuery(fields=tuple(listings.VM_COLUMNS))
+    monkeypatch.setattr(collector, "_FEED_BYTES", 256)
+    monkeypatch.setattr(soap_scan.ReplyScanner, "feed", counting)
+    streamed = vc1.run(lambda s: listings.list_vms(s, everything))
+    assert len(pieces) > 10 and max(pieces) <= 256  # the reply went to the decoder in pieces, as read
+    assert streamed == vc1.run(lambda s: listings.list_vms(s, everything, fast=False))  # pyVmomi's decoding

@@ -10,7 +10,9 @@ Sweeps
     unreadable properties are absent. Only such scalar paths may be swept.
 
     On a ``SoapStubAdapter`` the reply is decoded by ``soap_scan`` instead of pyVmomi's
-    object deserializer, which costs several times more than the request itself on large inventories.
+    object deserializer, which costs several times more than the request itself on large inventories;
+    it is fed to the decoder in pieces as it is read (``soap_retrieve``), so the objects received are
+    decoded while the rest arrives.
     The request is still built, sent (same connection pool, cookie, request modifiers) and, when it
     fails, decoded into a fault by pyVmomi, so faults surface exactly as from any other call.
 
@@ -33,7 +35,13 @@ from pyVmomi import VmomiSupport, vim, vmodl
 from pyVmomi.SoapAdapter import SoapResponseDeserializer, SoapStubAdapter
 
 from gateway.config import Target
-from gateway.vsphere.soap_scan import ComplexValueError, ObjectProps, Page, parse_retrieve_result
+from gateway.vsphere.soap_scan import (
+    ComplexValueError,
+    ObjectProps,
+    Page,
+    ReplyScanner,
+    parse_retrieve_result,
+)
 
 PC: Any = vmodl.query.PropertyCollector
 _Deserializer: Any = SoapResponseDeserializer
@@ -126,6 +134,7 @@ MAX_REPLY_BYTES = 1 << 30
 """The largest reply a sweep reads or inflates (1 GiB: about 850,000 VMs of list_vms columns); past it
 the call fails as ``ReplyTooLarge`` instead of exhausting the gateway's memory."""
 _READ_BYTES = 1 << 23  # pieces of a chunked reply: few enough that joining them costs one more copy
+_FEED_BYTES = 1 << 20  # pieces fed to the decoder as they arrive: about 900 VMs of list_vms columns each
 
 
 class ReplyTooLarge(HTTPException):
@@ -147,6 +156,23 @@ def soap_call(stub: Any, mo: Any, method: str, args: Sequence[Any]) -> bytes:
     pooled connection). A SOAP fault (HTTP 500) is decoded by pyVmomi and raised; any other status
     raises ``http.client.HTTPException``; a transport error drops the stub's pooled connections.
     """
+    body = _exchange(stub, mo, method, args, None)
+    assert body is not None
+    return body
+
+
+def soap_retrieve(stub: Any, mo: Any, method: str, args: Sequence[Any]) -> Page:
+    """``soap_call`` of a ``RetrievePropertiesEx``/``ContinueRetrievePropertiesEx``, the reply decoded
+    (``parse_retrieve_result``). An uncompressed 200 reply is fed to the decoder piece by piece as it
+    is read, so decoding the objects already received overlaps receiving the rest."""
+    scanner = ReplyScanner()
+    body = _exchange(stub, mo, method, args, scanner.feed)
+    return scanner.page() if body is None else parse_retrieve_result(body)
+
+
+def _exchange(stub: Any, mo: Any, method: str, args: Sequence[Any],
+              feed: Callable[[bytes], None] | None) -> bytes | None:
+    """The call of ``soap_call``; a 200 uncompressed reply goes to ``feed`` when given (None returned)."""
     info = mo._GetMethodInfo(method)
     request = stub.SerializeRequest(mo, info, list(args))
     for modifier in stub.requestModifierList:
@@ -159,10 +185,15 @@ def soap_call(stub: Any, mo: Any, method: str, args: Sequence[Any]) -> bytes:
     try:
         conn.request("POST", stub.path, request, headers)
         response = conn.getresponse()
-        body = _read_bounded(response, MAX_REPLY_BYTES)
+        encoding = (response.getheader("Content-Encoding") or "identity").lower()
+        streamed = feed is not None and response.status == 200 and encoding == "identity"
+        body = _read_bounded(response, MAX_REPLY_BYTES, feed if streamed else None)
     except (OSError, HTTPException):
         conn.close()
         stub.DropConnections()
+        raise
+    except BaseException:  # the reply was not read to its end: the connection cannot be reused
+        conn.close()
         raise
     if response.status in (200, 500):
         stub.ReturnConnection(conn)
@@ -171,7 +202,9 @@ def soap_call(stub: Any, mo: Any, method: str, args: Sequence[Any]) -> bytes:
     cookie = response.getheader("Set-Cookie")
     if cookie:
         stub.cookie = cookie
-    body = _decompress(body, (response.getheader("Content-Encoding") or "identity").lower())
+    if streamed:
+        return None
+    body = _decompress(body, encoding)
     if response.status == 200:
         return body
     if response.status == 500:
@@ -181,21 +214,25 @@ def soap_call(stub: Any, mo: Any, method: str, args: Sequence[Any]) -> bytes:
     raise HTTPException(f"{response.status} {response.reason}")
 
 
-def _read_bounded(response: Any, limit: int) -> bytes:
+def _read_bounded(response: Any, limit: int, feed: Callable[[bytes], None] | None = None) -> bytes:
     """The whole body of ``response``, or ``ReplyTooLarge`` once more than ``limit`` bytes arrived
-    (with a Content-Length, before reading any)."""
-    if response.length is not None:
-        if response.length > limit:
-            raise ReplyTooLarge(limit)
+    (with a Content-Length, before reading any). With ``feed``, each piece goes to it as it is read
+    and nothing is returned (``b""``)."""
+    if response.length is not None and response.length > limit:
+        raise ReplyTooLarge(limit)
+    if response.length is not None and feed is None:
         body: bytes = response.read()
         return body
     pieces: list[bytes] = []
     size = 0
-    while piece := response.read(_READ_BYTES):
+    while piece := response.read(_READ_BYTES if feed is None else _FEED_BYTES):
         size += len(piece)
         if size > limit:
             raise ReplyTooLarge(limit)
-        pieces.append(piece)
+        if feed is None:
+            pieces.append(piece)
+        else:
+            feed(piece)
     return b"".join(pieces)
 
 
@@ -225,7 +262,7 @@ def retrieve(session: Session, spec: Any, *, fast: bool = True) -> list[ObjectPr
     stub = session.si._stub
     if fast and _accepts_raw(stub):
         def fetch(method: str, *args: Any) -> Page:
-            return parse_retrieve_result(soap_call(stub, collector, method, args))
+            return soap_retrieve(stub, collector, method, args)
 
         first = fetch("RetrievePropertiesEx", [spec], PC.RetrieveOptions())
         return collect_pages(first, lambda token: fetch("ContinueRetrievePropertiesEx", token),
