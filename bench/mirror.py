@@ -209,9 +209,10 @@ def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[st
     home.mkdir(mode=0o700)
     env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp / "targets.yaml")})
     # the child's own CLI creates the token, so a side-by-side against another build gets a store of that
-    # build's schema (a newer schema stops an older gateway at start)
+    # build's schema (a newer schema stops an older gateway at start); cwd too: `python -c` puts the
+    # working directory ahead of PYTHONPATH
     made = subprocess.run([sys.executable, "-c", GATEWAY_MAIN, "token", "create", "bench", "--role", "admin"],
-                          env=env, cwd=REPO, capture_output=True, text=True, check=True)
+                          env=env, cwd=repo, capture_output=True, text=True, check=True)
     token = made.stdout.splitlines()[0].strip()
     cert = create_certificate(tmp / "tls", ["localhost"], ["127.0.0.1"]).cert
     port = free_port()
@@ -222,7 +223,11 @@ def serve(stack: contextlib.ExitStack, tmp: Path, sim: Simulator, ports: dict[st
         process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, *argv], env=env, cwd=repo,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     stack.callback(stop_process, process)
-    wait_for_https(f"https://localhost:{port}/readyz", cert, process)
+    try:
+        wait_for_https(f"https://localhost:{port}/readyz", cert, process)
+    except SystemExit as exc:  # say why: the last lines the server wrote
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        raise SystemExit(f"{exc} ({repo}): " + " | ".join(tail)) from None
     return Served(process, port, cert, token, log)
 
 
