@@ -137,6 +137,20 @@ def find_vm(si: Any, name: str) -> Any:
     raise LookupError(f"no VM named {name!r}")
 
 
+def vm_exists(sim: Simulator, name: str) -> bool:
+    """Whether ``name`` is still a VM of ``sim``, as pyVmomi sees it (not through the gateway)."""
+    from pyVim.connect import Disconnect
+
+    si = pyvmomi_connect(sim)
+    try:
+        find_vm(si, name)
+        return True
+    except LookupError:
+        return False
+    finally:
+        Disconnect(si)
+
+
 def count_vms_named(si: Any, name: str) -> int:
     """How many VMs called ``name`` the inventory holds (the simulator accepts duplicate clone names)."""
     from pyVmomi import vim

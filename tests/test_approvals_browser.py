@@ -15,8 +15,7 @@ import anyio
 import pytest
 from browser import ARTIFACTS
 from playwright.sync_api import Browser, Page, expect
-from pyVim.connect import Disconnect
-from simulator import find_vm, pyvmomi_connect
+from simulator import vm_exists
 from webserver import N_OF_M_RULES, WebServer, propose_delete, web_server
 
 pytestmark = pytest.mark.browser
@@ -35,17 +34,6 @@ def run_async(fn: Any, *args: Any) -> Any:
     """The coroutine function ``fn(*args)`` on a fresh loop in another thread (Playwright owns this one)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(anyio.run, fn, *args).result(timeout=120)
-
-
-def vm_exists(served: WebServer, name: str) -> bool:
-    si = pyvmomi_connect(served.sims["prod"])
-    try:
-        find_vm(si, name)
-        return True
-    except LookupError:
-        return False
-    finally:
-        Disconnect(si)
 
 
 def signed_in(browser: Browser, served: WebServer, who: str, problems: list[str]) -> Page:
@@ -101,7 +89,7 @@ def test_two_people_approve_in_their_browsers_and_only_the_second_runs_it(
     expect(card.locator("button.approve")).to_be_disabled()
     expect(card.locator(".decide-note")).to_contain_text("you approved this already")
     assert served.proposal_state(pid) == "pending"
-    assert vm_exists(served, "DC0_H0_VM0"), "the first of two approvals deleted the VM"
+    assert vm_exists(served.sims["prod"], "DC0_H0_VM0"), "the first of two approvals deleted the VM"
 
     alice.reload()  # the shots show the card, not the toast over it
     expect(card.locator(".approvals .progress")).to_have_text("1 of 2 approvals")
@@ -114,5 +102,5 @@ def test_two_people_approve_in_their_browsers_and_only_the_second_runs_it(
     done = olga.locator(f'#recent-list [data-proposal="{pid}"]')
     expect(done.locator(".outcome")).to_contain_text("Approved by alice, olga and executed", timeout=30_000)
     assert served.proposal_state(pid) == "executed"
-    assert not vm_exists(served, "DC0_H0_VM0")
+    assert not vm_exists(served.sims["prod"], "DC0_H0_VM0")
     assert problems == []

@@ -15,7 +15,7 @@ from typing import Any
 import anyio.to_thread
 import pytest
 from pyVim.connect import Disconnect
-from simulator import find_vm, pyvmomi_connect, wait_until
+from simulator import find_vm, pyvmomi_connect, vm_exists, wait_until
 from webserver import N_OF_M_RULES, WebServer, decide, mcp_call, propose_delete, signed_in, web_server
 
 from gateway.cli import main
@@ -27,17 +27,6 @@ pytestmark = pytest.mark.anyio
 def served(vcsim_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]:
     with web_server(tmp_path_factory.mktemp("approvals"), vcsim_bin, rules=N_OF_M_RULES, vms=3) as running:
         yield running
-
-
-def vm_exists(served: WebServer, sim: str, name: str) -> bool:
-    si = pyvmomi_connect(served.sims[sim])
-    try:
-        find_vm(si, name)
-        return True
-    except LookupError:
-        return False
-    finally:
-        Disconnect(si)
 
 
 def on_vm(served: WebServer, sim: str, name: str, method: str, *args: Any) -> None:
@@ -88,13 +77,13 @@ async def test_two_of_two_needs_two_different_persons_and_the_first_changes_noth
     assert first.status_code == 200, first.text
     assert first.json()["result"]["approvals_progress"] == "1 of 2 approvals"
     assert served.proposal_state(pid) == "pending"
-    assert vm_exists(served, "prod", "DC0_H0_VM0"), "one approval of two deleted the VM"
+    assert vm_exists(served.sims["prod"], "DC0_H0_VM0"), "one approval of two deleted the VM"
 
     again = await approve(served, "alice", pid, "me again")
     assert again.status_code == 403 and "already" in again.json()["error"]["message"]
     refused = refusals(served, pid)
     assert refused and refused[-1]["reason_code"] == "already_approved"
-    assert vm_exists(served, "prod", "DC0_H0_VM0")
+    assert vm_exists(served.sims["prod"], "DC0_H0_VM0")
 
     failed, listed = await mcp_call(served, "agent", "list_pending_actions", {})
     assert not failed
@@ -106,7 +95,7 @@ async def test_two_of_two_needs_two_different_persons_and_the_first_changes_noth
     second = await approve(served, "olga", pid, "second pair of eyes")
     assert second.status_code == 200, second.text
     assert served.proposal_state(pid) == "executed"
-    assert not vm_exists(served, "prod", "DC0_H0_VM0")
+    assert not vm_exists(served.sims["prod"], "DC0_H0_VM0")
     recorded = rows_of(served, pid, "approval")
     assert [(r["caller"], r["reason"], r["approvals"]) for r in recorded] == [
         ("alice", "checked with the owner", "1 of 2 approvals"),
@@ -121,11 +110,11 @@ async def test_a_deny_by_either_approver_ends_it(served: WebServer) -> None:
     denied = await deny(served, "olga", pid, "this one still serves traffic")
     assert denied.status_code == 200, denied.text
     assert served.proposal_state(pid) == "denied"
-    assert vm_exists(served, "prod", "DC0_H0_VM1")
+    assert vm_exists(served.sims["prod"], "DC0_H0_VM1")
     assert rows_of(served, pid, "denied")[-1]["reason"] == "denied by olga: this one still serves traffic"
     late = await approve(served, "olga", pid, "changed my mind")
     assert late.status_code == 409, late.text
-    assert served.proposal_state(pid) == "denied" and vm_exists(served, "prod", "DC0_H0_VM1")
+    assert served.proposal_state(pid) == "denied" and vm_exists(served.sims["prod"], "DC0_H0_VM1")
     async with signed_in(served, "alice") as (client, _csrf):
         cards = (await client.get("/ui/api/proposals")).json()["proposals"]
     (card,) = [c for c in cards if c["proposal_id"] == pid]
@@ -151,7 +140,7 @@ async def test_a_change_in_vsphere_between_the_approvals_voids_them(
     assert "alice" in second.json()["error"]["message"] and "void" in second.json()["error"]["message"]
     assert served.proposal_state(pid) == "stale"
     still = change[1] if change[0] == "Rename_Task" else vm
-    assert vm_exists(served, "prod", still), "a stale proposal ran"
+    assert vm_exists(served.sims["prod"], still), "a stale proposal ran"
     (row,) = rows_of(served, pid, "stale")
     assert "approvals void: alice" in row["reason"] and seen in row["reason"]
     assert not rows_of(served, pid, "executing")
@@ -171,7 +160,7 @@ async def test_a_bulk_call_over_min_affected_objects_asks_for_the_stricter_rule(
     for who in ("alice", "lara"):
         assert (await approve(served, who, big["proposal_id"], f"{who} agrees")).status_code == 200
     assert served.proposal_state(big["proposal_id"]) == "pending"
-    assert all(vm_exists(served, "lab", f"DC0_H0_VM{i}") for i in range(3))
+    assert all(vm_exists(served.sims["lab"], f"DC0_H0_VM{i}") for i in range(3))
     for pid in (small["proposal_id"], big["proposal_id"]):
         assert (await deny(served, "olga", pid, "not today")).status_code == 200
 
@@ -184,7 +173,7 @@ async def test_reason_required_refuses_an_approval_without_a_reason(served: WebS
         assert bare.json()["error"]["code"] == "reason_required"
     refused = refusals(served, pid)
     assert len(refused) == 2 and all(r["error_code"] == "reason_required" for r in refused)
-    assert served.proposal_state(pid) == "pending" and vm_exists(served, "lab", "DC0_C0_RP0_VM2")
+    assert served.proposal_state(pid) == "pending" and vm_exists(served.sims["lab"], "DC0_C0_RP0_VM2")
     given = await approve(served, "lara", pid, "decommissioned, ticket OPS-12 password=hunter2")
     assert given.status_code == 200, given.text
     assert served.proposal_state(pid) == "executed"
@@ -204,7 +193,7 @@ async def test_the_cli_approval_counts_as_one_persons_approval(
     assert await anyio.to_thread.run_sync(
         main, ["pending", "approve", pid, "--reason", "from the host", *served.cli_flags()]) == 0
     assert '"approvals_progress": "1 of 2 approvals"' in capsys.readouterr().out
-    assert served.proposal_state(pid) == "pending" and vm_exists(served, "prod", "DC0_H0_VM2")
+    assert served.proposal_state(pid) == "pending" and vm_exists(served.sims["prod"], "DC0_H0_VM2")
     assert await anyio.to_thread.run_sync(main, ["pending", "list", *served.cli_flags()]) == 0
     listing = capsys.readouterr().out
     me = f"os:{getpass.getuser()}"
@@ -212,7 +201,7 @@ async def test_the_cli_approval_counts_as_one_persons_approval(
     assert "affects DC0_H0_VM2" in listing and " on LocalDS_" in listing
     assert (await approve(served, "alice", pid, "and me")).status_code == 200
     assert served.proposal_state(pid) == "executed"
-    assert not vm_exists(served, "prod", "DC0_H0_VM2")
+    assert not vm_exists(served.sims["prod"], "DC0_H0_VM2")
     assert [r["caller"] for r in rows_of(served, pid, "approval")] == [me, "alice"]
 
 

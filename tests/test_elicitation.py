@@ -15,8 +15,7 @@ import mcp_types as types
 import pytest
 from answers import answer_of
 from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
-from pyVim.connect import Disconnect
-from simulator import MakeSimulator, Simulator, complete_rules_text, find_vm, pyvmomi_connect
+from simulator import MakeSimulator, Simulator, complete_rules_text, vm_exists
 
 from gateway.config import ConfigProblems
 from gateway.guard.elicitation import ClientAsks, Route, confirm_route
@@ -121,17 +120,6 @@ def _served(tmp: Path, sim: Simulator, rules: dict[str, Any]) -> Iterator[Served
         running.stop()
 
 
-def _vm_exists(sim: Simulator, name: str) -> bool:
-    si = pyvmomi_connect(sim)
-    try:
-        find_vm(si, name)
-        return True
-    except LookupError:
-        return False
-    finally:
-        Disconnect(si)
-
-
 class Person:
     """The person at the client: answers every elicitation with ``action`` and remembers what was asked."""
 
@@ -177,7 +165,7 @@ async def test_the_person_confirms_a_delete_in_band(tmp_path: Path, sim: Simulat
         executing = _rows(served, "executing")
         assert len(executing) == 1 and executing[0]["proposal_id"] == elicited["proposal_id"]
         assert len(_rows(served, "executed")) == 1
-    assert not _vm_exists(sim, vm)
+    assert not vm_exists(sim, vm)
 
 
 async def test_the_person_declines_a_delete_in_band(tmp_path: Path, sim: Simulator) -> None:
@@ -193,7 +181,7 @@ async def test_the_person_declines_a_delete_in_band(tmp_path: Path, sim: Simulat
         assert elicited["answer"] == "decline"
         assert [r["proposal_id"] for r in _rows(served, "cancelled")] == [elicited["proposal_id"]]
         assert not _rows(served, "executing")
-    assert _vm_exists(sim, vm)
+    assert vm_exists(sim, vm)
 
 
 async def test_a_cancelled_form_leaves_the_token_when_either_may_confirm(
@@ -208,7 +196,7 @@ async def test_a_cancelled_form_leaves_the_token_when_either_may_confirm(
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"
         assert [r["answer"] for r in _rows(served, "elicited")] == ["cancel"]
-    assert not _vm_exists(sim, vm)
+    assert not vm_exists(sim, vm)
 
 
 async def test_a_gated_targets_elicitation_carries_the_cards_url(tmp_path: Path, sim: Simulator) -> None:
@@ -225,7 +213,7 @@ async def test_a_gated_targets_elicitation_carries_the_cards_url(tmp_path: Path,
         (elicited,) = _rows(served, "elicited")
         assert (elicited["mode"], elicited["answer"]) == ("url", "accept")
         assert not _rows(served, "executing")  # an accepted URL is no approval
-    assert _vm_exists(sim, vm)
+    assert vm_exists(sim, vm)
 
 
 async def test_a_client_without_elicitation_sees_todays_flow(tmp_path: Path, sim: Simulator) -> None:
@@ -240,7 +228,7 @@ async def test_a_client_without_elicitation_sees_todays_flow(tmp_path: Path, sim
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"
         assert not _rows(served, "elicited")
-    assert not _vm_exists(sim, vm)
+    assert not vm_exists(sim, vm)
 
 
 async def test_elicitation_required_refuses_a_client_that_cannot_ask(tmp_path: Path, sim: Simulator) -> None:
@@ -252,7 +240,7 @@ async def test_elicitation_required_refuses_a_client_that_cannot_ask(tmp_path: P
         (denied,) = [r for r in _rows(served, "denied") if r["tool"] == "delete_vm"]
         assert denied["reason_code"] == "elicitation_unavailable"
         assert not _rows(served, "proposed")
-    assert _vm_exists(sim, vm)
+    assert vm_exists(sim, vm)
 
 
 class SlowPerson(Person):
@@ -275,7 +263,7 @@ async def test_no_answer_in_time_is_audited_and_cancels_a_person_only_proposal(
         assert answer["state"] == "cancelled" and answer["person_answer"] == "timeout"
         assert [r["answer"] for r in _rows(served, "elicited")] == ["timeout"]
         assert not _rows(served, "executing")
-    assert _vm_exists(sim, vm)
+    assert vm_exists(sim, vm)
 
 
 def test_policy_show_names_confirm_by_per_target_and_rule(tmp_path: Path) -> None:
@@ -307,4 +295,4 @@ async def test_a_stateless_revision_client_confirms_with_its_token(tmp_path: Pat
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed" and not person.asked
         assert not _rows(served, "elicited")
-    assert not _vm_exists(sim, vm)
+    assert not vm_exists(sim, vm)

@@ -19,8 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 from httpserver import FAST_HASH, REPO
-from pyVim.connect import Disconnect
-from simulator import Simulator, find_vm, pyvmomi_connect
+from simulator import vm_exists
 from webserver import (
     WebServer,
     change_headers,
@@ -498,18 +497,6 @@ async def test_unknown_proposals_are_not_found(served: WebServer) -> None:
         unknown = await decide(client, served, csrf, "aaaaaaaaaaaa", "approve")
         malformed = await decide(client, served, csrf, "..%2Fetc", "deny")
     assert unknown.status_code == 404 and malformed.status_code == 404
-
-
-def vm_exists(sim: Simulator, name: str) -> bool:
-    """Whether ``name`` is still a VM of ``sim``, as pyVmomi sees it (not through the gateway)."""
-    si = pyvmomi_connect(sim)
-    try:
-        find_vm(si, name)
-        return True
-    except LookupError:
-        return False
-    finally:
-        Disconnect(si)
 
 
 def refusals_of(served: WebServer, proposal_id: str) -> list[dict[str, Any]]:
