@@ -28,6 +28,7 @@ from gateway.server.mcp import (
     AnswerAsJson,
     ProgressSink,
     _event_end,
+    _lone_answer,
     build_mcp_server,
     error_result,
     success_result,
@@ -224,3 +225,22 @@ def test_an_error_result_is_the_error_object_as_text() -> None:
 ])
 def test_the_first_event_ends_at_its_first_blank_line(stream: bytes, found: tuple[int, int] | None) -> None:
     assert _event_end(stream) == found
+
+
+_RESULT = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+
+
+@pytest.mark.parametrize(("stream", "answer"), [
+    (b"event: message\r\ndata: " + _RESULT + b"\r\n\r\n", _RESULT),  # what the SDK sends
+    (b"event: message\ndata: " + _RESULT + b"\n\n", _RESULT),
+    (b'event: message\r\ndata: {"jsonrpc":"2.0","id":7,"result":{"a":\r\ndata: 1}}\r\n\r\n',
+     b'{"jsonrpc":"2.0","id":7,"result":{"a":\n1}}'),  # two data lines: one message, joined by a newline
+    (b'event: message\r\ndata: {"jsonrpc":"2.0","id":7,"method":"elicitation/create"}\r\n\r\n', None),
+    (b'event: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress"}\r\n\r\n', None),
+    (b"event: message\r\ndata: " + _RESULT + b"\r\n\r\nevent: message\r\ndata: {}\r\n\r\n", None),
+    (b"id: 3\r\nevent: message\r\ndata: " + _RESULT + b"\r\n\r\n", None),  # resumable: stays a stream
+    (b": ping\r\n\r\n", None),
+    (b"event: message\r\ndata: " + _RESULT + b"\r\n", None),  # not ended yet
+])
+def test_only_a_stream_of_exactly_one_answer_becomes_a_json_body(stream: bytes, answer: bytes | None) -> None:
+    assert _lone_answer(stream) == answer

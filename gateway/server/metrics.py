@@ -19,6 +19,8 @@ gateways in one process never collide). Families::
     gateway_target_admissions_refused_total{target,reason} counter  (busy, queue_timeout, deadline,
                                                                      circuit_open, shutting_down)
     process_* python_* python_gc_*                         the library's process, platform and GC collectors
+    gateway_gc_pause_seconds{generation}                   histogram (``gateway serve`` only, added by
+    gateway_gc_frozen_objects, gateway_gc_threshold        gauges     gateway/server/heap.py)
 
 Label values never come from a caller: a tool is a registered tool name, a target a configured target
 name (``-`` none given, ``all``, ``several`` for a list), outcomes and reasons come from fixed sets;
