@@ -22,7 +22,7 @@ import httpx2
 from argon2 import PasswordHasher
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import wait_until
+from simulator import wait_until, write_targets
 from starlette.applications import Starlette
 
 from gateway.auth.tokens import create_token
@@ -144,8 +144,6 @@ READER_ROLES = """roles:
 def real_gateway(sim: Any, tmp: Path) -> Any:
     """A gateway over ``sim`` (target ``vc1``) from its settings' defaults, its home tmp/home holding one
     extra role, ``vc1-reader``."""
-    from simulator import write_targets
-
     from gateway.server.runtime import Gateway
     from gateway.settings import Settings
 
@@ -204,6 +202,16 @@ def run_serve(tmp: Path, env: Mapping[str, str], *argv: str, umask: int = -1) ->
                                    stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                    umask=umask)
     return Command(process, log)
+
+
+def serve_home(tmp: Path, sims: Mapping[str, Any]) -> tuple[Path, dict[str, str]]:
+    """A private ``GATEWAY_HOME`` under ``tmp`` and the environment for ``run_serve`` with one target
+    per entry of ``sims`` (name -> simulator): the targets file, its credentials, the home."""
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    env = write_targets(tmp / "targets.yaml", sims)
+    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp / "targets.yaml")})
+    return home, env
 
 
 def https_argv(cert: CertificatePaths) -> list[str]:

@@ -13,8 +13,8 @@ from typing import Any
 import httpx2
 import yaml
 from gateway_env import role, write_roles
-from httpserver import FAST_HASH, Command, https_argv, run_serve
-from simulator import Simulator, complete_rules, wait_until, write_targets
+from httpserver import FAST_HASH, Command, https_argv, run_serve, serve_home
+from simulator import Simulator, complete_rules, wait_until
 
 from gateway.audit.query import read_rows
 from gateway.auth.tokens import create_token
@@ -32,10 +32,7 @@ def reload_rows(audit: Path, file: str, command: Command | None = None) -> list[
 def test_sighup_reloads_rules_and_roles_and_the_gateway_keeps_serving(
     sim_vc1: Simulator, tmp_path: Path,
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim_vc1})
-    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml")})
+    home, env = serve_home(tmp_path, {"vc1": sim_vc1})
     rules = home / "rules.yaml"
     rules.write_text(yaml.safe_dump(complete_rules({"rules": []})))
     write_roles(home, {"first": role()})

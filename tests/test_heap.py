@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import httpx2
-from httpserver import FAST_HASH, https_argv, run_serve
+from httpserver import FAST_HASH, https_argv, run_serve, serve_home
 from prometheus_client.core import Metric
-from simulator import Simulator, write_targets
+from simulator import Simulator
 
 from gateway.auth.tokens import create_token
 from gateway.server.heap import PAUSE_BUCKETS, YOUNG_THRESHOLD, GcPauses
@@ -70,10 +70,7 @@ def test_a_stop_without_its_start_records_nothing() -> None:
 def test_a_served_gateway_freezes_its_startup_heap_and_reports_its_collections(
     sim_vc1: Simulator, tmp_path: Path,
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim_vc1})
-    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml")})
+    home, env = serve_home(tmp_path, {"vc1": sim_vc1})
     with SqliteStore(home / "state.db") as store:
         token, _record = create_token(store, "ops", "admin", expires_in=None, now=time.time(),
                                       hasher=FAST_HASH)
