@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from decoders import assert_decoders_agree, outcome
 from pyVim.connect import Disconnect
 from pyVmomi import vim
 from simulator import (
@@ -185,22 +186,9 @@ _DEFERRED = {  # replies left to ElementTree: decoded the same, or refused the s
 }
 
 
-def _outcome(decode: Callable[[bytes], Page], body: bytes) -> Page | str:
-    try:
-        return decode(body)
-    except Exception as exc:  # the comparison is the point: both decoders must fail alike
-        return type(exc).__name__
-
-
 @pytest.mark.parametrize("name", [*_SCANNED, *_DEFERRED])
 def test_scanner_agrees_with_elementtree(name: str) -> None:
-    body = {**_SCANNED, **_DEFERRED}[name]
-    scanned = soap_scan.scan_retrieve_result(body)
-    assert (scanned is not None) == (name in _SCANNED)
-    tree = _outcome(soap_scan.parse_retrieve_tree, body)
-    assert _outcome(soap_scan.parse_retrieve_result, body) == tree
-    if scanned is not None:
-        assert scanned == tree
+    assert_decoders_agree({**_SCANNED, **_DEFERRED}[name], scanned=name in _SCANNED)
 
 
 @pytest.mark.parametrize(("name", "counted"), [(n, 0) for n in list(_SCANNED)[:3]]
@@ -208,7 +196,7 @@ def test_scanner_agrees_with_elementtree(name: str) -> None:
 def test_replies_left_to_elementtree_are_counted(name: str, counted: int) -> None:
     body = {**_SCANNED, **_DEFERRED}[name]
     before = soap_scan.DECODER.fallbacks
-    _outcome(soap_scan.parse_retrieve_result, body)
+    outcome(soap_scan.parse_retrieve_result, body)
     assert soap_scan.DECODER.fallbacks - before == counted
 
 

@@ -16,6 +16,7 @@ from http.client import HTTPException
 from typing import Any
 
 import pytest
+from decoders import assert_decoders_agree, outcome
 
 from gateway import errors
 from gateway.vsphere import collector, faults, listings, soap_scan
@@ -199,22 +200,10 @@ _MANY_SCANNED = {"one shape", "shapes alternating", "a property missing on some 
                  "empty arrays and dates", "objects without properties", "a later reference", "not ASCII"}
 
 
-def _decoded(decode: Any, body: bytes) -> Any:
-    try:
-        return decode(body)
-    except Exception as exc:  # both decoders must fail alike
-        return type(exc).__name__
-
-
 @pytest.mark.parametrize("name", list(_MANY))
 def test_objects_of_a_seen_shape_decode_as_elementtree_does(name: str) -> None:
     body = _MANY[name]
-    scanned = soap_scan.scan_retrieve_result(body)
-    assert (scanned is not None) == (name in _MANY_SCANNED)
-    tree = _decoded(soap_scan.parse_retrieve_tree, body)
-    assert _decoded(soap_scan.parse_retrieve_result, body) == tree
-    if scanned is not None:
-        assert scanned == tree
+    assert_decoders_agree(body, scanned=name in _MANY_SCANNED)
     for cut in range(len(body) - 1, len(body) // 2, -13):  # cut inside later objects: refused, never shorter
         with pytest.raises(MalformedReply):
             soap_scan.parse_retrieve_result(body[:cut])
@@ -235,9 +224,9 @@ _PIECES = (1, 9, 100, 1_000, 1 << 20)
 @pytest.mark.parametrize("name", [*_MANY, *_HOSTILE])
 def test_a_reply_fed_in_pieces_decodes_as_the_whole_reply(name: str) -> None:
     body = {**_MANY, **_HOSTILE}[name]
-    whole = _decoded(soap_scan.parse_retrieve_result, body)
+    whole = outcome(soap_scan.parse_retrieve_result, body)
     for size in _PIECES:
-        assert _decoded(lambda b: _fed(b, size), body) == whole, size  # noqa: B023 (called at once)
+        assert outcome(lambda b: _fed(b, size), body) == whole, size  # noqa: B023 (called at once)
     for cut in range(len(body) - 1, len(body) // 2, -29):
         for size in (7, 500):
             with pytest.raises(MalformedReply):
