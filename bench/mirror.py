@@ -307,9 +307,11 @@ def mirror_size(sim: Simulator, timeout: float) -> tuple[int, int, float]:
         mirror.close()
 
 
-def interleaved(columns: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
+def interleaved(columns: dict[str, Callable[[], Any]], runs: int,
+                settle: Callable[[], object] | None = None) -> dict[str, float]:
     """Median seconds per column over ``runs`` rounds (after one warm-up each), the order rotating; a
-    column returning a float reports its own seconds (the part of its work that is the measurement)."""
+    column returning a float reports its own seconds (the part of its work that is the measurement).
+    ``settle`` runs before each timed call, untimed (a simulator's garbage collection)."""
     names = list(columns)
     for name in names:
         columns[name]()
@@ -317,6 +319,8 @@ def interleaved(columns: dict[str, Callable[[], Any]], runs: int) -> dict[str, f
     for round_ in range(runs):
         order = names[round_ % len(names):] + names[:round_ % len(names)]
         for name in order:
+            if settle is not None:
+                settle()
             started = time.perf_counter()
             value = columns[name]()
             elapsed = time.perf_counter() - started

@@ -339,24 +339,104 @@ def test_fast_decoder_and_pyvmomi_decoder_agree(pool_name: str, request: pytest.
 
 
 def test_the_simulators_replies_take_the_scanner(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    replies: list[bytearray] = []
+    replies: list[bytes] = []
+    decode = soap_scan.parse_retrieve_result
 
-    class Recording(soap_scan.ReplyScanner):
-        """The real decoder, keeping what it was fed."""
+    def recording(body: bytes) -> Page:
+        """The real decoder, keeping what it decoded."""
+        replies.append(body)
+        return decode(body)
 
-        def feed(self, piece: bytes) -> None:
-            if not hasattr(self, "body"):
-                self.body = bytearray()
-                replies.append(self.body)
-            self.body += piece
-            super().feed(piece)
-
-    monkeypatch.setattr(collector, "ReplyScanner", Recording)
+    monkeypatch.setattr(collector, "parse_retrieve_result", recording)
     vc1.run(lambda s: listings.list_vms(s, VmQuery(fields=tuple(listings.VM_COLUMNS))))
     assert replies
-    for body in map(bytes, replies):
+    for body in replies:
         scanned = soap_scan.scan_retrieve_result(body)
         assert scanned is not None and scanned == soap_scan.parse_retrieve_tree(body)
+
+
+def _vm_names_spec(session: VSphereSession) -> tuple[Any, Any]:
+    content = session.content
+    view = content.viewManager.CreateContainerView(content.rootFolder, [vim.VirtualMachine], True)
+    return view, collector._view_spec(view, [collector.Query(vim.VirtualMachine, ("name",))])
+
+
+def _pipelined(decode: Callable[[bytes], Page], events: list[str]) -> Callable[[VSphereSession], Any]:
+    """A retrieval of every VM's name, each page decoded by ``decode``; ``events`` gets every request
+    sent and every decode, in order."""
+    def run(session: VSphereSession) -> Any:
+        view, spec = _vm_names_spec(session)
+        try:
+            return collector.retrieve_pipelined(session.si._stub, session.content.propertyCollector, spec,
+                                                decode)
+        finally:
+            view.DestroyView()
+    return run
+
+
+@pytest.fixture
+def pages_of_one(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Retrievals in pages of one object; the list records each request the collector sends."""
+    monkeypatch.setattr(collector, "PAGE_OBJECTS", 1)
+    events: list[str] = []
+    real_send = collector._Call.__init__
+
+    def send(call: Any, stub: Any, mo: Any, method: str, args: Any) -> None:
+        events.append(method)
+        real_send(call, stub, mo, method, args)
+
+    monkeypatch.setattr(collector._Call, "__init__", send)
+    return events
+
+
+def _pending_retrievals(sim: Simulator) -> int:
+    return int(sim.control("/inflight")["pending_retrievals"])
+
+
+def test_a_sweep_asks_for_each_next_page_before_decoding_the_one_it_has(
+        vc1: SessionPool, pages_of_one: list[str]) -> None:
+    def decode(body: bytes) -> Page:
+        page = soap_scan.parse_retrieve_result(body)
+        pages_of_one.append(f"decode {len(page.objects)}")
+        return page
+
+    objects = vc1.run(_pipelined(decode, pages_of_one))
+    more = ["ContinueRetrievePropertiesEx", "decode 1"]
+    assert pages_of_one == ["RetrievePropertiesEx", *more * 3, "decode 1"]
+    by_pyvmomi = vc1.run(lambda s: collector._retrieve_pyvmomi(
+        s.content.propertyCollector, _vm_names_spec(s)[1], strict=True))
+    assert sorted(objects, key=lambda o: o.moid) == sorted(by_pyvmomi, key=lambda o: o.moid)
+    assert len(objects) == 4
+
+
+def test_a_token_written_otherwise_is_followed_after_the_decode(
+        vc1: SessionPool, pages_of_one: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collector, "_TOKEN", re.compile(rb"(?!)(x)"))  # never found before the decode
+
+    def decode(body: bytes) -> Page:
+        pages_of_one.append("decode")
+        return soap_scan.parse_retrieve_result(body)
+
+    objects = vc1.run(_pipelined(decode, pages_of_one))
+    assert pages_of_one == ["RetrievePropertiesEx", *["decode", "ContinueRetrievePropertiesEx"] * 3, "decode"]
+    assert len({o.moid for o in objects}) == 4
+
+
+@pytest.mark.parametrize(("failure", "raised"), [("decode fails", soap_scan.ComplexValueError),
+                                                 ("token contradicted", errors.Unreachable)])
+def test_a_page_that_fails_cancels_the_rest_and_leaves_the_session_usable(
+        vc1: SessionPool, sim_vc1: Simulator, pages_of_one: list[str], failure: str, raised: type) -> None:
+    def decode(body: bytes) -> Page:
+        if failure == "decode fails":
+            raise soap_scan.ComplexValueError("a fake decode failure")
+        return Page(soap_scan.parse_retrieve_result(body).objects, "a token the reply does not start with")
+
+    waiting = _pending_retrievals(sim_vc1)
+    with pytest.raises(raised):  # a malformed reply is the target's failure, a data object the caller's
+        vc1.run(_pipelined(decode, pages_of_one))
+    assert pages_of_one == ["RetrievePropertiesEx", "ContinueRetrievePropertiesEx"]
+    assert _pending_retrievals(sim_vc1) == waiting  # the page asked for was read, the rest cancelled
+    assert len(vc1.run(_pipelined(soap_scan.parse_retrieve_result, []))) == 4
 
 
 def test_fast_path_raises_the_targets_own_fault(vc1: SessionPool) -> None:

@@ -263,3 +263,10 @@ def test_written_targets_load_with_their_credentials(
     assert targets["vc2"].tags == ("lab",) and targets["esx1"].standalone_host
     assert targets["vc1"].credentials(env).password == sim_vc1.password
     assert sim_vc1.password not in path.read_text()
+
+
+def test_gc_control_runs_a_collection_and_reports_the_heap(sim_vc1: Simulator) -> None:
+    first = sim_vc1.control("/gc")
+    second = sim_vc1.control("/gc")
+    assert second["collections"] > first["collections"]  # each call is a collection of its own
+    assert second["heap_alloc_bytes"] > 0

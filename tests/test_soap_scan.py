@@ -3,8 +3,8 @@ malformed replies, large replies (decoded the same by the scanner and ElementTre
 the size limit, read or inflated (collector.MAX_REPLY_BYTES).
 
 The decoder's agreement table and its pyVmomi comparison live in tests/test_inventory.py; here the
-hostile replies. A simulator sends none of them, so the sweep test swaps ``collector.soap_call`` for a
-fake that answers a real session's request with one (named as such): the pool's translation is real.
+hostile replies. A simulator sends none of them, so the sweep test swaps the reply of a real session's
+request for one (a fake target, named as such): the pool's translation is real.
 """
 
 from __future__ import annotations
@@ -106,16 +106,16 @@ def test_a_large_reply_is_decoded_by_the_scanner_as_elementtree_does() -> None:
 def test_a_sweep_answered_with_entities_fails_closed_as_unreachable(
         vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[str] = []
-    real_call = collector.soap_call
+    real_reply = collector._Call.reply
 
-    def fake_hostile_target(stub: Any, mo: Any, method: str, args: Any) -> soap_scan.Page:
-        """A fake target: the real request is sent, the reply replaced by one declaring entities (fed
-        to the decoder in pieces, as a reply arriving)."""
-        real_call(stub, mo, method, args)
-        sent.append(method)
-        return _fed(_HOSTILE["billion laughs"], 64)
+    def fake_hostile_target(call: Any, limit: int = collector.MAX_REPLY_BYTES) -> bytes:
+        """A fake target: the real request is sent and its real reply read, then replaced by one
+        declaring entities."""
+        real_reply(call, limit)
+        sent.append(call.info.wsdlName)
+        return _HOSTILE["billion laughs"]
 
-    monkeypatch.setattr(collector, "soap_retrieve", fake_hostile_target)
+    monkeypatch.setattr(collector._Call, "reply", fake_hostile_target)
     with pytest.raises(errors.Unreachable, match="malformed XML"):
         vc1.run(lambda s: listings.list_vms(s, listings.VmQuery()))
     assert sent == ["RetrievePropertiesEx"]
@@ -233,17 +233,3 @@ def test_a_reply_fed_in_pieces_decodes_as_the_whole_reply(name: str) -> None:
                 _fed(body[:cut], size)
 
 
-def test_a_sweep_decodes_the_reply_as_it_arrives(vc1: SessionPool, monkeypatch: pytest.MonkeyPatch) -> None:
-    pieces: list[int] = []
-    feed = soap_scan.ReplyScanner.feed
-
-    def counting(self: soap_scan.ReplyScanner, piece: bytes) -> None:
-        pieces.append(len(piece))
-        feed(self, piece)
-
-    everything = listings.VmQuery(fields=tuple(listings.VM_COLUMNS))
-    monkeypatch.setattr(collector, "_FEED_BYTES", 256)
-    monkeypatch.setattr(soap_scan.ReplyScanner, "feed", counting)
-    streamed = vc1.run(lambda s: listings.list_vms(s, everything))
-    assert len(pieces) > 10 and max(pieces) <= 256  # the reply went to the decoder in pieces, as read
-    assert streamed == vc1.run(lambda s: listings.list_vms(s, everything, fast=False))  # pyVmomi's decoding

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -62,6 +63,7 @@ var routes = map[string]route{
 	"/status-next":           {http.MethodPost, (*controller).statusNext},
 	"/terminate-sessions":    {http.MethodPost, (*controller).terminateSessions},
 	"/reset":                 {http.MethodPost, (*controller).reset},
+	"/gc":                    {http.MethodPost, (*controller).collectGarbage},
 }
 
 type controlServer struct {
@@ -187,11 +189,21 @@ func describe(e mo.Entity) inventoryItem {
 
 func (c *controller) inflight(_ []byte) (interface{}, error) {
 	// zero_waits_at_once: WaitForUpdatesEx calls with maxWaitSeconds=0 computed at once (build.sh's overlay);
-	// update_listeners: collectors receiving the simulator's changes (one per collector that waited)
+	// update_listeners: collectors receiving the simulator's changes (one per collector that waited);
+	// pending_retrievals: paged results waiting for ContinueRetrievePropertiesEx (overlay/paging.go)
 	return map[string]interface{}{
 		"calls": c.gate.calls(), "zero_waits_at_once": simulator.ZeroWaitsAtOnce.Load(),
-		"update_listeners": simulator.UpdateListeners(),
+		"update_listeners": simulator.UpdateListeners(), "pending_retrievals": simulator.PendingRetrievals(),
 	}, nil
+}
+
+// collectGarbage runs a full collection now, so a benchmark's next timed call does not pay for the
+// garbage an earlier one left (the simulator and the gateway share the machine's cores).
+func (c *controller) collectGarbage(_ []byte) (interface{}, error) {
+	runtime.GC()
+	var stats runtime.MemStats
+	runtime.ReadMemStats(&stats)
+	return map[string]interface{}{"heap_alloc_bytes": stats.HeapAlloc, "collections": stats.NumGC}, nil
 }
 
 func (c *controller) rules(_ []byte) (interface{}, error) {

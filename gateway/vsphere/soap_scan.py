@@ -202,10 +202,11 @@ _OBJECTS_END = b"</objects>"
 
 
 class ReplyScanner:
-    """``parse_retrieve_result`` fed the reply piece by piece as it arrives (``feed``, then ``page``).
+    """``parse_retrieve_result`` fed the reply in one piece or piece by piece (``feed``, then ``page``).
 
-    Each piece's complete objects are decoded at once, while the rest of the reply is still on its
-    way, so the decode overlaps the transfer. The pieces are cut after an ``</objects>``: in a reply
+    Each piece's complete objects are decoded at once, so a reply read in pieces is decoded while the
+    rest is on its way (the collector reads whole pages and overlaps each page's decode with the
+    server's work on the next instead). The pieces are cut after an ``</objects>``: in a reply
     the scanner accepts that string only ends an object (values hold no ``<``), so every region
     holds whole objects and the outcome is that of decoding the reply whole. Anything unrecognised
     leaves the reply, joined, to ElementTree.

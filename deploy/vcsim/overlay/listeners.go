@@ -72,7 +72,7 @@ func UpdateListeners() int {
 
 // delSession ends a session (Debian's version is renamed delSessionDebian by build.sh). When no other
 // session shares its object registry (a clone ticket does until it is used), its collectors and
-// container views stop listening.
+// container views stop listening. Its paged results waiting for a continuation are dropped.
 func (m *SessionManager) delSession(id string) {
 	sessionMutex.Lock()
 	ended, ok := m.sessions[id]
@@ -82,6 +82,7 @@ func (m *SessionManager) delSession(id string) {
 		shared = shared || s.Registry == ended.Registry
 	}
 	sessionMutex.Unlock()
+	dropSessionResults(id) // overlay/paging.go
 	if ok && !shared && ended.Registry != nil {
 		stopListening(ended.Registry)
 	}
