@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import random
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,23 @@ def test_the_check_interval_is_validated() -> None:
         with pytest.raises(ConfigProblems) as caught:
             parse(mirror_check_seconds=bad)
         assert any(f"'mirror_check_seconds' {problem}" in p for p in caught.value.problems), caught.value
+
+
+def test_the_live_reads_of_a_check_follow_every_page(sim: Simulator, si: Any) -> None:
+    sim.control("/page-limit", {"max_objects": 1})  # vCenter's policy may cut pages short: one object each
+    session = types.SimpleNamespace(si=si, content=si.content)
+    view = si.content.viewManager.CreateContainerView(si.content.rootFolder, [vim.VirtualMachine], True)
+    try:
+        read = mirror_check.read_view(session, view, {vim.VirtualMachine: ["name"]})
+    finally:
+        view.DestroyView()
+    assert sorted(o.props["name"] for o in read.values()) == sim.vm_names()
+    vms = [find_vm(si, name) for name in sim.vm_names()[:3]]
+    tasks = [vm.PowerOffVM_Task() for vm in vms]
+    for task in tasks:
+        wait_task(task)
+    touched, running = mirror_check.finished_tasks(session, [task._moId for task in tasks])
+    assert touched == {vm._moId: "VirtualMachine" for vm in vms} and running == set()
 
 
 # ------------------------------------------------------------------------------ the next read is true

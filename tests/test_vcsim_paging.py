@@ -63,6 +63,20 @@ def test_a_retrieval_comes_in_pages_of_max_objects_until_no_token_is_left(
     assert _pending(sim) == 0
 
 
+def test_the_page_limit_cuts_every_page_with_or_without_max_objects(
+        sim: Simulator, si: Any, view: Any) -> None:
+    collector = si.content.propertyCollector
+    sim.control("/page-limit", {"max_objects": 2})
+    sizes = []
+    for options in (PC.RetrieveOptions(), PC.RetrieveOptions(maxObjects=5), PC.RetrieveOptions(maxObjects=1)):
+        page = collector.RetrievePropertiesEx([_spec(view)], options)
+        sizes.append(len(page.objects))
+        collector.CancelRetrievePropertiesEx(page.token)
+    sim.control("/reset")
+    assert sizes == [2, 2, 1]
+    assert len(collector.RetrievePropertiesEx([_spec(view)], PC.RetrieveOptions()).objects) == 7
+
+
 def test_a_token_is_good_once_and_only_in_its_own_session(sim: Simulator, si: Any, view: Any) -> None:
     collector = si.content.propertyCollector
     first = collector.RetrievePropertiesEx([_spec(view)], PC.RetrieveOptions(maxObjects=2))

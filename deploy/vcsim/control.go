@@ -64,6 +64,7 @@ var routes = map[string]route{
 	"/terminate-sessions":    {http.MethodPost, (*controller).terminateSessions},
 	"/reset":                 {http.MethodPost, (*controller).reset},
 	"/gc":                    {http.MethodPost, (*controller).collectGarbage},
+	"/page-limit":            {http.MethodPost, (*controller).pageLimit},
 }
 
 type controlServer struct {
@@ -195,6 +196,19 @@ func (c *controller) inflight(_ []byte) (interface{}, error) {
 		"calls": c.gate.calls(), "zero_waits_at_once": simulator.ZeroWaitsAtOnce.Load(),
 		"update_listeners": simulator.UpdateListeners(), "pending_retrievals": simulator.PendingRetrievals(),
 	}, nil
+}
+
+// pageLimit sets the most objects a RetrievePropertiesEx page holds, maxObjects or not (vCenter's own
+// policy); 0 removes the limit.
+func (c *controller) pageLimit(body []byte) (interface{}, error) {
+	var req struct {
+		MaxObjects *int32 `json:"max_objects"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil || req.MaxObjects == nil || *req.MaxObjects < 0 {
+		return nil, badRequest("send {\"max_objects\": N}, N >= 0 (0: no limit)")
+	}
+	simulator.PageLimit.Store(*req.MaxObjects)
+	return map[string]interface{}{"max_objects": *req.MaxObjects}, nil
 }
 
 // collectGarbage runs a full collection now, so a benchmark's next timed call does not pay for the
@@ -399,6 +413,7 @@ func (c *controller) reset(_ []byte) (interface{}, error) {
 	c.model.DelayConfig.MethodDelay = map[string]int{}
 	c.model.DelayConfig.DelayJitter = 0
 	simulator.StatusSDK = http.StatusOK
+	simulator.PageLimit.Store(0)
 	return map[string]bool{"ok": true}, nil
 }
 

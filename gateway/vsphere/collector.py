@@ -145,7 +145,8 @@ _TOKEN = re.compile(rb"<returnval><token>([^<&]{1,512})</token>")
 decoded, so the next page is asked for first (the decoded page's token is checked against it)."""
 
 
-def _options() -> Any:
+def retrieve_options() -> Any:
+    """The options of every retrieval the gateway makes: pages of ``PAGE_OBJECTS``."""
     return PC.RetrieveOptions(maxObjects=PAGE_OBJECTS)
 
 
@@ -266,7 +267,7 @@ def retrieve_pipelined(stub: Any, collector: Any, spec: Any,
     """
     decode = decode or parse_retrieve_result
     budget = MAX_REPLY_BYTES
-    body = _Call(stub, collector, "RetrievePropertiesEx", [[spec], _options()]).reply(budget)
+    body = _Call(stub, collector, "RetrievePropertiesEx", [[spec], retrieve_options()]).reply(budget)
     objects: list[ObjectProps] = []
     while True:
         budget -= len(body)
@@ -333,7 +334,7 @@ def retrieve(session: Session, spec: Any, *, fast: bool = True) -> list[ObjectPr
 
 
 def _retrieve_pyvmomi(collector: Any, spec: Any, strict: bool) -> list[ObjectProps]:
-    first = _page_from_result(collector.RetrievePropertiesEx([spec], _options()), strict)
+    first = _page_from_result(collector.RetrievePropertiesEx([spec], retrieve_options()), strict)
     return collect_pages(
         first, lambda token: _page_from_result(collector.ContinueRetrievePropertiesEx(token), strict),
         collector.CancelRetrievePropertiesEx)

@@ -5,7 +5,8 @@ package simulator
 // vCenter pages a large retrieval: RetrievePropertiesEx returns at most RetrieveOptions.maxObjects
 // objects and a token, ContinueRetrievePropertiesEx(token) the next page (and a token while more remain),
 // CancelRetrievePropertiesEx(token) drops the rest. Debian's simulator ignores maxObjects and has
-// neither method. The overlay keeps the objects past the first page under a token of the session that
+// neither method. vCenter's own policy may cut a page shorter, maxObjects or not: PageLimit (the
+// control endpoint's /page-limit) plays that policy, so a client that does not follow tokens is caught. The overlay keeps the objects past the first page under a token of the session that
 // asked; a token of another session, an unknown or a used one is refused as vCenter does (InvalidArgument
 // on the token). The session's end drops its outstanding results (overlay/listeners.go).
 
@@ -24,6 +25,9 @@ type pendingResult struct {
 	max     int
 	objects []types.ObjectContent
 }
+
+// PageLimit is the most objects any page holds, whatever maxObjects asks (0: no limit of its own).
+var PageLimit atomic.Int32
 
 var (
 	pendingMu      sync.Mutex
@@ -45,8 +49,12 @@ func sessionKey(ctx *Context) string {
 	return ctx.Session.Key
 }
 
-// nextPage cuts at most max objects off objects; what remains is kept under a new token.
+// nextPage cuts at most max objects (and at most PageLimit) off objects; what remains is kept under a
+// new token.
 func nextPage(ctx *Context, objects []types.ObjectContent, max int) *types.RetrieveResult {
+	if limit := int(PageLimit.Load()); limit > 0 && (max <= 0 || limit < max) {
+		max = limit
+	}
 	if max <= 0 || len(objects) <= max {
 		return &types.RetrieveResult{Objects: objects}
 	}
