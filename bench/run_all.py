@@ -552,7 +552,8 @@ def token_rows(table: Table) -> None:
 
 def results_markdown(table: Table, args: argparse.Namespace, seconds: float) -> str:
     command = "make bench" if not any(vars(args).values()) else "python bench/run_all.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False))
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items() if v not in (None, False))
     return "\n".join([
         "# Benchmark results", "",
         f"Latest `make bench` run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores (`nproc`), "
