@@ -16,7 +16,7 @@ from http.client import HTTPException
 from typing import Any
 
 import pytest
-from decoders import assert_decoders_agree, outcome
+from decoders import assert_decoders_agree
 
 from gateway import errors
 from gateway.vsphere import collector, faults, listings, soap_scan
@@ -36,14 +36,6 @@ def _vm(moid: str, name: str, cpus: int = 1) -> str:
             f'<propSet><name>name</name><val xsi:type="xsd:string">{name}</val></propSet>'
             f'<propSet><name>config.hardware.numCPU</name><val xsi:type="xsd:int">{cpus}</val></propSet>'
             '</objects>')
-
-
-def _fed(body: bytes, size: int) -> soap_scan.Page:
-    """``body`` decoded as it would arrive in pieces of ``size`` bytes."""
-    scanner = soap_scan.ReplyScanner()
-    for start in range(0, len(body), size):
-        scanner.feed(body[start:start + size])
-    return scanner.page()
 
 
 def _reply(objects: str, doctype: str = "") -> bytes:
@@ -216,20 +208,3 @@ def test_a_seen_shape_reads_typed_values_and_keeps_every_object() -> None:
         "e": [], "d": datetime(2024, 5, 1, 10, tzinfo=UTC), "b": True})
     repeated = soap_scan.scan_retrieve_result(_MANY["a repeated property name"])
     assert repeated is not None and [o.props for o in repeated.objects][3] == {"n": "s3"}
-
-
-_PIECES = (1, 9, 100, 1_000, 1 << 20)
-
-
-@pytest.mark.parametrize("name", [*_MANY, *_HOSTILE])
-def test_a_reply_fed_in_pieces_decodes_as_the_whole_reply(name: str) -> None:
-    body = {**_MANY, **_HOSTILE}[name]
-    whole = outcome(soap_scan.parse_retrieve_result, body)
-    for size in _PIECES:
-        assert outcome(lambda b: _fed(b, size), body) == whole, size  # noqa: B023 (called at once)
-    for cut in range(len(body) - 1, len(body) // 2, -29):
-        for size in (7, 500):
-            with pytest.raises(MalformedReply):
-                _fed(body[:cut], size)
-
-

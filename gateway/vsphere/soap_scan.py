@@ -87,9 +87,11 @@ def parse_retrieve_result(body: bytes) -> Page:
     the same objects. Raises ``ComplexValueError`` for a data-object value and ``MalformedReply`` for
     malformed XML or a document type declaration (never expanded).
     """
-    scanner = ReplyScanner()
-    scanner.feed(body)
-    return scanner.page()
+    page = scan_retrieve_result(body)
+    if page is not None:
+        return page
+    DECODER.fell_back()
+    return parse_retrieve_tree(body)
 
 
 class DecoderCounters:
@@ -190,82 +192,21 @@ def scan_retrieve_result(body: bytes) -> Page | None:
     """The reply decoded by regular expressions, or None when it is not in the plain shape: one
     envelope, body and response, then a ``returnval`` holding only a token and objects whose
     properties are all scalar values, without whitespace, comments or CDATA between elements."""
-    scanner = ReplyScanner()
-    scanner.feed(body)
-    return scanner.scanned()
+    try:
+        text = _checked_text(body)
+        opened, pos = _Open.read(text)
+        return opened.close(text, opened.objects_from(text, pos))
+    except _FAILURES:
+        return None
 
 
 _FAILURES = (_Unrecognised, UnicodeDecodeError, ValueError, OverflowError)
 """What makes the scanner leave a reply to ElementTree (ValueError/OverflowError: a value that does
 not convert; ElementTree will say so)."""
-_OBJECTS_END = b"</objects>"
-
-
-class ReplyScanner:
-    """``parse_retrieve_result`` fed the reply in one piece or piece by piece (``feed``, then ``page``).
-
-    Each piece's complete objects are decoded at once, so a reply read in pieces is decoded while the
-    rest is on its way (the collector reads whole pages and overlaps each page's decode with the
-    server's work on the next instead). The pieces are cut after an ``</objects>``: in a reply
-    the scanner accepts that string only ends an object (values hold no ``<``), so every region
-    holds whole objects and the outcome is that of decoding the reply whole. Anything unrecognised
-    leaves the reply, joined, to ElementTree.
-    """
-
-    def __init__(self) -> None:
-        self._pieces: list[bytes] = []
-        self._pending: list[bytes] = []  # what came after the last complete object, in pieces
-        self._open: _Open | None = None  # the prologue, once read
-        self._failed = False
-
-    def feed(self, piece: bytes) -> None:
-        self._pieces.append(piece)
-        if self._failed:
-            return
-        # the end tag may straddle two pieces: look in the last bytes waiting too; each byte is joined once
-        tail = self._pending[-1][1 - len(_OBJECTS_END):] if self._pending else b""
-        if piece.rfind(_OBJECTS_END) < 0 and (tail + piece[:len(_OBJECTS_END) - 1]).find(_OBJECTS_END) < 0:
-            self._pending.append(piece)
-            return
-        buffer = b"".join([*self._pending, piece]) if self._pending else piece
-        end = buffer.rfind(_OBJECTS_END) + len(_OBJECTS_END)
-        self._pending = [buffer[end:]]
-        try:
-            text = _checked_text(buffer, end)
-            pos = 0
-            if self._open is None:
-                self._open, pos = _Open.read(text)
-            if self._open.objects_from(text, pos) != len(text):
-                raise _Unrecognised  # something between objects (a token, whitespace, a comment)
-        except _FAILURES:
-            self._failed, self._pending = True, []
-
-    def scanned(self) -> Page | None:
-        """The page, or None when the scanner does not recognise the reply (``scan_retrieve_result``)."""
-        if self._failed:
-            return None
-        try:
-            rest = b"".join(self._pending)
-            text = _checked_text(rest, len(rest))
-            pos = 0
-            if self._open is None:
-                self._open, pos = _Open.read(text)
-            return self._open.close(text, self._open.objects_from(text, pos))
-        except _FAILURES:
-            return None
-
-    def page(self) -> Page:
-        """The decoded page (``parse_retrieve_result`` of the whole reply)."""
-        page = self.scanned()
-        if page is not None:
-            return page
-        DECODER.fell_back()
-        return parse_retrieve_tree(self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces))
 
 
 class _Open:
-    """A reply's prologue (namespaces in scope, response element, first token) and the objects
-    decoded so far."""
+    """A reply's prologue (namespaces in scope, response element, first token) and its objects."""
 
     def __init__(self, head: re.Match[str], scope: dict[str, str], token: str | None) -> None:
         self.prefix, self.response = head["p"], head["resp"]
@@ -316,8 +257,8 @@ class _Open:
         return Page(self.objects, token)
 
 
-def _checked_text(buffer: bytes, end: int) -> str:
-    text = _text(buffer, end)
+def _checked_text(body: bytes) -> str:
+    text = _text(body)
     if "\ufffe" in text or "\uffff" in text or ("]" in text and "]]>" in text):
         raise _Unrecognised
     return text
@@ -327,17 +268,14 @@ _ASCII_XML = "".join(chr(c) if c in (9, 10, 13) or 32 <= c < 128 else "\ufffe" f
 """A decoding table of the ASCII characters XML allows ("\ufffe": undefined, so decoding fails)."""
 
 
-def _text(buffer: bytes, end: int) -> str:
-    """``buffer[:end]`` as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0
-    control character XML forbids. ASCII (every sweep of plain names) is decoded and checked in one
-    pass, without copying the bytes first (a 35 MB copy costs more than the pass)."""
-    view = memoryview(buffer)[:end]
-    if buffer.isascii():
-        return codecs.charmap_decode(view, "strict", _ASCII_XML)[0]
-    raw = bytes(view)
-    if _has_non_xml_chars(raw):
+def _text(body: bytes) -> str:
+    """``body`` as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0 control
+    character XML forbids. ASCII (every sweep of plain names) is decoded and checked in one pass."""
+    if body.isascii():
+        return codecs.charmap_decode(body, "strict", _ASCII_XML)[0]
+    if _has_non_xml_chars(body):
         raise _Unrecognised
-    return raw.decode("utf-8")
+    return body.decode("utf-8")
 
 
 def _has_non_xml_chars(body: bytes) -> bool:
