@@ -355,23 +355,22 @@ def test_the_simulators_replies_take_the_scanner(vc1: SessionPool, monkeypatch: 
         assert scanned is not None and scanned == soap_scan.parse_retrieve_tree(body)
 
 
-def _vm_names_spec(session: VSphereSession) -> tuple[Any, Any]:
-    content = session.content
-    view = content.viewManager.CreateContainerView(content.rootFolder, [vim.VirtualMachine], True)
-    return view, collector._view_spec(view, [collector.Query(vim.VirtualMachine, ("name",))])
-
-
-def _pipelined(decode: Callable[[bytes], Page], events: list[str]) -> Callable[[VSphereSession], Any]:
-    """A retrieval of every VM's name, each page decoded by ``decode``; ``events`` gets every request
-    sent and every decode, in order."""
+def _over_vm_names(read: Callable[[VSphereSession, Any], Any]) -> Callable[[VSphereSession], Any]:
+    """``read(session, spec)`` of every VM's name over a view made for it (and destroyed after)."""
     def run(session: VSphereSession) -> Any:
-        view, spec = _vm_names_spec(session)
+        content = session.content
+        view = content.viewManager.CreateContainerView(content.rootFolder, [vim.VirtualMachine], True)
         try:
-            return collector.retrieve_pipelined(session.si._stub, session.content.propertyCollector, spec,
-                                                decode)
+            return read(session, collector._view_spec(view, [collector.Query(vim.VirtualMachine, ("name",))]))
         finally:
             view.DestroyView()
     return run
+
+
+def _pipelined(decode: Callable[[bytes], Page]) -> Callable[[VSphereSession], Any]:
+    """A retrieval of every VM's name, each page decoded by ``decode``."""
+    return _over_vm_names(lambda session, spec: collector.retrieve_pipelined(
+        session.si._stub, session.content.propertyCollector, spec, decode))
 
 
 @pytest.fixture
@@ -400,11 +399,11 @@ def test_a_sweep_asks_for_each_next_page_before_decoding_the_one_it_has(
         pages_of_one.append(f"decode {len(page.objects)}")
         return page
 
-    objects = vc1.run(_pipelined(decode, pages_of_one))
+    objects = vc1.run(_pipelined(decode))
     more = ["ContinueRetrievePropertiesEx", "decode 1"]
     assert pages_of_one == ["RetrievePropertiesEx", *more * 3, "decode 1"]
-    by_pyvmomi = vc1.run(lambda s: collector._retrieve_pyvmomi(
-        s.content.propertyCollector, _vm_names_spec(s)[1], strict=True))
+    by_pyvmomi = vc1.run(_over_vm_names(lambda s, spec: collector._retrieve_pyvmomi(
+        s.content.propertyCollector, spec, strict=True)))
     assert sorted(objects, key=lambda o: o.moid) == sorted(by_pyvmomi, key=lambda o: o.moid)
     assert len(objects) == 4
 
@@ -417,7 +416,7 @@ def test_a_token_written_otherwise_is_followed_after_the_decode(
         pages_of_one.append("decode")
         return soap_scan.parse_retrieve_result(body)
 
-    objects = vc1.run(_pipelined(decode, pages_of_one))
+    objects = vc1.run(_pipelined(decode))
     assert pages_of_one == ["RetrievePropertiesEx", *["decode", "ContinueRetrievePropertiesEx"] * 3, "decode"]
     assert len({o.moid for o in objects}) == 4
 
@@ -433,10 +432,10 @@ def test_a_page_that_fails_cancels_the_rest_and_leaves_the_session_usable(
 
     waiting = _pending_retrievals(sim_vc1)
     with pytest.raises(raised):  # a malformed reply is the target's failure, a data object the caller's
-        vc1.run(_pipelined(decode, pages_of_one))
+        vc1.run(_pipelined(decode))
     assert pages_of_one == ["RetrievePropertiesEx", "ContinueRetrievePropertiesEx"]
     assert _pending_retrievals(sim_vc1) == waiting  # the page asked for was read, the rest cancelled
-    assert len(vc1.run(_pipelined(soap_scan.parse_retrieve_result, []))) == 4
+    assert len(vc1.run(_pipelined(soap_scan.parse_retrieve_result))) == 4
 
 
 def test_fast_path_raises_the_targets_own_fault(vc1: SessionPool) -> None:

@@ -97,12 +97,12 @@ def _plain(path: str, value: Any, strict: bool = True) -> Any:
     return value
 
 
-def _page_from_result(result: Any, strict: bool) -> Page:
+def _page_from_result(result: Any, value: Callable[[str, Any], Any]) -> Page:
     if result is None:
         return Page([], None)
     objects = []
-    for content in result.objects:
-        props = {p.name: _plain(p.name, p.val, strict) for p in content.propSet}
+    for content in result.objects or []:
+        props = {str(p.name): value(p.name, p.val) for p in content.propSet or [] if p.val is not None}
         missing = tuple(m.path for m in (content.missingSet or []))
         objects.append(ObjectProps(content.obj._wsdlName, content.obj._moId, props, missing))
     return Page(objects, result.token or None)
@@ -334,9 +334,15 @@ def retrieve(session: Session, spec: Any, *, fast: bool = True) -> list[ObjectPr
 
 
 def _retrieve_pyvmomi(collector: Any, spec: Any, strict: bool) -> list[ObjectProps]:
-    first = _page_from_result(collector.RetrievePropertiesEx([spec], retrieve_options()), strict)
+    return retrieve_with(collector, spec, lambda name, value: _plain(name, value, strict))
+
+
+def retrieve_with(collector: Any, spec: Any, value: Callable[[str, Any], Any]) -> list[ObjectProps]:
+    """Every object ``spec`` selects, decoded by pyVmomi page after page (``collect_pages``), each set
+    property as ``value(name, pyVmomi's value)``; unset ones are absent."""
+    first = _page_from_result(collector.RetrievePropertiesEx([spec], retrieve_options()), value)
     return collect_pages(
-        first, lambda token: _page_from_result(collector.ContinueRetrievePropertiesEx(token), strict),
+        first, lambda token: _page_from_result(collector.ContinueRetrievePropertiesEx(token), value),
         collector.CancelRetrievePropertiesEx)
 
 

@@ -35,13 +35,13 @@ it imports nothing of the mirror itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pyVmomi import VmomiSupport, vim, vmodl
 
-from gateway.vsphere.collector import _plain, collect_pages, retrieve_options
-from gateway.vsphere.soap_scan import ObjectProps, Page
+from gateway.vsphere.collector import _plain, retrieve_with
+from gateway.vsphere.soap_scan import ObjectProps
 
 PC: Any = vmodl.query.PropertyCollector
 
@@ -199,23 +199,7 @@ def read_view(session: Any, view: Any, paths: Mapping[Any, Sequence[str]]) -> di
 
 def retrieve(session: Any, spec: Any) -> dict[str, ObjectProps]:
     """One ``RetrievePropertiesEx`` (following continuation tokens), decoded as the stream's values are."""
-    return {o.moid: o for o in _retrieve_with(session.content.propertyCollector, spec, plain_value)}
-
-
-def _retrieve_with(collector: Any, spec: Any, value: Callable[[str, Any], Any]) -> list[ObjectProps]:
-    """Every object ``spec`` selects, page after page (``collect_pages``), each set property as
-    ``value(name, pyVmomi's value)``."""
-    def page(result: Any) -> Page:
-        if result is None:
-            return Page([], None)
-        return Page([ObjectProps(content.obj._wsdlName, content.obj._moId,
-                                 {str(p.name): value(p.name, p.val) for p in content.propSet or []
-                                  if p.val is not None})
-                     for content in result.objects or []], result.token or None)
-
-    first = page(collector.RetrievePropertiesEx([spec], retrieve_options()))
-    return collect_pages(first, lambda token: page(collector.ContinueRetrievePropertiesEx(token)),
-                         collector.CancelRetrievePropertiesEx)
+    return {o.moid: o for o in retrieve_with(session.content.propertyCollector, spec, plain_value)}
 
 
 def finished_tasks(session: Any, tasks: Sequence[str]) -> tuple[dict[str, str], set[str]]:
@@ -261,7 +245,7 @@ def _read_tasks(session: Any, tasks: Sequence[str]) -> list[tuple[str, dict[str,
         objectSet=[PC.ObjectSpec(obj=task_type(moid, stub), skip=False) for moid in tasks],
         propSet=[PC.PropertySpec(type=vim.Task, pathSet=["info.state", "info.entity", "info.result"])],
         reportMissingObjectsInResults=True)
-    objects = _retrieve_with(session.content.propertyCollector, spec, lambda _name, value: value)
+    objects = retrieve_with(session.content.propertyCollector, spec, lambda _name, value: value)
     return [(o.moid, o.props) for o in objects]  # values as pyVmomi decoded them: references keep their type
 
 
