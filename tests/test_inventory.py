@@ -310,6 +310,36 @@ def test_vm_rows_shape_columns_limit_and_undated_vms() -> None:
         listings.vm_rows(SWEPT, VmQuery(fields=("name", "colour")), "group-d1")
 
 
+
+@pytest.mark.parametrize("names", [
+    (), ("moid",), ("name",), ("host", "moid"), tuple(listings.VM_COLUMNS),
+    tuple(reversed(listings.VM_COLUMNS)),
+])
+@pytest.mark.parametrize("cut", [0, 1, 3, 4])
+def test_rows_built_page_by_page_hold_each_columns_value_in_the_order_asked(
+        names: tuple[str, ...], cut: int) -> None:
+    """Rows shaped as each page comes (the host named on the last page) hold what each column's
+    ``value`` gives once every object is known, keys in the order asked, rows by name."""
+    rows = listings.VmRows(VmQuery(fields=names), "group-d1")
+    rows.add(SWEPT[:cut])
+    rows.add(SWEPT[cut:])
+    result = rows.result()
+    names_of = {"host-1": "esx-a"}
+    lookups = listings.Lookups(hosts=names_of, pools=names_of,
+                               folders=resolve.FolderTree.from_objects(SWEPT, "group-d1"))
+    vms = sorted(SWEPT[:3], key=lambda o: o.props["name"])
+    assert [list(row) for row in result["vms"]] == [list(names)] * 3
+    assert result == {"count": 3, "vms": [{n: listings.VM_COLUMNS[n].value(o, lookups) for n in names}
+                                          for o in vms]}
+
+
+def test_a_filter_naming_other_objects_waits_for_the_last_page() -> None:
+    rows = listings.VmRows(VmQuery(fields=("name",), resource_pool="pool-a"), "group-d1")
+    rows.add([obj("vm-1", name="web-1", resourcePool="resgroup-1"), SWEPT[1]])
+    rows.add([ObjectProps("ResourcePool", "resgroup-1", {"name": "pool-a"})])
+    assert rows.result() == {"count": 1, "vms": [{"name": "web-1"}]}
+
+
 # --------------------------------------------------------------------------------------------------
 # sweeps against the simulator
 
@@ -419,6 +449,29 @@ def test_a_token_written_otherwise_is_followed_after_the_decode(
     objects = vc1.run(_pipelined(decode))
     assert pages_of_one == ["RetrievePropertiesEx", *["decode", "ContinueRetrievePropertiesEx"] * 3, "decode"]
     assert len({o.moid for o in objects}) == 4
+
+
+@pytest.mark.parametrize("query", [VmQuery(fields=tuple(listings.VM_COLUMNS)),
+                                   VmQuery(fields=("name", "folder"), folder="vm", power_state="poweredOn")])
+def test_list_vms_shapes_each_page_while_the_next_is_asked_for(
+        vc1: SessionPool, pages_of_one: list[str], monkeypatch: pytest.MonkeyPatch, query: VmQuery) -> None:
+    """In pages of one object, each page's rows are built after the next page was asked for, and the
+    answer is the one a single page gives (hosts, pools and folders named on later pages)."""
+    real_add = listings.VmRows.add
+
+    def add(rows: listings.VmRows, objects: Any) -> None:
+        pages_of_one.append(f"rows of {len(objects)}")
+        real_add(rows, objects)
+
+    monkeypatch.setattr(listings.VmRows, "add", add)
+    paged = vc1.run(lambda s: listings.list_vms(s, query))
+    continuations = pages_of_one.count("ContinueRetrievePropertiesEx")
+    assert continuations >= 4
+    each = ["ContinueRetrievePropertiesEx", "rows of 1"]
+    assert pages_of_one == ["RetrievePropertiesEx", *each * continuations, "rows of 1"]
+    monkeypatch.setattr(collector, "PAGE_OBJECTS", 1000)
+    whole = vc1.run(lambda s: listings.list_vms(s, query))
+    assert paged == whole and whole["count"] >= 1
 
 
 @pytest.mark.parametrize(("failure", "raised"), [("decode fails", soap_scan.ComplexValueError),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 import unicodedata
 from datetime import UTC, datetime
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from gateway_env import HUMAN, VM0, Env
 
-from gateway.sanitize import clean, clean_text
+from gateway.sanitize import _long_run, _may_hold_long_run, clean, clean_text
 
 HIDDEN = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 
@@ -142,6 +143,26 @@ def test_plain_rows_come_back_as_they_are() -> None:
     assert clean(rows) is rows
     tricky: Any = {"k": ({"a": "b"},), ("tuple", "key"): "v"}  # a key JSON cannot encode: the slow path
     assert clean(tricky) == tricky and clean(tricky) is not tricky
+
+
+def _texts_with_runs() -> list[tuple[str, int]]:
+    """Texts of quotes and letters whose quote-free runs fall on every side of a tile's edges."""
+    rng = random.Random(7)
+    cases = [("", 4), ('"', 4), ("x" * 5, 4), ("x" * 4, 4), ('"' + "x" * 5, 4), ("x" * 9 + '"', 8)]
+    for _ in range(400):
+        max_len = rng.choice([1, 2, 3, 8, 16, 31])
+        runs = range(rng.randrange(12))
+        pieces = [rng.choice(['"', "x" * rng.randrange(0, 2 * max_len + 3)]) for _ in runs]
+        cases.append(("".join(pieces), max_len))
+    return cases
+
+
+def test_the_tile_check_agrees_with_the_long_run_expression() -> None:
+    """``encoded_is_clean`` looks for strings over ``max_len`` tile by tile before it uses the regular
+    expression: the two answers are always the same."""
+    for text, max_len in _texts_with_runs():
+        expected = _long_run(max_len).search(text) is not None
+        assert _may_hold_long_run(text, max_len) is expected, (text, max_len)
 
 
 # ---------------------------------------------------------------- proposals and pending lists

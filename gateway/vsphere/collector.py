@@ -108,21 +108,32 @@ def _page_from_result(result: Any, value: Callable[[str, Any], Any]) -> Page:
     return Page(objects, result.token or None)
 
 
-def collect_pages(
-    first: Page, more: Callable[[str], Page], cancel: Callable[[str], None]
-) -> list[ObjectProps]:
-    """All objects of a paged retrieval: follow continuation tokens until none is left.
+PageSink = Callable[[list[ObjectProps]], None]
+"""Called with each page's objects as soon as it is decoded, in order (``sweep``'s ``each_page``): a
+reader can work on one page while the target computes the next."""
 
-    If fetching a page fails, the outstanding token is cancelled (best effort) before re-raising so
-    the server can free the result set.
+
+def collect_pages(
+    first: Page, more: Callable[[str], Page], cancel: Callable[[str], None],
+    each_page: PageSink | None = None,
+) -> list[ObjectProps]:
+    """All objects of a paged retrieval: follow continuation tokens until none is left, each page
+    handed to ``each_page`` as it comes.
+
+    If fetching a page (or ``each_page``) fails, the outstanding token is cancelled (best effort)
+    before re-raising so the server can free the result set.
     """
     objects = list(first.objects)
     token = first.token
     try:
+        if each_page is not None:
+            each_page(first.objects)
         while token:
             page = more(token)
             objects.extend(page.objects)
             token = page.token
+            if each_page is not None:
+                each_page(page.objects)
     except BaseException:
         if token:
             with suppress(Exception):
@@ -256,14 +267,15 @@ def _read_bounded(response: Any, limit: int) -> bytes:
 
 
 def retrieve_pipelined(stub: Any, collector: Any, spec: Any,
-                       decode: Callable[[bytes], Page] | None = None) -> list[ObjectProps]:
+                       decode: Callable[[bytes], Page] | None = None,
+                       each_page: PageSink | None = None) -> list[ObjectProps]:
     """Every object of a paged retrieval over pyVmomi's ``stub``, each page decoded by ``decode``
-    (``parse_retrieve_result``) while the server computes the next: the continuation is sent as soon
-    as a page's bytes are read.
+    (``parse_retrieve_result``) and handed to ``each_page`` while the server computes the next: the
+    continuation is sent as soon as a page's bytes are read.
 
-    The pages together are bounded by ``MAX_REPLY_BYTES``. If a page fails (its reply or its decode),
-    the outstanding token is cancelled (best effort) before the error is raised, so the server can
-    free the rest of the result.
+    The pages together are bounded by ``MAX_REPLY_BYTES``. If a page fails (its reply, its decode or
+    ``each_page``), the outstanding token is cancelled (best effort) before the error is raised, so the
+    server can free the rest of the result.
     """
     decode = decode or parse_retrieve_result
     budget = MAX_REPLY_BYTES
@@ -278,6 +290,8 @@ def retrieve_pipelined(stub: Any, collector: Any, spec: Any,
             if token is not None and page.token != token:
                 raise MalformedReply(f"the reply's continuation token is not the one it starts with "
                                      f"({page.token!r}, not {token!r})")
+            if each_page is not None:
+                each_page(page.objects)
         except BaseException:
             if following is not None:
                 _abandon(following, collector)
@@ -321,29 +335,33 @@ def _decompress(body: bytes, encoding: str, limit: int | None = None) -> bytes:
     return out
 
 
-def retrieve(session: Session, spec: Any, *, fast: bool = True) -> list[ObjectProps]:
-    """Every object ``spec`` (a ``PropertyCollector.FilterSpec``) selects, with plain values.
+def retrieve(session: Session, spec: Any, *, fast: bool = True,
+             each_page: PageSink | None = None) -> list[ObjectProps]:
+    """Every object ``spec`` (a ``PropertyCollector.FilterSpec``) selects, with plain values; each page's
+    objects handed to ``each_page`` as it is decoded.
 
     ``fast=False`` forces pyVmomi's own decoding (the results are the same; tests compare them).
     """
     collector = session.content.propertyCollector
     stub = session.si._stub
     if fast and _accepts_raw(stub):
-        return retrieve_pipelined(stub, collector, spec)
-    return _retrieve_pyvmomi(collector, spec, strict=True)
+        return retrieve_pipelined(stub, collector, spec, each_page=each_page)
+    return _retrieve_pyvmomi(collector, spec, strict=True, each_page=each_page)
 
 
-def _retrieve_pyvmomi(collector: Any, spec: Any, strict: bool) -> list[ObjectProps]:
-    return retrieve_with(collector, spec, lambda name, value: _plain(name, value, strict))
+def _retrieve_pyvmomi(collector: Any, spec: Any, strict: bool,
+                      each_page: PageSink | None = None) -> list[ObjectProps]:
+    return retrieve_with(collector, spec, lambda name, value: _plain(name, value, strict), each_page)
 
 
-def retrieve_with(collector: Any, spec: Any, value: Callable[[str, Any], Any]) -> list[ObjectProps]:
+def retrieve_with(collector: Any, spec: Any, value: Callable[[str, Any], Any],
+                  each_page: PageSink | None = None) -> list[ObjectProps]:
     """Every object ``spec`` selects, decoded by pyVmomi page after page (``collect_pages``), each set
     property as ``value(name, pyVmomi's value)``; unset ones are absent."""
     first = _page_from_result(collector.RetrievePropertiesEx([spec], retrieve_options()), value)
     return collect_pages(
         first, lambda token: _page_from_result(collector.ContinueRetrievePropertiesEx(token), value),
-        collector.CancelRetrievePropertiesEx)
+        collector.CancelRetrievePropertiesEx, each_page)
 
 
 def retrieve_objects(session: Session, spec: Any) -> list[ObjectProps]:
@@ -361,17 +379,20 @@ def _view_spec(view: Any, queries: Sequence[Query]) -> Any:
 
 
 def sweep(session: Session, queries: Sequence[Query], *, root: Any = None, fast: bool = True,
-          objects: bool = False) -> list[ObjectProps]:
+          objects: bool = False, each_page: PageSink | None = None) -> list[ObjectProps]:
     """Read ``queries`` over every object of their types under ``root`` (default: the root folder).
 
     ``objects=True`` decodes like ``retrieve_objects`` (data-object paths allowed, slower).
+    ``each_page`` gets each page's objects as it is decoded (``PageSink``), before the next is read.
     """
     content = session.content
     types = [q.type for q in queries]
     view = content.viewManager.CreateContainerView(root or content.rootFolder, types, True)
     try:
         spec = _view_spec(view, queries)
-        return retrieve_objects(session, spec) if objects else retrieve(session, spec, fast=fast)
+        if objects:
+            return _retrieve_pyvmomi(session.content.propertyCollector, spec, False, each_page)
+        return retrieve(session, spec, fast=fast, each_page=each_page)
     finally:
         view.DestroyView()
 

@@ -10,7 +10,6 @@ handler at all, takes 180 ms and ElementTree a second.
 
 from __future__ import annotations
 
-import codecs
 import re
 import threading
 import xml.etree.ElementTree as ET
@@ -23,9 +22,13 @@ from xml.parsers import expat
 Props = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ObjectProps:
-    """One object of a retrieval: its type (``VirtualMachine``), moid and plain property values."""
+    """One object of a retrieval: its type (``VirtualMachine``), moid and plain property values.
+
+    Read-only by convention (a mirror hands the same objects to every reader), not ``frozen``: a frozen
+    dataclass sets each field through ``object.__setattr__``, which made building one three times
+    dearer (1.7 ms per 3,000 VMs, against 0.5), and a sweep builds one per object."""
 
     type: str
     moid: str
@@ -232,17 +235,19 @@ class _Open:
     def objects_from(self, text: str, pos: int) -> int:
         """Decode the objects of ``text`` from ``pos`` on; where they end."""
         objects, kinds, types = self.objects, self.kinds, self.types
+        append = objects.append
         plain = "&" not in text and "\r" not in text  # no references, no line ends to normalise: as is
         shapes = self.shapes if plain else None
         while True:
             shape = shapes.current if shapes is not None else None
-            if shape is not None and (same := shape.pattern.match(text, pos)) is not None:
-                objects.append(shape.read(same))
-                pos = same.end()
-                continue
+            if shape is not None:
+                same, read = shape.pattern.match, shape.read
+                while (match := same(text, pos)) is not None:  # the run of objects of this shape
+                    append(read(match))
+                    pos = match.end()
             if (match := _OBJECT.match(text, pos)) is None:
                 return pos
-            objects.append(_scan_object(match, kinds, types, plain))
+            append(_scan_object(match, kinds, types, plain))
             pos = match.end()
             if shapes is not None:
                 shapes.learn(match)
@@ -264,15 +269,18 @@ def _checked_text(body: bytes) -> str:
     return text
 
 
-_ASCII_XML = "".join(chr(c) if c in (9, 10, 13) or 32 <= c < 128 else "\ufffe" for c in range(256))
-"""A decoding table of the ASCII characters XML allows ("\ufffe": undefined, so decoding fails)."""
+_ASCII_XML_CHARS = bytes(c for c in range(128) if c in (9, 10, 13) or c >= 32)
+"""The ASCII characters XML allows: deleting them from an ASCII reply leaves the ones it forbids."""
 
 
 def _text(body: bytes) -> str:
     """``body`` as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0 control
-    character XML forbids. ASCII (every sweep of plain names) is decoded and checked in one pass."""
+    character XML forbids. ASCII (every sweep of plain names) is checked by one deletion pass whose
+    result is empty, then decoded as ASCII: 1.5 ms for 3.5 MB, where a checking decode table took 2.3."""
     if body.isascii():
-        return codecs.charmap_decode(body, "strict", _ASCII_XML)[0]
+        if body.translate(None, _ASCII_XML_CHARS):
+            raise _Unrecognised
+        return body.decode("ascii")
     if _has_non_xml_chars(body):
         raise _Unrecognised
     return body.decode("utf-8")
@@ -372,19 +380,11 @@ class _Shape(NamedTuple):
     """One object shape of a plain reply: its type, and its properties' names and ``val`` attribute
     strings in order. ``pattern`` matches an object of exactly that shape (the generic ``_OBJECT`` with
     those literals in place of its patterns, so it matches the same span), capturing the moid and the
-    values: one regular expression match, one ``dict(zip())`` and a call per value not read as text."""
+    values; ``read`` makes the object of such a match: one ``dict(zip())`` and a call per value not read
+    as text (``_shape_reader``)."""
 
     pattern: re.Pattern[str]
-    type: str
-    names: tuple[str, ...]
-    converted: tuple[tuple[int, str, Callable[[str], Any]], ...]  # (group, name, reader) of non-text values
-
-    def read(self, match: re.Match[str]) -> ObjectProps:
-        values = match.groups()
-        props = dict(zip(self.names, values[1:], strict=True))
-        for group, name, read in self.converted:
-            props[name] = read(values[group])
-        return ObjectProps(self.type, values[0], props)
+    read: Callable[[re.Match[str]], ObjectProps]
 
 
 _MAX_SHAPES = 16
@@ -421,7 +421,25 @@ def _compile_shape(kind: str, pairs: tuple[tuple[str, str], ...], kinds: _Reader
               for name, attrs in pairs]
     converted = tuple((group, name, kinds[attrs]) for group, (name, attrs) in enumerate(pairs, start=1)
                       if kinds[attrs] is not str)
-    return _Shape(re.compile("".join(parts) + "</objects>"), kind, tuple(n for n, _a in pairs), converted)
+    pattern = re.compile("".join(parts) + "</objects>")
+    return _Shape(pattern, _shape_reader(kind, tuple(n for n, _a in pairs), converted))
+
+
+def _shape_reader(kind: str, names: tuple[str, ...],
+                  converted: tuple[tuple[int, str, Callable[[str], Any]], ...],
+                  ) -> Callable[[re.Match[str]], ObjectProps]:
+    """The object of a match of one shape: group 1 the moid, then the values of ``names`` in order;
+    ``converted``: (group, name, reader) of the values not read as text. A closure, its constants in
+    local cells: a tenth cheaper per object than reading them off the shape (3,000 VMs: 0.7 ms)."""
+
+    def read(match: re.Match[str]) -> ObjectProps:
+        values = match.groups()
+        props = dict(zip(names, values[1:], strict=True))
+        for group, name, convert in converted:
+            props[name] = convert(values[group])
+        return ObjectProps(kind, values[0], props)
+
+    return read
 
 
 def _xml_text(raw: str) -> str:
