@@ -110,7 +110,8 @@ def _page_from_result(result: Any, value: Callable[[str, Any], Any]) -> Page:
 
 PageSink = Callable[[list[ObjectProps]], None]
 """Called with each page's objects as soon as it is decoded, in order (``sweep``'s ``each_page``): a
-reader can work on one page while the target computes the next."""
+reader can work on one page while the target computes the next. Given one, a retrieval hands its
+objects to it only and returns an empty list, so a page the reader is done with is freed at once."""
 
 
 def collect_pages(
@@ -123,17 +124,15 @@ def collect_pages(
     If fetching a page (or ``each_page``) fails, the outstanding token is cancelled (best effort)
     before re-raising so the server can free the result set.
     """
-    objects = list(first.objects)
+    objects: list[ObjectProps] = []
+    sink = objects.extend if each_page is None else each_page
     token = first.token
     try:
-        if each_page is not None:
-            each_page(first.objects)
+        sink(first.objects)
         while token:
             page = more(token)
-            objects.extend(page.objects)
             token = page.token
-            if each_page is not None:
-                each_page(page.objects)
+            sink(page.objects)
     except BaseException:
         if token:
             with suppress(Exception):
@@ -281,6 +280,7 @@ def retrieve_pipelined(stub: Any, collector: Any, spec: Any,
     budget = MAX_REPLY_BYTES
     body = _Call(stub, collector, "RetrievePropertiesEx", [[spec], retrieve_options()]).reply(budget)
     objects: list[ObjectProps] = []
+    sink = objects.extend if each_page is None else each_page
     while True:
         budget -= len(body)
         token = continuation_token(body)
@@ -290,13 +290,11 @@ def retrieve_pipelined(stub: Any, collector: Any, spec: Any,
             if token is not None and page.token != token:
                 raise MalformedReply(f"the reply's continuation token is not the one it starts with "
                                      f"({page.token!r}, not {token!r})")
-            if each_page is not None:
-                each_page(page.objects)
+            sink(page.objects)
         except BaseException:
             if following is not None:
                 _abandon(following, collector)
             raise
-        objects.extend(page.objects)
         if following is None:
             if not page.token:
                 return objects
