@@ -46,12 +46,9 @@ def _vm_named(session: VSphereSession, name: str) -> Any:
     """The VM called ``name``, found the way a pyVmomi client does: every VM's name, decoded."""
     pc: Any = vmodl.query.PropertyCollector
     content: Any = session.content
-    view = content.viewManager.CreateContainerView(content.rootFolder, [vim.VirtualMachine], True)
-    try:
-        walk = pc.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)
-        names = content.propertyCollector.RetrievePropertiesEx([pc.FilterSpec(
-            objectSet=[pc.ObjectSpec(obj=view, skip=True, selectSet=[walk])],
-            propSet=[pc.PropertySpec(type=vim.VirtualMachine, pathSet=["name"])])], pc.RetrieveOptions())
-    finally:
-        view.DestroyView()
+    view, _made = session.views.view(content, content.rootFolder, [vim.VirtualMachine])  # as the gateway
+    walk = pc.TraversalSpec(name="view", type=vim.view.ContainerView, path="view", skip=False)
+    names = content.propertyCollector.RetrievePropertiesEx([pc.FilterSpec(
+        objectSet=[pc.ObjectSpec(obj=view, skip=True, selectSet=[walk])],
+        propSet=[pc.PropertySpec(type=vim.VirtualMachine, pathSet=["name"])])], pc.RetrieveOptions())
     return next(o.obj for o in names.objects if o.propSet[0].val == name)

@@ -5,8 +5,9 @@ Plain script: ``python bench/mirror.py [--vms 3000] [--runs 7] [--scale 300,3000
 ``gateway serve --transport https`` (a child process) with two targets on that simulator: ``mirror``
 (the default, ``mirror: lazy``) and ``sweep`` (``mirror: off``), and times, rounds interleaved:
 
-raw floor       the same RetrievePropertiesEx the gateway sends for list_vms (its property set over a
-                ContainerView), sent through pyVmomi's stub, the reply's bytes read and not decoded
+raw floor       the same RetrievePropertiesEx the gateway sends for list_vms (its property set over the
+                session's kept ContainerView), sent through pyVmomi's stub, the reply's bytes read and
+                not decoded
 pyVmomi floor   the same request and reply, decoded by pyVmomi (what a hand-written client pays)
 2-property      the older floor: name and power state only, decoded by pyVmomi (labelled as such)
 mirror          list_vms over HTTPS answered from the mirror (fresh: one zero-wait WaitForUpdatesEx first)
@@ -79,15 +80,12 @@ def _list_vms_spec(view: Any) -> Any:
     return _view_spec(view, queries)
 
 
-@contextlib.contextmanager
-def _view(session: VSphereSession) -> Any:
+def kept_view(session: VSphereSession) -> Any:
+    """The view list_vms reads through: the session's kept view of VMs and hosts (made by the first
+    call, as the gateway's sessions keep theirs: ``gateway.vsphere.views``)."""
     content: Any = session.content
-    view = content.viewManager.CreateContainerView(content.rootFolder, [vim.VirtualMachine, vim.HostSystem],
-                                                   True)
-    try:
-        yield view
-    finally:
-        view.DestroyView()
+    view, _made = session.views.view(content, content.rootFolder, [vim.VirtualMachine, vim.HostSystem])
+    return view
 
 
 def raw_floor(session: VSphereSession, view: Any) -> int:
@@ -432,8 +430,7 @@ def zero_wait_poll(session: VSphereSession) -> float:
 
 
 def _with_view(session: VSphereSession, fn: Callable[[VSphereSession, Any], int]) -> int:
-    with _view(session) as view:
-        return fn(session, view)
+    return fn(session, kept_view(session))
 
 
 IDLE_SECONDS = 20.0

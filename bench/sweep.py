@@ -9,8 +9,9 @@ with ``git archive`` into a temporary folder). Timed, rounds interleaved (the or
 raw floor       the exact retrieval the gateway makes for list_vms (its property set over a ContainerView,
                 pages of ``collector.PAGE_OBJECTS``): RetrievePropertiesEx, then ContinueRetrievePropertiesEx
                 with each page's token until none is left, sent through pyVmomi's stub one after the
-                other, the replies' bytes read, nothing decoded; the view is created and destroyed inside
-                the timing, as the gateway does
+                other, the replies' bytes read, nothing decoded. The view is the session's kept one (made
+                by the warm-up call), as the gateway's sessions keep theirs (``gateway.vsphere.views``):
+                the floor is the RetrievePropertiesEx round trip alone
 raw, one reply  the same RetrievePropertiesEx without maxObjects, answered in one reply (the simulator
                 honours maxObjects as vCenter does, so this is the floor of a client that does not page)
 before / after  list_vms over HTTPS (MCP SDK client, TLS, bearer token) on the ``mirror: off`` target of
@@ -116,22 +117,21 @@ def measure(size: int, runs: int, before: str) -> SizeResult:
         last: list[bytes] = []
 
         def raw(session: VSphereSession) -> int:
-            with mirror_bench._view(session) as view:
-                body = soap_call(session.si._stub, session.content.propertyCollector, "RetrievePropertiesEx",
-                                 [[mirror_bench._list_vms_spec(view)], mirror_bench._PC.RetrieveOptions()])
+            view = mirror_bench.kept_view(session)
+            body = soap_call(session.si._stub, session.content.propertyCollector, "RetrievePropertiesEx",
+                             [[mirror_bench._list_vms_spec(view)], mirror_bench._PC.RetrieveOptions()])
             last[:] = [body]
             return len(body)
 
         def raw_paged(session: VSphereSession) -> int:
             stub, collector = session.si._stub, session.content.propertyCollector
             options = mirror_bench._PC.RetrieveOptions(maxObjects=PAGE_OBJECTS)
-            with mirror_bench._view(session) as view:
-                body = soap_call(stub, collector, "RetrievePropertiesEx",
-                                 [[mirror_bench._list_vms_spec(view)], options])
-                size = len(body)
-                while token := continuation_token(body):
-                    body = soap_call(stub, collector, "ContinueRetrievePropertiesEx", [token])
-                    size += len(body)
+            spec = mirror_bench._list_vms_spec(mirror_bench.kept_view(session))
+            body = soap_call(stub, collector, "RetrievePropertiesEx", [[spec], options])
+            size = len(body)
+            while token := continuation_token(body):
+                body = soap_call(stub, collector, "ContinueRetrievePropertiesEx", [token])
+                size += len(body)
             return size
 
         def decode(module: Any) -> Callable[[], float]:

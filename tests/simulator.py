@@ -9,6 +9,7 @@ directly, so tests can check what the gateway did without going through the gate
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -79,6 +80,34 @@ def sim_target(name: str, sim: Simulator, **options: Any) -> Target:
 def open_pool(name: str, sim: Simulator, **options: Any) -> SessionPool:
     """A session pool on ``sim`` with its credentials (lazy: nothing logs in until the first call)."""
     return SessionPool(sim_target(name, sim, **options), Credentials(sim.user, sim.password))
+
+
+class RequestLog:
+    """A pyVmomi request modifier that records the SOAP method of every request the stub sends."""
+
+    _METHOD = re.compile(rb"<soapenv:Body>\s*<(\w+)")
+
+    def __init__(self) -> None:
+        self.methods: list[str] = []
+
+    def __call__(self, request: bytes) -> bytes:
+        match = self._METHOD.search(request)
+        self.methods.append(match.group(1).decode() if match else "?")
+        return request
+
+
+def logged(pool: SessionPool, fn: Callable[[Any], Any]) -> tuple[Any, list[str]]:
+    """Run ``fn`` in the pool and return its result with the SOAP methods it sent."""
+    def run(session: Any) -> tuple[Any, list[str]]:
+        log = RequestLog()
+        modifiers = session.si._stub.requestModifierList
+        modifiers.append(log)
+        try:
+            return fn(session), log.methods
+        finally:
+            modifiers.remove(log)
+    result: tuple[Any, list[str]] = pool.run(run)
+    return result
 
 
 def closed_port() -> int:

@@ -2,9 +2,10 @@
 
 Sweeps
     ``sweep(session, queries)`` reads the given properties of every object of the given types: one
-    ContainerView over the types, one ``RetrievePropertiesEx`` (plus one
-    ``ContinueRetrievePropertiesEx`` per further page of ``PAGE_OBJECTS``), then the view is
-    destroyed. The number of requests grows with the number of objects only through the paging.
+    ``RetrievePropertiesEx`` (plus one ``ContinueRetrievePropertiesEx`` per further page of
+    ``PAGE_OBJECTS``) through a ContainerView over the types, which the session keeps for the next
+    sweep of the same types (``views``). The number of requests grows with the number of objects only
+    through the paging.
     Values come back plain (``Props``): ``str``, ``int``, ``float``, ``bool``,
     aware ``datetime``, a moid ``str`` for an object reference, or a list of those; unset or
     unreadable properties are absent. Only such scalar paths may be swept.
@@ -43,6 +44,7 @@ from gateway.vsphere.soap_scan import (
     Page,
     parse_retrieve_result,
 )
+from gateway.vsphere.views import ViewCache
 
 PC: Any = vmodl.query.PropertyCollector
 _Deserializer: Any = SoapResponseDeserializer
@@ -63,6 +65,9 @@ class Session(HasTarget, Protocol):
 
     @property
     def content(self) -> Any: ...
+
+    @property
+    def views(self) -> ViewCache: ...
 
 
 @dataclass(frozen=True)
@@ -378,21 +383,27 @@ def _view_spec(view: Any, queries: Sequence[Query]) -> Any:
 
 def sweep(session: Session, queries: Sequence[Query], *, root: Any = None, fast: bool = True,
           objects: bool = False, each_page: PageSink | None = None) -> list[ObjectProps]:
-    """Read ``queries`` over every object of their types under ``root`` (default: the root folder).
+    """Read ``queries`` over every object of their types under ``root`` (default: the root folder),
+    through the session's view of that root and those types (``views``: made once, then reused).
 
     ``objects=True`` decodes like ``retrieve_objects`` (data-object paths allowed, slower).
     ``each_page`` gets each page's objects as it is decoded (``PageSink``), before the next is read.
+    A kept view the server no longer knows is forgotten and the sweep made once more through a new one.
     """
     content = session.content
+    where = root or content.rootFolder
     types = [q.type for q in queries]
-    view = content.viewManager.CreateContainerView(root or content.rootFolder, types, True)
-    try:
+    while True:
+        view, made = session.views.view(content, where, types)
         spec = _view_spec(view, queries)
-        if objects:
-            return _retrieve_pyvmomi(session.content.propertyCollector, spec, False, each_page)
-        return retrieve(session, spec, fast=fast, each_page=each_page)
-    finally:
-        view.DestroyView()
+        try:
+            if objects:
+                return _retrieve_pyvmomi(content.propertyCollector, spec, False, each_page)
+            return retrieve(session, spec, fast=fast, each_page=each_page)
+        except vmodl.fault.ManagedObjectNotFound as fault:
+            if made or getattr(fault.obj, "_moId", None) != view._moId:
+                raise  # not the view, or a view made just now: the server's answer stands
+            session.views.forget(view)  # the first request failed: no page was read through it
 
 
 def by_type(objects: Iterable[ObjectProps]) -> dict[str, list[ObjectProps]]:

@@ -30,6 +30,7 @@ from pyVmomi.SoapAdapter import SoapStubAdapter
 from gateway import errors, tracing
 from gateway.config import Credentials, Target
 from gateway.vsphere import faults
+from gateway.vsphere.views import ViewCache
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class VSphereSession:
         self._stub = stub
         self.key = key
         """The target's id of this login (``UserSession.key``); not a secret, but not a credential either."""
+        self.views = ViewCache()
+        """The container views this login made, kept for the next sweep (``gateway.vsphere.views``)."""
 
     @property
     def socket_timeout(self) -> float:
@@ -280,6 +283,7 @@ class SessionPool:
         user_session = _session_manager(session.content).Login(
             self._credentials.user, self._credentials.password, None)
         session.key = user_session.key
+        session.views.clear()  # they were the old login's
         with self._cond:
             self._relogins += 1
 
