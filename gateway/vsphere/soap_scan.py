@@ -10,12 +10,14 @@ handler at all, takes 180 ms and ElementTree a second.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import CodeType
 from typing import Any, NamedTuple
 from xml.parsers import expat
 
@@ -429,17 +431,28 @@ def _shape_reader(kind: str, names: tuple[str, ...],
                   converted: tuple[tuple[int, str, Callable[[str], Any]], ...],
                   ) -> Callable[[re.Match[str]], ObjectProps]:
     """The object of a match of one shape: group 1 the moid, then the values of ``names`` in order;
-    ``converted``: (group, name, reader) of the values not read as text. A closure, its constants in
-    local cells: a tenth cheaper per object than reading them off the shape (3,000 VMs: 0.7 ms)."""
+    ``converted``: (group, name, reader) of the values not read as text.
 
-    def read(match: re.Match[str]) -> ObjectProps:
-        values = match.groups()
-        props = dict(zip(names, values[1:], strict=True))
-        for group, name, convert in converted:
-            props[name] = convert(values[group])
-        return ObjectProps(kind, values[0], props)
-
+    One dict display per object, written for the shape's number of values and the places of those to
+    convert (``_reader_code``); the names, the converters and the type come in as the function's globals,
+    so nothing of the reply is ever part of the source. A quarter cheaper per object than building the
+    dict from ``zip`` and converting after (3,000 VMs: 1.3 ms)."""
+    namespace: dict[str, Any] = {"ObjectProps": ObjectProps, "kind": kind}
+    namespace.update((f"n{index}", name) for index, name in enumerate(names))
+    namespace.update((f"c{group}", convert) for group, _name, convert in converted)
+    exec(_reader_code(len(names), frozenset(group for group, _name, _convert in converted)), namespace)
+    read: Callable[[re.Match[str]], ObjectProps] = namespace["read"]
     return read
+
+
+@functools.lru_cache(maxsize=128)
+def _reader_code(count: int, converted: frozenset[int]) -> CodeType:
+    """``read(match)`` for a shape of ``count`` values, those in groups ``converted`` read by ``c<group>``
+    (value ``i`` is group ``i + 1``, the moid group 1 being ``v[0]``)."""
+    items = ", ".join(f"n{i}: c{i + 1}(v[{i + 1}])" if i + 1 in converted else f"n{i}: v[{i + 1}]"
+                      for i in range(count))
+    source = f"def read(match):\n    v = match.groups()\n    return ObjectProps(kind, v[0], {{{items}}})\n"
+    return compile(source, f"<soap_scan reader of {count} values>", "exec")
 
 
 def _xml_text(raw: str) -> str:
