@@ -3,7 +3,9 @@
 Plain script: ``python bench/mirror.py [--vms 3000] [--runs 7] [--scale 300,3000,30000] [--agents 8]``;
 ``bench/run_all.py`` runs the same rows. For each size it starts one simulator and one
 ``gateway serve --transport https`` (a child process) with two targets on that simulator: ``mirror``
-(the default, ``mirror: lazy``) and ``sweep`` (``mirror: off``), and times, rounds interleaved:
+(the default, ``mirror: lazy``) and ``sweep`` (``mirror: off``), and times, rounds interleaved, the
+simulator collecting its garbage before each timed call (its control endpoint's ``/gc``, untimed: the
+garbage of one large reply would otherwise be collected during whichever column comes next):
 
 raw floor       the same RetrievePropertiesEx the gateway sends for list_vms (its property set over the
                 session's kept ContainerView), sent through pyVmomi's stub, the reply's bytes read and
@@ -382,7 +384,7 @@ def measure(size: int, runs: int, agents: int, polling: bool) -> SizeResult:
                     "details mirror": details_over_https("mirror"),
                     "details sweep": details_over_https("sweep"),
                 }
-                medians = await asyncio.to_thread(interleaved, loop_columns, runs)
+                medians = await asyncio.to_thread(interleaved, loop_columns, runs, lambda: sim.control("/gc"))
             bytes_per_minute = await poll_rows(served, relays, agents, sync_timeout) if polling else None
             return medians, bytes_per_minute
 

@@ -367,10 +367,10 @@ def retrieve_with(collector: Any, spec: Any, value: Callable[[str, Any], Any],
         collector.CancelRetrievePropertiesEx, each_page)
 
 
-def retrieve_objects(session: Session, spec: Any) -> list[ObjectProps]:
+def retrieve_objects(session: Session, spec: Any, each_page: PageSink | None = None) -> list[ObjectProps]:
     """Like ``retrieve``, decoded by pyVmomi: references still become moids, but data objects
     (``config.hardware.device``, ``snapshot``...) stay pyVmomi objects. For detail reads."""
-    return _retrieve_pyvmomi(session.content.propertyCollector, spec, strict=False)
+    return _retrieve_pyvmomi(session.content.propertyCollector, spec, False, each_page)
 
 
 def _view_spec(view: Any, queries: Sequence[Query]) -> Any:
@@ -398,7 +398,7 @@ def sweep(session: Session, queries: Sequence[Query], *, root: Any = None, fast:
         spec = _view_spec(view, queries)
         try:
             if objects:
-                return _retrieve_pyvmomi(content.propertyCollector, spec, False, each_page)
+                return retrieve_objects(session, spec, each_page)
             return retrieve(session, spec, fast=fast, each_page=each_page)
         except vmodl.fault.ManagedObjectNotFound as fault:
             if made or getattr(fault.obj, "_moId", None) != view._moId:

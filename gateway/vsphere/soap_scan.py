@@ -382,8 +382,7 @@ class _Shape(NamedTuple):
     """One object shape of a plain reply: its type, and its properties' names and ``val`` attribute
     strings in order. ``pattern`` matches an object of exactly that shape (the generic ``_OBJECT`` with
     those literals in place of its patterns, so it matches the same span), capturing the moid and the
-    values; ``read`` makes the object of such a match: one ``dict(zip())`` and a call per value not read
-    as text (``_shape_reader``)."""
+    values; ``read`` makes the object of such a match (``_shape_reader``)."""
 
     pattern: re.Pattern[str]
     read: Callable[[re.Match[str]], ObjectProps]
@@ -447,8 +446,9 @@ def _shape_reader(kind: str, names: tuple[str, ...],
 
 @functools.lru_cache(maxsize=128)
 def _reader_code(count: int, converted: frozenset[int]) -> CodeType:
-    """``read(match)`` for a shape of ``count`` values, those in groups ``converted`` read by ``c<group>``
-    (value ``i`` is group ``i + 1``, the moid group 1 being ``v[0]``)."""
+    """``read(match)`` for a shape of ``count`` values: ``v = match.groups()`` holds the moid in ``v[0]``
+    and value ``i`` (named ``n<i>``) in ``v[i + 1]``, read by ``c<i + 1>`` when ``i + 1`` is in
+    ``converted``. Compiled once per count and places, whatever the names."""
     items = ", ".join(f"n{i}: c{i + 1}(v[{i + 1}])" if i + 1 in converted else f"n{i}: v[{i + 1}]"
                       for i in range(count))
     source = f"def read(match):\n    v = match.groups()\n    return ObjectProps(kind, v[0], {{{items}}})\n"
