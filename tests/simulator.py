@@ -110,6 +110,13 @@ def logged(pool: SessionPool, fn: Callable[[Any], Any]) -> tuple[Any, list[str]]
     return result
 
 
+def wait_task(si: Any, task: Any) -> None:
+    """Until ``task`` ends; it must end in success."""
+    wait_until(lambda: read_properties(si, task, "info.state").get("info.state") in ("success", "error"),
+               what="task to finish")
+    assert read_properties(si, task, "info.state")["info.state"] == "success"
+
+
 def closed_port() -> int:
     """A loopback port nobody listens on (connections are refused)."""
     with socket.create_server(("127.0.0.1", 0)) as server:

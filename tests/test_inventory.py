@@ -20,8 +20,7 @@ from simulator import (
     logged,
     open_pool,
     pyvmomi_connect,
-    read_properties,
-    wait_until,
+    wait_task,
 )
 
 from gateway import errors
@@ -32,12 +31,6 @@ from gateway.vsphere.soap_scan import ObjectProps, Page
 
 # --------------------------------------------------------------------------------------------------
 # helpers
-
-
-def wait_task(si: Any, task: Any) -> None:
-    wait_until(lambda: read_properties(si, task, "info.state").get("info.state") in ("success", "error"),
-               what="task to finish")
-    assert read_properties(si, task, "info.state")["info.state"] == "success"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from simulator import (
     open_pool,
     pyvmomi_connect,
     read_properties,
-    wait_until,
+    wait_task,
 )
 
 from gateway.vsphere import listings
@@ -40,12 +40,6 @@ def _names(pool: SessionPool) -> list[str]:
     return [row["name"] for row in result["vms"]]
 
 
-def _wait(si: Any, task: Any) -> None:
-    wait_until(lambda: read_properties(si, task, "info.state").get("info.state") in ("success", "error"),
-               what="the task to finish")
-    assert read_properties(si, task, "info.state")["info.state"] == "success"
-
-
 def test_a_kept_view_follows_the_inventory(pool: tuple[SessionPool, Simulator]) -> None:
     sessions, sim = pool
     before = _names(sessions)
@@ -53,11 +47,11 @@ def test_a_kept_view_follows_the_inventory(pool: tuple[SessionPool, Simulator]) 
     try:
         vm = find_vm(si, before[0])
         spec = vim.vm.CloneSpec(location=vim.vm.RelocateSpec())  # type: ignore[no-untyped-call]
-        _wait(si, vm.CloneVM_Task(folder=vm.parent, name="made-after-the-view", spec=spec))
+        wait_task(si, vm.CloneVM_Task(folder=vm.parent, name="made-after-the-view", spec=spec))
         _result, methods = logged(sessions, lambda s: listings.list_vms(s, VmQuery(fields=("name",))))
         assert methods == ["RetrievePropertiesEx"]  # through the view the first call made
         assert sorted(_names(sessions)) == sorted([*before, "made-after-the-view"])
-        _wait(si, find_vm(si, "made-after-the-view").Destroy_Task())
+        wait_task(si, find_vm(si, "made-after-the-view").Destroy_Task())
         assert _names(sessions) == before
     finally:
         Disconnect(si)  # type: ignore[no-untyped-call]
