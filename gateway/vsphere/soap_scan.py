@@ -434,8 +434,8 @@ def _shape_reader(kind: str, names: tuple[str, ...],
 
     One dict display per object, written for the shape's number of values and the places of those to
     convert (``_reader_code``); the names, the converters and the type come in as the function's globals,
-    so nothing of the reply is ever part of the source. A quarter cheaper per object than building the
-    dict from ``zip`` and converting after (3,000 VMs: 1.3 ms)."""
+    so nothing of the reply is ever part of the source. A quarter cheaper per object, matching included,
+    than building the dict from ``zip`` and converting after (3,000 VMs: 5.7 ms, against 7.8)."""
     namespace: dict[str, Any] = {"ObjectProps": ObjectProps, "kind": kind}
     namespace.update((f"n{index}", name) for index, name in enumerate(names))
     namespace.update((f"c{group}", convert) for group, _name, convert in converted)
