@@ -98,6 +98,9 @@ class Settings:
     queue_timeout_seconds: float = 300.0
     fanout_timeout_seconds: float = 30.0
     audit_max_bytes: int = 50 * 1024 * 1024
+    #: the longest a written audit row waits for a signed checkpoint, calls or none
+    #: (GATEWAY_AUDIT_CHECKPOINT_SECONDS; the sinks also sign every ``checkpoint_rows`` rows)
+    audit_checkpoint_seconds: float = 300.0
     #: ``postgresql://...``: shared state (and audit) on PostgreSQL for several replicas; None: SQLite
     #: under ``home``. May carry a password, so it is never shown (see ``gateway.store.postgres``).
     database_url: str | None = field(default=None, repr=False)
@@ -193,6 +196,7 @@ class Settings:
             queue_timeout_seconds=number("GATEWAY_QUEUE_TIMEOUT_SECONDS", 300.0),
             fanout_timeout_seconds=number("GATEWAY_FANOUT_TIMEOUT_SECONDS", 30.0),
             audit_max_bytes=int(number("GATEWAY_AUDIT_MAX_BYTES", 50 * 1024 * 1024)),
+            audit_checkpoint_seconds=number("GATEWAY_AUDIT_CHECKPOINT_SECONDS", 300.0),
             database_url=database_url(environ.get("GATEWAY_DATABASE_URL"), flags.get("database_url")),
             credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
             notifications_file=path("notifications", "GATEWAY_NOTIFICATIONS_FILE", "notifications.yaml"),
