@@ -37,13 +37,14 @@ from typing import Final
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from gateway.auth.principal import CallerKey, Principal
 from gateway.errors import InvalidArgument, StateUnavailable
 from gateway.ids import ID_LENGTH, new_id
 from gateway.store.base import StateStore, TokenRecord
 from gateway.vocabulary import Kind
 
 __all__ = [
-    "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
+    "CallerKey", "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
     "new_token", "parse_expiry", "parse_token_id", "store_token",
 ]
 
@@ -62,25 +63,6 @@ MAX_VERIFICATIONS: Final = 2
 MAX_WAITING: Final = 64
 #: how long a request waits for the token store (a locked or stalled disk) before it is refused
 STORE_SECONDS: Final = 5.0
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: the token's name (the caller in audit rows and policy), its role, its surface,
-    and whether a person or an agent holds it (``kind``; for a token, the store's record at each
-    request is what decisions use, see ``Gateway.party``).
-
-    From an identity provider (``gateway.identity``): no ``token_id``; ``acting_for`` names the person
-    whose subject an agent's token carries (that person never approves what the agent proposes), and
-    ``scopes`` the token's scopes, which narrow what the role allows (None: not scope-limited)."""
-
-    name: str
-    role: str
-    token_id: str | None = None
-    surface: str = "https"
-    kind: Kind = Kind.AGENT
-    acting_for: str | None = None
-    scopes: frozenset[str] | None = None
 
 
 def parse_token_id(token: str) -> str | None:

@@ -1,0 +1,103 @@
+"""Who is calling: ``Principal`` (what is shown and what is decided) and ``CallerKey``, its stable key.
+
+Every per-caller decision compares ``Principal.key``, never ``name``: the name is what rows and pages
+show and may repeat or change (an IdP's email claim, a client id that reads like a local token's name);
+the key cannot. Keys live in four namespaces that no claim can cross:
+
+- ``token``: a ``gwt_`` token, by its token id;
+- ``person``: a person from an identity provider, by (issuer, ``sub``), whatever email it shows today;
+- ``client``: an application from an identity provider, by (issuer, client id); an application acting
+  for a person is keyed by (issuer, client id, the person's ``sub``), so two people using one MCP client
+  never share tasks or idempotency keys, and ``acting_for_key`` is that person's ``person`` key;
+- ``system``: the names the gateway writes itself (``gateway``, ``os:<user>``, ``stdio:<user>``, ``-``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+from urllib.parse import quote
+
+from gateway.vocabulary import Kind
+
+__all__ = ["SPACES", "CallerKey", "Principal"]
+
+Space = Literal["token", "person", "client", "system"]
+SPACES: Final[tuple[Space, ...]] = ("token", "person", "client", "system")
+
+
+@dataclass(frozen=True, slots=True)
+class CallerKey:
+    """The stable identity of a caller; ``str()`` is its one text form (stored, audited, compared)."""
+
+    space: Space
+    value: str
+    issuer: str | None = None
+    #: for a ``client`` acting for a person: that person's ``sub``
+    subject: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.space not in SPACES:
+            raise ValueError(f"unknown caller key space {self.space!r}")
+        if not self.value:
+            raise ValueError("a caller key needs a value")
+        if (self.issuer is None) != (self.space in ("token", "system")):
+            raise ValueError(f"a {self.space} key {'needs' if self.issuer is None else 'takes no'} issuer")
+
+    @classmethod
+    def token(cls, token_id: str) -> CallerKey:
+        return cls("token", token_id)
+
+    @classmethod
+    def person(cls, issuer: str, subject: str) -> CallerKey:
+        return cls("person", subject, issuer)
+
+    @classmethod
+    def client(cls, issuer: str, client_id: str, *, for_subject: str | None = None) -> CallerKey:
+        return cls("client", client_id, issuer, for_subject)
+
+    @classmethod
+    def system(cls, name: str) -> CallerKey:
+        return cls("system", name)
+
+    def __str__(self) -> str:
+        parts = [self.space, self.issuer or "", self.value]
+        if self.subject is not None:
+            parts.append(self.subject)
+        return ":".join(quote(part, safe="") for part in parts)
+
+    def audit_fields(self) -> dict[str, Any]:
+        """What an audit row carries of this key beside the caller's display name."""
+        return {"caller_key": str(self)}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: ``name`` to show (the caller in audit rows and messages), ``key`` to decide with,
+    its role, surface, and whether a person or an agent (``kind``; for a token, the store's record at
+    each request is what decisions use, see ``FactsNow.party``).
+
+    ``key`` defaults from the token id when there is one, else to the ``system`` namespace (the gateway's
+    own callers); a principal from an identity provider always carries its ``person``/``client`` key.
+    ``acting_for``/``acting_for_key``: the person whose subject an agent's token carries (that person never
+    approves what the agent proposes); ``scopes`` narrow what the role allows (None: not scope-limited)."""
+
+    name: str
+    role: str
+    token_id: str | None = None
+    surface: str = "https"
+    kind: Kind = Kind.AGENT
+    acting_for: str | None = None
+    scopes: frozenset[str] | None = None
+    key: CallerKey = field(default=None)  # type: ignore[assignment]  # filled by __post_init__
+    acting_for_key: CallerKey | None = None
+
+    def __post_init__(self) -> None:
+        if self.key is None:
+            key = CallerKey.token(self.token_id) if self.token_id else CallerKey.system(self.name)
+            object.__setattr__(self, "key", key)
+
+    @property
+    def person_key(self) -> CallerKey | None:
+        """The person behind this caller: itself when a person, the person it acts for, or None."""
+        return self.key if self.kind is Kind.PERSON else self.acting_for_key
