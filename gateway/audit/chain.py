@@ -1,7 +1,8 @@
 """Audit rows and their hash chain: what a row holds before stamping, its canonical bytes and hash,
 and the timestamp format every sink and reader shares.
 
-Every row carries ``ts`` (UTC, ms), ``seq`` (1, 2, 3, ...), ``prev`` (the previous row's hash;
+Every row carries ``ts`` (UTC, ms), ``ts_epoch`` (the same instant in seconds since the epoch, a
+float with ms precision), ``seq`` (1, 2, 3, ...), ``prev`` (the previous row's hash;
 ``GENESIS`` for the first) and ``hash``: the SHA-256 of the row's canonical JSON without ``hash``.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gateway.answer import Answer, answer_bytes, encode_json
@@ -22,7 +23,9 @@ ROTATED_PHASE = "audit_rotated"
 #: phase of the row recording that a torn (crash-interrupted) last line was removed
 REPAIRED_PHASE = "audit_repaired"
 #: fields the sink stamps; callers cannot set them
-STAMPED = ("ts", "seq", "prev", "hash")
+STAMPED = ("ts", "ts_epoch", "seq", "prev", "hash")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -69,6 +72,22 @@ def prepare_event(event: Mapping[str, Any]) -> dict[str, Any]:
         body["result_digest"], body["result_size"] = result_fingerprint(event["result"])
     prepared: dict[str, Any] = bounded(body)
     return prepared
+
+
+def stamp(body: Mapping[str, Any], seq: int, prev: str, moment: datetime) -> dict[str, Any]:
+    """The one row serializer's stamping, for every sink: ``ts`` and ``ts_epoch`` (one instant, cut to
+    the millisecond, so the two always agree), ``seq``, then the prepared ``body``, ``prev`` and
+    ``hash``."""
+    row: dict[str, Any] = {"ts": format_ts(moment), "ts_epoch": epoch_seconds(moment), "seq": seq}
+    row.update(body)
+    row["prev"] = prev
+    row["hash"] = row_hash(row)
+    return row
+
+
+def epoch_seconds(moment: datetime) -> float:
+    """``moment`` as ``ts_epoch``: seconds since 1970-01-01 UTC, cut to the millisecond as ``ts`` is."""
+    return ((moment - _EPOCH) // _MS) / 1000
 
 
 def format_ts(moment: datetime) -> str:

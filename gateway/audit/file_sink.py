@@ -59,8 +59,8 @@ from gateway.audit.chain import (
     parse_row,
     parse_ts,
     prepare_event,
-    row_hash,
     row_line,
+    stamp,
 )
 from gateway.audit.files import (
     checkpoint_path,
@@ -510,10 +510,7 @@ class AuditSink:
                         "torn_sha256": hashlib.sha256(fragment).hexdigest()}
 
     def _stamp(self, body: Mapping[str, Any], tail: _Tail) -> tuple[dict[str, Any], bytes]:
-        row: dict[str, Any] = {"ts": format_ts(self._clock()), "seq": tail.seq + 1}
-        row.update(body)
-        row["prev"] = tail.hash
-        row["hash"] = row_hash(row)
+        row = stamp(body, tail.seq + 1, tail.hash, self._clock())
         return row, row_line(row) + b"\n"
 
     def _emit(self, fd: int, size: int, tail: _Tail, body: Mapping[str, Any]) -> tuple[_Tail, int]:

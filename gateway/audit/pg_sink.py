@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
-from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_hash, row_line
+from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_line, stamp
 from gateway.audit.pg_tree import PgTree, stored_frontier
 from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
@@ -141,10 +141,7 @@ class PgAuditSink:
                 found = conn.execute("SELECT seq, hash FROM audit_rows ORDER BY seq DESC LIMIT 1").fetchone()
                 head = cast("dict[str, Any] | None", found)  # the pool's rows are dicts (dict_row)
                 seq, prev = (int(head["seq"]), str(head["hash"])) if head else (0, GENESIS)
-                row: dict[str, Any] = {"ts": format_ts(self._clock()), "seq": seq + 1}
-                row.update(body)
-                row["prev"] = prev
-                row["hash"] = row_hash(row)
+                row = stamp(body, seq + 1, prev, self._clock())
                 line = row_line(row)
                 conn.execute(
                     "INSERT INTO audit_rows (seq, ts, phase, tool, target, caller, correlation_id, hash, "
