@@ -514,26 +514,43 @@ def test_store_notices_same_size_rewrite_with_old_mtime(tmp_path: Path) -> None:
     assert (decision.allowed, decision.rule) == (False, "defaults")
 
 
-def test_store_keeps_the_last_good_rules_on_a_bad_reload_and_recovers(tmp_path: Path) -> None:
+def test_store_fails_closed_on_a_bad_reload_and_recovers(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     loads: list[RulesLoad] = []
     path.write_text(complete_rules_text("defaults: {destructive: allow}\n"))
     store = PolicyStore(path, on_reload=loads.append)
-    assert decided(store, call(**DESTROY), NOW).allowed
+    assert decided(store, call(**DESTROY), NOW).allowed and store.broken is None
     path.write_text(complete_rules_text("defaults: {destructive: allow, dry_rn: true}\n"))
-    kept = decided(store, call(**DESTROY), NOW)
-    assert (kept.allowed, kept.rule) == (True, "defaults")  # the last good rules, not the broken ones
+    for changes in ({}, READ, DESTROY):  # nothing falls back to the rules before
+        refused = decided(store, call(**changes), NOW)
+        assert (refused.allowed, refused.rule) == (False, "policy:error")
+        assert str(path) in refused.reason and "dry_rn" in refused.reason
     with pytest.raises(PolicyUnavailable) as info:
         store.current()
     assert isinstance(info.value, ConfigError) and "dry_rn" in info.value.problems[0]
+    broken = store.broken
+    assert broken is not None and broken[0] == path.stat().st_mtime and "dry_rn" in broken[1]
     shown = describe(store, [])
-    assert shown["status"] == "error" and "dry_rn" in shown["errors"][0] and "last good" in shown["effect"]
+    assert shown["status"] == "error" and shown["broken"] is True and "dry_rn" in shown["errors"][0]
+    assert shown["broken_since"] and "no earlier rules" in shown["effect"]
     path.write_text(complete_rules_text("defaults: {destructive: allow, dry_run: true}\n"))
     recovered = decided(store, call(**DESTROY), NOW)
-    assert (recovered.allowed, recovered.dry_run) == (True, True)
-    assert [(load.policy is not None, bool(load.problems), load.first) for load in loads] == [
-        (True, False, True), (False, True, False), (True, False, False)]
+    assert (recovered.allowed, recovered.dry_run) == (True, True) and store.broken is None
+    assert [(load.policy is not None, bool(load.problems), load.first, load.recovered) for load in loads] == [
+        (True, False, True, False), (False, True, False, False), (True, False, False, True)]
     assert loads[1].previous is loads[0].policy and loads[1].sha256 is not None
+
+
+def test_store_broken_since_stays_across_broken_edits(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("defaults: [\n")
+    store = PolicyStore(path)
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    assert store.snapshot()[0] is None
+    path.write_text("defaults: [[\n")
+    assert store.snapshot()[0] is None
+    broken = store.broken
+    assert broken is not None and broken[0] == 1_700_000_000 and "rules.yaml:2" in broken[1]
 
 
 @pytest.mark.parametrize("setup", ["directory", "not-utf8", "yaml", "cut"])
@@ -554,7 +571,7 @@ def test_store_without_good_rules_fails_closed_reads_included(tmp_path: Path, se
         refused = decided(store, call(**changes), NOW)
         assert (refused.allowed, refused.rule) == (False, "policy:error")
     assert store.snapshot()[0] is None and "unusable" in (store.snapshot()[1] or "")
-    assert "no good rules" in describe(store, [])["effect"]
+    assert "denied until it is fixed" in describe(store, [])["effect"] and store.broken is not None
 
 
 EXAMPLE = (REPO / "rules.example.yaml").read_text()
@@ -584,8 +601,8 @@ def test_a_rules_file_cut_at_a_section_boundary_never_loses_a_gate(tmp_path: Pat
     with pytest.raises(PolicyUnavailable) as info:
         store.current()
     assert re.search(r"missing section|has no value|holds no section", str(info.value.problems))
-    assert decided(store, appliance, NOW).rule == "protected:management-plane"
-    assert decided(store, prod_delete, NOW).require_approval
+    assert decided(store, appliance, NOW).rule == "policy:error"
+    assert decided(store, prod_delete, NOW).rule == "policy:error"
 
 
 SECTION_CASES: list[tuple[str, Any, list[str]]] = [
@@ -631,7 +648,7 @@ def test_store_describe_shows_effective_policy_per_target(tmp_path: Path) -> Non
     assert shown["defaults"]["destructive"] == "deny"
 
 
-def test_store_target_limits_keep_the_last_good_rules_while_broken(tmp_path: Path) -> None:
+def test_store_target_limits_are_the_strict_builtins_while_broken(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(complete_rules_text(
         "targets: {prod: {max_bulk_objects: 2, max_calls_per_minute: {write: 5}}}\n"))
@@ -639,8 +656,8 @@ def test_store_target_limits_keep_the_last_good_rules_while_broken(tmp_path: Pat
     limits = store.target_limits("prod")
     assert (limits.max_bulk_objects, limits.max_calls_per_minute["write"]) == (2, 5)
     path.write_text(complete_rules_text("targets: {prod: {max_bulk_objects: two}}\n"))
-    limits = store.target_limits("prod")
-    assert (limits.max_bulk_objects, limits.rate_limit(Category.WRITE)) == (2, 5)
-    fresh = PolicyStore(path)  # no good rules ever loaded: the built-in strict values
+    limits = store.target_limits("prod")  # broken by an edit: the rules before do not stay
+    assert (limits.max_bulk_objects, limits.rate_limit(Category.WRITE)) == (20, 30)
+    fresh = PolicyStore(path)  # broken at start: the built-in strict values too
     assert (fresh.target_limits("prod").max_bulk_objects, fresh.target_limits("prod").rate_limit(
         Category.WRITE)) == (20, 30)

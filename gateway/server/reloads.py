@@ -112,13 +112,15 @@ def _base(file: str, path: Path, sha256: str | None, first: bool) -> dict[str, A
 
 
 def rules_row(load: RulesLoad) -> dict[str, Any]:
-    """The row of one new content of rules.yaml (``PolicyStore.on_reload``)."""
+    """The row of one new content of rules.yaml (``PolicyStore.on_reload``): a refusal (the file broken,
+    at start or by an edit: every call the policy decides is refused, no earlier rules stay) or a load,
+    ``recovered: true`` when it ends a broken spell."""
     if load.policy is None:
-        effect = ("the last good rules stay in force until it is fixed" if load.previous is not None
-                  else "no good rules loaded: every call the policy decides is refused until it is fixed")
+        effect = "every call the policy decides is refused until it is fixed (no earlier rules stay in force)"
         return refused_row("rules", load.path, load.sha256, load.problems, effect, first=load.first)
     before = None if load.previous is None else rules_summary(load.previous)
-    return loaded_row("rules", load.path, load.sha256, rules_summary(load.policy), before, first=load.first)
+    row = loaded_row("rules", load.path, load.sha256, rules_summary(load.policy), before, first=load.first)
+    return {**row, "recovered": True} if load.recovered else row
 
 
 #: how many of the newest configuration rows a CLI run looks through for its files' last loads

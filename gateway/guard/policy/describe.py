@@ -3,7 +3,9 @@ something that does not exist (or can never apply) marked."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +19,20 @@ from gateway.guard.policy.store import PolicyStore
 
 def describe(store: PolicyStore, targets: Sequence[Target],
              known: KnownNames | None = None) -> dict[str, Any]:
-    """The effective policy per target of the rules file ``store`` follows, or why the file cannot be used
-    (for ``gateway policy show``). With ``known``, entries naming a target, tool, role or tag that matches
-    nothing are marked."""
+    """The effective policy per target of the rules file ``store`` follows, or that the file is broken,
+    since when (its modification time) and why (for ``gateway policy show``). With ``known``, entries
+    naming a target, tool, role or tag that matches nothing are marked."""
     try:
         policy = store.current()
     except ConfigError as exc:
         problems = exc.details.get("problems") or [exc.message]
-        effect = ("the last good rules loaded stay in force until it is fixed" if store.last_good is not None
-                  else "every call the policy decides is denied until it is fixed (no good rules loaded)")
-        return {"file": str(store.path), "status": "error", "errors": problems, "effect": effect}
+        broken = store.broken
+        since = broken[0] if broken is not None else time.time()
+        return {"file": str(store.path), "status": "error", "broken": True,
+                "broken_since": datetime.fromtimestamp(since, UTC).isoformat(timespec="seconds"),
+                "errors": problems,
+                "effect": "every call the policy decides is denied until it is fixed; no earlier rules "
+                          "stay in force"}
     unknown = unknown_names(policy.refs, known) if known is not None else []
     shown = _describe(policy, store.path, targets, unknown)
     unreachable = unreachable_rules(policy, known.tools) if known is not None else []

@@ -29,8 +29,9 @@ Effective settings of a target: built-in values, then ``defaults``, then every g
 ``targets`` matching the name (in file order), then the entry naming it exactly. Each layer replaces
 only the keys it sets (``max_calls_per_minute`` per category).
 
-Parsing the file is ``gateway.guard.policy.parse``; following it on disk (the last good rules kept on a
-bad reload) is ``gateway.guard.policy.store``; ``gateway policy show`` is ``gateway.guard.policy.describe``.
+Parsing the file is ``gateway.guard.policy.parse``; following it on disk (a file that cannot be used
+refuses every call the policy decides) is ``gateway.guard.policy.store``; ``gateway policy show`` is
+``gateway.guard.policy.describe``.
 """
 
 from __future__ import annotations

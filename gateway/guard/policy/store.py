@@ -7,11 +7,11 @@ killed mid-save, a bad copy) it still parses, with fewer protections. So:
   value: ``[]`` or ``{}`` for none. A missing section, one cut right after its ``key:``, or a file
   holding no section at all is refused with the section named. (A missing *file* still means the
   built-in strict defaults.)
-- **A bad reload keeps the last good rules**: a file that cannot be used after a good one was loaded
-  leaves the good one in force (reads stay filtered, gates stay), and the refusal is reported (a
-  WARNING, ``on_reload`` for the audit, ``gateway policy show``, ``gateway check``).
-- **Nothing good yet fails closed**: while no usable rules were ever loaded (a broken file at start),
-  every call the policy decides is refused, reads included.
+- **A file that cannot be used fails closed**, whether broken at start or by an edit after a good load:
+  no rules are in force (nothing falls back to the rules before), every call the policy decides is
+  refused with the file's problems (file, line, parse error), reads included, until the file is
+  fixed. ``broken`` says since when (``gateway policy show``, /readyz); the refusal is reported (a
+  WARNING, ``on_reload`` for the audit, ``gateway check``).
 
 ``on_reload(RulesLoad)`` is called once for every new content of the file (the first load included):
 the server audits each, loaded or refused.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,8 @@ class PolicyUnavailable(ConfigProblems):
 @dataclass(frozen=True)
 class RulesLoad:
     """One new content of the rules file: its sha256 (None: no file), the rules it gave or its problems,
-    and the rules in force before it (None at the first load)."""
+    the rules in force before it (None at the first load or while the file was broken), and whether
+    it ends a broken spell (``recovered``: good content after unusable content)."""
 
     path: Path
     sha256: str | None
@@ -48,6 +50,7 @@ class RulesLoad:
     problems: tuple[str, ...] = ()
     previous: Policy | None = None
     first: bool = False
+    recovered: bool = False
 
 
 class PolicyStore:
@@ -68,32 +71,36 @@ class PolicyStore:
         #: the bytes last read, or the problems of a file that could not be read
         self._seen: tuple[bytes | None, tuple[str, ...] | None] = (None, None)
         self._latest: Policy | ConfigProblems | None = None
+        #: the rules before the latest content, for the reload rows' ``changed`` (None while broken)
         self._good: Policy | None = None
+        #: (since, message) while the file cannot be used
+        self._broken: tuple[float, str] | None = None
 
     def current(self) -> Policy:
         """The file as it is now; raise ``PolicyUnavailable`` while it cannot be used."""
-        latest, _good = self._refresh()
+        latest = self._refresh()
         if isinstance(latest, ConfigProblems):
             raise PolicyUnavailable(latest.problems)
         return latest
 
     @property
-    def last_good(self) -> Policy | None:
-        """The last good rules loaded (None: none yet), whatever the file holds now."""
-        return self._good
+    def broken(self) -> tuple[float, str] | None:
+        """While the file cannot be used: since when (epoch seconds: the file's modification time when
+        it could be read, else when this store first saw it unusable) and the refusal's message; None
+        while its rules are in force. As of the last read (``snapshot`` reads)."""
+        return self._broken
 
     def snapshot(self) -> tuple[Policy | None, str | None]:
-        """The rules in force and None (the last good ones while the file is broken), or None and why
-        no rules can be used (for ``guard.decision.authorize``, which then refuses). Never raises."""
+        """The rules in force and None, or None and why no rules can be used (for
+        ``guard.decision.authorize``, which then refuses). Never raises."""
         try:
-            latest, good = self._refresh()
+            latest = self._refresh()
         except Exception:
             log.exception("reading the policy file %s failed", self.path)
             return None, f"policy file {self.path} could not be read (see the gateway log)"
-        if good is not None:
-            return good, None
-        assert isinstance(latest, ConfigProblems)
-        return None, f"policy file {self.path} is unusable: {PolicyUnavailable(latest.problems).message}"
+        if isinstance(latest, ConfigProblems):
+            return None, unusable_message(self.path, latest)
+        return latest, None
 
 
     def target_limits(self, target: str) -> TargetPolicy:
@@ -102,8 +109,8 @@ class PolicyStore:
         policy, _why = self.snapshot()
         return (policy or Policy(str(self.path))).target_settings(target)
 
-    def _refresh(self) -> tuple[Policy | ConfigProblems, Policy | None]:
-        """Read the file; parse it when its bytes changed. Returns the latest parse and the rules in force."""
+    def _refresh(self) -> Policy | ConfigProblems:
+        """Read the file; parse it when its bytes changed. Returns the latest parse."""
         raw, unreadable = self._read()
         seen = (raw, tuple(unreadable.problems) if unreadable is not None else None)
         load: RulesLoad | None = None
@@ -112,27 +119,37 @@ class PolicyStore:
                 latest = unreadable or self._parse(raw)
                 load = self._loaded(raw, latest)
                 self._latest, self._seen = latest, seen
-            latest, good = self._latest, self._good
+            latest = self._latest
         if load is not None and self.on_reload is not None:
             self.on_reload(load)
-        return latest, good
+        return latest
 
     def _loaded(self, raw: bytes | None, latest: Policy | ConfigProblems) -> RulesLoad:
-        """Take ``latest`` in force if good (called with the lock); the record of this load."""
+        """Take ``latest`` in force, good or broken (called with the lock); the record of this load."""
         previous, first = self._good, self._latest is None
         sha = None if raw is None else hashlib.sha256(raw).hexdigest()
         if isinstance(latest, ConfigProblems):
-            kept = "the last good rules stay in force" if previous is not None else \
-                "no good rules were loaded: every call the policy decides is refused"
-            log.warning("policy file %s is unusable (%s until it is fixed): %s", self.path, kept, latest)
+            since = self._broken[0] if self._broken is not None else self._modified()
+            self._good, self._broken = None, (since, unusable_message(self.path, latest))
+            log.warning("policy file %s is unusable (every call the policy decides is refused until it is "
+                        "fixed): %s", self.path, latest)
             return RulesLoad(self.path, sha, None, tuple(latest.problems), previous, first)
-        self._good = latest
+        recovered = self._broken is not None
+        if recovered:
+            log.warning("policy file %s is usable again: its rules are in force", self.path)
+        self._good, self._broken = latest, None
         log.info("policy loaded from %s: %d rules, %d protected, %d target entries, %d windows",
                  self.path, len(latest.rules), len(latest.protected), len(latest.targets),
                  len(latest.maintenance_windows))
         if self.on_load is not None:
             self.on_load(latest)
-        return RulesLoad(self.path, sha, latest, (), previous, first)
+        return RulesLoad(self.path, sha, latest, (), previous, first, recovered)
+
+    def _modified(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except OSError:
+            return time.time()
 
     def _read(self) -> tuple[bytes | None, ConfigProblems | None]:
         try:
@@ -155,3 +172,8 @@ class PolicyStore:
             return exc
 
 
+
+
+def unusable_message(path: Path, problems: ConfigProblems) -> str:
+    """The refusal while ``path`` cannot be used: the file and each problem (line and parse error)."""
+    return f"policy file {path} is unusable: {PolicyUnavailable(problems.problems).message}"
