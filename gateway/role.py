@@ -17,6 +17,10 @@ ApproveRight = Literal["none", "any", "others"]
 APPROVE_RIGHTS: Final = ("none", "any", "others")
 AuditRight = Literal["none", "own", "all"]
 AUDIT_RIGHTS: Final = ("none", "own", "all")
+#: whose fair-queue share a caller queues in: its own (``caller``), or, for an agent acting for a
+#: person, that person's (``person``: every agent acting for one person shares one)
+FairShare = Literal["caller", "person"]
+FAIR_SHARES: Final = ("caller", "person")
 #: target values that mean "every target" in a call (names reserved by targets.yaml)
 ALL_TARGETS: Final = frozenset({"all", "*"})
 
@@ -37,6 +41,9 @@ class Role:
     #: the role's share of a busy target's slots against other callers' (``queue_weight`` in
     #: roles.yaml; every principal alike by default): a caller of weight 3 is served three calls a turn
     queue_weight: float = 1.0
+    #: whose share of a busy target's slots the role's callers queue in (``fair_share`` in roles.yaml,
+    #: per role or the file's default for every role; ``gateway.auth.fair_share.share_of``)
+    fair_share: FairShare = "caller"
 
     @property
     def all_targets(self) -> bool:
@@ -79,7 +86,7 @@ class Role:
                 "allow_write": granted(Category.WRITE, self.allow_write),
                 "allow_destructive": granted(Category.DESTRUCTIVE, self.allow_destructive),
                 "targets": listed(self.targets), "approve": self.approve, "audit": self.audit,
-                "queue_weight": self.queue_weight}
+                "queue_weight": self.queue_weight, "fair_share": self.fair_share}
 
 
 BUILTIN_ROLES: Final[Mapping[str, Role]] = {

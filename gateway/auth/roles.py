@@ -7,6 +7,8 @@ an agent's token) who did not make the proposal; ``approve: others`` is kept as 
 Custom roles come from ``roles.yaml`` (see ``roles.example.yaml`` for the format and meaning of each
 key). Parsing is strict so that a mistake narrows instead of widening: every key is required, "all"
 is spelled ``"*"``, unknown keys are errors, and write and destructive tools are granted by name only.
+A top-level ``fair_share`` (``caller`` unless set) is the default of every role that sets none, the
+built-in ones included (``RoleBook`` hands them out with it).
 
 The ``Role`` record, the built-in roles and the pure ``permits`` are ``gateway.role``; this module
 parses roles.yaml into roles, and ``RoleBook`` follows the file: it reloads when the content
@@ -24,11 +26,21 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position, suggestion
-from gateway.role import APPROVE_RIGHTS, AUDIT_RIGHTS, BUILTIN_ROLES, ApproveRight, AuditRight, Role
+from gateway.role import (
+    APPROVE_RIGHTS,
+    AUDIT_RIGHTS,
+    BUILTIN_ROLES,
+    FAIR_SHARES,
+    ApproveRight,
+    AuditRight,
+    FairShare,
+    Role,
+)
 from gateway.vsphere.fair_order import DEFAULT_WEIGHT, MAX_WEIGHT, MIN_WEIGHT
 
 log = logging.getLogger(__name__)
@@ -36,7 +48,12 @@ log = logging.getLogger(__name__)
 #: every custom role sets these
 ROLE_KEYS: Final = ("tools", "allow_write", "allow_destructive", "targets", "approve")
 #: optional keys and the value a role gets without them (the narrowest)
-OPTIONAL_ROLE_KEYS: Final[Mapping[str, str | float]] = {"audit": "none", "queue_weight": DEFAULT_WEIGHT}
+OPTIONAL_ROLE_KEYS: Final[Mapping[str, str | float]] = {"audit": "none", "queue_weight": DEFAULT_WEIGHT,
+                                                         "fair_share": "caller"}
+#: the keys a roles file may have at its top level
+FILE_KEYS: Final = ("roles", "fair_share")
+#: the file's ``fair_share`` when it sets none
+DEFAULT_FAIR_SHARE: Final[FairShare] = "caller"
 _ROLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,127}")
 _GLOB_CHARS = frozenset("*?[]")
@@ -119,13 +136,21 @@ class _RoleReader:
         value = self.entry.get(key, default)
         if value in choices:
             return cast(str, value)
-        self.problem(f"'{key}' must be one of {', '.join(choices)} (quote it if YAML reads it as a "
-                     f"boolean), got {value!r}", key)
+        self.problem(f"'{key}' must be one of {', '.join(choices)}{_choice_hint(value, choices)} (quote it "
+                     f"if YAML reads it as a boolean), got {value!r}", key)
         return None
 
 
+def _choice_hint(value: Any, choices: tuple[str, ...]) -> str:
+    return suggestion(value, choices) if isinstance(value, str) else ""
+
+
+_FAIR_SHARE_MEANING: Final = ("caller: one share per caller; person: every agent acting for one person "
+                              "shares one with that person")
+
+
 def _parse_role(name: Any, entry: Any, source: str, problems: list[str], entries: Any = None,
-                refs: list[NameRef] | None = None) -> Role | None:
+                refs: list[NameRef] | None = None, fair_share: FairShare = DEFAULT_FAIR_SHARE) -> Role | None:
     r = _RoleReader(source, name, entry, entries, problems, [] if refs is None else refs)
     before = len(problems)
     if not isinstance(name, str) or not _ROLE_NAME.fullmatch(name):
@@ -151,12 +176,28 @@ def _parse_role(name: Any, entry: Any, source: str, problems: list[str], entries
     approve = r.right("approve", APPROVE_RIGHTS)
     audit = r.right("audit", AUDIT_RIGHTS, "none")
     weight = r.weight()
+    share = r.right("fair_share", FAIR_SHARES, fair_share)
     if tools is None or allow_write is None or allow_destructive is None or targets is None:
         return None
-    if approve is None or audit is None or weight is None:
+    if approve is None or audit is None or weight is None or share is None:
         return None
     return Role(name, tools, allow_write, allow_destructive, targets, cast(ApproveRight, approve),
-                cast(AuditRight, audit), weight)
+                cast(AuditRight, audit), weight, cast(FairShare, share))
+
+
+@dataclass(frozen=True)
+class RoleFile:
+    """What a roles file says: its custom roles and its ``fair_share`` default (already applied to the
+    custom roles that set none; ``builtins`` applies it to the built-in ones)."""
+
+    roles: dict[str, Role] = field(default_factory=dict)
+    fair_share: FairShare = DEFAULT_FAIR_SHARE
+
+    def builtins(self) -> dict[str, Role]:
+        """The built-in roles with this file's ``fair_share`` (the very ones when it is theirs)."""
+        share = self.fair_share
+        return {name: role if role.fair_share == share else replace(role, fair_share=share)
+                for name, role in BUILTIN_ROLES.items()}
 
 
 def parse_roles(data: Any, source: str, refs: list[NameRef] | None = None) -> dict[str, Role]:
@@ -164,22 +205,37 @@ def parse_roles(data: Any, source: str, refs: list[NameRef] | None = None) -> di
 
     Raises ``ConfigProblems`` listing every problem found. ``refs`` (when given) receives every tool and
     target name the roles use (checked against what exists by ``gateway.guard.names``)."""
+    return parse_role_file(data, source, refs).roles
+
+
+def parse_role_file(data: Any, source: str, refs: list[NameRef] | None = None) -> RoleFile:
+    """The whole file from parsed YAML: ``roles`` and the optional top-level ``fair_share`` default;
+    ``ConfigProblems`` as ``parse_roles``."""
     if data is None:
-        return {}
-    if not isinstance(data, Mapping) or set(data) != {"roles"}:
-        raise ConfigProblems([f"{located(source, data)}: expected one top-level key 'roles:' mapping role "
-                              "names to roles"])
-    entries = data["roles"]
-    if entries is None:
-        return {}
-    if not isinstance(entries, Mapping):
-        raise ConfigProblems([f"{located(source, data, 'roles')}: 'roles' must map role names to roles"])
+        return RoleFile()
+    if not isinstance(data, Mapping) or not set(data) & set(FILE_KEYS):
+        raise ConfigProblems([f"{located(source, data)}: expected the top-level key 'roles:' mapping role "
+                              "names to roles (and optionally 'fair_share:')"])
     problems: list[str] = []
-    roles = {name: _parse_role(name, entry, source, problems, entries, refs)
-             for name, entry in entries.items()}
+    for key in sorted(set(data) - set(FILE_KEYS), key=str):
+        problems.append(f"{located(source, data, key)}: unknown top-level key {key!r}"
+                        f"{suggestion(str(key), FILE_KEYS)}; the keys are {', '.join(FILE_KEYS)}")
+    fair_share = data.get("fair_share", DEFAULT_FAIR_SHARE)
+    if fair_share not in FAIR_SHARES:
+        problems.append(f"{located(source, data, 'fair_share')}: 'fair_share' (the default of every role) "
+                        f"must be one of {', '.join(FAIR_SHARES)}{_choice_hint(fair_share, FAIR_SHARES)} "
+                        f"({_FAIR_SHARE_MEANING}), got {fair_share!r}")
+        fair_share = DEFAULT_FAIR_SHARE
+    entries = data.get("roles")
+    if entries is not None and not isinstance(entries, Mapping):
+        problems.append(f"{located(source, data, 'roles')}: 'roles' must map role names to roles")
+        entries = None
+    roles = {name: _parse_role(name, entry, source, problems, entries, refs, cast(FairShare, fair_share))
+             for name, entry in (entries or {}).items()}
     if problems:
         raise ConfigProblems(problems)
-    return {name: role for name, role in roles.items() if role is not None}
+    return RoleFile({name: role for name, role in roles.items() if role is not None},
+                    cast(FairShare, fair_share))
 
 
 def _read_roles_file(path: Path) -> tuple[bytes | None, list[str]]:
@@ -203,8 +259,13 @@ def _read_roles_file(path: Path) -> tuple[bytes | None, list[str]]:
 def load_roles(content: bytes | None, source: str, refs: list[NameRef] | None = None) -> dict[str, Role]:
     """Parse the bytes of a roles file (None: no file, no custom roles); ``ConfigProblems`` if broken.
     ``refs``: see ``parse_roles``."""
+    return load_role_file(content, source, refs).roles
+
+
+def load_role_file(content: bytes | None, source: str, refs: list[NameRef] | None = None) -> RoleFile:
+    """``load_roles``, with the file's ``fair_share`` default."""
     if content is None:
-        return {}
+        return RoleFile()
     if content and not content.endswith(b"\n"):
         # A write cut off mid-line can still parse, with a name shortened into another one.
         raise ConfigProblems([f"{source}: does not end with a newline, so it may have been cut off "
@@ -212,12 +273,12 @@ def load_roles(content: bytes | None, source: str, refs: list[NameRef] | None = 
     problems: list[str] = []
     data = load_yaml(content, source, problems)
     try:
-        roles = parse_roles(data, source, refs)
+        parsed = parse_role_file(data, source, refs)
     except ConfigProblems as exc:
         problems += exc.problems
     if problems:
         raise ConfigProblems(problems)
-    return roles
+    return parsed
 
 
 class RoleBook:
@@ -238,6 +299,8 @@ class RoleBook:
         self.on_refused: Callable[[str | None, list[str]], None] | None = None
         self._lock = threading.RLock()
         self._custom: dict[str, Role] = {}
+        #: the built-in roles with the file's ``fair_share`` default (as built while it is broken)
+        self._builtins: dict[str, Role] = dict(BUILTIN_ROLES)
         self._signature: tuple[int, ...] | None = None
         self._racy = True
         self._loaded = False
@@ -251,19 +314,17 @@ class RoleBook:
         return self._sha256
 
     def get(self, name: str) -> Role | None:
-        """The role named ``name``; None if undefined, or custom while the file is broken."""
-        builtin = BUILTIN_ROLES.get(name)
-        if builtin is not None:
-            return builtin
+        """The role named ``name``; None if undefined, or custom while the file is broken. A built-in
+        role carries the file's ``fair_share`` default (its own while the file is broken)."""
         self.refresh()
         with self._lock:
-            return self._custom.get(name)
+            return self._builtins.get(name) or self._custom.get(name)
 
     def roles(self) -> dict[str, Role]:
         """Every role in force: the built-ins, then the custom roles."""
         self.refresh()
         with self._lock:
-            return {**BUILTIN_ROLES, **self._custom}
+            return {**self._builtins, **self._custom}
 
     def check(self) -> list[str]:
         """Every problem of the file as it is now (empty if valid or absent), for ``gateway roles check``."""
@@ -297,16 +358,17 @@ class RoleBook:
 
     def _apply(self, content: bytes | None, digest: str | None, problems: list[str]) -> bool:
         """Put the content in force; False (nothing changed) when ``on_reload`` refused it."""
-        roles: dict[str, Role] = {}
+        parsed = RoleFile()
         refs: list[NameRef] = []
         try:
-            roles = load_roles(content, str(self.path), refs)
+            parsed = load_role_file(content, str(self.path), refs)
         except ConfigProblems as exc:
             problems = [*problems, *exc.problems]
+        roles = parsed.roles
         if problems:
             for problem in problems:
                 log.error("custom roles disabled until fixed (built-in roles keep working): %s", problem)
-            roles = {}
+            parsed, roles = RoleFile(), {}
             if self.on_refused is not None:
                 self.on_refused(digest, problems)
         elif digest is None and self._custom:
@@ -321,6 +383,7 @@ class RoleBook:
         if not problems and self.on_refs is not None:
             self.on_refs(refs)
         self._custom, self._sha256 = roles, digest
+        self._builtins = parsed.builtins()
         return True
 
     def _stat(self) -> tuple[int, ...] | None:

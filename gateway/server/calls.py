@@ -1,6 +1,7 @@
 """A tool call from its arrival to the handler that answers it (``Reads``, ``Writes``, the proposal flow):
 unstorable text, the caller now, the gate's decision (``server.gate``), argument validation; every
-refusal audited by the gate, every call a metric, every vSphere call queued as its caller."""
+refusal audited by the gate, every call a metric, every vSphere call queued in its caller's share
+(``auth.fair_share``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.answer import Answer
+from gateway.auth.fair_share import queue_for
 from gateway.auth.tokens import Principal
 from gateway.errors import GatewayError, InvalidArgument, NotFound
 from gateway.guard import inputs
@@ -30,7 +32,6 @@ from gateway.server.gate import Gate
 from gateway.server.metrics import Metrics
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category
-from gateway.vsphere.lane import queue_as
 
 #: refusals counted as ``denied`` in the call metric (anything else a caller did wrong is an ``error``)
 _METRIC_DENIALS = frozenset({"policy_denied", "forbidden", "rate_limited"})
@@ -87,8 +88,9 @@ class Calls:
         assert spec is not None
         ctx = CallContext(principal, actor, spec, correlation_id, client)
         outcome, target = "error", target_label(args)
-        # every vSphere call this tool call makes queues as this caller, on every target it reaches
-        with queue_as(principal.name, actor.role.queue_weight if actor.role else None):
+        # every vSphere call this tool call makes queues in this caller's share (its key, or with
+        # ``fair_share: person`` the person it acts for), on every target it reaches
+        with queue_for(principal, actor.role):
             try:
                 # the gate, once: a change names its one target here (reads decide per target once resolved)
                 ref = (args or {}).get("target")

@@ -8,7 +8,9 @@ loses its credit (no saving up while idle); it rejoins at the back of the ring. 
 that is plain round-robin by call: a caller's burst only delays that caller. A weight of 3 is served
 three calls a turn; a weight of 0.5 one call every second turn.
 
-``gateway.vsphere.scheduler`` keeps one ``FairOrder`` per target lane (under the lane's lock).
+``gateway.vsphere.scheduler`` keeps one ``FairOrder`` per target lane (under the lane's lock). A
+"caller" here is a fair-queue share (``gateway.auth.fair_share``): one caller key, or every agent
+acting for one person.
 """
 
 from __future__ import annotations

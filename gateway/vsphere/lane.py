@@ -1,13 +1,14 @@
 """One target's lane: its ``pool_size`` slots, handed out fairly among callers, and its admission.
 
-Who calls comes from ``Caller`` (a key and a weight): the server sets ``caller_var`` once per tool call
-(``gateway.server.calls``), so every vSphere call a tool call makes, on every target a fan-out reaches,
-queues as that caller. Waiting calls sit in per-caller FIFO queues served deficit round-robin by call
-(``gateway.vsphere.fair_order``): a slot freed by a finishing call goes to the next waiter in that
-order, so a newcomer never overtakes a waiter and one caller's burst only delays that caller. It goes
-at once, unless the lane's slots are in lock step (``gateway.vsphere.stagger``: at fixed call times
-they free together call after call, and a newcomer waits for the whole lane to come round); then the
-slot stays reserved, for a fraction of a call, until the start it is given.
+Who calls comes from ``Caller`` (a share and a weight): the server sets ``caller_var`` once per tool
+call (``gateway.auth.fair_share.queue_for``), so every vSphere call a tool call makes, on every target
+a fan-out reaches, queues in that caller's share. Waiting calls sit in per-share FIFO queues served
+deficit round-robin by call (``gateway.vsphere.fair_order``): a slot freed by a finishing call goes to
+the next waiter in that order, so a newcomer never overtakes a waiter and one caller's burst only
+delays that caller. It goes at once, unless the lane's slots are in lock step
+(``gateway.vsphere.stagger``: at fixed call times they free together call after call, and a newcomer
+waits for the whole lane to come round); then the slot stays reserved, for a fraction of a call,
+until the start it is given.
 
 Admission: a caller with ``max_queued_per_caller`` calls already waiting on the target is refused at
 once with ``Busy`` (``retry_after_seconds`` from the lane's recent call time); the queue timeout is the
@@ -36,13 +37,15 @@ from gateway.vsphere.fair_order import DEFAULT_WEIGHT, FairOrder
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a vSphere call queues as: ``key`` (the principal's name) and its role's queue weight."""
+    """Who a vSphere call queues as: ``key``, the fair-queue share (a caller key's text form, from
+    ``gateway.auth.fair_share.share_of``, never a display name), and its role's queue weight."""
 
     key: str
     weight: float = DEFAULT_WEIGHT
 
 
-#: calls made outside a tool call (none today but the tests') queue as one caller
+#: calls made outside a tool call (none today but the tests') queue as one caller (no caller key's
+#: text form is "-": they all start with their namespace)
 NOBODY: Final = Caller("-")
 #: the caller of the tool call in progress (``gateway.server.calls`` sets it for each call)
 caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_caller", default=NOBODY)
@@ -51,8 +54,9 @@ caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_calle
 
 @contextlib.contextmanager
 def queue_as(key: str, weight: float | None = None) -> Iterator[Caller]:
-    """Every vSphere call made inside queues as ``key`` with ``weight`` (the server's entry points; a
-    caller without a role's ``queue_weight`` weighs ``DEFAULT_WEIGHT``)."""
+    """Every vSphere call made inside queues in share ``key`` with ``weight`` (entry points use
+    ``gateway.auth.fair_share.queue_for``; a caller without a role's ``queue_weight`` weighs
+    ``DEFAULT_WEIGHT``)."""
     caller = Caller(key, DEFAULT_WEIGHT if weight is None else weight)
     token = caller_var.set(caller)
     try:
