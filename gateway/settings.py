@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 from gateway.errors import ConfigError
@@ -75,6 +75,39 @@ def audit_origin(raw: str | None) -> str:
     return origin
 
 
+#: the seed's variables this gateway reads under another name: (the seed's name as a pattern, ours)
+SEED_VARIABLES: Final = (
+    ("ENABLE_DESTRUCTIVE", "GATEWAY_ENABLE_DESTRUCTIVE"),
+    ("POLICY_FILE", "GATEWAY_RULES_FILE"),
+    ("TARGETS_FILE", "GATEWAY_TARGETS_FILE"),
+    ("AUDIT_LOG_PATH", "GATEWAY_AUDIT_LOG"),
+    ("DRY_RUN", "GATEWAY_DRY_RUN"),
+    ("WEB_UI_ENABLED", "GATEWAY_WEB_UI"),
+    (r"VMWARE_(?:[A-Z0-9]+_)*READ_ONLY", "GATEWAY_READ_ONLY"),
+    (r"VMWARE_(?:[A-Z0-9]+_)*MCP_ALLOW_WRITE", "GATEWAY_ALLOW_WRITE"),
+    (r"VMWARE_(?:[A-Z0-9]+_)*MCP_EXPOSE", "GATEWAY_READ_ONLY"),
+)
+
+
+def seed_variables(environ: Mapping[str, str]) -> list[str]:
+    """A sentence for each seed variable set without its ``GATEWAY_*`` equivalent, naming the one to use
+    (this gateway ignores the seed's names). Pure; in ``SEED_VARIABLES`` order, then by name."""
+    found = []
+    for pattern, ours in SEED_VARIABLES:
+        if environ.get(ours):
+            continue
+        for name in sorted(n for n in environ if re.fullmatch(pattern, n)):
+            found.append(f"{name} is set, but this gateway does not read it: set {ours} instead "
+                         f"({name} is ignored)")
+    return found
+
+
+def allow_write_list(raw: str | None) -> tuple[str, ...]:
+    """``"a, b,"`` as ``("a", "b")`` (order kept, repeats dropped); unchecked (``serve`` checks the names
+    against the write tools, ``gateway.tools.exposure``). Pure."""
+    return tuple(dict.fromkeys(n.strip() for n in (raw or "").split(",") if n.strip()))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable about one gateway process."""
@@ -86,8 +119,13 @@ class Settings:
     audit_log: Path
     enable_destructive: bool = False
     read_only: bool = False
-    #: write tools still offered in read-only mode (``serve --allow-write``; gateway.tools.exposure)
+    #: write tools still offered in read-only mode (``serve --allow-write``, else GATEWAY_ALLOW_WRITE;
+    #: gateway.tools.exposure)
     allow_write: tuple[str, ...] = ()
+    #: GATEWAY_ALLOW_WRITE as set (None: unset or empty), for ``serve`` to check when no flag is given
+    allow_write_env: str | None = None
+    #: the seed variables set without their GATEWAY_* equivalent (``seed_variables``)
+    seed_warnings: tuple[str, ...] = ()
     dry_run: bool = False
     web_ui: bool = False
     confirm_ttl_seconds: float = 120.0
@@ -186,6 +224,9 @@ class Settings:
             read_only=parse_switch(
                 "GATEWAY_READ_ONLY", environ.get("GATEWAY_READ_ONLY"), default=False, fail_safe=True
             ),
+            allow_write=allow_write_list(environ.get("GATEWAY_ALLOW_WRITE")),
+            allow_write_env=environ.get("GATEWAY_ALLOW_WRITE") or None,
+            seed_warnings=tuple(seed_variables(environ)),
             dry_run=parse_switch(
                 "GATEWAY_DRY_RUN", environ.get("GATEWAY_DRY_RUN"), default=False, fail_safe=True
             ),
@@ -222,4 +263,6 @@ class Settings:
                                            "database_url", "audit_signing_key_file", "identity",
                                            "syslog"}
         }
+        if "allow_write" in overrides:  # the flag wins: the environment's list is not looked at
+            overrides["allow_write_env"] = None
         return replace(settings, **overrides) if overrides else settings

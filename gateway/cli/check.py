@@ -10,7 +10,10 @@ explicitly (a flag or ``GATEWAY_*_FILE``) that does not exist is a problem, not 
 
 Secrets are not needed to lint: a target's missing ``_USER``/``_PASSWORD`` and a notification
 channel's missing ``secret_env``/``url_env`` variable are ``warning:`` lines (exit 0), problems with
-``--require-credentials`` (what ``serve`` needs). A short summary of each good file goes to stdout.
+``--require-credentials`` (what ``serve`` needs). A variable of the seed's set without its
+``GATEWAY_*`` equivalent (``ENABLE_DESTRUCTIVE``: ``GATEWAY_ENABLE_DESTRUCTIVE``; ``settings.SEED_VARIABLES``)
+is a ``warning:`` line naming the one to use, a problem with ``--strict``; a ``GATEWAY_ALLOW_WRITE``
+naming what is not a write tool is a problem. A short summary of each good file goes to stdout.
 Exit 1 on any problem.
 
 ``--json`` prints one object instead: ``{"ok": bool, "problems": [str], "warnings": [str],
@@ -40,13 +43,19 @@ from gateway.guard.policy.store import PolicyStore
 from gateway.identity.config import load_identity
 from gateway.role import BUILTIN_ROLES
 from gateway.settings import Settings
+from gateway.tools.exposure import allow_write_names
 from gateway.tools.registry import tool_categories
 
 
 def register(sub: Any) -> None:
+    what = ("validate targets.yaml, rules.yaml, roles.yaml, notifications.yaml, identity.yaml and "
+            "syslog.yaml (exit 1 on any problem; no secrets needed)")
     parser: argparse.ArgumentParser = sub.add_parser(
-        "check", help="validate targets.yaml, rules.yaml, roles.yaml and notifications.yaml (exit 1 on any "
-                      "problem; no secrets needed)")
+        "check", help=what, description=f"{what[0].upper()}{what[1:]}, and the seed's variable names set "
+                                        "without their GATEWAY_* equivalent (warnings).")
+    parser.add_argument("--strict", action="store_true",
+                        help="a seed variable set without its GATEWAY_* equivalent (ENABLE_DESTRUCTIVE, "
+                             "POLICY_FILE, ...) is a problem, not a warning")
     parser.add_argument("--require-credentials", action="store_true", dest="require_credentials",
                         help="a target's or channel's missing secret variable is a problem, not a warning "
                              "(what `serve` needs)")
@@ -131,8 +140,23 @@ def check_notifications(settings: Settings, report: Report, strict: bool) -> Non
     report.file("notifications", path, "ok", f"notifications: {len(config.channels)} channel(s) in {path}")
 
 
-def survey(settings: Settings, strict: bool) -> Report:
+def check_environment(settings: Settings, report: Report, strict: bool) -> None:
+    """The seed variables set without their GATEWAY_* equivalent (warnings; problems with ``strict``),
+    and a GATEWAY_ALLOW_WRITE that ``serve`` would refuse."""
+    if strict:
+        report.problems += list(settings.seed_warnings)
+    else:
+        report.warnings += [f"warning: {line}" for line in settings.seed_warnings]
+    if settings.allow_write_env is not None:
+        try:
+            allow_write_names(settings.allow_write_env, "GATEWAY_ALLOW_WRITE")
+        except ValueError as exc:
+            report.problems.append(f"GATEWAY_ALLOW_WRITE={settings.allow_write_env!r}: {exc}")
+
+
+def survey(settings: Settings, strict: bool, strict_environment: bool = False) -> Report:
     report = Report()
+    check_environment(settings, report, strict_environment)
     refs: list[NameRef] = []
     targets = check_targets(settings, report, strict)
     report.problems += settings.missing_named_files()
@@ -181,7 +205,7 @@ def survey(settings: Settings, strict: bool) -> Report:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = survey(settings_from(args), bool(args.require_credentials))
+    report = survey(settings_from(args), bool(args.require_credentials), bool(args.strict))
     if args.json:
         print(json.dumps({"ok": not report.problems, "problems": report.problems, "warnings": report.warnings,
                           "files": report.files}, indent=2))

@@ -30,7 +30,7 @@ from gateway.server.hangup import Hangup
 from gateway.server.mcp import serve_stdio
 from gateway.server.tls import server_context
 from gateway.settings import Settings
-from gateway.tools.exposure import allow_write_arg
+from gateway.tools.exposure import allow_write_arg, allow_write_names
 
 if TYPE_CHECKING:
     from gateway.server.runtime import Gateway
@@ -64,7 +64,8 @@ def register(sub: Any) -> None:
     parser.add_argument("--web", action="store_true", help="serve the approval page at /ui (GATEWAY_WEB_UI)")
     parser.add_argument("--read-only", action="store_true", help="offer read tools only (GATEWAY_READ_ONLY)")
     parser.add_argument("--allow-write", type=allow_write_arg, default=None, metavar="TOOL[,TOOL]",
-                        help="with --read-only: also offer these write tools (e.g. create_snapshot)")
+                        help="with --read-only: also offer these write tools (e.g. create_snapshot; "
+                             "GATEWAY_ALLOW_WRITE, which this flag overrides)")
     parser.add_argument("--enable-destructive", action="store_true",
                         help="offer destructive tools (GATEWAY_ENABLE_DESTRUCTIVE)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
@@ -169,12 +170,30 @@ STDIO_WEB: Final = (
     "proposals), or approve from a shell with `gateway pending list` and `gateway pending approve ID`")
 
 
+def environment_problem(settings: Settings) -> str | None:
+    """Why the environment's GATEWAY_ALLOW_WRITE cannot be served (the flag's check, exit 2), else None;
+    the seed variables set without their GATEWAY_* equivalent are logged as warnings."""
+    for line in settings.seed_warnings:
+        log.warning("%s", line)
+    if settings.allow_write_env is None:
+        return None
+    try:
+        allow_write_names(settings.allow_write_env, "GATEWAY_ALLOW_WRITE")
+    except ValueError as exc:
+        return f"GATEWAY_ALLOW_WRITE={settings.allow_write_env!r}: {exc}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.transport == "stdio" and args.web:
         raise ConfigError(STDIO_WEB)
     host = check_network_args(args) if args.transport != "stdio" else ""
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     settings = settings_from(args, **switches(args))
+    problem = environment_problem(settings)
+    if problem is not None:  # as argparse answers a bad --allow-write: a usage error, exit 2
+        print(f"gateway serve: error: {problem}", file=sys.stderr)
+        return 2
     if args.transport == "stdio" and settings.web_ui:
         log.warning("GATEWAY_WEB_UI is set, but %s", STDIO_WEB)
     gateway = _build_gateway(settings)

@@ -1,9 +1,11 @@
-"""Exposure between all and read-only: ``gateway serve --read-only --allow-write a,b`` offers every
-read plus the named write tools, to every caller (roles and rules still decide each call).
+"""Exposure between all and read-only: ``gateway serve --read-only --allow-write a,b`` (or
+``GATEWAY_READ_ONLY=true GATEWAY_ALLOW_WRITE=a,b``; the flag wins when both are given) offers every read
+plus the named write tools, to every caller (roles and rules still decide each call).
 
 Only write tools (``gateway.tools.write``) can be named: a destructive tool stays behind
 ``--enable-destructive`` and its two-phase flow, and a read is always offered anyway. A name that
-is not a write tool of this gateway stops ``serve`` (exit 2) with the list of valid names.
+is not a write tool of this gateway stops ``serve`` (exit 2) with the list of valid names, whether
+it came from the flag or the variable.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ def write_tool_names() -> tuple[str, ...]:
     return tuple(sorted(spec.name for spec in WRITE_TOOLS))
 
 
-def allow_write_names(raw: str) -> tuple[str, ...]:
+def allow_write_names(raw: str, source: str = "--allow-write") -> tuple[str, ...]:
     """``"a, b,"`` as ``("a", "b")`` (order kept, repeats dropped); ``ValueError`` naming the valid
-    names when one is not a write tool or none is given. Pure."""
+    names (and ``source``, the flag or variable it came from) when one is not a write tool or none is
+    given. Pure."""
     names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
     valid = write_tool_names()
     wrong = [n for n in names if n not in valid]
     if not names or wrong:
         what = f"{wrong[0]!r} is not a write tool of this gateway" if wrong else "no tool named"
-        raise ValueError(f"{what}; --allow-write takes a comma-separated list of: {', '.join(valid)}")
+        raise ValueError(f"{what}; {source} takes a comma-separated list of: {', '.join(valid)}")
     return names
 
 
