@@ -6,23 +6,36 @@ file is never readable by others, not even for a moment. Existing directories ar
 the gateway only decides the mode of what it makes (``gateway.store.sqlite.secure_directory`` tightens
 the state directory it owns).
 
+``read_private`` reads a secret the gateway is given (the bootstrap token): it must be a regular file
+(a symbolic link to one is followed, as Kubernetes mounts Secrets) of the gateway's user, readable by
+no one else; a dangling link, a link loop, a directory or device, another user's file or a file
+group or others may read is refused with ``UnsafeFile``, whose message names the file and the fix.
+
 Never call these on SQLite's own files (the database, ``-wal``, ``-shm``): closing any descriptor of a
 file drops every POSIX lock the process holds on it, and SQLite coordinates processes with such locks.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 from typing import Final
 
-__all__ = ["DIR_MODE", "FILE_MODE", "make_private_dirs", "open_private", "write_private"]
+__all__ = ["DIR_MODE", "FILE_MODE", "UnsafeFile", "make_private_dirs", "open_private", "read_private",
+           "write_private"]
 
 FILE_MODE: Final = 0o600
 DIR_MODE: Final = 0o700
 #: what may be asked of ``write_private`` (a script the user runs is 0700)
 _OWNER_ONLY: Final = frozenset({FILE_MODE, DIR_MODE})
+#: the most ``read_private`` reads (a secret is small; a huge file is a mistake)
+MAX_SECRET_BYTES: Final = 64 << 10
+
+
+class UnsafeFile(Exception):
+    """A secret file ``read_private`` refuses; the message names the file and the fix."""
 
 
 def make_private_dirs(directory: Path) -> None:
@@ -65,3 +78,47 @@ def write_private(path: Path, data: bytes, *, replace: bool = True, mode: int = 
     with os.fdopen(fd, "wb") as handle:
         os.fchmod(handle.fileno(), mode)  # the mode given to open() only applies to a new file
         handle.write(data)
+
+
+def _refused_link(path: Path, what: str, error: OSError) -> UnsafeFile:
+    try:
+        target = f" (it points to {os.readlink(path)})"
+    except OSError:
+        target = ""
+    if error.errno == errno.ELOOP:
+        return UnsafeFile(f"{what} {path} is a loop of symbolic links{target}; fix: point it at a regular "
+                          "file, or remove it")
+    return UnsafeFile(f"{what} {path} is a symbolic link to nothing{target}; fix: point it at a regular "
+                      "file, or remove the link")
+
+
+def read_private(path: Path, what: str, *, max_bytes: int = MAX_SECRET_BYTES) -> bytes | None:
+    """The content of the secret file ``path`` (``what`` names it in messages), or None when there is
+    nothing at ``path``; ``UnsafeFile`` for a file that is not safe to trust (see the module docstring),
+    ``OSError`` when it cannot be read."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP):  # lstat found something: a dangling link or a loop
+            raise _refused_link(path, what, exc) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{what} {path} is not a regular file; fix: point it at a regular file")
+        if st.st_uid != os.geteuid():
+            raise UnsafeFile(f"{what} {path} belongs to uid {st.st_uid}, not to the gateway's user "
+                             f"(uid {os.geteuid()}); fix: chown it to that user and chmod 600 {path}")
+        if st.st_mode & 0o077:
+            raise UnsafeFile(f"{what} {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                             f"fix: chmod 600 {path}")
+        data = os.read(fd, max_bytes + 1)  # a regular file: one read returns all of it up to the limit
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UnsafeFile(f"{what} {path} is larger than {max_bytes} bytes; fix: put only the secret in it")
+    return data

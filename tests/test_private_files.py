@@ -24,7 +24,7 @@ from simulator import Simulator, write_targets
 
 from gateway.audit.file_sink import AuditSink
 from gateway.audit.signing import load_or_create_signing_key
-from gateway.private_files import make_private_dirs, open_private, write_private
+from gateway.private_files import UnsafeFile, make_private_dirs, open_private, read_private, write_private
 from gateway.server.tls import CertificatePaths, create_certificate
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
@@ -104,6 +104,57 @@ def test_write_private_modes_and_replacing(tmp_path: Path, open_umask: None) -> 
 
 
 # ---------------------------------------------------------------------------- each creation point
+
+
+def _secret_at(kind: str, path: Path) -> None:
+    """Make ``path`` the thing ``kind`` names (for ``read_private``)."""
+    if kind in ("file_0600", "file_0400", "file_0640", "file_0604", "too_big"):
+        path.write_bytes(b"s" * (70_000 if kind == "too_big" else 6))
+        path.chmod(0o600 if kind == "too_big" else int(kind[-4:], 8))
+    elif kind == "link_to_0600":
+        (path.parent / "real").write_bytes(b"secret")
+        (path.parent / "real").chmod(0o600)
+        path.symlink_to("real")
+    elif kind == "dangling_link":
+        path.symlink_to("nowhere")
+    elif kind == "link_loop":
+        path.symlink_to("loop")
+        (path.parent / "loop").symlink_to(path.name)
+    elif kind == "directory":
+        path.mkdir(mode=0o700)
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        assert kind == "absent"
+
+
+#: what ``read_private`` makes of each: the bytes, None, or the words of its UnsafeFile
+READ_PRIVATE = {
+    "absent": None,
+    "file_0600": b"ssssss",
+    "file_0400": b"ssssss",
+    "link_to_0600": b"secret",
+    "file_0640": "readable by others (mode 640); fix: chmod 600",
+    "file_0604": "readable by others (mode 604)",
+    "dangling_link": "symbolic link to nothing (it points to nowhere); fix:",
+    "link_loop": "loop of symbolic links",
+    "directory": "not a regular file; fix:",
+    "fifo": "not a regular file",
+    "too_big": "larger than 65536 bytes",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(READ_PRIVATE))
+def test_read_private_takes_only_an_owner_only_regular_file(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "secret"
+    _secret_at(kind, path)
+    expected = READ_PRIVATE[kind]
+    if not isinstance(expected, str):
+        assert read_private(path, "THE_SECRET") == expected
+        return
+    with pytest.raises(UnsafeFile) as caught:
+        read_private(path, "THE_SECRET")
+    assert expected in str(caught.value) and f"THE_SECRET {path} " in str(caught.value)
 
 
 def test_every_creation_point_in_process_makes_private_files(tmp_path: Path, open_umask: None) -> None:

@@ -10,8 +10,11 @@ state holds no usable token:
 - PATH does not exist: a new token is created and written there (mode 0600, never logged); read it
   (``podman exec gateway cat PATH``), then delete the file.
 
-Either way it is one ``token_created`` audit row (``caller: gateway``, ``source: bootstrap_file``).
-Once any usable token exists the file is ignored.
+PATH is read as the gateway reads a secret (``gateway.private_files.read_private``): a regular file (a
+symbolic link to one is followed) of the gateway's user, mode 0600 or tighter; anything else (a
+dangling link, a link loop, a file group or others may read) stops serve with one line naming the file
+and the fix (exit 1). Either way it is one ``token_created`` audit row (``caller: gateway``,
+``source: bootstrap_file``). Once any usable token exists the file is ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Final
 
 from gateway.auth.tokens import new_token, parse_token_id, store_token
 from gateway.errors import ConfigError, InvalidArgument
-from gateway.private_files import write_private
+from gateway.private_files import UnsafeFile, read_private, write_private
 from gateway.store.base import StateStore, TokenRecord
 from gateway.vocabulary import Kind
 
@@ -35,17 +38,29 @@ ROLE: Final = "admin"
 
 
 def _read(path: Path) -> str | None:
+    """The token in ``path``, None when nothing is there; ConfigError for a file not safe to trust
+    (``private_files.read_private``: a regular file of the gateway's user, mode 0600 or tighter, no
+    dangling link or link loop) or one that cannot be read."""
     try:
-        return path.read_text().strip()
-    except FileNotFoundError:
+        data = read_private(path, "GATEWAY_BOOTSTRAP_TOKEN_FILE")
+    except UnsafeFile as exc:
+        raise ConfigError(f"{exc}; or unset GATEWAY_BOOTSTRAP_TOKEN_FILE") from None
+    except OSError as exc:
+        raise ConfigError(f"GATEWAY_BOOTSTRAP_TOKEN_FILE {path} cannot be read ({exc.strerror}); "
+                          "fix: make it readable by the gateway's user, or unset GATEWAY_BOOTSTRAP_TOKEN_FILE"
+                          ) from None
+    if data is None:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"GATEWAY_BOOTSTRAP_TOKEN_FILE {path} cannot be read ({exc}); make it readable by "
-                          "the gateway's user, or unset GATEWAY_BOOTSTRAP_TOKEN_FILE") from None
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"GATEWAY_BOOTSTRAP_TOKEN_FILE {path} does not hold a gateway token; put the "
+                          "output of `gateway bootstrap-token` in it, or delete it and let serve write "
+                          "one") from None
 
 
 def adopt(store: StateStore, path: Path | None, write: Callable[[dict[str, Any]], None],
-          now: float | None = None) -> TokenRecord | None:
+          now: float | None = None, *, _again: bool = True) -> TokenRecord | None:
     """Store the bootstrap token (see the module doc) when the state has no usable token, auditing it
     with ``write`` (the gateway's audit trail); its record, or None when nothing was done. Raises
     ConfigError for a file that is not a token or a file that cannot be written."""
@@ -67,8 +82,12 @@ def adopt(store: StateStore, path: Path | None, write: Callable[[dict[str, Any]]
     if written:
         try:
             write_private(path, (token + "\n").encode(), replace=False)
-        except FileExistsError:  # another replica wrote it a moment ago: adopt that one
-            return adopt(store, path, write, now)
+        except FileExistsError:
+            if _again:  # another replica wrote it a moment ago: adopt that one
+                return adopt(store, path, write, now, _again=False)
+            raise ConfigError(f"GATEWAY_BOOTSTRAP_TOKEN_FILE {path} appeared and vanished while serve "
+                              "started; fix: remove whatever keeps replacing it, or put a token from "
+                              "`gateway bootstrap-token` there") from None
         except OSError as exc:
             raise ConfigError(f"GATEWAY_BOOTSTRAP_TOKEN_FILE {path} cannot be written ({exc.strerror}); "
                               "point it at a file on the state volume, or put a token from "
