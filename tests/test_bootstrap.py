@@ -38,17 +38,60 @@ def make_plan(*argv: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def packages() -> list[str]:
-    return subprocess.run(["bash", str(BOOTSTRAP), "--list"], check=True, capture_output=True,
+def packages(*argv: str) -> list[str]:
+    return subprocess.run(["bash", str(BOOTSTRAP), "--list", *argv], check=True, capture_output=True,
                           text=True).stdout.split()
+
+
+#: what only the tests need: never installed by `make run`
+TEST_ONLY = {"chromium", "buildah", "mmdebstrap", "postgresql", "rsyslog", "rsyslog-gnutls", "nodejs", "npm"}
 
 
 def test_the_readme_quick_start_is_two_make_commands_that_bootstrap_first() -> None:
     commands = readme_quick_start()
     assert commands == ["make run", "make test"]
+    expected = {"make run": "bash deploy/bootstrap.sh run", "make test": "bash deploy/bootstrap.sh"}
     for command in commands:
         first = make_plan(*command.split()[1:])[0]
-        assert first == "bash deploy/bootstrap.sh", f"`{command}` starts with {first!r}"
+        assert first == expected[command], f"`{command}` starts with {first!r}"
+
+
+def test_the_run_set_holds_only_what_the_demo_needs_and_the_full_list_everything() -> None:
+    run, everything = packages("run"), packages()
+    assert not TEST_ONLY & set(run), run
+    assert {"golang-go", "golang-github-vmware-govmomi-dev", "python3-venv", "make"} <= set(run)
+    assert set(run) < set(everything) and TEST_ONLY - {"npm"} <= set(everything)
+    assert packages("test") == everything
+
+
+def test_make_run_on_a_machine_without_chromium_installs_no_chromium(tmp_path: Path) -> None:
+    env = {**fake_debian(tmp_path, uid=0), "BOOTSTRAP_LOG": str(tmp_path / "bootstrap.log")}
+    result = subprocess.run(["bash", str(BOOTSTRAP), "run"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    installed = (tmp_path / "apt-get.calls").read_text().splitlines()[-1].split()
+    assert "chromium" not in installed and not TEST_ONLY & set(installed), installed
+    assert installed[4:] == packages("run")
+
+
+def test_apt_output_goes_to_the_log_and_the_terminal_gets_one_line_per_step(tmp_path: Path) -> None:
+    env = fake_debian(tmp_path, uid=0, apt_says="Selecting previously unselected package x.\n" * 300)
+    log = tmp_path / "bootstrap.log"
+    result = subprocess.run(["bash", str(BOOTSTRAP)], env={**env, "BOOTSTRAP_LOG": str(log)},
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert result.stdout == "" and len(lines) == 4, lines
+    assert str(log) in lines[0] and lines[1] == "bootstrap: apt-get update"
+    assert lines[2].startswith("bootstrap: apt-get install ") and lines[3] == "bootstrap: done"
+    assert log.read_text().count("Selecting previously unselected") == 600
+
+
+def test_a_failing_step_shows_the_end_of_the_log(tmp_path: Path) -> None:
+    env = fake_debian(tmp_path, uid=0, apt_says="E: Unable to locate package chromium\n", apt_code=100)
+    env["BOOTSTRAP_LOG"] = str(tmp_path / "b.log")
+    result = subprocess.run(["bash", str(BOOTSTRAP), "run"], env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "apt-get update failed" in result.stderr and "Unable to locate package" in result.stderr
 
 
 def test_make_run_takes_the_port() -> None:
@@ -76,14 +119,16 @@ def test_the_bootstrap_check_passes_on_this_machine() -> None:
     assert "every package is installed" in result.stdout
 
 
-def fake_debian(tmp_path: Path, uid: int) -> dict[str, str]:
-    """A PATH whose dpkg knows no package, whose id answers ``uid`` and whose apt-get records its calls."""
+def fake_debian(tmp_path: Path, uid: int, apt_says: str = "", apt_code: int = 0) -> dict[str, str]:
+    """A PATH whose dpkg knows no package, whose id answers ``uid`` and whose apt-get records its calls
+    (printing ``apt_says``, exiting ``apt_code``)."""
     fake = tmp_path / "fake-debian-tools"
     fake.mkdir()
+    (tmp_path / "apt-says").write_text(apt_says)
     scripts = {
         "dpkg": "exit 1",
         "id": f'[ "$1" = "-u" ] && echo {uid}',
-        "apt-get": f'echo "$*" >> {tmp_path / "apt-get.calls"}',
+        "apt-get": f'echo "$*" >> {tmp_path / "apt-get.calls"}; cat {tmp_path / "apt-says"}; exit {apt_code}',
     }
     for name, body in scripts.items():
         (fake / name).write_text(f"#!/bin/sh\n{body}\n")
@@ -102,8 +147,8 @@ def test_a_user_without_root_gets_one_sudo_line_and_a_stop(tmp_path: Path) -> No
 
 
 def test_root_installs_what_is_missing(tmp_path: Path) -> None:
-    result = subprocess.run(["bash", str(BOOTSTRAP)], env=fake_debian(tmp_path, uid=0), capture_output=True,
-                            text=True)
+    env = {**fake_debian(tmp_path, uid=0), "BOOTSTRAP_LOG": str(tmp_path / "bootstrap.log")}
+    result = subprocess.run(["bash", str(BOOTSTRAP)], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     calls = (tmp_path / "apt-get.calls").read_text().splitlines()
     assert calls == ["update -qq", "install -y -qq --no-install-recommends " + " ".join(packages())]
