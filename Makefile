@@ -5,12 +5,14 @@ BIN := $(VENV)/bin
 VCSIM := deploy/vcsim/bin/vcsim-gw
 BOOTSTRAP := deploy/bootstrap.sh
 
-.PHONY: bootstrap test run bench bench-sweep lint vcsim venv man dist
+.PHONY: bootstrap test run lab-test bench bench-sweep lint vcsim venv man dist
 
 # Installs the Debian packages the project needs when missing (as root; otherwise prints the sudo line
-# and stops). Every entry point starts with it: `make run`, `make test`, `make lint`, .ci/run.
+# and stops). Every entry point starts with it: `make run` (only the demo's set: BOOTSTRAP_SET=run,
+# which its prerequisites inherit), `make test`, `make lint`, .ci/run (everything).
+BOOTSTRAP_SET ?=
 bootstrap:
-	@bash $(BOOTSTRAP)
+	@bash $(BOOTSTRAP)$(if $(BOOTSTRAP_SET), $(BOOTSTRAP_SET))
 
 $(BIN)/gateway: pyproject.toml | bootstrap
 	$(PY) -m venv $(VENV)
@@ -50,8 +52,20 @@ man: venv
 dist: venv
 	$(BIN)/python -m build --outdir dist .
 
+run: BOOTSTRAP_SET := run
 run: bootstrap venv vcsim
 	$(BIN)/python -m gateway.demo --port $(PORT)
+
+# Read-only tests against your own lab vCenters (tests/lab): LAB_TARGETS_FILE names a targets.yaml, each
+# target's <PREFIX>_USER/<PREFIX>_PASSWORD are exported; the gateway runs read-only and the suite sends
+# no write. `make test` runs the same suite against two simulators (tests/test_lab_suite.py).
+lab-test:
+	@if [ -z "$$LAB_TARGETS_FILE" ]; then \
+	    echo "lab-test: set LAB_TARGETS_FILE to a targets.yaml of your lab's vCenters and export each target's <PREFIX>_USER and <PREFIX>_PASSWORD (the suite only reads)" >&2; \
+	    exit 2; \
+	fi
+	@[ -x $(BIN)/python ] || $(MAKE) --no-print-directory venv BOOTSTRAP_SET=run
+	$(BIN)/python -m pytest tests/lab -p no:cacheprovider
 
 bench: venv vcsim
 	$(BIN)/python bench/run_all.py
