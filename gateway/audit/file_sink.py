@@ -74,6 +74,7 @@ from gateway.audit.files import (
     reverse_lines,
     rotated_path,
 )
+from gateway.audit.schedule import checkpoint_interval
 from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
@@ -141,6 +142,8 @@ class _SinkSettings(Protocol):
     def audit_origin(self) -> str: ...
     @property
     def audit_witness_dir(self) -> Path | None: ...
+    @property
+    def audit_checkpoint_seconds(self) -> float: ...
 
 
 def _unavailable(path: Path, exc: OSError) -> AuditUnavailable:
@@ -201,7 +204,9 @@ class AuditSink:
     def for_settings(cls, settings: _SinkSettings, **options: Any) -> AuditSink:
         """The sink a gateway process uses: ``settings.audit_log`` rotated at ``audit_max_bytes``,
         checkpoints signed with ``settings.signing_key_file`` (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
-        ``<home>/audit-signing.key``)."""
+        ``<home>/audit-signing.key``) at least every ``audit_checkpoint_seconds`` (``ConfigError`` when
+        that is not a sane interval: ``gateway.audit.schedule.checkpoint_interval``)."""
+        options.setdefault("checkpoint_seconds", checkpoint_interval(settings))
         return cls(settings.audit_log, max_bytes=settings.audit_max_bytes,
                    key_file=settings.signing_key_file, origin=settings.audit_origin,
                    witness_dir=settings.audit_witness_dir, **options)
@@ -297,7 +302,10 @@ class AuditSink:
         return counters
 
     def checkpoint(self, *, timeout: float | None = None) -> dict[str, Any] | None:
-        """Sign the chain's head now (no-op without a ``key_file``); return the checkpoint written."""
+        """Sign the chain's head now unless the newest checkpoint (of any process) signs it already;
+        return the checkpoint written, or None (no ``key_file``, no rows, the head signed already).
+        The timer (``gateway.audit.schedule``) calls it on schedule; the file lock makes two
+        processes' calls sign one head once."""
         if self.key_file is None:
             return None
         limit = self.lock_timeout if timeout is None else timeout
@@ -310,8 +318,11 @@ class AuditSink:
             try:
                 fd, size = self._open_log()
                 tail, size, _ = self._current_tail(fd, size)
+                if not tail.seq or self._signed_head() == (tail.seq, tail.hash):
+                    self._checkpointed = (tail.seq, time.monotonic())
+                    return None
                 self._tree.sync(tail.seq, lambda: last_line_in(fd, size))
-                return self._write_checkpoint(tail) if tail.seq else None
+                return self._write_checkpoint(tail)
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
         except OSError as exc:
@@ -436,6 +447,24 @@ class AuditSink:
             self._count("checkpoint_failures")
             log.warning("could not write a signed checkpoint of the audit log %s (seq %d): %s",
                         self.path, tail.seq, exc)
+
+    def _signed_head(self) -> tuple[int, str] | None:
+        """(seq, hash) of the newest entry in the checkpoint file (under the file lock), or None."""
+        try:
+            fd = os.open(self.checkpoint_file, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            for _, line in reverse_lines(fd, os.fstat(fd).st_size):
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and type(entry.get("seq")) is int:
+                    return entry["seq"], str(entry.get("hash"))
+            return None
+        finally:
+            os.close(fd)
 
     def _write_checkpoint(self, tail: _Tail) -> dict[str, Any]:
         """Append a signed (seq, hash) of the chain's head to the checkpoint file (under the file lock)."""

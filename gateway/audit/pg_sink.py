@@ -37,12 +37,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_line, stamp
 from gateway.audit.pg_tree import PgTree, stored_frontier
+from gateway.audit.schedule import checkpoint_interval
 from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
@@ -58,14 +59,29 @@ if TYPE_CHECKING:
 
     from gateway.store.base import AuditWriter
 
-__all__ = ["AUDIT_LOCK", "FILTER_COLUMNS", "PgAuditSink"]
+__all__ = ["AUDIT_LOCK", "CHECKPOINT_LOCK", "FILTER_COLUMNS", "PgAuditSink"]
 
 log = logging.getLogger(__name__)
 
 #: key of the transaction-scoped advisory lock held while a row is appended
 AUDIT_LOCK: Final = 0x61_75_64_69_74  # "audit"
+#: key of the transaction-scoped advisory lock held while a checkpoint is signed (one per tree size)
+CHECKPOINT_LOCK: Final = 0x63_6B_70_6E_74  # "ckpnt"
 #: columns copied out of a row for filtering (the row itself is ``body``)
 FILTER_COLUMNS: Final = ("phase", "tool", "target", "caller", "correlation_id")
+
+
+class _SinkSettings(Protocol):
+    """What ``PgAuditSink.for_settings`` reads of ``gateway.settings.Settings``."""
+
+    @property
+    def signing_key_file(self) -> Path: ...
+    @property
+    def audit_origin(self) -> str: ...
+    @property
+    def audit_witness_dir(self) -> Path | None: ...
+    @property
+    def audit_checkpoint_seconds(self) -> float: ...
 
 
 def _utcnow() -> datetime:
@@ -103,6 +119,15 @@ class PgAuditSink:
         self._tree_lock = threading.Lock()  # one append of this process at a time (the tree's cache)
         #: where each signed checkpoint note goes besides the table (``gateway.audit.witness``)
         self.publisher = CheckpointPublisher(origin, witness_dir)
+
+    @classmethod
+    def for_settings(cls, store: PostgresStore, settings: _SinkSettings, **options: Any) -> PgAuditSink:
+        """The sink a gateway process uses on PostgreSQL: checkpoints signed with
+        ``settings.signing_key_file`` at least every ``audit_checkpoint_seconds`` (``ConfigError`` when
+        that is not a sane interval: ``gateway.audit.schedule.checkpoint_interval``)."""
+        options.setdefault("checkpoint_seconds", checkpoint_interval(settings))
+        return cls(store, key_file=settings.signing_key_file, origin=settings.audit_origin,
+                   witness_dir=settings.audit_witness_dir, **options)
 
     def __enter__(self) -> PgAuditSink:
         return self
@@ -180,20 +205,38 @@ class PgAuditSink:
                 self._stats["checkpoint_failures"] += 1
             log.warning("could not write a signed checkpoint of %s (seq %d): %s", self.where, seq, exc)
 
-    def _write_checkpoint(self, seq: int, hash_: str, limit: float) -> dict[str, Any]:
+    def _write_checkpoint(self, seq: int | None, hash_: str, limit: float) -> dict[str, Any] | None:
+        """Sign row ``seq`` (None: the table's head now) unless a checkpoint of that tree size exists;
+        the checkpoint written, or None. Replicas' checkpoints are serialised by ``CHECKPOINT_LOCK`` and
+        the insert is conditional, so one tree size is signed once whoever asks."""
         assert self.key_file is not None
         if self._signer is None:
             self._signer = load_or_create_signing_key(self.key_file)
-        head: dict[str, Any] = {"seq": seq, "hash": hash_, "ts": format_ts(self._clock()),
-                                "log": "audit_rows"}
         with self.store.pool.connection(timeout=limit) as conn, conn.transaction():
-            conn.execute(f"SET LOCAL statement_timeout = {max(1, int(limit * 1000))}")
+            ms = max(1, int(limit * 1000))
+            conn.execute(f"SET LOCAL lock_timeout = {ms}")
+            conn.execute(f"SET LOCAL statement_timeout = {ms}")
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CHECKPOINT_LOCK,))
+            if seq is None:
+                found = conn.execute("SELECT seq, hash FROM audit_rows ORDER BY seq DESC LIMIT 1").fetchone()
+                if found is None:
+                    return None
+                head_row = cast("dict[str, Any]", found)
+                seq, hash_ = int(head_row["seq"]), str(head_row["hash"])
+            signed = conn.execute("SELECT 1 FROM audit_checkpoints WHERE seq = %s LIMIT 1", (seq,)).fetchone()
+            if signed is not None:
+                with self._lock:
+                    self._checkpointed = (max(seq, self._checkpointed[0]), time.monotonic())
+                return None
+            head: dict[str, Any] = {"seq": seq, "hash": hash_, "ts": format_ts(self._clock()),
+                                    "log": "audit_rows"}
             frontier = stored_frontier(conn, seq)  # stored hashes never change: no lock needed
             if frontier is not None:
                 head.update(self.publisher.note_fields(seq, frontier.root(), self._signer))
             entry = sign_checkpoint(self._signer, head)
-            conn.execute("INSERT INTO audit_checkpoints (seq, body) VALUES (%s, %s)",
-                         (seq, json.dumps(entry, separators=(",", ":"), sort_keys=True)))
+            conn.execute("INSERT INTO audit_checkpoints (seq, body) SELECT %s, %s WHERE NOT EXISTS "
+                         "(SELECT 1 FROM audit_checkpoints WHERE seq = %s)",
+                         (seq, json.dumps(entry, separators=(",", ":"), sort_keys=True), seq))
         with self._lock:
             self._checkpointed = (max(seq, self._checkpointed[0]), time.monotonic())
             self._stats["checkpoints"] += 1
@@ -201,18 +244,15 @@ class PgAuditSink:
         return entry
 
     def checkpoint(self, *, timeout: float | None = None) -> dict[str, Any] | None:
-        """Sign the chain's head as it stands in the table now (whichever replica wrote it); None
-        without a ``key_file`` or rows. Raises ``AuditUnavailable`` when it cannot be written."""
+        """Sign the chain's head as it stands in the table now (whichever replica wrote it) unless a
+        checkpoint of that tree size exists (any replica's); the checkpoint written, or None (no
+        ``key_file``, no rows, signed already). The timer (``gateway.audit.schedule``) calls it on
+        every replica. Raises ``AuditUnavailable`` when it cannot be written."""
         limit = self.timeout if timeout is None else timeout
         if self.key_file is None:
             return None
         try:
-            with self.store.pool.connection(timeout=limit) as conn:
-                found = conn.execute("SELECT seq, hash FROM audit_rows ORDER BY seq DESC LIMIT 1").fetchone()
-            head = cast("dict[str, Any] | None", found)
-            if head is None:
-                return None
-            return self._write_checkpoint(int(head["seq"]), str(head["hash"]), limit)
+            return self._write_checkpoint(None, "", limit)
         except (psycopg.Error, StateUnavailable, OSError, ValueError) as exc:
             raise AuditUnavailable(f"cannot checkpoint {self.where}: {exc}; fix: check PostgreSQL, the "
                                    "signing key file and the gateway log") from None

@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar
 
 from gateway import tracing
 from gateway.answer import Answer
+from gateway.audit.schedule import Checkpointing, CheckpointTimer, IntervalSettings, checkpoint_interval
 from gateway.audit.syslog_forward import Forwarder, forwarder_for
 from gateway.errors import AuditUnavailable
 from gateway.server import reloads
@@ -240,3 +241,22 @@ def forward_to_syslog(trail: AuditTrail, path: Path | None) -> Forwarder | None:
         "syslog", path, start,
         lambda f: {"receivers": {f.config.where: reloads.fingerprint(repr(f.config))} if f else {}},
         trail.write_quietly)
+
+
+#: what ``start_checkpoints`` runs (the composition root holds it to stop it)
+ScheduledCheckpoints = CheckpointTimer
+
+
+def checkpoint_schedule(settings: IntervalSettings) -> float:
+    """GATEWAY_AUDIT_CHECKPOINT_SECONDS checked (``ConfigError`` naming the fix): a process that would
+    leave its newest rows unsigned for no sane interval does not start."""
+    return checkpoint_interval(settings)
+
+
+def start_checkpoints(audit: AuditWriter, seconds: float) -> CheckpointTimer | None:
+    """Sign the audit chain's head every ``seconds``, rows or none, in a thread of its own (the sinks
+    block; ``gateway.audit.schedule``); None for a sink that signs nothing (no key). Each replica runs
+    one; the sink signs one head once whoever asks. ``CheckpointTimer.stop`` (blocking) ends it."""
+    if isinstance(audit, Checkpointing) and getattr(audit, "key_file", None) is not None:
+        return CheckpointTimer(audit, seconds).start()
+    return None

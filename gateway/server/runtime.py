@@ -45,7 +45,13 @@ from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
 from gateway.server import reloads
-from gateway.server.audit_trail import AuditTrail, forward_to_syslog
+from gateway.server.audit_trail import (
+    AuditTrail,
+    ScheduledCheckpoints,
+    checkpoint_schedule,
+    forward_to_syslog,
+    start_checkpoints,
+)
 from gateway.server.call_path import compose_call_path
 from gateway.server.facade import GatewayFacade
 from gateway.server.facts import FactsNow
@@ -88,6 +94,8 @@ class Gateway(GatewayFacade):
         self.roles = roles
         self.clock = clock
         self.draining = False
+        #: signs the audit chain's head on schedule while serving (``start``/``close``)
+        self.checkpoint_timer: ScheduledCheckpoints | None = None
         now = lambda: self.clock()  # noqa: E731 (the tests set ``clock`` after building)
         self.authenticator = TokenVerifier(backends.store)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
@@ -120,6 +128,7 @@ class Gateway(GatewayFacade):
         for line in settings.missing_named_files():  # `gateway check` and `policy show` refuse these
             log.warning("%s; running without it (built-in defaults for rules, built-in roles, no channel)",
                         line)
+        checkpoint_schedule(settings)  # GATEWAY_AUDIT_CHECKPOINT_SECONDS: a bad one stops the start here
         registry = build_registry(destructive=settings.enable_destructive, read_only=settings.read_only,
                                   allow_write=settings.allow_write)
         backends = open_backends(settings)
@@ -166,6 +175,13 @@ class Gateway(GatewayFacade):
         await asyncio.to_thread(self.moves.recover_outcome_rows)
         self.moves.start_sweeper()
         self.mirrors.start_eager()
+        self.start_checkpoints()
+
+    def start_checkpoints(self) -> None:
+        """Sign the audit chain's head every GATEWAY_AUDIT_CHECKPOINT_SECONDS, rows or none
+        (``audit_trail.start_checkpoints``); stopped by ``close``."""
+        if self.checkpoint_timer is None:
+            self.checkpoint_timer = start_checkpoints(self.audit, checkpoint_schedule(self.settings))
 
     async def start_notifier(self) -> None:
         """Begin telling humans about lifecycle events (channels loaded when the gateway was built)."""
@@ -180,6 +196,8 @@ class Gateway(GatewayFacade):
         await self.path.gate.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.trail.stop_forwarding)
+        if self.checkpoint_timer is not None:  # before the sink's own closing checkpoint
+            await asyncio.to_thread(self.checkpoint_timer.stop)
         await asyncio.to_thread(self.mirrors.close)
         await asyncio.to_thread(self.scheduler.close)
         if self.identity is not None:

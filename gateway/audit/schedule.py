@@ -1,0 +1,109 @@
+"""The checkpoint timer: signs the audit chain's head on schedule, whether or not rows arrive.
+
+Without it a checkpoint is written only after a row, so the rows after the day's last checkpoint stay
+unsigned for as long as nobody calls, and cutting them is invisible even to a witness. The timer runs
+in its own thread (the sinks block on disk and on the database) and asks the sink every
+``audit_checkpoint_seconds`` to sign the head unless it is signed already; so a written row waits at
+most about that long for a checkpoint. Each replica runs one: the sinks make two replicas' ticks sign
+one head once (the file lock; on PostgreSQL a transaction-scoped advisory lock and a conditional
+insert). Witnesses hear of each checkpoint as of any other (the sink's ``publisher``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any, Protocol, runtime_checkable
+
+from gateway.errors import AuditUnavailable, ConfigError
+
+log = logging.getLogger(__name__)
+
+#: the longest accepted GATEWAY_AUDIT_CHECKPOINT_SECONDS: a day (a tail unsigned longer is no schedule)
+MAX_CHECKPOINT_SECONDS = 86400.0
+#: the shortest accepted: below it the timer would sign the head faster than a disk flushes it
+MIN_CHECKPOINT_SECONDS = 0.1
+
+
+class IntervalSettings(Protocol):
+    """What ``checkpoint_interval`` reads of ``gateway.settings.Settings``."""
+
+    @property
+    def audit_checkpoint_seconds(self) -> float: ...
+
+
+@runtime_checkable
+class Checkpointing(Protocol):
+    """A sink the timer can drive: ``checkpoint`` signs the head unless it is signed already."""
+
+    def checkpoint(self, *, timeout: float | None = None) -> dict[str, Any] | None: ...
+
+
+def checkpoint_interval(settings: IntervalSettings) -> float:
+    """``settings.audit_checkpoint_seconds`` checked: ``ConfigError`` naming the variable and the
+    accepted range when it is not a number of seconds between ``MIN_CHECKPOINT_SECONDS`` and
+    ``MAX_CHECKPOINT_SECONDS``."""
+    seconds = settings.audit_checkpoint_seconds
+    if not (isinstance(seconds, int | float) and math.isfinite(seconds)
+            and MIN_CHECKPOINT_SECONDS <= seconds <= MAX_CHECKPOINT_SECONDS):
+        raise ConfigError(
+            f"GATEWAY_AUDIT_CHECKPOINT_SECONDS={seconds!r} is not a checkpoint interval: set it to a number "
+            f"of seconds from {MIN_CHECKPOINT_SECONDS:g} to {MAX_CHECKPOINT_SECONDS:g} (default 300), "
+            "the longest an audit row may wait for a signed checkpoint")
+    return float(seconds)
+
+
+class CheckpointTimer:
+    """A daemon thread that calls ``sink.checkpoint()`` every ``seconds`` until ``stop``.
+
+    A failed checkpoint is logged and counted (``failures``) and tried again on the next tick; it never
+    ends the thread. ``ticks`` counts the attempts, ``written`` the checkpoints this timer wrote.
+    """
+
+    def __init__(self, sink: Checkpointing, seconds: float, *, timeout: float = 10.0) -> None:
+        self.sink = sink
+        self.seconds = float(seconds)
+        self.timeout = min(timeout, self.seconds)
+        self.ticks = self.written = self.failures = 0
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> CheckpointTimer:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="audit-checkpoints", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, wait: float = 30.0) -> None:
+        """Stop ticking and wait (up to ``wait`` seconds) for a checkpoint under way; blocking."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(wait)
+            if self._thread.is_alive():
+                log.warning("the audit checkpoint timer did not stop within %g s", wait)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def tick(self) -> dict[str, Any] | None:
+        """One scheduled attempt: the checkpoint written, or None (signed already, or it failed)."""
+        self.ticks += 1
+        try:
+            entry = self.sink.checkpoint(timeout=self.timeout)
+        except (AuditUnavailable, OSError, ValueError) as exc:
+            self.failures += 1
+            log.warning("scheduled audit checkpoint failed (next try in %g s): %s", self.seconds, exc)
+            return None
+        if entry is not None:
+            self.written += 1
+        return entry
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.seconds):
+            try:
+                self.tick()
+            except Exception:  # the schedule outlives any one failure; the next tick tries again
+                self.failures += 1
+                log.exception("scheduled audit checkpoint failed unexpectedly")
