@@ -1,12 +1,14 @@
 """The README's "Connecting clients" snippets, run as printed (address, token and paths substituted)
 against a real demo: the HTTPS client entry, the Python SDK program and the MCP Inspector CLI commands.
-The stdio entry is run in tests/test_demo.py."""
+The stdio entry is run in tests/test_demo.py. The ``claude mcp add`` line and the VS Code variant are
+not run (neither client is installed here): the entry the line writes is the one that connects."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import ssl
 import subprocess
@@ -64,6 +66,43 @@ def test_the_https_client_entry_connects(demo_run: RunningDemo) -> None:
     async def go() -> list[str]:
         tls = ssl.create_default_context(cafile=str(demo_run.folder / "tls" / "cert.pem"))
         http = httpx2.AsyncClient(headers=server["headers"], verify=tls, timeout=60)
+        async with http, Client(streamable_http_client(server["url"], http_client=http)) as client:
+            return [tool.name for tool in (await client.list_tools()).tools]
+
+    assert "list_vms" in anyio.run(go)
+
+
+def claude_mcp_add(line: str) -> dict[str, dict[str, object]]:
+    """The ``mcpServers`` entry ``claude mcp add --transport T NAME URL --header "K: V"`` writes."""
+    words = shlex.split(line)
+    assert words[:3] == ["claude", "mcp", "add"], words
+    positional, headers, transport, rest = [], {}, "stdio", iter(words[3:])
+    for word in rest:
+        if word == "--transport":
+            transport = next(rest)
+        elif word == "--header":
+            key, _, value = next(rest).partition(":")
+            headers[key.strip()] = value.strip()
+        else:
+            positional.append(word)
+    name, url = positional
+    return {name: {"type": transport, "url": url, "headers": headers}}
+
+
+def test_the_claude_mcp_add_line_is_the_entry_that_connects(demo_run: RunningDemo) -> None:
+    """Claude Code itself is not run here: its line must write the very entry the test above connects
+    with, and that entry, under VS Code's ``servers`` key, is what the README says VS Code reads."""
+    (line,) = re.findall(r"`(claude mcp add [^`]+)`", section().replace("\n", " "))
+    entry = json.loads(block("json", '"type": "http"'))["mcpServers"]
+    assert claude_mcp_add(line) == entry
+    assert '"servers"' in section() and ".vscode/mcp.json" in section()
+    (server,) = claude_mcp_add(substitute(line, demo_run)).values()
+
+    async def go() -> list[str]:
+        tls = ssl.create_default_context(cafile=str(demo_run.folder / "tls" / "cert.pem"))
+        headers = server["headers"]
+        assert isinstance(headers, dict) and isinstance(server["url"], str)
+        http = httpx2.AsyncClient(headers=headers, verify=tls, timeout=60)
         async with http, Client(streamable_http_client(server["url"], http_client=http)) as client:
             return [tool.name for tool in (await client.list_tools()).tools]
 
