@@ -90,3 +90,24 @@ def test_a_broken_edit_refuses_a_write_with_the_parse_error_until_fixed(
     assert [(r["outcome"], r.get("recovered")) for r in rows] == [
         ("loaded", None), ("refused", None), ("loaded", True)], rows
     assert served.gateway.policy.broken is None
+
+
+def test_policy_show_says_the_rules_are_broken_and_since_when(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+    import os
+    from datetime import UTC, datetime
+
+    from gateway.cli import main
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(complete_rules(PERMISSIVE)).replace("write: allow", "write: [allow"))
+    os.utime(rules, (1_800_000_000, 1_800_000_000))
+    (tmp_path / "targets.yaml").write_text("targets: []\n")
+    assert main(["policy", "show", "--json", "--home", str(tmp_path), "--rules", str(rules)]) == 1
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["broken"] is True and shown["status"] == "error", shown
+    assert shown["broken_since"] == datetime.fromtimestamp(1_800_000_000, UTC).isoformat(timespec="seconds")
+    assert f"{rules}:5:" in shown["errors"][0] and "not valid YAML" in shown["errors"][0], shown
+    assert "no earlier rules stay in force" in shown["effect"]
