@@ -81,10 +81,16 @@ def test_check_json_lists_the_seed_variable(home: Path, monkeypatch: pytest.Monk
 
 def test_check_refuses_a_bad_gateway_allow_write(home: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GATEWAY_READ_ONLY", "true")
     monkeypatch.setenv("GATEWAY_ALLOW_WRITE", "create_snapshott")
     assert main(["check", "--home", str(home)]) == 1
     assert "GATEWAY_ALLOW_WRITE='create_snapshott': 'create_snapshott' is not a write tool" in (
         capsys.readouterr().err)
+    monkeypatch.setenv("GATEWAY_ALLOW_WRITE", "create_snapshot")
+    assert main(["check", "--home", str(home)]) == 0
+    monkeypatch.delenv("GATEWAY_READ_ONLY")
+    assert main(["check", "--home", str(home)]) == 1
+    assert "without GATEWAY_READ_ONLY=true" in capsys.readouterr().err
 
 
 def test_serve_names_the_seed_variable_at_start(tmp_path: Path) -> None:

@@ -152,6 +152,10 @@ def check_environment(settings: Settings, report: Report, strict: bool) -> None:
             allow_write_names(settings.allow_write_env, "GATEWAY_ALLOW_WRITE")
         except ValueError as exc:
             report.problems.append(f"GATEWAY_ALLOW_WRITE={settings.allow_write_env!r}: {exc}")
+        if not settings.read_only:
+            report.problems.append("GATEWAY_ALLOW_WRITE narrows read-only mode (reads plus those writes); "
+                                   "without GATEWAY_READ_ONLY=true every write tool is offered already: set "
+                                   "it, or unset GATEWAY_ALLOW_WRITE (`serve` refuses this)")
 
 
 def survey(settings: Settings, strict: bool, strict_environment: bool = False) -> Report:
