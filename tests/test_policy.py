@@ -541,6 +541,18 @@ def test_store_fails_closed_on_a_bad_reload_and_recovers(tmp_path: Path) -> None
     assert loads[1].previous is loads[0].policy and loads[1].sha256 is not None
 
 
+def test_store_state_says_broken_and_since_when(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(complete_rules_text(""))
+    store = PolicyStore(path)
+    assert store.state() == {"status": "ok", "file": str(path)}
+    path.write_text("defaults: [\n")
+    os.utime(path, (1_800_000_000, 1_800_000_000))
+    state = store.state()
+    assert (state["status"], state["since"]) == ("broken", "2027-01-15T08:00:00+00:00")
+    assert f"{path}:2:1: not valid YAML" in state["error"]
+
+
 def test_store_broken_since_stays_across_broken_edits(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text("defaults: [\n")

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.config import ConfigProblems
@@ -89,6 +90,16 @@ class PolicyStore:
         it could be read, else when this store first saw it unusable) and the refusal's message; None
         while its rules are in force. As of the last read (``snapshot`` reads)."""
         return self._broken
+
+    def state(self) -> dict[str, str]:
+        """The rules' state as JSON values, for /readyz's detail: ``{"status": "ok"}``, or ``broken`` with
+        ``since`` (ISO 8601, UTC) and ``error``. Reads the file first (as a call would)."""
+        self.snapshot()
+        broken = self._broken
+        if broken is None:
+            return {"status": "ok", "file": str(self.path)}
+        since = datetime.fromtimestamp(broken[0], UTC).isoformat(timespec="seconds")
+        return {"status": "broken", "file": str(self.path), "since": since, "error": broken[1]}
 
     def snapshot(self) -> tuple[Policy | None, str | None]:
         """The rules in force and None, or None and why no rules can be used (for
