@@ -86,6 +86,8 @@ def parse_jwks(document: Any) -> dict[str, PyJWK]:
             keys[str(entry.get("kid", ""))] = PyJWK(entry)
         except PyJWKError as exc:
             log.info("skipped a key of the JWKS (%s)", exc)
+        except Exception as exc:  # a malformed member (a number where a string belongs) skips that key only
+            log.info("skipped a malformed key of the JWKS (%s)", type(exc).__name__)
     return keys
 
 

@@ -10,7 +10,7 @@ the sha256 of the ``jti`` with the caller's name, kind and role (rows are writte
 off the event loop).
 
 Protected resource metadata (RFC 9728) names the resource identifier, the issuers as authorization
-servers, and the scopes (``SCOPES``); every 401 carries
+servers, and the scopes (``SCOPES``, and ``AUDIT_SCOPE`` for the operational views); every 401 carries
 ``Bearer resource_metadata="...", scope="vsphere:read"`` so an MCP client discovers the rest.
 """
 
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 PRM_PATH: Final = "/.well-known/oauth-protected-resource"
 #: the scope asked for on a plain 401: the least that lets a client list and read
 FIRST_SCOPE: Final = SCOPES[Category.READ]
+#: the scope a scope-limited token needs to read /metrics, the readiness detail and /audit/*
+AUDIT_SCOPE: Final = "vsphere:audit"
 _SEEN_LIMIT: Final = 10_000
 #: the edge's refusal reasons for identity provider tokens (metrics labels; ``idp_`` + ``TokenRefused``
 #: reason, or unmapped, insufficient_scope, issuer_unavailable)
@@ -59,7 +61,9 @@ class IdentityRefusal(Exception):
 
 
 def _quoted(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    """``value`` as RFC 6750 allows an ``error_description`` (printable ASCII without ``"`` or ``\\``):
+    anything else, such as text a token made up, becomes ``?`` (a header must stay latin-1)."""
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in value)
 
 
 class IdentityService:
@@ -86,7 +90,7 @@ class IdentityService:
         return {
             "resource": self.config.resource,
             "authorization_servers": [i.issuer for i in self.config.issuers],
-            "scopes_supported": list(SCOPES.values()),
+            "scopes_supported": [*SCOPES.values(), AUDIT_SCOPE],
             "bearer_methods_supported": ["header"],
             "resource_name": "vSphere MCP Gateway",
         }
@@ -100,8 +104,11 @@ class IdentityService:
             parts.append(f'error_description="{_quoted(description[:300])}"')
         return "Bearer " + ", ".join(parts)
 
-    def scope_refusal(self, needed: str, tool: str) -> IdentityRefusal:
-        message = (f"the tool {tool!r} needs the scope {needed}, which this token lacks; get a token with "
+    def scope_refusal(self, needed: str, tool: str, *, kind: str = "tool") -> IdentityRefusal:
+        """The 403 for a token without ``needed``: calling the tool ``tool``, or (``kind="path"``)
+        reading the path ``tool``."""
+        what = f"the tool {tool!r}" if kind == "tool" else f"reading {tool}"
+        message = (f"{what} needs the scope {needed}, which this token lacks; get a token with "
                    f"that scope (your role still decides what it allows)")
         return IdentityRefusal(403, "insufficient_scope", message,
                                self.challenge(error="insufficient_scope", scope=needed))
@@ -139,6 +146,16 @@ class IdentityService:
                                              "not publish")) from None
         except IssuerUnavailable as exc:
             raise IdentityRefusal(503, "issuer_unavailable", str(exc), retry_after=5.0) from None
+        except Exception as exc:  # verification only ever refuses: never a 500
+            raise self._unexpected(exc, "verifying") from None
+
+    def _unexpected(self, exc: Exception, doing: str) -> IdentityRefusal:
+        """A 401 ``malformed`` for what a crafted token made fail unexpectedly (logged by type only:
+        the token and its contents stay out of the log)."""
+        log.warning("refused a token that failed while %s it (%s); report this if the token was genuine",
+                    doing, type(exc).__name__)
+        return self._refusal(TokenRefused("malformed", f"the token cannot be verified "
+                                          f"({type(exc).__name__})"))
 
     async def authenticate(self, token: str, *, surface: str) -> Identity:
         """An MCP caller (always an agent, possibly acting for a person); ``IdentityRefusal`` otherwise."""
@@ -147,6 +164,8 @@ class IdentityService:
             identity = identity_of(claims, issuer, surface=surface)
         except TokenRefused as exc:
             raise self._refusal(exc) from None
+        except Exception as exc:  # claims no mapping expected: refused, never a 500
+            raise self._unexpected(exc, "mapping") from None
         await self.record(identity)
         return identity
 
@@ -156,6 +175,8 @@ class IdentityService:
             return identity_of(claims, issuer, surface=surface, person=True)
         except TokenRefused as exc:
             raise self._refusal(exc) from None
+        except Exception as exc:  # claims no mapping expected: refused, never a 500
+            raise self._unexpected(exc, "mapping") from None
 
     async def record(self, identity: Identity) -> None:
         """One ``identity_verified`` row per token (by jti digest) this process sees."""

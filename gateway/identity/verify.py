@@ -2,10 +2,16 @@
 
 A token is refused (``TokenRefused`` with a stable ``reason``) unless: its header names an algorithm of
 ``ALGORITHMS`` (asymmetric only: never ``none``, never an HMAC, so a public key can never serve as an
-HMAC secret) that fits the key its ``kid`` names; its signature verifies with that key; ``iss`` is the
+HMAC secret) that fits the key its ``kid`` names (the key's own ``alg`` when the JWKS gives one, and
+always the key's type: RSA for RS*/PS*, EC on the algorithm's curve for ES*, Ed25519/Ed448 for EdDSA,
+checked before PyJWT sees the key, because a JWKS without ``alg``, as Entra ID publishes, would otherwise
+hand an RSA key to the EC verifier); its signature verifies with that key; ``iss`` is the
 configured issuer exactly; ``aud`` contains the expected audience (the gateway's resource identifier
 for access tokens, RFC 8707; the page's client id for ID tokens); ``exp`` is in the future and
 ``nbf``/``iat`` not in the future, each with ``SKEW_SECONDS`` of leeway.
+
+Verification can only refuse: whatever PyJWT or the key raises on a crafted token becomes a
+``TokenRefused`` (``malformed``), never another exception.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import jwt
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+from cryptography.hazmat.primitives.asymmetric.ed448 import Ed448PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey
 from jwt import PyJWK
 from jwt.exceptions import (
-    DecodeError,
     ExpiredSignatureError,
     ImmatureSignatureError,
     InvalidAudienceError,
@@ -31,6 +40,8 @@ from jwt.exceptions import (
 ALGORITHMS: Final = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 SKEW_SECONDS: Final = 30
 MAX_TOKEN_CHARS: Final = 16 * 1024
+#: the curve each ECDSA algorithm signs on (cryptography's names)
+EC_CURVES: Final = {"ES256": "secp256r1", "ES384": "secp384r1", "ES512": "secp521r1"}
 
 
 class TokenRefused(Exception):
@@ -45,14 +56,20 @@ def looks_like_jwt(token: str) -> bool:
     return token.count(".") == 2 and len(token) <= MAX_TOKEN_CHARS
 
 
+def _unreadable() -> TokenRefused:
+    return TokenRefused("malformed", "the bearer token is not a readable JWT")
+
+
 def unverified_issuer(token: str) -> str:
     """The ``iss`` a token claims (only to pick the issuer whose keys then verify it)."""
     if not looks_like_jwt(token):
         raise TokenRefused("malformed", "the bearer token is neither a gateway token nor a JWT")
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
-    except InvalidTokenError:
-        raise TokenRefused("malformed", "the bearer token is not a readable JWT") from None
+    except Exception:  # whatever a crafted token makes PyJWT raise, it is refused
+        raise _unreadable() from None
+    if not isinstance(claims, dict):
+        raise _unreadable()
     iss = claims.get("iss")
     if not isinstance(iss, str):
         raise TokenRefused("wrong_issuer", "the token names no issuer (iss)")
@@ -65,25 +82,71 @@ def jti_digest(claims: Mapping[str, Any]) -> str | None:
     return hashlib.sha256(str(jti).encode()).hexdigest() if jti is not None else None
 
 
+def key_kind(key: object) -> str:
+    """What a public key is, in the words a refusal uses: RSA, EC P-256/P-384/P-521 (as ``EC secp...``),
+    Ed25519, Ed448, or ``unusable``."""
+    if isinstance(key, RSAPublicKey):
+        return "RSA"
+    if isinstance(key, EllipticCurvePublicKey):
+        return f"EC {key.curve.name}"
+    if isinstance(key, Ed25519PublicKey):
+        return "Ed25519"
+    if isinstance(key, Ed448PublicKey):
+        return "Ed448"
+    return "unusable"
+
+
+def key_fits(alg: str, key: object) -> bool:
+    """Whether ``key`` (a cryptography public key) is of the family ``alg`` signs with. Pure."""
+    kind = key_kind(key)
+    if alg.startswith(("RS", "PS")):
+        return kind == "RSA"
+    if alg in EC_CURVES:
+        return kind == f"EC {EC_CURVES[alg]}"
+    if alg == "EdDSA":
+        return kind in ("Ed25519", "Ed448")
+    return False
+
+
+def checked_key(alg: str, key: Any) -> Any:
+    """The public key of JWK ``key`` if it may verify a token that says ``alg``; ``TokenRefused``
+    (``algorithm``) when its declared ``alg`` or its type says otherwise."""
+    data = getattr(key, "_jwk_data", None)
+    declared = data.get("alg") if isinstance(data, dict) else None
+    if declared is not None and declared != alg:
+        raise TokenRefused("algorithm", f"the token says {alg} but its key is for {str(declared)[:20]}")
+    public = getattr(key, "key", None)
+    if not key_fits(alg, public):
+        raise TokenRefused("algorithm", f"the token says {alg} but the key its kid names is "
+                           f"{key_kind(public)}; a token is refused unless its algorithm fits its key")
+    return public
+
+
+def _alg_and_kid(token: str) -> tuple[str, str]:
+    """The accepted algorithm and the ``kid`` a token's header names; ``TokenRefused`` otherwise."""
+    try:
+        header = jwt.get_unverified_header(token)
+    except Exception:  # whatever a crafted header makes PyJWT raise, it is refused
+        raise _unreadable() from None
+    alg = header.get("alg") if isinstance(header, dict) else None
+    if not isinstance(alg, str) or alg not in ALGORITHMS:
+        raise TokenRefused("algorithm", f"tokens signed with {str(alg)[:20]!r} are refused; the gateway "
+                           f"accepts {', '.join(ALGORITHMS)}")
+    kid = header.get("kid", "")
+    if not isinstance(kid, str):
+        raise TokenRefused("malformed", "the token's kid is not a string")
+    return alg, kid
+
+
 async def verify_jwt(token: str, *, issuer: str, audience: str,
                      key_for: Callable[[str], Awaitable[PyJWK]]) -> dict[str, Any]:
     """The verified claims of ``token`` (see the module docstring); ``TokenRefused`` otherwise.
     ``key_for(kid)`` finds the signing key (its own errors pass through)."""
+    alg, kid = _alg_and_kid(token)
+    public = checked_key(alg, await key_for(kid))
     try:
-        header = jwt.get_unverified_header(token)
-    except DecodeError:
-        raise TokenRefused("malformed", "the bearer token is not a readable JWT") from None
-    alg = header.get("alg")
-    if alg not in ALGORITHMS:
-        raise TokenRefused("algorithm", f"tokens signed with {str(alg)[:20]!r} are refused; the gateway "
-                           f"accepts {', '.join(ALGORITHMS)}")
-    key = await key_for(str(header.get("kid", "")))
-    declared = getattr(key, "_jwk_data", {}).get("alg")
-    if declared is not None and declared != alg:
-        raise TokenRefused("algorithm", f"the token says {alg} but its key is for {declared}")
-    try:
-        return jwt.decode(token, key.key, algorithms=[alg], audience=audience, issuer=issuer,
-                          leeway=SKEW_SECONDS, options={"require": ["exp", "iss", "aud"]})
+        claims = jwt.decode(token, public, algorithms=[alg], audience=audience, issuer=issuer,
+                            leeway=SKEW_SECONDS, options={"require": ["exp", "iss", "aud"]})
     except ExpiredSignatureError:
         raise TokenRefused("expired", "the token has expired; get a new one from the identity "
                            "provider") from None
@@ -101,3 +164,8 @@ async def verify_jwt(token: str, *, issuer: str, audience: str,
         raise TokenRefused("bad_signature", "the token's signature does not verify") from None
     except InvalidTokenError as exc:
         raise TokenRefused("invalid", f"the token is not valid ({type(exc).__name__})") from None
+    except Exception as exc:  # verification only ever refuses (see the module docstring)
+        raise TokenRefused("malformed", f"the token cannot be verified ({type(exc).__name__})") from None
+    if not isinstance(claims, dict):
+        raise _unreadable()
+    return claims

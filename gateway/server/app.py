@@ -4,9 +4,12 @@
                stateless 2026-07-28 revision), token required; in replica mode (a shared database)
                no session at all, so plain round-robin serves both revisions
     /healthz   GET/HEAD {"status": "ok"} for a load balancer: any Host, no token, nothing else revealed
-    /readyz    200 when the gateway is ready, else 503 with short reasons: any Host, no token (the
-               reasons name no target, path or secret)
-    /metrics   Prometheus exposition (text, or OpenMetrics when asked), token required
+    /readyz    200 when the gateway is ready, else 503: any Host, no token; without one (or with one
+               lacking the /metrics right) the status alone, with one that has it the short reasons,
+               the circuit breaker counts and what ``readiness_detail`` adds
+    /metrics   Prometheus exposition (text, or OpenMetrics when asked), token required: a role defined
+               here and, for a scope-limited JWT, the scope vsphere:audit
+               (``gateway.server.operator_access``)
     /.well-known/oauth-*   404 saying this server takes bearer tokens from `gateway token create`,
                no token (so a client's OAuth discovery ends with that message); with identity.yaml
                the two oauth-protected-resource paths serve RFC 9728 metadata instead
@@ -63,6 +66,7 @@ from gateway.server.edge import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
 from gateway.server.metrics import Metrics, target_families
 from gateway.server.oauth_edge import OAuthGate
+from gateway.server.operator_access import ProbeCaller, detail_allowed, metrics_denied
 from gateway.tools.registry import tool_categories
 
 log = logging.getLogger(__name__)
@@ -144,22 +148,47 @@ def _target_stats(gateway: AppGateway) -> Mapping[str, Mapping[str, int]]:
 READINESS_DEADLINE_SECONDS: Final = 3.0
 
 
-def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
+Readiness = tuple[list[str], Mapping[str, Any]]
+
+
+def _readiness(gateway: AppGateway) -> Readiness:
+    """Blocking: the reasons not to take traffic, and what the gateway adds to the detail
+    (``readiness_detail()``, optional: a mapping of JSON values, e.g. the policy file's state under
+    ``rules``; it never overrides ``status``, ``reasons`` or ``circuit_breakers``)."""
+    reasons = gateway.readiness()
+    extra = getattr(gateway, "readiness_detail", None)
+    return reasons, (extra() if callable(extra) else {})
+
+
+def _readiness_detail(gateway: AppGateway, status: str, reasons: list[str],
+                      extra: Mapping[str, Any]) -> dict[str, Any]:
+    """What a caller with the /metrics right reads on /readyz."""
+    stats = _target_stats(gateway)
+    open_count = sum(1 for row in stats.values() if row.get("circuit_open"))
+    body: dict[str, Any] = {"status": status, **({"reasons": reasons} if reasons else {}),
+                            "circuit_breakers": {"targets": len(stats), "open": open_count}}
+    for key, value in extra.items():
+        body.setdefault(str(key), value)
+    return body
+
+
+def _probe_routes(gateway: AppGateway, caller: ProbeCaller, identity: IdentityService | None,
+                  refusals: RefusalAudit) -> list[BaseRoute]:
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    running: list[concurrent.futures.Future[list[str]]] = []  # the check in flight, if any
+    running: list[concurrent.futures.Future[Readiness]] = []  # the check in flight, if any
 
-    def begin_check() -> concurrent.futures.Future[list[str]]:
+    def begin_check() -> concurrent.futures.Future[Readiness]:
         """One check at a time, on its own daemon thread: a stuck one is joined by later probes, not
         duplicated, and never holds a pool thread or the interpreter's exit."""
         if running and not running[0].done():
             return running[0]
-        future: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
+        future: concurrent.futures.Future[Readiness] = concurrent.futures.Future()
 
         def check() -> None:
             try:
-                future.set_result(gateway.readiness())
+                future.set_result(_readiness(gateway))
             except BaseException as exc:  # handed to the probe, which logs it
                 future.set_exception(exc)
 
@@ -167,28 +196,28 @@ def _probe_routes(gateway: AppGateway) -> list[BaseRoute]:
         running[:] = [future]
         return future
 
-    async def readyz(_request: Request) -> Response:
+    async def readyz(request: Request) -> Response:
+        extra: Mapping[str, Any] = {}
         try:
             # off the event loop with a deadline: a stuck store or a slow audit disk makes this probe
             # answer "not ready", never stalls /healthz or the calls of others
             waiting = asyncio.shield(asyncio.wrap_future(begin_check()))
-            reasons = await asyncio.wait_for(waiting, READINESS_DEADLINE_SECONDS)
+            reasons, extra = await asyncio.wait_for(waiting, READINESS_DEADLINE_SECONDS)
         except TimeoutError:
             log.error("the readiness check did not answer within %gs", READINESS_DEADLINE_SECONDS)
             reasons = [f"readiness check did not answer within {READINESS_DEADLINE_SECONDS:g}s"]
         except Exception:
             log.exception("readiness check failed")
             reasons = ["readiness check failed"]
-        stats = _target_stats(gateway)
-        # counts only: this answer needs no token, so it names no target
-        open_count = sum(1 for row in stats.values() if row.get("circuit_open"))
-        breakers = {"targets": len(stats), "open": open_count}
-        if reasons:
-            return JSONResponse({"status": "not ready", "reasons": reasons, "circuit_breakers": breakers},
-                                status_code=503)
-        return JSONResponse({"status": "ready", "circuit_breakers": breakers})
+        status, code = ("not ready", 503) if reasons else ("ready", 200)
+        if not detail_allowed(gateway, await caller(request)):
+            return JSONResponse({"status": status}, status_code=code)  # a stranger learns nothing else
+        return JSONResponse(_readiness_detail(gateway, status, reasons, extra), status_code=code)
 
     async def metrics(request: Request) -> Response:
+        refused = await metrics_denied(gateway, request, identity, refusals)
+        if refused is not None:
+            return refused
         body, content_type = await anyio.to_thread.run_sync(gateway.metrics.exposition,
                                                             request.headers.get("accept"))
         return Response(body, media_type=content_type)
@@ -332,7 +361,10 @@ def build_app(
     # a call's answer travels as one JSON body unless something (progress) must stream first: clients
     # cap single server-sent events (the SDK at 1 MiB), and a large inventory answer exceeds that
     mcp_endpoint = AnswerAsJson(StreamableHTTPASGIApp(manager))
-    routes: list[BaseRoute] = [Route("/mcp", mcp_endpoint), *_probe_routes(gateway)]
+    identity: IdentityService | None = getattr(gateway, "identity", None)
+    caller = ProbeCaller(gateway.authenticator, identity, refusals, gateway.metrics, surface=config.surface)
+    probes = _probe_routes(gateway, caller, identity, refusals)
+    routes: list[BaseRoute] = [Route("/mcp", mcp_endpoint), *probes]
     if isinstance(gateway, ProofGateway):  # the audit log's checkpoint and proofs (server/audit_proofs.py)
         routes.extend(audit_proof_routes(gateway))
     if web is not None:

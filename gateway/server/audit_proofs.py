@@ -10,10 +10,12 @@
                                                     {"old_size", "new_size", "hashes": [...]}
 
 Proofs reveal hashes, never a row's content, so ``audit: own`` may fetch them for any row (a row
-itself is read through the page or ``gateway audit log`` under the usual rights). A refusal is a
-403 with the error's code and audited (``phase: refused``); errors are the gateway's typed errors
-(404 ``not_found`` for a row no checkpoint covers yet, 400 ``invalid_argument``, 503 when the log
-cannot be read). Reads run in a worker thread.
+itself is read through the page or ``gateway audit log`` under the usual rights). A scope-limited
+token (an identity provider's JWT) also needs the scope ``vsphere:audit``
+(``gateway.server.operator_access``): without it, 403 ``insufficient_scope`` with the step-up
+challenge. A refusal is a 403 with the error's code and audited (``phase: refused``); errors are
+the gateway's typed errors (404 ``not_found`` for a row no checkpoint covers yet, 400
+``invalid_argument``, 503 when the log cannot be read). Reads run in a worker thread.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from gateway.audit.proofs import TreeReader, consistency_proof, inclusion_proof,
 from gateway.auth.tokens import Principal
 from gateway.errors import Forbidden, GatewayError, InvalidArgument, Unauthorized
 from gateway.guard.decision import audit_view
+from gateway.identity.service import IdentityService
 from gateway.role import Role
 from gateway.server.edge import correlation_id_var, current_principal
+from gateway.server.operator_access import ScopeRefused, lacks_audit_scope, scope_refused
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +66,39 @@ def _number(request: Request, name: str, *, required: bool) -> int | None:
     return int(raw)
 
 
+def _error_response(exc: GatewayError) -> JSONResponse:
+    if isinstance(exc, ScopeRefused):
+        headers = {"WWW-Authenticate": exc.challenge} if exc.challenge else None
+        return JSONResponse({"error": exc.to_wire()}, status_code=403, headers=headers)
+    return JSONResponse({"error": exc.to_wire()}, status_code=_STATUS.get(exc.code, 400))
+
+
+def _refusal(role: Role | None, principal: Principal, identity: IdentityService | None,
+             path: str) -> GatewayError | None:
+    """Why ``principal`` may not read ``path``: its role's right, then its token's scope; None if it may."""
+    verdict = audit_view(role) if role is not None else None
+    if verdict is None or not verdict.allowed:
+        return Forbidden(verdict.reason if verdict is not None else f"role '{principal.role}' is not defined")
+    if lacks_audit_scope(principal):
+        return scope_refused(identity, path)
+    return None
+
+
 def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
+    identity: IdentityService | None = getattr(gateway, "identity", None)
+
     async def allowed(request: Request) -> None:
         principal = current_principal()
         if principal is None:
             raise Unauthorized("a bearer token is required")
-        role = gateway.role_of(principal)
-        verdict = audit_view(role) if role is not None else None
-        if verdict is None or not verdict.allowed:
-            reason = verdict.reason if verdict is not None else f"role '{principal.role}' is not defined"
+        refusal = _refusal(gateway.role_of(principal), principal, identity, request.url.path)
+        if refusal is not None:
             row = {"phase": "refused", "tool": "audit_proof", "caller": principal.name,
                    "role": principal.role, "surface": principal.surface,
                    "correlation_id": correlation_id_var.get(), "path": request.url.path,
-                   "error_code": "forbidden", "reason": reason}
+                   "error_code": refusal.code, "reason": refusal.message, **principal.key.audit_fields()}
             await anyio.to_thread.run_sync(gateway.audit_refusal, row)  # a durable write: off the loop
-            raise Forbidden(reason)
+            raise refusal
 
     def endpoint(produce: Callable[[Request, TreeReader], Any]) -> Callable[[Request], Any]:
         async def handle(request: Request) -> Response:
@@ -84,7 +106,7 @@ def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
                 await allowed(request)
                 body = await anyio.to_thread.run_sync(lambda: produce(request, gateway.audit_reader()))
             except GatewayError as exc:
-                return JSONResponse({"error": exc.to_wire()}, status_code=_STATUS.get(exc.code, 400))
+                return _error_response(exc)
             except Exception:
                 log.exception("the audit proof endpoint failed on %s", request.url.path)
                 return JSONResponse({"error": {"code": "internal", "message": "the gateway failed on this "
