@@ -81,6 +81,9 @@ class Approval:
     at: float
     reason: str
     digest: str
+    #: the approver's ``CallerKey`` text: N of M counts persons by it (None: written before keys were
+    #: kept; such an approval counts for nobody)
+    approver_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"by": self.approver, "kind": self.kind, "role": self.role, "at": self.at,
@@ -133,6 +136,11 @@ class Proposal:
     shown_digest: str | None = None
     #: the approvals recorded so far, oldest first (kept in their own table; filled in by the store)
     approvals: tuple[Approval, ...] = ()
+    #: the proposer's ``CallerKey`` text, and the person's an agent made it for: who may confirm it and
+    #: who may never approve it compare these, never ``caller`` (None: written before keys were kept;
+    #: such a proposal matches no caller)
+    caller_key: str | None = None
+    acting_for_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

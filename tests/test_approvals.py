@@ -37,7 +37,12 @@ DIGEST = "d1"
 
 def approval(who: str, *, kind: str = "person", role: str = "admin", digest: str = DIGEST,
              at: float = 1.0) -> Approval:
-    return Approval("p1", who, kind, role, at, "", digest)
+    return Approval("p1", who, kind, role, at, "", digest, approver_key=key(who))
+
+
+def key(name: str) -> str:
+    """The key text of the person these tables call ``name`` (one person per name here)."""
+    return f"token::{name}"
 
 
 TWO = ApprovalRule(required=2)
@@ -63,6 +68,11 @@ TALLIES: list[tuple[str, ApprovalRule, list[Approval], str | None, int, bool, tu
     ("one of one is enough", ApprovalRule(), [approval("alice")], DIGEST, 1, True, ("alice",)),
     ("no digest kept: every approval counts", TWO, [approval("alice", digest=""), approval("olga")], None,
      2, True, ("alice", "olga")),
+    ("one person under two names counts once", TWO,
+     [approval("alice"), replace(approval("alice@new.example", at=2), approver_key=key("alice"))], DIGEST,
+     1, False, ("alice",)),
+    ("an approval stored without a key counts for nobody", TWO,
+     [replace(approval("alice"), approver_key=None), approval("olga")], DIGEST, 1, False, ("olga",)),
 ]
 
 
@@ -92,12 +102,16 @@ REFUSALS: list[tuple[str, str, str, ApprovalRule, tuple[str, ...], str, str | No
                          [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
 def test_approval_refusal(who: str, role: str, rule: ApprovalRule, approved_by: tuple[str, ...],
                           deciding: str, code: str | None) -> None:
-    assert approval_refusal(who, role, rule, approved_by, deciding=deciding) == code
+    assert approval_refusal(key(who), role, rule, tuple(key(a) for a in approved_by),
+                            deciding=deciding) == code
 
 
 @pytest.mark.parametrize(("rule", "reason", "missing"), [
     (ApprovalRule(reason_required=True), "", True),
     (ApprovalRule(reason_required=True), "  \n ", True),
+    (ApprovalRule(reason_required=True), "\u200b\u200b", True),  # zero-width spaces are no reason
+    (ApprovalRule(reason_required=True), "\u200d\ufeff\u2060 \u00ad", True),
+    (ApprovalRule(reason_required=True), "\u200bok", False),
     (ApprovalRule(reason_required=True), "ticket OPS-1", False),
     (ApprovalRule(reason_required=True), None, False),  # not asked yet: the page's buttons
     (ApprovalRule(), "", False),
@@ -145,16 +159,16 @@ def test_blast_changes_names_what_changed() -> None:
 
 
 def person(name: str, role: Role = ADMIN) -> Party:
-    return Party(name, TokenState.USABLE, role, Kind.PERSON)
+    return Party(name, TokenState.USABLE, role, Kind.PERSON, key=key(name), person_key=key(name))
 
 
 def test_proposal_rights_refuse_a_second_approval_and_roles_outside_approver_roles() -> None:
-    once = Proposed("bot", "vc1", "p1", approved_by=("alice",), rule=TWO)
+    once = Proposed("bot", "vc1", "p1", proposer_key=key("bot"), approved_by=(key("alice"),), rule=TWO)
     rights = proposal_rights(person("alice"), once)
     assert rights.see and rights.approve is not None and rights.deny is None
     assert rights.approve.details["reason_code"] == "already_approved"
     assert proposal_rights(person("olga", LEAD), once).approve is None
-    leads = Proposed("bot", "vc1", "p1", rule=TWO_LEADS)
+    leads = Proposed("bot", "vc1", "p1", proposer_key=key("bot"), rule=TWO_LEADS)
     outside = proposal_rights(person("alice"), leads)
     assert outside.approve is not None and outside.approve.details["reason_code"] == "not_an_approver_role"
     assert outside.deny is not None and outside.deny.details["reason_code"] == "not_an_approver_role"
@@ -164,8 +178,10 @@ def test_proposal_rights_refuse_a_second_approval_and_roles_outside_approver_rol
 
 def _approve_facts(reason: str | None, rule: ApprovalRule) -> Facts:
     return Facts(entry=Entry.APPROVE, actor=person("alice"), tool="delete_vm", category=Category.DESTRUCTIVE,
-                 risk=Risk.CRITICAL, now=NOW, target="vc1", owner=Party("bot", TokenState.USABLE, ADMIN),
-                 proposal_id="p1", resolved=False, proposed=Proposed("bot", "vc1", "p1", rule=rule),
+                 risk=Risk.CRITICAL, now=NOW, target="vc1",
+                 owner=Party("bot", TokenState.USABLE, ADMIN, key=key("bot")),
+                 proposal_id="p1", resolved=False,
+                 proposed=Proposed("bot", "vc1", "p1", proposer_key=key("bot"), rule=rule),
                  reason=reason, change_tools=(("delete_vm", Category.DESTRUCTIVE),))
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -75,7 +76,8 @@ def test_the_os_user_cannot_approve_or_deny_its_own_proposal(
     monkeypatch.setenv("GATEWAY_ENABLE_DESTRUCTIVE", "1")  # delete_vm is served, so only the decision refuses
     me = f"os:{getpass.getuser()}"
     with SqliteStore(home / "state.db") as store:
-        store.add_proposal(proposal("p-mine", "pending", caller=me))
+        mine = f"system::{quote(me, safe='')}"  # the os user's key (``CallerKey.system``)
+        store.add_proposal(proposal("p-mine", "pending", caller=me, caller_key=mine))
     capsys.readouterr()
     assert main(["pending", "approve", "p-mine", "--home", str(home)]) == 1
     approving = capsys.readouterr().err

@@ -52,12 +52,17 @@ GATED = parse_policy_text("defaults: {destructive: allow, require_web_approval: 
 STRICT = parse_policy_text("defaults: {destructive: deny}\n", "rules.yaml")
 
 
+def key(name: str) -> str:
+    """The key text of the caller these tables call ``name`` (one caller per name here)."""
+    return f"token::{name}"
+
+
 def party(name: str = "agent", role: Role | None = ADMIN, token: TokenState = TokenState.USABLE) -> Party:
-    return Party(name, token, role)
+    return Party(name, token, role, key=key(name))
 
 
 def person(name: str = "alice", role: Role | None = ADMIN, token: TokenState = TokenState.USABLE) -> Party:
-    return Party(name, token, role, Kind.PERSON)
+    return Party(name, token, role, Kind.PERSON, key=key(name), person_key=key(name))
 
 
 def facts(entry: Entry = Entry.WRITE, **kw: Any) -> Facts:
@@ -354,7 +359,7 @@ RIGHTS: list[tuple[str, Party, str, str, bool, str | None, str | None]] = [
                          ids=[c[0] for c in RIGHTS])
 def test_proposal_rights(viewer: Party, proposer: str, target: str, sees: bool, approve: str | None,
                          deny: str | None) -> None:
-    rights = proposal_rights(viewer, Proposed(proposer, target, "p1"))
+    rights = proposal_rights(viewer, Proposed(proposer, target, "p1", proposer_key=key(proposer)))
     assert rights.see is sees
     for refusal, expected in ((rights.approve, approve), (rights.deny, deny)):
         assert (refusal.details["reason_code"] if refusal is not None else None) == expected

@@ -17,6 +17,7 @@ from answers import answer_of
 from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from simulator import MakeSimulator, Simulator, count_vms_named, pyvmomi_connect
 
+from gateway.auth.principal import CallerKey
 from gateway.errors import InvalidArgument
 from gateway.guard import confirm
 from gateway.guard.idempotency import Seen, Step, checked_key, decide, keeps_error
@@ -197,6 +198,13 @@ async def test_a_reused_key_with_other_arguments_is_refused(
     assert [r["error_code"] for r in refused] == ["idempotency_conflict"]
 
 
+def alice_key(gateway: Any) -> str:
+    """The key text alice's keys are kept under: her token's ``CallerKey`` (never her name)."""
+    record = gateway.store.token_by_name("alice")
+    assert record is not None
+    return str(CallerKey.token(record.token_id))
+
+
 @pytest.mark.anyio
 async def test_a_retried_destructive_call_returns_the_same_proposal(
     tmp_path: Path, make_simulator: MakeSimulator
@@ -211,7 +219,7 @@ async def test_a_retried_destructive_call_returns_the_same_proposal(
         async with mcp_client(served, served.tokens["alice"], "2026-07-28") as client:
             second = answer_of(await client.call_tool("delete_vm", args))
         proposals = gateway.store.list_proposals()
-        kept = gateway.backends.keys.get("alice", key_id("del-1"))
+        kept = gateway.backends.keys.get(alice_key(gateway), key_id("del-1"))
     finally:
         served.stop()
         await gateway.close()
@@ -236,8 +244,8 @@ async def test_a_retry_of_a_call_whose_process_died_reports_an_unknown_outcome_a
     args = _clone_args("orphan")
     spec = gateway.facts.registry.get("clone_vm")
     digest = confirm.args_digest("clone_vm", "vc1", spec.validate(args))
-    gateway.backends.keys.claim(KeyRecord("alice", key_id("k-orphan"), "clone_vm", digest, True, time.time(),
-                                          correlation_id="first", owner=dead_id))
+    gateway.backends.keys.claim(KeyRecord(alice_key(gateway), key_id("k-orphan"), "clone_vm", digest, True,
+                                          time.time(), correlation_id="first", owner=dead_id))
     try:
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             first = await client.call_tool("clone_vm", {**args, "idempotency_key": "k-orphan"})

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from gateway.auth.principal import CallerKey
 from gateway.config import ConfigProblems
-from gateway.guard.decision import Party, Proposed, TokenState, acting_for_of, proposal_rights
+from gateway.guard.decision import Party, Proposed, TokenState, proposal_rights
 from gateway.identity.config import IssuerConfig, load_identity
 from gateway.identity.mapping import identity_of, scopes_of
 from gateway.identity.verify import TokenRefused
@@ -142,24 +143,61 @@ def test_scopes_from_scope_or_scp() -> None:
 
 
 def test_a_person_cannot_approve_what_an_agent_acting_for_them_proposed() -> None:
+    """Decided on keys: the agent's ``acting_for_key`` is the person's (issuer, sub) key, so the person is
+    refused whatever name either shows, and another person showing the same email is not."""
     admin = BUILTIN_ROLES["admin"]
-    rita = Party("rita@x", TokenState.USABLE, admin, Kind.PERSON)
-    proposed = Proposed(
-        proposer="rita@x via claude-code",
-        target="vc1",
-        id="p1",
-        acting_for=acting_for_of("rita@x via claude-code"),
-    )
-    rights = proposal_rights(rita, proposed)
+    agent = identity_of({"sub": "u1", "email": "rita@x", "client_id": "claude-code", "groups": ["ops"]},
+                        ISSUER, surface="https").principal
+    rita = identity_of({"sub": "u1", "email": "rita@new", "groups": ["ops"]}, ISSUER, surface="web",
+                       person=True).principal
+    proposed = Proposed(proposer=agent.name, target="vc1", id="p1", proposer_key=str(agent.key),
+                        acting_for_key=str(agent.acting_for_key))
+    party = Party(rita.name, TokenState.USABLE, admin, Kind.PERSON, key=str(rita.key),
+                  person_key=str(rita.key))
+    rights = proposal_rights(party, proposed)
     assert (
         rights.see and rights.approve is not None and rights.approve.details["reason_code"] == "own_proposal"
     )
-    olga = Party("olga@x", TokenState.USABLE, admin, Kind.PERSON)
-    assert proposal_rights(olga, proposed).approve is None  # anyone else with the right may
+    someone = str(CallerKey.person("https://idp", "u2"))
+    other = Party("rita@x", TokenState.USABLE, admin, Kind.PERSON, key=someone, person_key=someone)
+    assert proposal_rights(other, proposed).approve is None  # same email, another person: may
 
 
-def test_gateway_token_names_never_read_as_acting_for() -> None:
-    assert acting_for_of("alice") is None and acting_for_of("ci-bot@example.com") is None
+KEYS: list[tuple[str, dict[str, Any], bool, CallerKey, CallerKey | None]] = [
+    ("a client named like a local token", {"sub": "idadmin", "client_id": "idadmin", "groups": ["ops"]},
+     False, CallerKey.client("https://idp", "idadmin"), None),
+    ("a client named like the gateway", {"azp": "gateway", "groups": ["ops"]}, False,
+     CallerKey.client("https://idp", "gateway"), None),
+    ("a client named os:root", {"client_id": "os:root", "groups": ["ops"]}, False,
+     CallerKey.client("https://idp", "os:root"), None),
+    ("a person's token used by a client",
+     {"sub": "u1", "email": "rita@x", "client_id": "cc", "groups": ["ops"]}, False,
+     CallerKey.client("https://idp", "cc", for_subject="u1"), CallerKey.person("https://idp", "u1")),
+    ("a person at the page", {"sub": "u1", "email": "rita@x", "groups": ["ops"]}, True,
+     CallerKey.person("https://idp", "u1"), None),
+    ("the same person with a new email", {"sub": "u1", "email": "rita@new", "groups": ["ops"]}, True,
+     CallerKey.person("https://idp", "u1"), None),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in KEYS])
+def test_claims_give_a_key_no_claim_can_forge(case: str) -> None:
+    """The key comes from issuer and sub/client id, never from the name shown; never a token or system key."""
+    _, claims, person, key, acting_for = next(c for c in KEYS if c[0] == case)
+    p = identity_of(claims, ISSUER, surface="web" if person else "https", person=person).principal
+    assert (p.key, p.acting_for_key) == (key, acting_for)
+    assert p.key.space in ("person", "client")
+
+
+@pytest.mark.parametrize("claims", [
+    {"sub": "app1", "azp": "app1", "email": "app@x", "groups": ["ops"]},
+    {"sub": "8f1e", "azp": "page", "idtyp": "app", "email": "app@x", "groups": ["ops"]},
+    {"sub": "svc", "appid": "svc", "azp": "page", "email": "svc@x", "groups": ["ops"]},
+], ids=["sub is the client id", "idtyp app", "sub is the appid"])
+def test_an_application_id_token_is_refused_at_the_page(claims: dict[str, Any]) -> None:
+    with pytest.raises(TokenRefused) as caught:
+        identity_of(claims, ISSUER, surface="web", person=True)
+    assert caught.value.reason == "agent_identity"
 
 
 def test_gateway_check_validates_identity_yaml_with_file_and_line(
@@ -206,14 +244,18 @@ async def test_the_person_an_agent_acted_for_cannot_approve_its_proposal(env: An
     from gateway.errors import Forbidden
 
     gw = env.build()
-    agent = Principal("rita@x via claude-code", "admin", surface="https", acting_for="rita@x")
+    rita_key = CallerKey.person("https://idp", "u1")
+    agent = Principal("rita@x via claude-code", "admin", surface="https", acting_for="rita@x",
+                      key=CallerKey.client("https://idp", "claude-code", for_subject="u1"),
+                      acting_for_key=rita_key)
     proposal = await propose_delete(gw, VM0, who=agent)
     stored = gw.store.get_proposal(proposal["proposal_id"])
-    rita = Principal("rita@x", "admin", surface="web", kind=Kind.PERSON)
+    rita = Principal("rita@new", "admin", surface="web", kind=Kind.PERSON, key=rita_key)  # a new email
     _deny, approve = gw.decision_rights(stored, rita)
     assert not approve.allowed and approve.details["reason_code"] == "own_proposal"
     with pytest.raises(Forbidden) as refused:
         await gw.approve(proposal["proposal_id"], rita)
     assert refused.value.details["reason_code"] == "own_proposal"
-    olga = Principal("olga@x", "admin", surface="web", kind=Kind.PERSON)
+    olga = Principal("rita@x", "admin", surface="web", kind=Kind.PERSON,
+                     key=CallerKey.person("https://idp", "u2"))  # another person showing rita's old email
     assert gw.decision_rights(stored, olga)[1].allowed  # another person with the right may

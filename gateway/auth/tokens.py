@@ -37,6 +37,7 @@ from typing import Final
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from gateway.auth.caller_keys import caller_fields
 from gateway.auth.principal import CallerKey, Principal
 from gateway.errors import InvalidArgument, StateUnavailable
 from gateway.ids import ID_LENGTH, new_id
@@ -44,8 +45,8 @@ from gateway.store.base import StateStore, TokenRecord
 from gateway.vocabulary import Kind
 
 __all__ = [
-    "CallerKey", "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict", "create_token",
-    "new_token", "parse_expiry", "parse_token_id", "store_token",
+    "CallerKey", "Principal", "TokenAuthenticator", "TokenRecord", "TokenVerifier", "Verdict",
+    "caller_fields", "create_token", "new_token", "parse_expiry", "parse_token_id", "store_token",
 ]
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gateway.guard.callers import within
 from gateway.proposals import Approval
 from gateway.vocabulary import Kind
 
@@ -65,7 +67,9 @@ class Tally:
 
     have: int
     need: int
+    #: the display names of the persons counted (rows and cards show them), and their keys (decided on)
     by: tuple[str, ...]
+    keys: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -77,15 +81,16 @@ class Tally:
         return f"{self.have} of {self.need} approval{'s' if self.need != 1 else ''}"
 
 
-def approval_refusal(approver: str, role: str, rule: ApprovalRule, approved_by: Sequence[str],
+def approval_refusal(approver: str | None, role: str, rule: ApprovalRule, approved_by: Sequence[str],
                      *, deciding: str) -> str | None:
-    """Why ``approver`` (of ``role``) may not approve (``deciding="approve"``) or deny (``"deny"``) a
-    proposal with ``rule`` that ``approved_by`` already approved, as a reason code; None: no objection
+    """Why the person with key text ``approver`` (of ``role``; None: no key, approves nothing) may not
+    approve (``deciding="approve"``) or deny (``"deny"``) a proposal with ``rule`` that the persons keyed
+    ``approved_by`` already approved, as a reason code; None: no objection
     here (``proposal_rights`` checked kind, right and self-approval first). A person who approved may
     still deny (they changed their mind); nobody approves twice."""
     if rule.roles and role not in rule.roles:
         return "not_an_approver_role"
-    if deciding == "approve" and approver in approved_by:
+    if deciding == "approve" and (approver is None or within(approver, approved_by)):
         return "already_approved"
     return None
 
@@ -93,22 +98,38 @@ def approval_refusal(approver: str, role: str, rule: ApprovalRule, approved_by: 
 def reason_missing(rule: ApprovalRule, reason: str | None) -> bool:
     """Whether a decision with ``reason`` is refused because the rule wants one (None: not asked yet,
     e.g. the page deciding which buttons to offer)."""
-    return reason is not None and rule.reason_required and not reason.strip()
+    return reason is not None and rule.reason_required and not visible(reason)
+
+
+def visible(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees: not only spaces and the invisible ones
+    (zero-width, format, control, private-use and unassigned characters: a reason made of them is none)."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in _INVISIBLE for ch in text)
+
+
+#: Unicode categories that show nothing: control, format (zero-width space, joiners, bidi marks),
+#: surrogate, private use, unassigned; separators are caught by ``isspace`` or are listed here too
+_INVISIBLE: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me"})
 
 
 def counts(approval: Approval, rule: ApprovalRule, digest: str | None) -> bool:
-    """Whether one recorded approval counts toward ``rule`` on the proposal as shown now (``digest``)."""
-    return (approval.kind == Kind.PERSON.value and (not rule.roles or approval.role in rule.roles)
+    """Whether one recorded approval counts toward ``rule`` on the proposal as shown now (``digest``):
+    an approval stored without its approver's key (before keys were kept) counts for nobody."""
+    return (approval.approver_key is not None and approval.kind == Kind.PERSON.value
+            and (not rule.roles or approval.role in rule.roles)
             and (digest is None or approval.digest == digest))
 
 
 def tally(rule: ApprovalRule, approvals: Sequence[Approval], digest: str | None) -> Tally:
-    """The approvals that count (``counts``), each person once, in the order they landed."""
+    """The approvals that count (``counts``), each person (by ``approver_key``) once, in the order they
+    landed: one person signing in again under a new name (a changed email) is still one."""
     by: list[str] = []
+    keys: list[str] = []
     for approval in approvals:
-        if counts(approval, rule, digest) and approval.approver not in by:
+        if counts(approval, rule, digest) and not within(approval.approver_key, keys):
             by.append(approval.approver)
-    return Tally(len(by), rule.required, tuple(by))
+            keys.append(str(approval.approver_key))
+    return Tally(len(keys), rule.required, tuple(by), tuple(keys))
 
 
 def shown_digest(tool: str, args_digest: str, affected: Sequence[Mapping[str, Any]],
@@ -150,7 +171,7 @@ def approval_view(p: Any) -> dict[str, Any]:
             "approver_roles": list(rule.roles),
             "reason_required": rule.reason_required,
             "approvals_progress": counted.text,
-            "approvals": [a.to_dict() for a in p.approvals if a.approver in counted.by],
+            "approvals": [a.to_dict() for a in p.approvals if within(a.approver_key, counted.keys)],
         })
     denial = p.result if p.state == "denied" and isinstance(p.result, Mapping) else None
     if denial is not None and denial.get("reason"):

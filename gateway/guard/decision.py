@@ -58,6 +58,7 @@ from gateway.errors import (
     ReasonRequired,
     Stale,
 )
+from gateway.guard import callers
 from gateway.guard.approvals import ApprovalRule, approval_refusal, reason_missing, tally
 from gateway.guard.policy.evaluate import evaluate
 from gateway.guard.policy.model import CallFacts, Decision, Policy
@@ -88,13 +89,17 @@ class Entry(StrEnum):
 
 @dataclass(frozen=True)
 class Party:
-    """A token holder as the store says it is now: name, token state, current role (None: gone) and
-    kind (a person or an agent)."""
+    """A token holder as the store says it is now: name (shown), token state, current role (None: gone),
+    kind (a person or an agent), and the stable keys decisions compare (``guard.callers``): ``key``, the
+    caller's ``CallerKey`` text, and ``person_key``, the person behind it (itself when a person, the
+    person an agent acts for). None: no key known, which matches nobody."""
 
     name: str
     token: TokenState
     role: Role | None
     kind: Kind = Kind.AGENT
+    key: str | None = None
+    person_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,11 @@ class Proposed:
     proposer: str
     target: str
     id: str | None = None
-    #: the person an agent made it for (``acting_for_of``): that person may not decide it either
-    acting_for: str | None = None
+    #: the proposer's key and the key of the person an agent made it for (who may never decide it);
+    #: None on a proposal stored before keys were kept (nobody matches it)
+    proposer_key: str | None = None
+    acting_for_key: str | None = None
+    #: the keys of the persons whose approvals count so far (``guard.approvals.tally``)
     approved_by: tuple[str, ...] = ()
     rule: ApprovalRule = field(default_factory=ApprovalRule)
 
@@ -115,19 +123,13 @@ class Proposed:
         """From a stored proposal (``gateway.proposals.Proposal``)."""
         rule = ApprovalRule.of(proposal.approval_rule)
         return cls(proposer=proposal.caller, target=proposal.target, id=proposal.id,
-                   acting_for=acting_for_of(proposal.caller),
-                   approved_by=tally(rule, proposal.approvals, proposal.shown_digest).by, rule=rule)
+                   proposer_key=proposal.caller_key, acting_for_key=proposal.acting_for_key,
+                   approved_by=tally(rule, proposal.approvals, proposal.shown_digest).keys, rule=rule)
 
 
 #: an agent acting for a person (an identity provider's token carrying that person's subject, used by
-#: an MCP client) is named ``<person> via <client>``; a gateway token's name never holds a space
+#: an MCP client) is shown as ``<person> via <client>``; only a display name: decisions compare keys
 ACTING_FOR: Final = " via "
-
-
-def acting_for_of(caller: str) -> str | None:
-    """The person an agent named ``<person> via <client>`` acts for, else None."""
-    person, sep, client = caller.partition(ACTING_FOR)
-    return person if sep and person and client else None
 
 
 @dataclass(frozen=True)
@@ -246,18 +248,18 @@ def proposal_rights(viewer: Party, proposed: Proposed) -> ProposalRights:
     outside the proposal's ``approver_roles`` neither approves nor denies (``not_an_approver_role``),
     and nobody approves twice (``already_approved``)."""
     role = viewer.role
-    own = viewer.name in (proposed.proposer, proposed.acting_for)
+    own = callers.own_proposal(viewer.key, viewer.person_key, proposed.proposer_key, proposed.acting_for_key)
     see = role is not None and role.permits_target(proposed.target) and (own or role.approve != "none")
     refusal = _decider_refusal(viewer, proposed, see=see, own=own)
     if refusal is not None or role is None:
         return ProposalRights(see=see, approve=refusal, deny=refusal)
-    approve, deny = (_n_of_m_refusal(viewer.name, role.name, proposed, deciding)
+    approve, deny = (_n_of_m_refusal(viewer.person_key or viewer.key, role.name, proposed, deciding)
                      for deciding in ("approve", "deny"))
     return ProposalRights(see=see, approve=approve, deny=deny)
 
 
-def _n_of_m_refusal(name: str, role: str, proposed: Proposed, deciding: str) -> Verdict | None:
-    code = approval_refusal(name, role, proposed.rule, proposed.approved_by, deciding=deciding)
+def _n_of_m_refusal(key: str | None, role: str, proposed: Proposed, deciding: str) -> Verdict | None:
+    code = approval_refusal(key, role, proposed.rule, proposed.approved_by, deciding=deciding)
     if code == "not_an_approver_role":
         return _refuse(
             "forbidden",
@@ -396,7 +398,7 @@ def _role(f: Facts) -> Verdict | None:
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
         return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
     if f.entry in (Entry.CONFIRM, Entry.CANCEL):
-        if f.owner is None or f.owner.name != f.actor.name:
+        if f.owner is None or not callers.same(f.owner.key, f.actor.key):
             return _refuse(
                 "confirmation_invalid",
                 "this confirmation token is not valid for you; make a fresh proposal",
@@ -407,7 +409,8 @@ def _role(f: Facts) -> Verdict | None:
         if f.owner is None or f.target is None:  # a proposal always has both: fail closed
             return _refuse("not_found", f"no proposal {f.proposal_id} that you may see", rule)
         return _decider(f, f.proposed or Proposed(f.owner.name, f.target, f.proposal_id,
-                                                  acting_for=acting_for_of(f.owner.name)))
+                                                  proposer_key=f.owner.key,
+                                                  acting_for_key=f.owner.person_key))
     if f.entry is Entry.LOCAL:
         if not tool_permitted(role, f.tool, f.category, f.change_tools):
             return _refuse("not_found", UNKNOWN_TOOL.format(tool=f.tool), rule)
@@ -577,11 +580,15 @@ def audit_view(role: Role) -> Verdict:
     return Verdict(True, f"role '{role.name}' reads {role.audit} audit rows", "role:audit")
 
 
-def may_read_audit_row(role: Role, viewer: str, row: Mapping[str, Any]) -> bool:
-    """May a token named ``viewer`` with ``role`` read audit ``row``? ``none``: never; ``own``: rows whose
-    caller is ``viewer``; ``all``: every row for a role covering every target, else rows whose target(s)
-    the role covers. Pure."""
+def may_read_audit_row(role: Role, viewer: str, row: Mapping[str, Any], *,
+                       viewer_key: str | None = None) -> bool:
+    """May the caller named ``viewer`` (whose key text is ``viewer_key``) with ``role`` read audit ``row``?
+    ``none``: never; ``own``: rows whose ``caller_key`` is ``viewer_key`` (a row without one is nobody's
+    own), or, asked without a key, rows whose caller is ``viewer``; ``all``: every row for a role covering
+    every target, else rows whose target(s) the role covers. Pure."""
     if role.audit == "own":
+        if viewer_key is not None:
+            return callers.same_row_caller(row, viewer, viewer_key)
         return row.get("caller") == viewer
     if role.audit != "all":
         return False

@@ -71,6 +71,8 @@ class RateBudget:
     category: Category
     limit: int
     caller: str | None = None
+    #: the caller as its refusal names it (its display name; ``caller`` is the key the budget counts by)
+    shown: str | None = None
 
     @property
     def key(self) -> str:
@@ -79,14 +81,14 @@ class RateBudget:
         return "\x1f".join((self.target, str(self.category), *scope))
 
     def refusal(self, retry_after: float) -> RateLimited:
-        return rate_refusal(self.target, self.category, self.limit, retry_after, self.caller)
+        return rate_refusal(self.target, self.category, self.limit, retry_after, self.shown or self.caller)
 
 
 def budgets(target: str, category: Category, limit: int | None, caller: str | None,
-            target_limit: int | None) -> list[RateBudget]:
+            target_limit: int | None, shown: str | None = None) -> list[RateBudget]:
     """The budgets one call spends: the caller's ``limit`` (target-wide when ``caller`` is None) and the
     ``target_limit`` ceiling; a None limit is no budget. Pure."""
-    out = [] if limit is None else [RateBudget(target, category, limit, caller)]
+    out = [] if limit is None else [RateBudget(target, category, limit, caller, shown)]
     if target_limit is not None and caller is not None:
         out.append(RateBudget(target, category, target_limit))
     return out
@@ -103,11 +105,12 @@ class RateLimiter:
         self._checks = 0
 
     def check(self, target: str, category: Category, limit: int | None, now: float, *,
-              caller: str | None = None, target_limit: int | None = None) -> None:
+              caller: str | None = None, target_limit: int | None = None, shown: str | None = None) -> None:
         """Record the call in every budget it spends, or raise ``RateLimited`` (with ``retry_after``)
-        for the first one that is full, recording nothing. ``caller=None`` counts ``limit`` for the
+        for the first one that is full, recording nothing. ``caller`` is the caller's key text (the
+        budget's scope; ``shown`` its name in the message); ``caller=None`` counts ``limit`` for the
         target as a whole; a None limit is unlimited (nothing recorded)."""
-        spent = budgets(target, category, limit, caller, target_limit)
+        spent = budgets(target, category, limit, caller, target_limit, shown)
         if not spent:
             return
         with self._lock:
@@ -158,8 +161,10 @@ class RunawayBreaker:
         self._repeats: dict[tuple[str, str, str], _Repeats] = {}
         self._checks = 0
 
-    def check(self, caller: str, tool: str, args_digest: str, category: Category, now: float) -> None:
-        """Count an identical write; raise ``RateLimited`` while the breaker is tripped for it."""
+    def check(self, caller: str, tool: str, args_digest: str, category: Category, now: float, *,
+              shown: str | None = None) -> None:
+        """Count an identical write; raise ``RateLimited`` while the breaker is tripped for it
+        (``caller``: the caller's key text, what repeats are counted by; ``shown``: its name)."""
         if category is Category.READ:
             return
         key = (caller, tool, args_digest)
@@ -167,7 +172,7 @@ class RunawayBreaker:
             self._maybe_sweep(now)
             state = self._repeats.setdefault(key, _Repeats())
             if now < state.tripped_until:
-                raise self._refusal(caller, tool, state.tripped_until - now)
+                raise self._refusal(shown or caller, tool, state.tripped_until - now)
             if state.tripped_until:
                 self._repeats[key] = state = _Repeats()
             _prune(state.times, now - self._window)
@@ -175,7 +180,7 @@ class RunawayBreaker:
             if len(state.times) > self._max_repeats:
                 state.times.clear()
                 state.tripped_until = now + self._cooldown
-                raise self._refusal(caller, tool, self._cooldown)
+                raise self._refusal(shown or caller, tool, self._cooldown)
 
     def tracked_keys(self) -> int:
         """How many (caller, tool, digest) entries hold state (for tests and metrics)."""

@@ -5,11 +5,18 @@ Kind, for an access token presented to /mcp (always an agent there):
 - no person: ``sub`` is absent or equals the client id (a client-credentials token, RFC 9068), or
   ``idtyp`` is ``app`` (Entra ID's app-only tokens) -> an agent named by its client id;
 - otherwise the token carries a person's subject and an MCP client uses it -> an agent *acting for*
-  that person, named ``<person> via <client>`` (``guard.decision.acting_for_of``); the person is the
-  ``principal_claim`` (``sub``, ``email``, ...). That person never approves what this agent proposes.
+  that person, shown as ``<person> via <client>``; the person shown is the ``principal_claim`` (``sub``,
+  ``email``, ...). That person never approves what this agent proposes.
 
-An ID token from the page's sign-in is a person, named by ``principal_claim``; an ID token without a
-person (no ``sub``) is refused. The role is the first entry of the issuer's ``roles`` whose value the
+An ID token from the page's sign-in is a person, shown by ``principal_claim``; an ID token without a
+person (no ``sub``) or an application's (``is_application``) is refused.
+
+The names are only shown: every decision compares the key (``gateway.auth.principal.CallerKey``), which
+comes from the issuer and ``sub``/client id, never from ``principal_claim``: a person is (issuer, ``sub``)
+whatever email they show today; an application (issuer, client id); an application acting for a person
+(issuer, client id, the person's ``sub``), with ``acting_for_key`` that person's key. No claim reaches the
+``token`` or ``system`` namespaces, so a client id ``gateway``, ``os:root`` or a local token's name is
+still only that issuer's client. The role is the first entry of the issuer's ``roles`` whose value the
 ``roles_claim`` carries (a list, or one string); none -> ``TokenRefused("unmapped")`` (403), never a
 default role. Scopes come from ``scope`` (space-separated) or ``scp`` (a list or a string).
 """
@@ -21,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import CallerKey, Principal
 from gateway.guard.decision import ACTING_FOR
 from gateway.identity.config import IssuerConfig
 from gateway.identity.verify import TokenRefused, jti_digest
@@ -98,22 +105,38 @@ def identity_of(claims: Mapping[str, Any], config: IssuerConfig, *, surface: str
     client = _text(claims, "client_id") or _text(claims, "azp") or _text(claims, "appid")
     role = role_of(claims, config)
     scopes = scopes_of(claims) if config.enforce_scopes else None
+    issuer = config.issuer
     if person:
-        if subject is None:
-            raise TokenRefused("agent_identity", "this identity is an application, not a person; only people "
-                               "sign in to the approval page")
+        if subject is None or is_application(claims, subject, client):
+            raise TokenRefused("agent_identity", "this identity is an application, not a person (its ID "
+                               "token says idtyp app, or its subject is its client id); only people sign in "
+                               "to the approval page: sign in with your own account")
         name = _name(_text(claims, config.principal_claim), f"{config.principal_claim!r} claim")
-        principal = Principal(name=name, role=role, surface=surface, kind=Kind.PERSON)
-    elif subject is None or subject == client or claims.get("idtyp") == "app":
+        principal = Principal(name=name, role=role, surface=surface, kind=Kind.PERSON,
+                              key=CallerKey.person(issuer, subject))
+    elif subject is None or is_application(claims, subject, client):
         name = _name(client or subject, "client id (client_id, azp or appid)")
-        principal = Principal(name=name, role=role, surface=surface, kind=Kind.AGENT, scopes=scopes)
+        principal = Principal(name=name, role=role, surface=surface, kind=Kind.AGENT, scopes=scopes,
+                              key=CallerKey.client(issuer, client or name))
     else:
         person_name = _name(_text(claims, config.principal_claim), f"{config.principal_claim!r} claim")
         client_name = _name(client, "client id (client_id, azp or appid)")
         principal = Principal(name=f"{person_name}{ACTING_FOR}{client_name}", role=role, surface=surface,
-                              kind=Kind.AGENT, acting_for=person_name, scopes=scopes)
+                              kind=Kind.AGENT, acting_for=person_name, scopes=scopes,
+                              key=CallerKey.client(issuer, client_name, for_subject=subject),
+                              acting_for_key=CallerKey.person(issuer, subject))
     return Identity(principal=principal, issuer=config.issuer, subject=subject, client_id=client,
                     jti_sha256=jti_digest(claims))
+
+
+def is_application(claims: Mapping[str, Any], subject: str, client: str | None) -> bool:
+    """Whether claims that carry ``subject`` are an application's own, not a person's: ``idtyp: app``
+    (Entra ID's app-only tokens), a subject equal to the client id (``client_id``, ``azp`` or ``appid``:
+    a client-credentials token, RFC 9068)."""
+    if claims.get("idtyp") == "app":
+        return True
+    ids = {client, _text(claims, "azp"), _text(claims, "client_id"), _text(claims, "appid")} - {None}
+    return subject in ids
 
 
 def required_scope(category: Category) -> str:

@@ -9,6 +9,7 @@ from typing import Any, NoReturn, Protocol
 
 from gateway.errors import Stale
 from gateway.guard.approvals import ApprovalRule, Tally, blast_changes, tally
+from gateway.guard.callers import key_of, person_of
 from gateway.guard.policy.model import Decision
 from gateway.proposals import OPEN_STATES, Approval, Proposal
 from gateway.server.audit_trail import AuditTrail
@@ -70,7 +71,8 @@ class ApprovalSteps:
         rule = ApprovalRule.of(proposal.approval_rule).stricter(rule_of(decision))
         given = await off_loop(clean_reason, reason)
         approval = Approval(proposal.id, ctx.principal.name, ctx.party.kind.value, ctx.principal.role,
-                            self.clock(), given, proposal.shown_digest or "")
+                            self.clock(), given, proposal.shown_digest or "",
+                            approver_key=person_of(ctx.principal) or key_of(ctx.principal))
         if not await off_loop(self.store.add_approval, approval):
             await self._lost(ctx, proposal, "the proposal was no longer pending, or this person's approval "
                              "was already recorded; nothing was sent")

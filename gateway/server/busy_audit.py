@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gateway.guard.callers import scope_of
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import CallContext
 
@@ -44,7 +45,7 @@ class BusyAudit:
 
     def record(self, ctx: CallContext, target: str) -> None:
         """Count one busy refusal of ``ctx``'s caller on ``target`` (on the event loop)."""
-        key = (ctx.principal.name, target)
+        key = (scope_of(ctx.principal), target)
         if key not in self._bursts and len(self._bursts) >= self.max_bursts:
             key = ("*", target)
         burst = self._bursts.get(key)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from gateway.answer import Answer
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import Principal, caller_fields
 from gateway.errors import StateUnavailable
 from gateway.guard.decision import Entry, Party
 from gateway.role import Role
@@ -72,7 +72,7 @@ class CallContext:
             "phase": phase,
             "tool": self.spec.name,
             "risk": self.spec.risk.value,
-            "caller": self.principal.name,
+            **caller_fields(self.principal),
             "kind": self.party.kind.value,
             "role": self.party.role.name if self.party.role else self.principal.role,
             "surface": self.principal.surface,

@@ -57,6 +57,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import tracing
+from gateway.auth.caller_keys import parse_key
 from gateway.auth.tokens import TOKEN_PREFIX, Principal, Verdict
 from gateway.errors import GatewayError, InvalidArgument, StateUnavailable
 from gateway.identity.service import IdentityRefusal
@@ -504,12 +505,13 @@ class DrainMiddleware:
 def access_token_for(principal: Principal, *, idp: bool = False) -> AccessToken:
     """The SDK's view of a caller. ``subject`` is the token id, so a session opened with one token
     cannot be continued with another token of the same name (the SDK compares both); a caller from an
-    identity provider (``idp``) keeps its session across its refreshed tokens."""
+    identity provider (``idp``) is its key text (issuer and client id or ``sub``), so it keeps its
+    session across its refreshed tokens and no other caller showing the same name continues it."""
     claims: dict[str, Any] = {"gateway_role": principal.role, "gateway_surface": principal.surface}
     if idp:
         claims.update(claims_of(principal))
-        return AccessToken(token=principal.name, client_id=principal.name,
-                           scopes=sorted(principal.scopes or ()), subject=f"idp:{principal.name}",
+        return AccessToken(token=str(principal.key), client_id=principal.name,
+                           scopes=sorted(principal.scopes or ()), subject=f"idp:{principal.key}",
                            claims=claims)
     return AccessToken(token=principal.token_id or principal.name, client_id=principal.name, scopes=[],
                        subject=principal.token_id, claims=claims)
@@ -522,9 +524,13 @@ def principal_of(access: AccessToken) -> Principal | None:
         return None
     if claims.get("gateway_idp") is True:
         scopes, acting_for = claims.get("gateway_scopes"), claims.get("gateway_acting_for")
+        key = parse_key(claims.get("gateway_key"))
+        if key is None or key.space not in ("person", "client"):  # an IdP's caller has its own key
+            return None
         return Principal(name=access.client_id, role=role, surface=surface, kind=Kind(claims["gateway_kind"]),
                          acting_for=acting_for if isinstance(acting_for, str) else None,
-                         scopes=frozenset(scopes) if isinstance(scopes, list) else None)
+                         scopes=frozenset(scopes) if isinstance(scopes, list) else None, key=key,
+                         acting_for_key=parse_key(claims.get("gateway_acting_for_key")))
     return Principal(name=access.client_id, role=role, token_id=access.subject, surface=surface)
 
 

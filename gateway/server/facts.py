@@ -8,10 +8,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.auth.caller_keys import parse_key
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.guard import confirm
+from gateway.guard.callers import key_of, person_of
 from gateway.guard.decision import (
     PROPOSAL_TOOLS,
     Entry,
@@ -28,7 +30,7 @@ from gateway.role import Role
 from gateway.store.base import StateStore
 from gateway.tools.registry import Registry
 from gateway.tools.spec import ToolSpec
-from gateway.vocabulary import Category, Plan
+from gateway.vocabulary import Category, Kind, Plan
 
 
 class FactsNow:
@@ -68,22 +70,35 @@ class FactsNow:
 
     def party(self, principal: Principal) -> Party:
         """The caller as the store says it is now: a token's current state, role and kind (a principal
-        without a token, from stdio or the CLI, is the role and kind its surface gave it)."""
+        without a token, from stdio or the CLI, is the role and kind its surface gave it), with its
+        keys (``guard.callers``)."""
+        key, person_key = key_of(principal), person_of(principal)
         if principal.token_id is None:
-            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind)
+            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind,
+                         key=key, person_key=person_key)
         record = self.store.token_by_id(principal.token_id)
         if record is None:
-            return Party(principal.name, TokenState.UNKNOWN, None)
+            return Party(principal.name, TokenState.UNKNOWN, None, key=key, person_key=person_key)
         state = token_state(record, self.clock())
-        return Party(principal.name, state, self.roles.get(record.role), record.kind)
+        person = key if record.kind is Kind.PERSON else person_key
+        return Party(principal.name, state, self.roles.get(record.role), record.kind, key=key,
+                     person_key=person)
 
     def owner(self, p: Proposal) -> Party:
-        """The proposer as they are now (their token's current state and role)."""
-        record = self.store.token_by_name(p.caller)
+        """The proposer as they are now: for a token, its current state and role, found by the token id
+        its key holds (never by name: another caller may show the same name); a proposal without a key
+        (stored before keys were kept) has an owner nobody matches."""
+        key = parse_key(p.caller_key)
+        if key is None:
+            return Party(p.caller, TokenState.UNKNOWN, None)
+        if key.space != "token":
+            return Party(p.caller, TokenState.USABLE, self.roles.get(p.role), key=p.caller_key,
+                         person_key=p.acting_for_key)
+        record = self.store.token_by_id(key.value)
         if record is None:
-            return Party(p.caller, TokenState.USABLE, self.roles.get(p.role))
-        role = self.roles.get(record.role)
-        return Party(p.caller, token_state(record, self.clock()), role)
+            return Party(p.caller, TokenState.UNKNOWN, None, key=p.caller_key, person_key=p.acting_for_key)
+        return Party(p.caller, token_state(record, self.clock()), self.roles.get(record.role),
+                     key=p.caller_key, person_key=p.acting_for_key)
 
     def of_proposal(self, entry: Entry, actor: Party, spec: ToolSpec, proposal: Proposal,
                     owner: Party) -> Facts:

@@ -14,6 +14,7 @@ from gateway import tracing
 from gateway.config import Target
 from gateway.errors import Busy, GatewayError, RateLimited
 from gateway.guard import confirm
+from gateway.guard.callers import scope_of
 from gateway.guard.decision import Entry, Facts, Party, Verdict, authorize, authorize_resolved
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.guard.policy.model import Decision, TargetPolicy
@@ -122,8 +123,8 @@ class Gate:
         except (TypeError, ValueError):  # not canonical JSON: validation refuses it anyway
             return
         try:
-            await off_loop(self.breaker.check, ctx.principal.name, ctx.spec.name, digest, ctx.spec.kind,
-                           time.monotonic())
+            await off_loop(self.breaker.check, scope_of(ctx.principal), ctx.spec.name, digest,
+                           ctx.spec.kind, time.monotonic(), shown=ctx.principal.name)
         except GatewayError as exc:
             await self.refused(ctx, args, exc, target=target)
 
@@ -142,7 +143,8 @@ class Gate:
         per_minute, ceiling = limits.rate_limit(kind), limits.target_rate_limit(kind)
         try:
             await off_loop(self.rate_limiter.check, target, kind, per_minute, time.monotonic(),
-                                caller=ctx.principal.name, target_limit=ceiling)  # PostgreSQL: a DB call
+                                caller=scope_of(ctx.principal), target_limit=ceiling,
+                                shown=ctx.principal.name)  # PostgreSQL: a DB call
         except RateLimited as exc:
             await self.refused(ctx, args, exc, target=target)
 

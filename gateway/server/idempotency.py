@@ -38,6 +38,7 @@ from gateway.errors import (
     error_of,
 )
 from gateway.guard import confirm
+from gateway.guard.callers import key_of
 from gateway.guard.idempotency import KEY_FIELD, Step, decide, keeps_error
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import CallContext, Handler, ProgressSink, off_loop, redact_args, target_label
@@ -98,7 +99,7 @@ class Idempotency:
         key = key_id(secret)
         ctx.idempotency_key = key[:16]  # rows name the key by its digest: the key opens the kept outcome
         seal = _Seal(secret)
-        caller, tool = ctx.principal.name, ctx.spec.name
+        caller, tool = key_of(ctx.principal), ctx.spec.name  # keys are per caller key, never per name
         digest = confirm.args_digest(tool, str(args.get("target")), args)
         for _attempt in range(5):  # a lost claim race reads the key again
             now = self.clock()

@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from gateway.audit.readers import AuditReader
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import CallerKey, Principal, caller_fields
+from gateway.guard.callers import same
 from gateway.guard.decision import TokenState
 from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
 from gateway.server.audit_trail import AuditTrail
@@ -178,11 +179,12 @@ class Moves:
                 cancelled.append(p.id)
         return cancelled
 
-    def cancel_proposals_of(self, caller: str, *, by: Principal, reason: str) -> list[str]:
+    def cancel_proposals_of(self, caller_key: str, *, by: Principal, reason: str) -> list[str]:
+        """Cancel every open proposal of the caller with key text ``caller_key`` (``callers.same``)."""
         cancelled = []
         for p in self.store.list_proposals(list(OPEN_STATES), limit=10_000):
             if (
-                p.caller == caller
+                same(p.caller_key, caller_key)
                 and self.move_sync(
                     p, OPEN_STATES, "cancelled", actor=by, decided_at=self.clock(), reason=reason
                 )
@@ -198,11 +200,12 @@ class Moves:
         Returns the cancelled proposal ids. The revocation stands even if its row cannot be written
         (``AuditUnavailable`` is raised after it): revoking only narrows access."""
         rec = self.store.update_token(name, revoked=True)
-        cancelled = self.cancel_proposals_of(name, by=by, reason="token revoked")
+        mine = str(CallerKey.token(rec.token_id))
+        cancelled = self.cancel_proposals_of(mine, by=by, reason="token revoked")
         self.trail.write_row(
             {
                 "phase": "token_revoked",
-                "caller": by.name,
+                **caller_fields(by),
                 "kind": by.kind.value,
                 "surface": by.surface,
                 "token_name": rec.name,
@@ -312,11 +315,12 @@ class Moves:
             "tool": proposal.tool,
             "risk": spec.risk.value if spec else None,
             "target": proposal.target,
-            "caller": actor.name,
+            **caller_fields(actor),
             "kind": actor.kind.value,
             "role": actor.role,
             "surface": actor.surface,
             "requested_by": proposal.caller,
+            "requested_by_key": proposal.caller_key,
             "proposal_id": proposal.id,
             "correlation_id": correlation_id or proposal.correlation_id,
             "reason": reason,

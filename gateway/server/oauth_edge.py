@@ -94,5 +94,6 @@ def refusal_code(refusal: IdentityRefusal) -> str:
 def claims_of(principal: Principal) -> dict[str, Any]:
     """What the SDK's access token carries of an identity provider's caller (``edge.principal_of``)."""
     return {"gateway_idp": True, "gateway_kind": principal.kind.value,
-            "gateway_acting_for": principal.acting_for,
+            "gateway_acting_for": principal.acting_for, "gateway_key": str(principal.key),
+            "gateway_acting_for_key": str(principal.acting_for_key) if principal.acting_for_key else None,
             "gateway_scopes": sorted(principal.scopes) if principal.scopes is not None else None}

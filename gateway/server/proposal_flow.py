@@ -43,6 +43,7 @@ from gateway.server.proposal_views import (
     clean_reason,
     pending_answer,
     proposal_view,
+    proposer_keys,
     rule_of,
     shown_summary,
     void_note,
@@ -101,6 +102,7 @@ class ProposalFlow:
         summary = shown_summary(plan)
         affected, blast, shown_as = as_shown(ctx.spec.name, digest, plan)
         rule = rule_of(decision)
+        proposer = proposer_keys(ctx.principal)
         proposal = Proposal(
             id=confirm.new_proposal_id(),
             token_hash=confirm.token_hash(token),
@@ -123,6 +125,8 @@ class ProposalFlow:
             approval_rule=rule.to_dict() if decision.require_approval else None,
             blast_radius=blast,
             shown_digest=shown_as,
+            caller_key=proposer[0],
+            acting_for_key=proposer[1],
         )
         await self.trail.record(
             ctx.row(

@@ -9,7 +9,15 @@ from typing import Any
 
 from gateway.audit.redact import shown, shown_text
 from gateway.errors import Stale
-from gateway.guard.approvals import MAX_REASON_CHARS, ApprovalRule, approval_view, shown_digest, tally
+from gateway.guard.approvals import (
+    MAX_REASON_CHARS,
+    ApprovalRule,
+    approval_view,
+    shown_digest,
+    tally,
+    visible,
+)
+from gateway.guard.callers import key_of, key_text
 from gateway.guard.policy.model import Decision
 from gateway.proposals import Proposal
 from gateway.vocabulary import Plan
@@ -84,9 +92,16 @@ def as_shown(tool: str, args_digest: str, plan: Plan) -> tuple[Any, dict[str, An
     return affected, blast, shown_digest(tool, args_digest, affected, blast)
 
 
+def proposer_keys(principal: Any) -> tuple[str, str | None]:
+    """The keys a new proposal keeps of its proposer: ``Proposal.caller_key`` and ``acting_for_key``."""
+    return key_of(principal), key_text(principal.acting_for_key)
+
+
 def clean_reason(text: str | None) -> str:
-    """A human's reason as kept and shown: redacted (no secret survives), sanitized and bounded."""
-    return shown_text(" ".join(str(text or "").split()), MAX_REASON_CHARS)
+    """A human's reason as kept and shown: redacted (no secret survives), sanitized and bounded; one
+    with no visible character (only spaces, zero-width or other invisible ones) is no reason: ``""``."""
+    given = " ".join(str(text or "").split())
+    return shown_text(given, MAX_REASON_CHARS) if visible(given) else ""
 
 
 def proposal_view(p: Proposal, now: float) -> dict[str, Any]:

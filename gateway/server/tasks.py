@@ -37,9 +37,10 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
 from gateway.answer import Answer
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import Principal, caller_fields
 from gateway.errors import GatewayError, OutcomeUnknown
 from gateway.guard import confirm
+from gateway.guard.callers import key_of, same
 from gateway.guard.idempotency import KEY_FIELD
 from gateway.server.audit_trail import AuditTrail
 from gateway.server.context import client_of, mcp_client_var, off_loop
@@ -174,12 +175,12 @@ class TaskRunner:
             key = key_id(given_key)  # the store never holds the key (``server.idempotency``)
             plain = {k: v for k, v in arguments.items() if k != KEY_FIELD}
             digest = confirm.args_digest(tool, str(target), plain)
-            again = await off_loop(self.table.by_key, principal.name, key, digest, now)
+            again = await off_loop(self.table.by_key, key_of(principal), key, digest, now)
             if again is not None:
                 return again
         owner = await off_loop(self.instance.acquire)
         rec = TaskRecord(uuid.uuid4().hex, principal.name, tool, target, "working", now, now, now + keep,
-                         owner=owner, idempotency_key=key, digest=digest)
+                         owner=owner, idempotency_key=key, digest=digest, caller_key=key_of(principal))
         await off_loop(self.table.add, rec)
         sink = _Progress(self, rec.task_id)
         mcp_client_var.set(client_of(ctx))
@@ -216,8 +217,8 @@ class TaskRunner:
         """Every tasks/cancel is a row: cancelled in vSphere, refused by it, or passed to the replica
         running the task."""
         principal = self.principal_of()
-        await self.trail.record({"phase": "task_cancel", "tool": rec.tool, "target": rec.target,
-                                 "caller": principal.name if principal else rec.caller,
+        who = caller_fields(principal) if principal else {"caller": rec.caller, "caller_key": rec.caller_key}
+        await self.trail.record({"phase": "task_cancel", "tool": rec.tool, "target": rec.target, **who,
                                  "task_id": rec.task_id, "outcome": outcome, "error": why,
                                  "correlation_id": correlation_id_var.get()})
 
@@ -233,10 +234,16 @@ class TaskRunner:
                 why = await sink.cancel()
                 await self._audit_cancel(rec, "refused" if why else "cancelled", why)
 
-    async def _mine(self, task_id: str) -> TaskRecord:
+    async def _mine(self, task_id: str, request: str) -> TaskRecord:
+        """The caller's task ``task_id`` (``callers.same`` on its key); any other answer is refused, and
+        the refusal is a row (``request``: tasks/get, tasks/result, tasks/cancel)."""
         principal = self.principal_of()
         rec = await off_loop(self.table.get, task_id, self.clock())
-        if principal is None or rec is None or rec.caller != principal.name:
+        if principal is None or rec is None or not same(rec.caller_key, key_of(principal)):
+            who = caller_fields(principal) if principal else {"caller": "-"}
+            await self.trail.record({"phase": "refused", "tool": request, **who, "task_id": task_id[:64],
+                                     "error_code": "not_found", "reason_code": "not_your_task",
+                                     "outcome": "refused", "correlation_id": correlation_id_var.get()})
             raise MCPError(code=types.INVALID_PARAMS, message=f"no task '{task_id[:64]}' of yours (never "
                            "made, someone else's, or its results expired); call tasks/list")
         if (rec.status == "working" and rec.task_id not in self._local and rec.owner is not None
@@ -254,33 +261,33 @@ class TaskRunner:
         return found or rec
 
     async def get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
-        return task_wire(await self._mine(params.task_id))
+        return task_wire(await self._mine(params.task_id, "tasks/get"))
 
     async def list(self, ctx: ServerRequestContext[Any],
                    params: types.PaginatedRequestParams) -> dict[str, Any]:
         principal = self.principal_of()
         if principal is None:
             raise MCPError(code=types.INVALID_REQUEST, message="this request carries no authenticated caller")
-        found = await off_loop(self.table.of_caller, principal.name, self.clock())
+        found = await off_loop(self.table.of_caller, key_of(principal), self.clock())
         return {"tasks": [task_wire(r) for r in found]}
 
     async def result(self, ctx: ServerRequestContext[Any],
                      params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         """The tool's result once the task ended (waits for it)."""
-        rec = await self._mine(params.task_id)
+        rec = await self._mine(params.task_id, "tasks/result")
         while not rec.terminal:
             local = self._local.get(rec.task_id)
             if local is not None:
                 await asyncio.wait({local[0]}, timeout=30)
             else:
                 await asyncio.sleep(POLL_MS / 1000)
-            rec = await self._mine(params.task_id)
+            rec = await self._mine(params.task_id, "tasks/result")
         return {"content": [{"type": "text", "text": rec.result or "{}"}], "isError": rec.failed,
                 "_meta": {RELATED: {"taskId": rec.task_id}}}
 
     async def cancel(self, ctx: ServerRequestContext[Any],
                      params: types.CancelTaskRequestParams) -> dict[str, Any]:
-        rec = await self._mine(params.task_id)
+        rec = await self._mine(params.task_id, "tasks/cancel")
         if rec.terminal:
             raise MCPError(code=types.INVALID_PARAMS, message=f"task {rec.task_id} is {rec.status} already")
         local = self._local.get(rec.task_id)
@@ -294,4 +301,4 @@ class TaskRunner:
             raise MCPError(code=types.INVALID_PARAMS,
                            message=f"{why}; the task runs on: poll it with tasks/get")
         await asyncio.wait({local[0]}, timeout=10)
-        return task_wire(await self._mine(rec.task_id))
+        return task_wire(await self._mine(rec.task_id, "tasks/cancel"))

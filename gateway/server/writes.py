@@ -14,6 +14,7 @@ from gateway.audit.redact import shown, shown_text
 from gateway.config import Target
 from gateway.errors import GatewayError, OutcomeUnknown, PolicyDenied
 from gateway.guard import confirm
+from gateway.guard.callers import scope_of
 from gateway.guard.decision import Entry
 from gateway.guard.limits import RunawayBreaker
 from gateway.guard.policy.model import Decision
@@ -61,7 +62,8 @@ class Writes:
         await self.gate.refuse_unless_audit_writable(ctx, args, target=target.name)
         digest = confirm.args_digest(spec.name, target.name, args)
         try:
-            self.breaker.check(ctx.principal.name, spec.name, digest, spec.kind, time.monotonic())
+            self.breaker.check(scope_of(ctx.principal), spec.name, digest, spec.kind, time.monotonic(),
+                               shown=ctx.principal.name)
         except GatewayError as exc:
             await self.gate.refused(ctx, args, exc, target=target.name)
         await self.gate.rate_limit(ctx, args, target.name, spec.kind)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, InvalidArgument
 from gateway.proposals import STATES, Approval, Proposal, check_edge
 from gateway.vocabulary import Kind
 
@@ -55,6 +55,8 @@ class WebSessionRecord:
     created_at: float
     expires_at: float
     last_seen: float
+    #: the signed-in caller's ``CallerKey`` text (None: a session from before keys were kept: nobody)
+    caller_key: str | None = None
 
 
 #: proposal fields ``StateStore.transition`` may set besides the state
@@ -86,7 +88,8 @@ class StateStore(Protocol):
         ...
 
     def add_token(self, rec: TokenRecord) -> None:
-        """Store a new token; ``InvalidArgument`` if its name was ever used (revoked names stay taken)."""
+        """Store a new token; ``InvalidArgument`` if its name, compared case-folded, was ever used (revoked
+        names stay taken)."""
         ...
 
     def token_by_id(self, token_id: str) -> TokenRecord | None: ...
@@ -167,12 +170,13 @@ PROPOSAL_COLUMNS: Final = (
     "id", "token_hash", "caller", "role", "surface", "target", "target_host", "tool", "args", "args_digest",
     "plan_summary", "affected", "plan_params", "created_at", "expires_at", "state", "require_web_approval",
     "approved_by", "decided_at", "outcome", "result", "error", "correlation_id", "executor",
-    "approval_rule", "blast_radius", "shown_digest",
+    "approval_rule", "blast_radius", "shown_digest", "caller_key", "acting_for_key",
 )
 JSON_COLUMNS: Final = frozenset({"args", "affected", "plan_params", "result", "error", "approval_rule",
                                  "blast_radius"})
 #: one person's approval of one proposal (``gateway.proposals.Approval``); one row per person per proposal
-APPROVAL_COLUMNS: Final = ("proposal_id", "approver", "kind", "role", "at", "reason", "digest")
+APPROVAL_COLUMNS: Final = ("proposal_id", "approver", "kind", "role", "at", "reason", "digest",
+                            "approver_key")
 
 
 def approvals_migration(real: str) -> tuple[str, ...]:
@@ -200,7 +204,23 @@ TOKEN_COLUMNS: Final = (
 TOKEN_KIND_COLUMN: Final = (
     "ALTER TABLE tokens ADD COLUMN kind TEXT NOT NULL DEFAULT 'agent' CHECK (kind IN ('person', 'agent'))"
 )
-WEB_SESSION_COLUMNS: Final = ("key", "token_id", "name", "csrf", "created_at", "expires_at", "last_seen")
+WEB_SESSION_COLUMNS: Final = ("key", "token_id", "name", "csrf", "created_at", "expires_at", "last_seen",
+                               "caller_key")
+#: the schema step of both engines keeping each caller's ``CallerKey`` text beside its display name.
+#: Rows written before carry none (NULL) and match no caller: a proposal nobody may confirm (it expires),
+#: an approval that counts for nobody, a task nobody sees, a page session that signs nobody in. The
+#: idempotency rows named their caller by display name in ``caller``, the column keys now live in: those
+#: names get a prefix no key text has (``unkeyed:``), so they match no caller either (a retry with such a
+#: key runs as a new call, as any key of a caller it does not match).
+CALLER_KEYS_MIGRATION: Final = (
+    "ALTER TABLE proposals ADD COLUMN caller_key TEXT",
+    "ALTER TABLE proposals ADD COLUMN acting_for_key TEXT",
+    "ALTER TABLE approvals ADD COLUMN approver_key TEXT",
+    "ALTER TABLE mcp_tasks ADD COLUMN caller_key TEXT",
+    "ALTER TABLE web_sessions ADD COLUMN caller_key TEXT",
+    "UPDATE idempotency_keys SET caller = 'unkeyed:' || caller",
+    "CREATE INDEX mcp_tasks_caller_key ON mcp_tasks (caller_key, created_at)",
+)
 
 
 class Row(Protocol):
@@ -217,6 +237,19 @@ def to_json(value: Any) -> str | None:
 
 def from_json(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def taken_name(names: Sequence[str], name: str) -> str | None:
+    """The name among ``names`` that ``name`` repeats, compared case-folded (``IdPerson`` repeats
+    ``idperson``: two token names that read alike would be two callers that look like one), or None."""
+    folded = name.casefold()
+    return next((n for n in names if n.casefold() == folded), None)
+
+
+def name_refused(name: str, taken: str) -> InvalidArgument:
+    return InvalidArgument("name", f"a token named {taken!r} already exists, and token names are compared "
+                           f"ignoring case, so {name!r} is taken too (names of revoked tokens stay taken, so "
+                           "sessions of a leaked token cannot be continued); pick a new name")
 
 
 def token_from_row(row: Row) -> TokenRecord:

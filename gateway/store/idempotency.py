@@ -1,4 +1,4 @@
-"""Idempotency keys in the state store, on either engine: one row per (caller, key), claimed atomically.
+"""Idempotency keys in the state store, on either engine: one row per (caller key, key), claimed atomically.
 
 ``KeyTable`` runs the same SQL on SQLite and PostgreSQL (``%s`` placeholders, rewritten for SQLite) through
 the store's own ``_read``/``_write``, so every replica on one database sees every key. What a row means
@@ -45,7 +45,8 @@ class SqlStore(Protocol):
 
 @dataclass(frozen=True)
 class KeyRecord:
-    """One key as stored: who used it for which call, and the outcome once it finished."""
+    """One key as stored: who used it (``caller``: the caller's ``CallerKey`` text) for which call, and
+    the outcome once it finished."""
 
     caller: str
     key: str

@@ -43,10 +43,10 @@ class PgRateLimiter(RateLimiter):
         self.store = store
 
     def check(self, target: str, category: Category, limit: int | None, now: float = 0.0, *,
-              caller: str | None = None, target_limit: int | None = None) -> None:
+              caller: str | None = None, target_limit: int | None = None, shown: str | None = None) -> None:
         """Record the call in every budget it spends, or raise ``RateLimited`` for the first full one,
         recording nothing (``now`` is ignored: the database's clock counts)."""
-        spent = budgets(target, category, limit, caller, target_limit)
+        spent = budgets(target, category, limit, caller, target_limit, shown)
         if not spent:
             return
         refusal: RateLimited | None = None
@@ -81,7 +81,8 @@ class PgRunawayBreaker(RunawayBreaker):
         super().__init__(max_repeats, window, cooldown)
         self.store = store
 
-    def check(self, caller: str, tool: str, args_digest: str, category: Category, now: float = 0.0) -> None:
+    def check(self, caller: str, tool: str, args_digest: str, category: Category, now: float = 0.0, *,
+              shown: str | None = None) -> None:
         """Count an identical write; raise ``RateLimited`` while tripped for it (``now`` is ignored)."""
         if category is Category.READ:
             return
@@ -96,14 +97,14 @@ class PgRunawayBreaker(RunawayBreaker):
             times = [float(x) for x in row["times"]] if row else []
             tripped_until = float(row["tripped_until"]) if row else 0.0
             if t < tripped_until:
-                refusal = self._refusal(caller, tool, tripped_until - t)
+                refusal = self._refusal(shown or caller, tool, tripped_until - t)
             else:
                 if tripped_until:
                     times, tripped_until = [], 0.0
                 times = [x for x in times if x > t - self._window] + [t]
                 if len(times) > self._max_repeats:
                     times, tripped_until = [], t + self._cooldown
-                    refusal = self._refusal(caller, tool, self._cooldown)
+                    refusal = self._refusal(shown or caller, tool, self._cooldown)
                 db.execute("INSERT INTO breaker_state (key, times, tripped_until) VALUES (%s, %s, %s) "
                            "ON CONFLICT (key) DO UPDATE SET times = EXCLUDED.times, "
                            "tripped_until = EXCLUDED.tripped_until", (key, times, tripped_until))

@@ -39,6 +39,7 @@ from gateway.errors import ConfigError, InvalidArgument, NotFound, StateUnavaila
 from gateway.proposals import Approval, Proposal
 from gateway.store.base import (
     APPROVAL_COLUMNS,
+    CALLER_KEYS_MIGRATION,
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
@@ -53,9 +54,11 @@ from gateway.store.base import (
     approvals_migration,
     check_states,
     check_transition,
+    name_refused,
     pending_migrations,
     proposal_from_row,
     proposal_values,
+    taken_name,
     to_json,
     token_from_row,
     token_values,
@@ -173,9 +176,11 @@ _V6: Final = (
 )
 #: N of M: each proposal's approval rule, blast radius and digest as shown, and one row per approval
 _V7: Final = approvals_migration("double precision")
+#: every caller's stable key beside its display name (``gateway.auth.principal.CallerKey``)
+_V8: Final = CALLER_KEYS_MIGRATION
 #: the schema's history, kept in ``schema_version``. Append, never edit.
 MIGRATIONS: Final[tuple[Migration, ...]] = (
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7)
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8)
 )
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
@@ -318,6 +323,11 @@ class PostgresStore:
     def add_token(self, rec: TokenRecord) -> None:
         try:
             with self._write("add a token") as db:
+                db.execute("LOCK TABLE tokens IN SHARE ROW EXCLUSIVE MODE")
+                taken = taken_name([r["name"] for r in db.execute("SELECT name FROM tokens").fetchall()],
+                                   rec.name)
+                if taken is not None:
+                    raise name_refused(rec.name, taken)
                 marks = ", ".join(["%s"] * len(TOKEN_COLUMNS))
                 db.execute(f"INSERT INTO tokens ({_TOKENS}) VALUES ({marks})", token_values(rec))
                 self._bump_generation(db)
@@ -393,8 +403,10 @@ class PostgresStore:
         with self._write("record an approval") as db:
             cursor = db.execute(
                 f"INSERT INTO approvals ({', '.join(APPROVAL_COLUMNS)}) SELECT {marks} WHERE EXISTS "
-                "(SELECT 1 FROM proposals WHERE id = %s AND state = 'pending') ON CONFLICT DO NOTHING",
-                (*approval_values(a), a.proposal_id))
+                "(SELECT 1 FROM proposals WHERE id = %s AND state = 'pending') AND NOT EXISTS "
+                "(SELECT 1 FROM approvals WHERE proposal_id = %s AND approver_key = %s) "
+                "ON CONFLICT DO NOTHING",
+                (*approval_values(a), a.proposal_id, a.proposal_id, a.approver_key))
             return cursor.rowcount == 1
 
     def get_proposal(self, proposal_id: str) -> Proposal | None:

@@ -38,6 +38,7 @@ from gateway.private_files import DIR_MODE, FILE_MODE, make_private_dirs
 from gateway.proposals import Approval, Proposal
 from gateway.store.base import (
     APPROVAL_COLUMNS,
+    CALLER_KEYS_MIGRATION,
     JSON_COLUMNS,
     PROPOSAL_COLUMNS,
     TOKEN_COLUMNS,
@@ -52,9 +53,11 @@ from gateway.store.base import (
     approvals_migration,
     check_states,
     check_transition,
+    name_refused,
     pending_migrations,
     proposal_from_row,
     proposal_values,
+    taken_name,
     to_json,
     token_from_row,
     token_values,
@@ -131,9 +134,11 @@ _V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
 _V6: Final[tuple[str, ...]] = ()
 #: N of M: each proposal's approval rule, blast radius and digest as shown, and one row per approval
 _V7: Final = approvals_migration("REAL")
+#: every caller's stable key beside its display name (``gateway.auth.principal.CallerKey``)
+_V8: Final = CALLER_KEYS_MIGRATION
 #: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
 MIGRATIONS: Final[tuple[Migration, ...]] = (
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7)
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8)
 )
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)
@@ -332,6 +337,10 @@ class SqliteStore:
     def add_token(self, rec: TokenRecord) -> None:
         try:
             with self._write("add a token") as db:
+                taken = taken_name([r["name"] for r in db.execute("SELECT name FROM tokens").fetchall()],
+                                   rec.name)
+                if taken is not None:
+                    raise name_refused(rec.name, taken)
                 marks = ", ".join("?" * len(TOKEN_COLUMNS))
                 db.execute(f"INSERT INTO tokens ({_TOKEN_COLUMNS}) VALUES ({marks})", token_values(rec))
                 self._bump_generation(db)
@@ -407,8 +416,9 @@ class SqliteStore:
         with self._write("record an approval") as db:
             cursor = db.execute(
                 f"INSERT OR IGNORE INTO approvals ({', '.join(APPROVAL_COLUMNS)}) SELECT {marks} "
-                "WHERE EXISTS (SELECT 1 FROM proposals WHERE id = ? AND state = 'pending')",
-                (*approval_values(a), a.proposal_id))
+                "WHERE EXISTS (SELECT 1 FROM proposals WHERE id = ? AND state = 'pending') AND NOT EXISTS "
+                "(SELECT 1 FROM approvals WHERE proposal_id = ? AND approver_key = ?)",
+                (*approval_values(a), a.proposal_id, a.proposal_id, a.approver_key))
             return cursor.rowcount == 1
 
     def get_proposal(self, proposal_id: str) -> Proposal | None:

@@ -58,6 +58,9 @@ class TaskRecord:
     #: the sha256 of the call's idempotency key and the call's digest: a retry with them gets this task
     idempotency_key: str | None = None
     digest: str | None = None
+    #: the caller's ``CallerKey`` text: only that caller sees the task (None: written before keys were
+    #: kept: nobody's; ``caller`` is the display name rows show)
+    caller_key: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -66,7 +69,7 @@ class TaskRecord:
 
 _COLUMNS: Final = ("task_id, caller, tool, target, status, created_at, updated_at, keep_until, "
                    "status_message, progress, result, failed, cancel_requested, owner, idempotency_key, "
-                   "digest")
+                   "digest, caller_key")
 
 
 def _record(row: Any) -> TaskRecord:
@@ -74,7 +77,7 @@ def _record(row: Any) -> TaskRecord:
                       float(row["created_at"]), float(row["updated_at"]), float(row["keep_until"]),
                       row["status_message"], None if row["progress"] is None else float(row["progress"]),
                       row["result"], bool(row["failed"]), bool(row["cancel_requested"]), row["owner"],
-                      row["idempotency_key"], row["digest"])
+                      row["idempotency_key"], row["digest"], row["caller_key"])
 
 
 class TaskTable:
@@ -90,17 +93,19 @@ class TaskTable:
     def add(self, rec: TaskRecord) -> None:
         with self.store._write("record a task") as db:
             db.execute(self._sql(f"INSERT INTO mcp_tasks ({_COLUMNS}) VALUES "
-                                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"),
+                                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"),
                        (rec.task_id, rec.caller, rec.tool, rec.target, rec.status, rec.created_at,
                         rec.updated_at, rec.keep_until, rec.status_message, rec.progress, rec.result,
                         int(rec.failed), int(rec.cancel_requested), rec.owner, rec.idempotency_key,
-                        rec.digest))
+                        rec.digest, rec.caller_key))
 
-    def by_key(self, caller: str, key: str, digest: str, now: float) -> TaskRecord | None:
-        """The kept task ``caller`` started with idempotency key ``key`` for the call ``digest``."""
+    def by_key(self, caller_key: str, key: str, digest: str, now: float) -> TaskRecord | None:
+        """The kept task the caller with key text ``caller_key`` started with idempotency key ``key`` for
+        the call ``digest``."""
         rows = self.store._read("read a task by its key", self._sql(
-            f"SELECT {_COLUMNS} FROM mcp_tasks WHERE caller = %s AND idempotency_key = %s AND digest = %s "
-            "AND keep_until > %s ORDER BY created_at LIMIT 1"), (caller, key, digest, now))
+            f"SELECT {_COLUMNS} FROM mcp_tasks WHERE caller_key = %s AND idempotency_key = %s "
+            "AND digest = %s AND keep_until > %s ORDER BY created_at LIMIT 1"),
+            (caller_key, key, digest, now))
         return _record(rows[0]) if rows else None
 
     def get(self, task_id: str, now: float) -> TaskRecord | None:
@@ -109,10 +114,11 @@ class TaskTable:
             f"SELECT {_COLUMNS} FROM mcp_tasks WHERE task_id = %s AND keep_until > %s"), (task_id, now))
         return _record(rows[0]) if rows else None
 
-    def of_caller(self, caller: str, now: float, limit: int = 100) -> list[TaskRecord]:
+    def of_caller(self, caller_key: str, now: float, limit: int = 100) -> list[TaskRecord]:
+        """The kept tasks of the caller with key text ``caller_key`` (a row without a key is nobody's)."""
         rows = self.store._read("list tasks", self._sql(
-            f"SELECT {_COLUMNS} FROM mcp_tasks WHERE caller = %s AND keep_until > %s "
-            "ORDER BY created_at DESC LIMIT %s"), (caller, now, limit))
+            f"SELECT {_COLUMNS} FROM mcp_tasks WHERE caller_key = %s AND keep_until > %s "
+            "ORDER BY created_at DESC LIMIT %s"), (caller_key, now, limit))
         return [_record(r) for r in rows]
 
     def progress(self, task_id: str, fraction: float, message: str, now: float) -> None:

@@ -49,7 +49,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.answer import Answer
-from gateway.auth.tokens import TOKEN_PREFIX, Principal
+from gateway.auth.tokens import TOKEN_PREFIX, CallerKey, Principal, caller_fields
 from gateway.errors import (
     AuditUnavailable,
     Forbidden,
@@ -86,7 +86,7 @@ from gateway.web.session import (
     set_cookie_header,
 )
 from gateway.web.sso_routes import SsoRoutes, sign_on_for, sso_principal
-from gateway.web.views import proposal_card, verify_body
+from gateway.web.views import proposal_card, proposed_by, verify_body
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,8 @@ class WebApi:
                                    "again")
             return Viewer(session, person, sso_role)
         record = self.gateway.store.token_by_id(session.token_id)
-        if record is None or record.name != session.name or not record.usable(self.sessions.clock()):
+        if (record is None or record.name != session.name or not record.usable(self.sessions.clock())
+                or not session.keyed_to(CallerKey.token(record.token_id))):
             self.sessions.end(sid)
             raise Unauthorized("your token was revoked or has expired, so your session ended; sign in with a "
                                f"valid token ({PERSON_TOKEN})")
@@ -324,8 +325,9 @@ class WebApi:
 
     async def _audit_event(self, phase: str, principal: Principal, **fields: Any) -> None:
         """Sign-in and sign-out rows; an unwritable log is logged here (approvals refuse it themselves)."""
-        row = {"phase": phase, "caller": principal.name, "kind": principal.kind.value, "role": principal.role,
-               "surface": SURFACE, "correlation_id": correlation_id_var.get(), **fields}
+        row = {"phase": phase, **caller_fields(principal), "kind": principal.kind.value,
+               "role": principal.role, "surface": SURFACE, "correlation_id": correlation_id_var.get(),
+               **fields}
         try:
             await anyio.to_thread.run_sync(self.gateway.trail.write_row, row)  # forwarded too
         except AuditUnavailable:
@@ -452,7 +454,7 @@ class WebApi:
         """One card. Whether the viewer may deny or approve is the decision's own verdict
         (``Gateway.decision_rights``), asked only for pending proposals; clicks are decided again."""
         rights = self.gateway.decision_rights(p, viewer.principal) if p.state == "pending" else None
-        return proposal_card(p, now, mine=p.caller == viewer.principal.name, rights=rights)
+        return proposal_card(p, now, mine=proposed_by(p, viewer.principal), rights=rights)
 
     def _proposals(self, viewer: Viewer) -> list[dict[str, Any]]:
         store, now = self.gateway.store, self.gateway.clock()
@@ -522,7 +524,9 @@ class WebApi:
         read = functools.partial(reader.rows, last=scan,
                                  phase=filters["phase"], target=filters["target"], tool=filters["tool"],
                                  caller=name if own else filters["caller"])
-        rows = [r for r in await anyio.to_thread.run_sync(read) if may_read_audit_row(viewer.role, name, r)]
+        mine = str(viewer.principal.key)
+        rows = [r for r in await anyio.to_thread.run_sync(read)
+                if may_read_audit_row(viewer.role, name, r, viewer_key=mine)]
         return {"rows": rows[-last:], "filters": shown, "last": last}
 
     async def audit_verify(self, _request: Request, viewer: Viewer) -> dict[str, Any]:

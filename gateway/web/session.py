@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import urlsplit
 
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import CallerKey, Principal
+from gateway.guard.callers import same
 from gateway.store.base import StateStore, WebSessionRecord
 
 #: cookie names: the ``__Host-`` prefix is only valid (and only accepted by browsers) with ``Secure``
@@ -57,6 +58,14 @@ class WebSession:
     created_at: float
     expires_at: float
     last_seen: float
+    #: the signed-in caller's ``CallerKey`` text (for an SSO person, its issuer and ``sub``); None: a
+    #: session stored before keys were kept, which signs nobody in
+    caller_key: str | None = None
+
+    def keyed_to(self, key: CallerKey) -> bool:
+        """Whether this session was opened by the caller keyed ``key`` (``guard.callers.same``: a session
+        kept without a key is nobody's)."""
+        return same(self.caller_key, key)
 
 
 class SessionStore:
@@ -79,7 +88,7 @@ class SessionStore:
         now = self.clock()
         session = WebSession(id=secrets.token_urlsafe(32), token_id=principal.token_id, name=principal.name,
                              csrf=secrets.token_urlsafe(32), created_at=now, expires_at=now + self.lifetime,
-                             last_seen=now)
+                             last_seen=now, caller_key=str(principal.key))
         if self.store is not None:
             self.store.add_web_session(_record(session), idle=self.idle, max_sessions=self.max_sessions)
             return session
@@ -144,12 +153,13 @@ def session_key(session_id: str) -> str:
 def _record(session: WebSession) -> WebSessionRecord:
     return WebSessionRecord(key=session_key(session.id), token_id=session.token_id, name=session.name,
                             csrf=session.csrf, created_at=session.created_at, expires_at=session.expires_at,
-                            last_seen=session.last_seen)
+                            last_seen=session.last_seen, caller_key=session.caller_key)
 
 
 def _session(session_id: str, rec: WebSessionRecord) -> WebSession:
     return WebSession(id=session_id, token_id=rec.token_id, name=rec.name, csrf=rec.csrf,
-                      created_at=rec.created_at, expires_at=rec.expires_at, last_seen=rec.last_seen)
+                      created_at=rec.created_at, expires_at=rec.expires_at, last_seen=rec.last_seen,
+                      caller_key=rec.caller_key)
 
 
 # ---------------------------------------------------------------------------- cookies

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from gateway.auth.caller_keys import parse_key
 from gateway.auth.tokens import Principal
 from gateway.errors import ConfigError
 from gateway.identity.service import IdentityRefusal, IdentityService
@@ -56,8 +57,11 @@ def sso_principal(session: WebSession, surface: str) -> Principal | None:
     """The person of an SSO session, None for a token's session."""
     if not session.token_id.startswith(SSO_SESSION):
         return None
+    key = parse_key(session.caller_key)
+    if key is None or key.space != "person":  # a session kept before keys were: nobody (sign in again)
+        return None
     return Principal(
-        session.name, session.token_id[len(SSO_SESSION) :], None, surface=surface, kind=Kind.PERSON
+        session.name, session.token_id[len(SSO_SESSION) :], None, surface=surface, kind=Kind.PERSON, key=key
     )
 
 
@@ -142,7 +146,8 @@ class SsoRoutes:
                 status_code=exc.status,
             )
         holder = Principal(
-            person.name, person.role, f"{SSO_SESSION}{person.role}", surface="web", kind=Kind.PERSON
+            person.name, person.role, f"{SSO_SESSION}{person.role}", surface="web", kind=Kind.PERSON,
+            key=person.key,
         )
 
         def new_session() -> WebSession:

@@ -7,10 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.audit.verify import LineFault, VerifyReport
+from gateway.guard.callers import key_of, own_proposal, person_of
 from gateway.guard.decision import Verdict
 from gateway.proposals import Proposal
 from gateway.sanitize import clean_text
 from gateway.server.proposal_views import proposal_view
+
+
+def proposed_by(p: Proposal, viewer: Any) -> bool:
+    """Whether the viewer (a ``Principal``) proposed ``p`` or is the person an agent proposed it for, by
+    key (``guard.callers.own_proposal``): the card's "mine"."""
+    return own_proposal(key_of(viewer), person_of(viewer), p.caller_key, p.acting_for_key)
 
 
 def proposal_card(p: Proposal, now: float, *, mine: bool,
