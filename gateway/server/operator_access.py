@@ -9,7 +9,7 @@ the default), the scope ``AUDIT_SCOPE``: a JWT without it, an empty ``scope`` in
 as for tools. Every refusal is audited (a ``refused`` row through ``audit_refusal`` when the gateway has
 it, else counted into the refused-token rows).
 
-/readyz needs no token, so ``optional_caller`` reads an ``Authorization`` header itself: a valid token
+/readyz needs no token, so ``ProbeCaller`` reads an ``Authorization`` header itself: a valid token
 with the right gets the detail; no token, a refused one (counted and audited like any refused token) or
 one without the right gets the status alone.
 """
