@@ -20,16 +20,30 @@ in thirteen calls; on 30,000 VMs, collections took about 100 ms of each call. Si
   ``python_gc_collections_total``. A latency spike that is the collector shows here.
 
 Tests never call ``settle``: freezing a test process's heap would keep every test's garbage cycles.
+
+``settle`` also starts the ``Trimmer``: a burst (a thousand TLS connections at once, each with its
+OpenSSL state and read buffers, or a large reply's decoded pages) leaves its freed memory inside
+glibc's arenas, fragmented between live blocks, so the process's RSS stays at the burst's peak and a
+second burst adds to it. Python's own objects do not grow: tracemalloc snapshots diffed around a
+flood of made-up tokens showed a few hundred KiB traced while RSS grew by about 150 MiB
+(bench/README.md, "Soak"). The trimmer watches glibc's free bytes (``mallinfo2``) from a daemon thread
+and calls ``malloc_trim(0)``, which hands the free pages of every arena back to the kernel, once the
+free bytes rose ``TRIM_FREE_BYTES`` above their lowest reading since the last trim. Nothing happens
+on other C libraries (musl has no ``mallinfo2``): the trimmer is then off.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
+import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from gateway.server.metrics import Metrics
 
@@ -39,6 +53,12 @@ OLDER_THRESHOLDS: Final = (20, 10)
 """Collections of one generation before the next older one is collected (CPython's second and third)."""
 PAUSE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 GENERATIONS: Final = 3
+TRIM_FREE_BYTES: Final = 16 << 20
+"""Free bytes in glibc's arenas, above their lowest since the last trim, that make the trimmer trim."""
+TRIM_INTERVAL_SECONDS: Final = 2.0
+"""How often the trimmer reads glibc's free bytes."""
+
+log = logging.getLogger(__name__)
 
 
 class GcPauses:
@@ -94,9 +114,93 @@ class GcPauses:
         return [pauses, frozen, thresholds]
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost")]
+
+
+def glibc() -> Any | None:
+    """glibc's ``mallinfo2`` and ``malloc_trim`` (ctypes), or None on another C library."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+class Trimmer:
+    """Gives freed heap memory back to the kernel after a burst (see the module docstring).
+
+    ``check`` is the decision, on plain numbers: ``free_bytes`` (glibc's ``fordblks``) read now; it
+    trims when they exceed the lowest reading since the last trim by ``threshold``. A trim leaves the
+    free bytes counted as free (only their pages go back), so the reading after a trim is the new floor.
+    """
+
+    def __init__(self, read_free: Callable[[], int], trim: Callable[[], object], *,
+                 threshold: int = TRIM_FREE_BYTES, interval: float = TRIM_INTERVAL_SECONDS) -> None:
+        self._read_free, self._trim = read_free, trim
+        self.threshold, self.interval = threshold, interval
+        self.floor: int | None = None
+        self.trims = 0
+        self.free_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_glibc(cls, **options: Any) -> Trimmer | None:
+        libc = glibc()
+        if libc is None:
+            return None
+        return cls(lambda: int(libc.mallinfo2().fordblks), lambda: libc.malloc_trim(0), **options)
+
+    def check(self) -> bool:
+        """Read the free bytes; trim when they rose ``threshold`` above the floor. Whether it trimmed."""
+        free = self.free_bytes = self._read_free()
+        if self.floor is None or free < self.floor:
+            self.floor = free
+        if free - self.floor < self.threshold:
+            return False
+        self._trim()
+        self.trims += 1
+        self.floor = self.free_bytes = self._read_free()
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # a failed reading must never end the process
+                log.exception("heap trimmer: reading or trimming the heap failed; it stops")
+                return
+
+    def start(self) -> Trimmer:
+        self._thread = threading.Thread(target=self._run, name="heap-trimmer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def families(self) -> Iterable[Metric]:
+        trims = CounterMetricFamily("gateway_heap_trims", "Times freed heap memory was given back to the "
+                                    "kernel after a burst (malloc_trim).")
+        trims.add_metric((), self.trims)
+        free = GaugeMetricFamily("gateway_heap_free_bytes",
+                                 "Free bytes in the C library's heap arenas at the trimmer's last reading.")
+        free.add_metric((), self.free_bytes)
+        return [trims, free]
+
+
 def settle(metrics: Metrics | None = None) -> GcPauses:
-    """Collect, freeze what is alive, raise the young generation's threshold and time every pause
-    from now on (exposed through ``metrics`` when given). Once per process, just before serving."""
+    """Collect, freeze what is alive, raise the young generation's threshold, time every pause from
+    now on and start the heap trimmer (both exposed through ``metrics`` when given). Once per process,
+    just before serving."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, *OLDER_THRESHOLDS)
@@ -104,4 +208,9 @@ def settle(metrics: Metrics | None = None) -> GcPauses:
     gc.callbacks.append(pauses.callback)
     if metrics is not None:
         metrics.add_collector("gc", pauses.families)
+    trimmer = Trimmer.for_glibc()
+    if trimmer is not None:
+        trimmer.start()
+        if metrics is not None:
+            metrics.add_collector("heap", trimmer.families)
     return pauses
