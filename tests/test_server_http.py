@@ -288,9 +288,11 @@ async def test_oversized_headers_are_refused(served: Served) -> None:
 
 async def test_probes_and_metrics(served: Served) -> None:
     async with served.http() as anonymous, served.http(served.tokens["bob"]) as reader:
-        ready = await anonymous.get("/readyz")
+        stranger = await anonymous.get("/readyz")
+        ready = await reader.get("/readyz")
         hidden = await anonymous.get("/metrics")
         metrics = await reader.get("/metrics", headers={"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"})
+    assert stranger.status_code == 200 and stranger.json() == {"status": "ready"}  # no count for strangers
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     assert ready.json()["circuit_breakers"] == {"targets": 1, "open": 0}
     assert hidden.status_code == 401
@@ -374,7 +376,7 @@ async def test_stop_fails_readiness_first_and_lets_calls_finish(tmp_path: Path) 
             tg.start_soon(slow_call)
             await anyio.to_thread.run_sync(running.gateway.entered.wait, 30)
             running.server.begin_stop()
-            async with running.http() as probe:
+            async with running.http(running.tokens["bob"]) as probe:
                 not_ready = await probe.get("/readyz")
             assert not_ready.status_code == 503 and not_ready.json()["reasons"] == ["shutting down"]
             async with running.http(running.tokens["bob"]) as late:
@@ -650,7 +652,7 @@ async def test_healthz_answers_while_readiness_is_stuck(
     try:
         gw.store.ping = stuck_store_ping_fault  # type: ignore[method-assign]
         answers: dict[str, httpx2.Response] = {}
-        async with served.http() as http:
+        async with served.http(served.tokens["alice"]) as http:
 
             async def ready() -> None:
                 answers["ready"] = await http.get("/readyz", timeout=30)
@@ -668,7 +670,7 @@ async def test_healthz_answers_while_readiness_is_stuck(
                 assert health.status_code == 200
         assert answers["ready"].status_code == 503
         assert "did not answer" in " ".join(answers["ready"].json()["reasons"])
-        async with served.http() as http:
+        async with served.http(served.tokens["alice"]) as http:
             again = await http.get("/readyz", timeout=30)
         assert again.status_code == 503 and calls == [1], "a later probe joins the stuck check"
     finally:
