@@ -315,7 +315,7 @@ def test_kubernetes_deployment_probes_secret_and_volume() -> None:
         check = container[probe]["httpGet"]
         assert (check["path"], check["scheme"]) == (path, "HTTPS") and check["port"] in ports
     assert container["envFrom"] == [{"secretRef": {"name": docs["Secret"]["metadata"]["name"]}}]
-    bootstrap = {"name": "GATEWAY_BOOTSTRAP_TOKEN_FILE", "value": "/etc/gateway/bootstrap/token"}
+    bootstrap = {"name": "GATEWAY_BOOTSTRAP_TOKEN_FILE", "value": "/var/run/gateway-bootstrap/token"}
     assert bootstrap in container["env"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -387,7 +387,7 @@ def test_kubernetes_replicas_signing_key_reaches_the_gateway_owner_only() -> Non
     docs = {doc["kind"]: doc for doc in documents("gateway-replicas.yaml")}
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 10001
-    (init,) = pod["initContainers"]
+    init = {c["name"]: c for c in pod["initContainers"]}["audit-key"]
     (container,) = pod["containers"]
     key = {e["name"]: e["value"] for e in container["env"]}["GATEWAY_AUDIT_SIGNING_KEY_FILE"]
     assert init["command"][:3] == ["install", "-m", "0400"] and init["command"][-1] == key
@@ -399,6 +399,38 @@ def test_kubernetes_replicas_signing_key_reaches_the_gateway_owner_only() -> Non
     copy = init_mounts[key.rsplit("/", 1)[0]]
     assert volumes[copy]["emptyDir"]["medium"] == "Memory"
     assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[key.rsplit("/", 1)[0]] == copy
+
+
+@pytest.mark.parametrize("manifest", ["gateway.yaml", "gateway-replicas.yaml"])
+def test_kubernetes_bootstrap_token_reaches_the_gateway_owner_only(manifest: str, tmp_path: Path) -> None:
+    """The gateway reads the first token as a secret (its user's file, owner-only), so the root-owned
+    Secret file is copied 0400 by an init container into the memory volume GATEWAY_BOOTSTRAP_TOKEN_FILE
+    names; the init command itself runs here on both paths (a Secret mounted, none: no copy, no error)."""
+    docs = {doc["kind"]: doc for doc in documents(manifest)}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 10001
+    init = {c["name"]: c for c in pod["initContainers"]}["bootstrap-token"]
+    (container,) = pod["containers"]
+    path = {e["name"]: e["value"] for e in container["env"]}["GATEWAY_BOOTSTRAP_TOKEN_FILE"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    init_mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    copy = init_mounts[path.rsplit("/", 1)[0]]
+    assert volumes[copy]["emptyDir"]["medium"] == "Memory"
+    assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]}[path.rsplit("/", 1)[0]] == copy
+    (source_dir,) = [mount for mount, name in init_mounts.items() if "secret" in volumes[name]]
+    assert volumes[init_mounts[source_dir]]["secret"]["secretName"] == "gateway-bootstrap-token"
+    script = init["command"][2]
+    assert init["command"][:2] == ["sh", "-c"]
+    here = script.replace(source_dir, str(tmp_path / "secret")).replace(path.rsplit("/", 1)[0],
+                                                                        str(tmp_path / "copy"))
+    (tmp_path / "copy").mkdir()
+    subprocess.run(["sh", "-c", here], check=True)  # no Secret mounted: nothing copied, no failure
+    assert not (tmp_path / "copy" / "token").exists()
+    (tmp_path / "secret").mkdir()
+    (tmp_path / "secret" / "token").write_text("gwt_x\n")
+    (tmp_path / "secret" / "token").chmod(0o440)
+    subprocess.run(["sh", "-c", here], check=True)
+    assert (tmp_path / "copy" / "token").stat().st_mode & 0o777 == 0o400
 
 
 def test_kubernetes_configuration_is_what_the_gateway_accepts(tmp_path: Path) -> None:
