@@ -8,7 +8,9 @@ Contracts:
 - ``redact_text`` masks credential-shaped pieces of free text: values after credential-like keys
   (``password=``, ``"auth": "..."``, ``pin: 1234``), credential phrasing in several languages
   ("password is X", "the password for root is X", ``passwd X``, ``Passwort: X``, ``пароль: X``,
-  ``credentials X``, ``secret X``, quoted values whole), well-known secret formats wherever they
+  ``credentials X``, ``secret X``, quoted values whole), credentials as people write them
+  ("my creds are admin/X", "api key X", "login admin with X", "p4ssword: X", "senha: X";
+  ``gateway.audit.phrasing``, a word-level detector), well-known secret formats wherever they
   appear (AWS keys, PEM private keys, SSH keys, JWTs, GitHub and Slack tokens, ``gwt_``/``gwc_``
   tokens), URL passwords and webhook URLs that carry their secret in the path or query (Slack, Teams,
   Discord, ``?token=``, ``?sig=``). Correlation ids (``cid=``, ``X-Request-ID``, ``correlation_id``)
@@ -32,6 +34,7 @@ from datetime import date, datetime
 from enum import Enum
 from typing import Any
 
+from gateway.audit import phrasing
 from gateway.guard.inputs import storable_text
 from gateway.sanitize import DEFAULT_MAX_LEN, clean_text
 
@@ -42,7 +45,8 @@ _SECRET_KEY_FRAGMENTS = (
     "password", "passwd", "passphrase", "pwd", "secret", "token", "api_key", "apikey", "authorization",
     "cookie", "credential", "private_key", "privatekey", "access_key", "session_key", "soap_session",
     "license_key", "licensekey", "encryption_key", "passcode", "passwort", "kennwort", "wachtwoord",
-    "contrase\u00f1a", "contrasena",
+    "contrase\u00f1a", "contrasena", "creds", "senha", "haslo", "has\u0142o", "heslo", "salasana",
+    "losenord", "passord", "mot_de_passe", "motdepasse",
 )
 #: short words that name a credential only as a whole part of a key (``pin``, ``x_auth``; not ``ping``,
 #: ``author``): their values are masked, but a mapping under one (``auth: {user, password}``) is opened
@@ -164,7 +168,7 @@ _PHRASE_NEEDLES = ("pass", "pw", "secret", "credential", "wort", "\u043f\u0430\u
 _NOT_A_SECRET = frozenset({
     "required", "wrong", "incorrect", "invalid", "missing", "empty", "not", "too", "expired", "changed",
     "set", "unset", "the", "a", "an", "needed", "correct", "ok", "none", "null", "redacted", "hidden",
-})
+}) | phrasing.NOT_A_SECRET
 
 
 def _mask_phrase(match: re.Match[str]) -> str:
@@ -172,6 +176,8 @@ def _mask_phrase(match: re.Match[str]) -> str:
     quote = value[0] if value[0] in "\"'" and len(value) > 1 and value[-1] == value[0] else ""
     bare = value[1:-1] if quote else value
     if bare.startswith(MASK) or (not quote and bare.rstrip(".!?:)").lower() in _NOT_A_SECRET):
+        return match.group(0)
+    if not sep.strip() and not quote and bare.endswith(":"):  # "secret key: X": a label; phrasing reads it
         return match.group(0)
     # "passwd X", "secret X" without "is" or ":": only a value that is not a plain word ("the secret
     # sauce", "password field"), and never after the short "pw"
@@ -275,17 +281,42 @@ def redact_correlation_id(value: str) -> str:
 
 #: up to this length one regex search for any needle is fastest; beyond it, substring tests are
 _SHORT_TEXT = 2048
-_ALL_NEEDLES = tuple(needle for _, _, needles in _TEXT_RULES for needle in needles)
-_ANY_NEEDLE = re.compile("|".join(re.escape(n) for n in _ALL_NEEDLES), re.IGNORECASE)
-_CORRELATION_NEEDLE = re.compile("|".join(_CORRELATION_NEEDLES), re.IGNORECASE)
+_EVERY_NEEDLE = {*(needle for _, _, needles in _TEXT_RULES for needle in needles), *phrasing.NEEDLES}
+#: the needles that hold no other (a text holding "password" holds "pas"): fewer substring tests
+_ALL_NEEDLES = tuple(sorted(n for n in _EVERY_NEEDLE if not any(o != n and o in n for o in _EVERY_NEEDLE)))
+
+
+def _trie_pattern(needles: tuple[str, ...]) -> str:
+    """One regex matching any of ``needles``, shaped as a prefix tree (each position tries one branch
+    per next character, not one per needle)."""
+    tree: dict[str, Any] = {}
+    for needle in needles:
+        node = tree
+        for char in needle:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def shape(node: dict[str, Any]) -> str:
+        if "" in node and len(node) > 1:  # a needle ends here: the shorter match is enough
+            return ""
+        branches = [re.escape(char) + shape(child) for char, child in sorted(node.items()) if char]
+        return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})" if branches else ""
+
+    return shape(tree)
+
+
+# searched in the lower-cased text, case-sensitively: far faster than IGNORECASE over Unicode needles
+_ANY_NEEDLE = re.compile(_trie_pattern(_ALL_NEEDLES))
+_CORRELATION_NEEDLE = re.compile("|".join(_CORRELATION_NEEDLES))
 
 
 def _mentions(text: str, pattern: re.Pattern[str], needles: tuple[str, ...]) -> bool:
-    """Whether ``text`` contains any of ``needles`` (case-insensitive), the cheapest way for its length:
-    a regex alternation is fast on short text but slow on long text, where substring tests win."""
-    if len(text) <= _SHORT_TEXT:
-        return pattern.search(text) is not None
+    """Whether ``text`` contains any of ``needles`` (lower case; the test is case-insensitive), the
+    cheapest way for its length: a regex alternation over the lower-cased text is fast on short text but
+    slow on long text, where substring tests win."""
     lowered = text.lower()
+    if len(text) <= _SHORT_TEXT:
+        return pattern.search(lowered) is not None
     return any(needle in lowered for needle in needles)
 
 
@@ -295,6 +326,8 @@ def _redact_piece(text: str) -> str:
         for pattern, replacement, needles in _TEXT_RULES:
             if any(needle in lowered for needle in needles):
                 text = pattern.sub(replacement, text)
+        if any(needle in lowered for needle in phrasing.NEEDLES):  # credentials as people write them
+            text = phrasing.mask_phrased(text, MASK)
     if len(text) >= _SHORTEST_SHAPE:
         for pattern, replacement in _SHAPE_RULES:
             text = pattern.sub(replacement, text)
