@@ -45,9 +45,14 @@ CLIENT_GROUPS = {
     "agent-reader": ["vsphere-readers"],
     "agent-stranger": ["marketing"],
 }
-USERS = {
+USERS: dict[str, dict[str, Any]] = {
     "rita": {"email": "rita@example.com", "groups": ["vsphere-approvers"]},
     "mallory": {"email": "mallory@example.com", "groups": ["marketing"]},
+    "olga": {"email": "olga@example.com", "groups": ["vsphere-approvers"]},
+    #: an ID token whose subject is the page's own client id: an application's, not a person's
+    "gateway-web": {"email": "app@example.com", "groups": ["vsphere-approvers"]},
+    #: an ID token that says it is an application's (Entra ID's idtyp)
+    "app-bot": {"email": "bot@example.com", "groups": ["vsphere-approvers"], "extra": {"idtyp": "app"}},
 }
 ROLES = """roles:
   lab-operator: {tools: read, allow_write: [power_on_vm, power_off_vm], allow_destructive: [], targets: "*",
@@ -176,6 +181,12 @@ class OidcProvider:
             dict(claims), private, algorithm=algorithm, headers={"kid": jwk["kid"], **(headers or {})}
         )
 
+    def restart(self) -> None:
+        """Stop and start again on the same port with the same keys, reading ``USERS`` anew (a person
+        whose email claim changed signs in again)."""
+        self.stop()
+        self.start()
+
     def claims(self, **overrides: Any) -> dict[str, Any]:
         """Claims of a valid access token for ``agent-ops`` (override any)."""
         now = int(time.time())
@@ -201,6 +212,8 @@ def free_socket() -> socket.socket:
 
 
 def identity_yaml(provider: OidcProvider, resource: str, *, token_sign_in: bool = True, **issuer: Any) -> str:
+    """identity.yaml trusting ``provider``; ``issuer`` overrides keys of its entry (``principal_claim``,
+    ``roles``, ...)."""
     entry = {
         "issuer": provider.issuer,
         "principal_claim": "sub",
@@ -254,8 +267,11 @@ def identity_gateway(
     keys_max_age: float | None = None,
     token_sign_in: bool = True,
     provider: OidcProvider | None = None,
+    issuer: Mapping[str, Any] | None = None,
+    rules: Mapping[str, Any] | None = None,
 ) -> Iterator[IdentityServed]:
-    """A gateway over ``sim`` trusting a fresh provider (or ``provider``), served over HTTPS on loopback."""
+    """A gateway over ``sim`` trusting a fresh provider (or ``provider``), served over HTTPS on loopback;
+    ``issuer`` overrides keys of identity.yaml's issuer entry, ``rules`` replaces rules.yaml's allow-all."""
     from httpserver import build_gateway
 
     from gateway.web.app import build_web_app
@@ -269,13 +285,14 @@ def identity_gateway(
         provider.start()
     try:
         extra = {} if keys_max_age is None else {"keys_max_age_seconds": keys_max_age}
+        extra.update(issuer or {})
         (tmp / "identity.yaml").write_text(
             identity_yaml(provider, resource, token_sign_in=token_sign_in, **extra)
         )
         (tmp / "roles.yaml").write_text(ROLES)
         (tmp / "roles.yaml").chmod(0o600)
         secret = {"identity_env": {"GATEWAY_OIDC_CLIENT_SECRET": WEB_SECRET}} if web else {}
-        gateway = build_gateway(tmp, sim, web_ui=web, **secret)
+        gateway = build_gateway(tmp, sim, rules, web_ui=web, **secret)
         token = create_token(
             gateway.store, "ops-admin", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH
         )[0]

@@ -193,7 +193,8 @@ def test_claims_give_a_key_no_claim_can_forge(case: str) -> None:
     {"sub": "app1", "azp": "app1", "email": "app@x", "groups": ["ops"]},
     {"sub": "8f1e", "azp": "page", "idtyp": "app", "email": "app@x", "groups": ["ops"]},
     {"sub": "svc", "appid": "svc", "azp": "page", "email": "svc@x", "groups": ["ops"]},
-], ids=["sub is the client id", "idtyp app", "sub is the appid"])
+    {"sub": "page", "aud": "page", "email": "page@x", "groups": ["ops"]},
+], ids=["sub is the client id", "idtyp app", "sub is the appid", "sub is the ID token's audience"])
 def test_an_application_id_token_is_refused_at_the_page(claims: dict[str, Any]) -> None:
     with pytest.raises(TokenRefused) as caught:
         identity_of(claims, ISSUER, surface="web", person=True)

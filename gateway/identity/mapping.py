@@ -131,11 +131,12 @@ def identity_of(claims: Mapping[str, Any], config: IssuerConfig, *, surface: str
 
 def is_application(claims: Mapping[str, Any], subject: str, client: str | None) -> bool:
     """Whether claims that carry ``subject`` are an application's own, not a person's: ``idtyp: app``
-    (Entra ID's app-only tokens), a subject equal to the client id (``client_id``, ``azp`` or ``appid``:
-    a client-credentials token, RFC 9068)."""
+    (Entra ID's app-only tokens), or a subject equal to the client id (``client_id``, ``azp``, ``appid``,
+    or the audience an ID token names: a client-credentials token, RFC 9068, or a client's own login)."""
     if claims.get("idtyp") == "app":
         return True
-    ids = {client, _text(claims, "azp"), _text(claims, "client_id"), _text(claims, "appid")} - {None}
+    ids = {client, _text(claims, "azp"), _text(claims, "client_id"), _text(claims, "appid"),
+           *_values(claims.get("aud"))} - {None}
     return subject in ids
 
 

@@ -5,8 +5,9 @@
 // CONFIG.json (written by tests/oidc_provider.py): {"port": N (0: any), "resource": "<the gateway's
 // resource identifier>", "jwks": {"keys": [private JWKs; the first signs]}, "clients": [client
 // metadata], "users": {"<login>": {"email": "...", "groups": [...]}}, "client_groups": {"<client id>":
-// [...]}, "access_token_ttl": seconds}. Prints one line "READY <issuer>" once it listens; key rotation
-// is a restart on the same port with a new first key.
+// [...]}, "access_token_ttl": seconds}; a user may carry "extra" claims for its ID token (say "idtyp").
+// Prints one line "READY <issuer>" once it listens; key rotation is a restart on the same port with a new
+// first key (or, same port, new users: a person whose email changed).
 import { readFileSync } from "node:fs";
 import http from "node:http";
 import Provider, { errors } from "oidc-provider";
@@ -25,9 +26,12 @@ const provider = new Provider(issuer, {
   findAccount: async (_ctx, id) => {
     const user = users[id];
     if (!user) return undefined;
-    return { accountId: id, claims: async () => ({ sub: id, email: user.email, groups: user.groups }) };
+    return {
+      accountId: id,
+      claims: async () => ({ ...(user.extra || {}), sub: id, email: user.email, groups: user.groups }),
+    };
   },
-  claims: { openid: ["sub"], email: ["email"], groups: ["groups"] },
+  claims: { openid: ["sub", "idtyp"], email: ["email"], groups: ["groups"] },
   scopes: ["openid", "email", "groups", "vsphere:read", "vsphere:write", "vsphere:destructive"],
   conformIdTokenClaims: false,
   pkce: { required: () => true },
