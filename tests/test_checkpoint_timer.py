@@ -258,3 +258,20 @@ def test_the_timer_survives_a_failing_sink() -> None:
     finally:
         timer.stop()
     assert not timer.running and sink.calls == timer.ticks
+
+
+def test_the_servers_lifespan_starts_the_timer_and_stops_it(sim_vc1: Simulator, tmp_path: Path) -> None:
+    """The real HTTPS server (uvicorn, in this process): the timer runs while it serves, signs the
+    rows its start wrote without any call, and its thread is gone once the server stopped."""
+    from httpserver import build_gateway, serve
+
+    gateway = build_gateway(tmp_path, sim_vc1, audit_checkpoint_seconds=0.5)
+    served = serve(tmp_path, gateway)
+    try:
+        timer = gateway.checkpoint_timer
+        assert timer is not None and timer.running and timer.seconds == 0.5
+        reader = gateway.backends.reader
+        wait_for(lambda: _covers_every_row(reader) is not None, "a checkpoint of the start's rows", 10)
+    finally:
+        served.stop()
+    assert not timer.running, "the checkpoint timer outlived the server"

@@ -1,7 +1,8 @@
 """The audit trail: everything about audit rows except the decision of when to write one.
 
-One line per tool call and per lifecycle event. Every row is stamped with ``ts`` (UTC, ms), ``seq``
-(1, 2, 3, ... across rotated files), ``prev`` (the previous row's hash; ``GENESIS`` for the first)
+One line per tool call and per lifecycle event. Every row is stamped with ``ts`` (UTC, ms),
+``ts_epoch`` (the same instant in seconds), ``seq`` (1, 2, 3, ... across rotated files), ``prev``
+(the previous row's hash; ``GENESIS`` for the first)
 and ``hash``: the SHA-256 of the row's canonical JSON (sorted keys, compact, ASCII) without ``hash``.
 Editing, deleting, reordering or inserting a line breaks the chain at that line, which ``verify``
 names. The chain is unkeyed: it proves the file is internally consistent, not who wrote it. Someone
@@ -11,9 +12,11 @@ off the host (any log pipeline can tail the file) when that matters.
 Modules: ``redact`` (masking secrets in every text and value that leaves the process), ``bounds``
 (the row's size bounds), ``chain`` (a row's canonical bytes, hash and stamps), ``signing`` (Ed25519
 checkpoints of the chain's head), ``files`` (the JSONL log's files and reading them), ``file_sink``
-(appending, rotation, retention, the lock file), ``pg_sink`` and ``pg_reader`` (the chain in a
-PostgreSQL table), ``verify`` (walking the chain and its checkpoints), ``query`` (rows by filter,
-counts), ``readers`` (one reading interface for either place) and ``metrics`` (Prometheus families).
+(appending, rotation, retention, the lock file), ``schedule`` (the timer that signs the head when no
+row comes), ``phrasing`` (credentials as people write them, for ``redact``), ``pg_sink`` and
+``pg_reader`` (the chain in a PostgreSQL table), ``verify`` (walking the chain and its
+checkpoints), ``query`` (rows by filter, counts), ``readers`` (one reading interface for either
+place) and ``metrics`` (Prometheus families).
 
 The Merkle tree over the rows (RFC 6962), so anyone can check one row or one log's growth without the
 gateway's code: ``merkle`` (the pure tree math), ``tree_file`` and ``pg_tree`` (the stored subtree

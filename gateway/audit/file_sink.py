@@ -20,7 +20,9 @@ Contracts:
   each drop is logged loudly first, counted in ``stats()`` and listed in the next rotation marker.
   Pruned files show as a chain starting at such a marker.
 - With a ``key_file``, the chain's head is signed (Ed25519) into ``<name>.checkpoints`` every
-  ``checkpoint_rows`` rows or ``checkpoint_seconds``, on rotation and on close; ``verify(...,
+  ``checkpoint_rows`` rows or ``checkpoint_seconds`` (on a write; the server's timer,
+  ``gateway.audit.schedule``, calls ``checkpoint`` on schedule when no row comes), on rotation and on
+  close; a head already signed (by any process) is not signed again; ``verify(...,
   checkpoints=True)`` then detects a cut tail and a consistently rewritten history, which the chain
   alone cannot.
 - A torn last line (a write interrupted by a crash) is reported by ``verify`` as torn, not as

@@ -1,7 +1,7 @@
 """The audit chain in PostgreSQL: one table, one hash chain for every replica.
 
 Rows are the same as the JSONL sink's (``gateway.audit.file_sink``): redacted and bounded by
-``prepare_event``, stamped with ``ts``, ``seq``, ``prev`` and ``hash`` (``row_hash``), so one
+``prepare_event``, stamped by ``chain.stamp`` (``ts``, ``ts_epoch``, ``seq``, ``prev``, ``hash``), so one
 verifier's rules hold for both. ``PgAuditSink.write`` appends in one transaction that first takes a
 transaction-scoped advisory lock (``AUDIT_LOCK``), then reads the head (the highest ``seq``) and
 inserts the next row: two replicas appending at once are serialised, never fork the chain, and
@@ -13,8 +13,12 @@ Signed checkpoints, as the file sink makes them and with its code (``sign_checkp
 ``load_or_create_signing_key``): with a ``key_file`` (``Settings.signing_key_file``,
 GATEWAY_AUDIT_SIGNING_KEY_FILE: every replica mounts the same key), the sink signs the chain's head
 (Ed25519) into ``audit_checkpoints`` every ``checkpoint_rows`` rows or ``checkpoint_seconds`` (the
-file sink's defaults), right after the row's transaction commits, and on ``close`` (the head as the
-table holds it then). A failed checkpoint is logged and counted (``checkpoint_failures``), never
+file sink's defaults), right after the row's transaction commits, on schedule when no row comes (each
+replica's timer, ``gateway.audit.schedule``, calls ``checkpoint``) and on ``close`` (the head as the
+table holds it then). One tree size is signed once across replicas: each checkpoint is inserted under
+the transaction-scoped advisory lock ``CHECKPOINT_LOCK`` and only when no checkpoint of its ``seq``
+exists (the table has no unique constraint on it; the lock makes the conditional insert exact).
+A failed checkpoint is logged and counted (``checkpoint_failures``), never
 fails the row, which is already durable. ``gateway.audit.pg_reader`` reads and verifies the table.
 
 ``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts, checkpoints

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 #: a signed checkpoint of the chain's head is written after this many rows ...
 DEFAULT_CHECKPOINT_ROWS = 1000
-#: ... or on the first write this long after the previous one (and on rotation and close)
+#: ... or this long after the previous one: on the first write, or by the server's timer when no row
+#: comes (``gateway.audit.schedule``; GATEWAY_AUDIT_CHECKPOINT_SECONDS), and on rotation and close
 DEFAULT_CHECKPOINT_SECONDS = 300.0
 #: the signing key's file name in the state directory (GATEWAY_HOME)
 SIGNING_KEY_NAME = "audit-signing.key"
