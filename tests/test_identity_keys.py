@@ -28,7 +28,6 @@ from mcp.shared.exceptions import MCPError
 from oidc_provider import IdentityServed, identity_gateway
 from simulator import MakeSimulator
 
-from gateway.auth.principal import CallerKey
 from gateway.auth.tokens import create_token
 
 pytestmark = pytest.mark.anyio
@@ -84,6 +83,7 @@ async def test_an_idp_client_named_like_a_local_token_is_another_caller(
             task_id = str(started["task"]["taskId"])
         async with mcp(served, jwt) as client:
             mine = answer_of(await client.call_tool("delete_vm", dict(args)))
+            assert mine.get("proposal_id") != theirs["proposal_id"], "the client got the token's proposal"
             stolen = await client.call_tool("confirm_action", {"token": theirs["token"]})
             listed = await raw(client, "tasks/list", {})
             with pytest.raises(MCPError) as peeked:
@@ -97,6 +97,8 @@ async def test_an_idp_client_named_like_a_local_token_is_another_caller(
     assert stolen.is_error and answer_of(stolen)["error"]["code"] == "confirmation_invalid"
     assert listed["tasks"] == []
     assert "of yours" in str(peeked.value)
+    from gateway.auth.principal import CallerKey  # the rows' keys (the hole's tree had none)
+
     client_key = str(CallerKey.client(issuer, "idadmin"))
     proposed = {r["proposal_id"]: r for r in rows if r.get("phase") == "proposed"}
     assert proposed[mine["proposal_id"]]["caller_key"] == client_key
@@ -121,6 +123,8 @@ async def test_a_client_named_like_the_gateway_writes_no_row_as_the_gateway(
                 await client.call_tool("list_vms", {"target": "vc1"})
         rows = [r for r in audit_rows(served.gateway) if r.get("tool") == "list_vms"]
         issuer = served.provider.issuer
+    from gateway.auth.principal import CallerKey
+
     names = ("gateway", "os:root", "-")
     assert {r["caller_key"] for r in rows} == {str(CallerKey.client(issuer, n)) for n in names}
     assert all(r["issuer"] == issuer for r in rows)
