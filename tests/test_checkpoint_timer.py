@@ -275,3 +275,26 @@ def test_the_servers_lifespan_starts_the_timer_and_stops_it(sim_vc1: Simulator, 
     finally:
         served.stop()
     assert not timer.running, "the checkpoint timer outlived the server"
+
+
+def test_serve_refuses_to_start_with_a_bad_interval(sim_vc1: Simulator, tmp_path: Path) -> None:
+    """The real `gateway serve`: a clear startup error naming the variable, no traceback."""
+    home = tmp_path / "home"
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim_vc1})
+    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),
+                "GATEWAY_AUDIT_CHECKPOINT_SECONDS": "-5"})
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    command = run_serve(tmp_path, env, *https_argv(cert))
+    code = command.process.wait(60)
+    output = command.output()
+    assert code != 0, output
+    assert "GATEWAY_AUDIT_CHECKPOINT_SECONDS=-5" in output and "Traceback" not in output, output
+
+
+def test_the_postgres_sink_takes_the_interval_from_the_settings(pg_url: str, tmp_path: Path) -> None:
+    base = Settings.from_env({"GATEWAY_HOME": str(tmp_path)})
+    with closing(PostgresStore(pg_url)) as store:
+        with PgAuditSink.for_settings(store, replace(base, audit_checkpoint_seconds=5.0)) as sink:
+            assert sink.checkpoint_seconds == 5.0 and sink.key_file == base.signing_key_file
+        with pytest.raises(ConfigError, match="GATEWAY_AUDIT_CHECKPOINT_SECONDS"):
+            PgAuditSink.for_settings(store, replace(base, audit_checkpoint_seconds=0.0))
