@@ -321,16 +321,18 @@ def _mentions(text: str, pattern: re.Pattern[str], needles: tuple[str, ...]) -> 
 
 
 def _redact_piece(text: str) -> str:
+    phrased = False
     if _mentions(text, _ANY_NEEDLE, _ALL_NEEDLES):  # the common case (names, moids, states) skips this
         lowered = text.lower()
         for pattern, replacement, needles in _TEXT_RULES:
             if any(needle in lowered for needle in needles):
                 text = pattern.sub(replacement, text)
-        if any(needle in lowered for needle in phrasing.NEEDLES):  # credentials as people write them
-            text = phrasing.mask_phrased(text, MASK)
+        phrased = any(needle in lowered for needle in phrasing.NEEDLES)
     if len(text) >= _SHORTEST_SHAPE:
         for pattern, replacement in _SHAPE_RULES:
             text = pattern.sub(replacement, text)
+    if phrased:  # credentials as people write them, last: what the patterns masked keeps their form
+        text = phrasing.mask_phrased(text, MASK)
     return text
 
 def redact(value: Any) -> Any:
