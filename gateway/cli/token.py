@@ -22,7 +22,7 @@ from typing import Any
 from gateway.audit.file_sink import AuditSink
 from gateway.auth.local import os_person
 from gateway.auth.roles import RoleBook
-from gateway.auth.tokens import create_token, parse_expiry
+from gateway.auth.tokens import caller_fields, create_token, parse_expiry
 from gateway.cli import add_path_flags, settings_from
 from gateway.cli.output import iso_utc, print_json
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
@@ -82,7 +82,7 @@ def _opened(args: argparse.Namespace) -> Iterator[tuple[Settings, StateStore]]:
 def _audit(settings: Settings, phase: str, rec: TokenRecord, **extra: Any) -> None:
     by = os_person()
     with AuditSink.for_settings(settings) as sink:
-        sink.write({"phase": phase, "caller": by.name, "kind": by.kind.value, "surface": by.surface,
+        sink.write({"phase": phase, **caller_fields(by), "kind": by.kind.value, "surface": by.surface,
                     "token_name": rec.name, "token_id": rec.token_id, "role": rec.role,
                     "token_kind": rec.kind.value, **extra})
 

@@ -53,7 +53,8 @@ class Identity:
     jti_sha256: str | None
 
     def audit_fields(self) -> dict[str, Any]:
-        return {"issuer": self.issuer, "subject": self.subject, "client_id": self.client_id,
+        return {"caller_key": str(self.principal.key), "issuer": self.issuer, "subject": self.subject,
+                "client_id": self.client_id,
                 "jti_sha256": self.jti_sha256, "acting_for": self.principal.acting_for,
                 "scopes": sorted(self.principal.scopes) if self.principal.scopes is not None else None}
 
