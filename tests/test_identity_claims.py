@@ -136,6 +136,25 @@ def test_an_id_token_without_a_person_is_refused_at_the_page() -> None:
     assert caught.value.reason == "agent_identity"
 
 
+def test_the_issuers_own_app_marker_makes_an_application(tmp_path: Path) -> None:
+    """``application_claims``: a claim value that says the token is an application's own."""
+    (tmp_path / "identity.yaml").write_text(GOOD.replace(
+        "    roles: {vsphere-ops", "    application_claims: {client_type: service}\n    roles: {vsphere-ops"))
+    config = load_identity(tmp_path / "identity.yaml")
+    assert config is not None
+    issuer = config.issuers[0]
+    assert issuer.application_claims == (("client_type", "service"),)
+    app = {"sub": "svc-1", "email": "svc@x", "client_type": "service", "azp": "page",
+           "groups": ["vsphere-ops"]}
+    with pytest.raises(TokenRefused) as caught:
+        identity_of(app, issuer, surface="web", person=True)
+    assert caught.value.reason == "agent_identity"
+    agent = identity_of({**app, "client_id": "svc"}, issuer, surface="https").principal
+    assert agent.acting_for_key is None and agent.key.space == "client"  # no person behind it
+    person = identity_of({**app, "client_type": "confidential"}, issuer, surface="web", person=True)
+    assert person.principal.kind is Kind.PERSON
+
+
 def test_scopes_from_scope_or_scp() -> None:
     assert scopes_of({"scope": "vsphere:read vsphere:write"}) == {"vsphere:read", "vsphere:write"}
     assert scopes_of({"scp": ["vsphere:read"]}) == {"vsphere:read"}

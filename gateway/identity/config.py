@@ -14,6 +14,7 @@ keys, wrong types and missing keys are ``file:line:column`` problems, all report
         roles: {vsphere-ops: lab-operator, vsphere-readers: reader}   # first match wins, in this order
         enforce_scopes: true                         # optional: vsphere:read/write/destructive required
         keys_max_age_seconds: 3600                   # optional: cached keys verify this long unrefreshed
+        application_claims: {client_type: service}   # optional: claim values marking an app's own token
     web_sign_in:                                     # optional: single sign-on for the approval page
       issuer: https://login.example.com/realms/ops   # one of the issuers above
       client_id: vsphere-gateway
@@ -37,7 +38,7 @@ from gateway.config import ConfigProblems, load_yaml, located
 
 TOP_KEYS: Final = {"resource", "issuers", "web_sign_in"}
 ISSUER_KEYS: Final = {"issuer", "audience", "ca_file", "principal_claim", "roles_claim", "roles",
-                      "enforce_scopes", "keys_max_age_seconds"}
+                      "enforce_scopes", "keys_max_age_seconds", "application_claims"}
 REQUIRED_ISSUER_KEYS: Final = ("issuer", "principal_claim", "roles_claim", "roles")
 WEB_KEYS: Final = {"issuer", "client_id", "client_secret_env", "token_sign_in", "scope"}
 REQUIRED_WEB_KEYS: Final = ("issuer", "client_id", "client_secret_env")
@@ -59,6 +60,9 @@ class IssuerConfig:
     ca_file: str | None = None
     enforce_scopes: bool = True
     keys_max_age_seconds: float = 3600.0
+    #: (claim, value) pairs that mark a token as an application's own (the issuer's app marker): such a
+    #: token is never a person's, on the page or acting for one (``mapping.is_application``)
+    application_claims: tuple[tuple[str, str], ...] = ()
     #: ``file:line:column`` of each entry of ``roles`` (for ``gateway check``)
     role_places: tuple[str, ...] = ()
 
@@ -207,12 +211,26 @@ def _issuer(r: _Reader, entries: Any, index: int, entry: Any, resource: str) -> 
             else:
                 pairs.append((value, role))
                 places.append(located(r.source, roles, value))
+    marks = entry.get("application_claims", {})
+    app_claims: list[tuple[str, str]] = []
+    if not isinstance(marks, dict):
+        r.problem(entry, "application_claims", f"{what}: 'application_claims' must map claim names to the "
+                  "value that marks an application's token, e.g. {client_type: service}")
+    else:
+        for claim, value in marks.items():
+            if not isinstance(claim, str) or not _CLAIM.fullmatch(claim) or not isinstance(value, str) \
+                    or not value:
+                r.problem(marks, claim, f"{what}: application_claims: {claim!r}: {value!r} must map a claim "
+                          "name to a text value")
+            else:
+                app_claims.append((claim, value))
     return IssuerConfig(
         issuer=str(issuer), audience=str(audience), principal_claim=r.claim(entry, "principal_claim", what),
         roles_claim=r.claim(entry, "roles_claim", what), roles=tuple(pairs),
         ca_file=ca_file if isinstance(ca_file, str) else None,
         enforce_scopes=r.switch(entry, "enforce_scopes", True, what),
-        keys_max_age_seconds=r.number(entry, "keys_max_age_seconds", 3600.0, what), role_places=tuple(places))
+        keys_max_age_seconds=r.number(entry, "keys_max_age_seconds", 3600.0, what), role_places=tuple(places),
+        application_claims=tuple(app_claims))
 
 
 def _web(r: _Reader, doc: Any, issuers: list[IssuerConfig]) -> WebSignIn | None:

@@ -108,14 +108,14 @@ def identity_of(claims: Mapping[str, Any], config: IssuerConfig, *, surface: str
     scopes = scopes_of(claims) if config.enforce_scopes else None
     issuer = config.issuer
     if person:
-        if subject is None or is_application(claims, subject, client):
+        if subject is None or is_application(claims, subject, client, config.application_claims):
             raise TokenRefused("agent_identity", "this identity is an application, not a person (its ID "
                                "token says idtyp app, or its subject is its client id); only people sign in "
                                "to the approval page: sign in with your own account")
         name = _name(_text(claims, config.principal_claim), f"{config.principal_claim!r} claim")
         principal = Principal(name=name, role=role, surface=surface, kind=Kind.PERSON,
                               key=CallerKey.person(issuer, subject))
-    elif subject is None or is_application(claims, subject, client):
+    elif subject is None or is_application(claims, subject, client, config.application_claims):
         name = _name(client or subject, "client id (client_id, azp or appid)")
         principal = Principal(name=name, role=role, surface=surface, kind=Kind.AGENT, scopes=scopes,
                               key=CallerKey.client(issuer, client or name))
@@ -130,11 +130,13 @@ def identity_of(claims: Mapping[str, Any], config: IssuerConfig, *, surface: str
                     jti_sha256=jti_digest(claims))
 
 
-def is_application(claims: Mapping[str, Any], subject: str, client: str | None) -> bool:
+def is_application(claims: Mapping[str, Any], subject: str, client: str | None,
+                   marks: tuple[tuple[str, str], ...] = ()) -> bool:
     """Whether claims that carry ``subject`` are an application's own, not a person's: ``idtyp: app``
     (Entra ID's app-only tokens), or a subject equal to the client id (``client_id``, ``azp``, ``appid``,
-    or the audience an ID token names: a client-credentials token, RFC 9068, or a client's own login)."""
-    if claims.get("idtyp") == "app":
+    or the audience an ID token names: a client-credentials token, RFC 9068, or a client's own login), or
+    a claim carrying a value the issuer's ``application_claims`` names (its own app marker)."""
+    if claims.get("idtyp") == "app" or any(value in _values(claims.get(claim)) for claim, value in marks):
         return True
     ids = {client, _text(claims, "azp"), _text(claims, "client_id"), _text(claims, "appid"),
            *_values(claims.get("aud"))} - {None}
