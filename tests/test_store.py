@@ -561,3 +561,47 @@ def test_postgres_outage_fails_closed_and_recovers_without_a_new_store() -> None
             assert s.update_token("ci", revoked=True).revoked
     finally:
         discard(server)
+
+
+def test_rows_kept_before_caller_keys_match_no_caller(location: str, engine: str) -> None:
+    """A store at schema 7 (before caller keys) is migrated on open: its idempotency keys and tasks,
+    kept under a display name, match no caller afterwards (a key ``idadmin`` used by the token named so
+    is nobody's, not the token's nor an identity provider's client showing that name)."""
+    from gateway.store import postgres, sqlite
+    from gateway.store.idempotency import KeyTable
+    from gateway.store.tasks import TaskTable
+    old = (sqlite.MIGRATIONS if engine == "sqlite" else postgres.MIGRATIONS)[:7]
+    rows = ("INSERT INTO idempotency_keys (caller, key, tool, digest, running, created_at) "
+            "VALUES ('idadmin', 'k1', 'delete_vm', 'd1', 0, 1.0)",
+            "INSERT INTO mcp_tasks (task_id, caller, tool, status, created_at, updated_at, keep_until) "
+            "VALUES ('t1', 'idadmin', 'clone_vm', 'working', 1.0, 1.0, 9e18)")
+    if engine == "sqlite":
+        Path(location).parent.mkdir(mode=0o700)
+        raw = sqlite3.connect(location, isolation_level=None)
+        for _, statements in old:
+            for statement in statements:
+                raw.execute(statement)
+        raw.execute("PRAGMA user_version=7")
+        for row in rows:
+            raw.execute(row)
+        raw.close()
+    else:
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute("CREATE TABLE schema_version (one boolean PRIMARY KEY DEFAULT true CHECK (one), "
+                         "version integer NOT NULL)")
+            for _, statements in old:
+                for statement in statements:
+                    conn.execute(statement)
+            conn.execute("INSERT INTO schema_version (one, version) VALUES (true, 7)")
+            for row in rows:
+                conn.execute(row)
+    with closing(open_store_at(location)) as s:
+        assert s.schema_version() == (sqlite if engine == "sqlite" else postgres).SCHEMA_VERSION >= 8
+        mark = "?" if engine == "sqlite" else "%s"
+        keys, tasks = KeyTable(s, placeholder=mark), TaskTable(s, placeholder=mark)  # type: ignore[arg-type]
+        for who in ("idadmin", "token::idadmin", "system::idadmin"):
+            assert keys.get(who, "k1") is None
+            assert tasks.of_caller(who, 2.0) == []
+        kept = tasks.get("t1", 2.0)
+        assert kept is not None and kept.caller == "idadmin" and kept.caller_key is None
+        assert keys.get("unkeyed:idadmin", "k1") is not None  # kept, under a text no key has
