@@ -317,6 +317,8 @@ def list_vms_rows(lab: Lab, table: Table, runs: int, peer: bool) -> None:
     }
     if peer:
         results.update(peer_medians(lab, runs, count))
+    else:
+        results["peer vmware-monitor"] = "not measured: this run was given --no-peer"
     for what, seconds in results.items():
         if isinstance(seconds, str):
             table.add(f"{label} {what}", seconds)
@@ -324,16 +326,28 @@ def list_vms_rows(lab: Lab, table: Table, runs: int, peer: bool) -> None:
             table.add(f"{label} {what}", ms(seconds), f"{seconds / floor:.2f}x")
 
 
+def peer_installed() -> bool:
+    return PEER_PY.is_file() and subprocess.run(
+        [str(PEER_PY), "-m", "pip", "show", "-q", "vmware-monitor"], capture_output=True, check=False,
+    ).returncode == 0
+
+
 def ensure_peer() -> str | None:
-    """Create bench/.peer-venv with vmware-monitor when missing; None when ready, else why not."""
-    if PEER_PY.is_file():
+    """Create bench/.peer-venv with vmware-monitor when missing (a venv left without it, by an install
+    cut short, is completed); None when ready, else why not, naming PyPI when it could not be reached."""
+    if peer_installed():
         return None
     print("installing the peer (vmware-monitor) into bench/.peer-venv ...", flush=True)
-    for argv in ([sys.executable, "-m", "venv", str(PEER_PY.parent.parent)],
-                 [str(PEER_PY), "-m", "pip", "install", "-q", "vmware-monitor"]):
+    steps = [] if PEER_PY.is_file() else [[sys.executable, "-m", "venv", str(PEER_PY.parent.parent)]]
+    for argv in (*steps, [str(PEER_PY), "-m", "pip", "install", "-q", "vmware-monitor"]):
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode:
-            return f"not measured: {' '.join(argv[-3:])} failed: {done.stderr.strip()[-300:]}"
+            why = done.stderr.strip()[-300:]
+            offline = ("Could not find a version", "NewConnectionError", "Max retries",
+                       "Temporary failure in name resolution", "Network is unreachable")
+            if any(sign in why for sign in offline):
+                return f"not measured: PyPI could not be reached from this machine (pip: {why[-160:]})"
+            return f"not measured: {' '.join(argv[-3:])} failed: {why}"
     return None
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -603,6 +604,12 @@ class Mirror:
             if not update.truncated:
                 break
         self._tasks_seen, self._tasks_running = set(tasks), set()
+        # pyVmomi's decoder leaves each reply in reference cycles (its parser and handlers), and the
+        # first sync's reply is the whole inventory (about 44 objects per VM, promoted to the oldest
+        # generation while it was parsed): collected now, its memory serves the next sync instead of
+        # waiting for a full collection, and two mirrors' syncs no longer stack up
+        del first, update
+        gc.collect()
         with self._lock:
             self._doubts, self._task_list = {}, None
         self._schedule = Schedule(self.target.mirror_check_seconds, self._clock())
@@ -699,7 +706,8 @@ def _apply_update(objects: dict[str, ObjectProps], update: Any) -> Applied:
     kinds: dict[str, set[str]] = {}
     for filter_update in update.filterSet or []:
         for change in filter_update.objectSet or []:
-            moid, type_name = change.obj._moId, change.obj._wsdlName
+            moid, type_name = mirror_check.kept(change.obj._moId), _PATHS.setdefault(
+                change.obj._wsdlName, str(change.obj._wsdlName))
             if type_name in CONTROL_TYPES:
                 for prop in change.changeSet or []:
                     if prop.name == "view":
