@@ -7,8 +7,9 @@ name, which may repeat (an IdP client id that reads like a local token's name) o
 claim). Each decision names its comparison here (``DECISIONS``), so tests/test_callers.py can check every
 one of them with plain values and fail on a comparison site that reads a name.
 
-A record written before keys were stored carries none (``None``): it matches no caller, ever (fail
-closed: its proposer cannot confirm it, its task is nobody's, its approval counts for nobody).
+A record written before keys were stored carries none: it matches no caller, ever (fail closed: its
+proposer cannot confirm it, its task is nobody's, its approval counts for nobody); where a key text
+stands for it, it is ``unkeyed:<name>`` (``unkeyed``), which no caller's key is.
 """
 
 from __future__ import annotations
@@ -16,8 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-__all__ = ["DECISIONS", "key_of", "key_text", "own_proposal", "person_of", "same", "same_row_caller",
-           "scope_of", "within"]
+__all__ = [
+    "DECISIONS",
+    "UNKEYED",
+    "key_of",
+    "key_text",
+    "own_proposal",
+    "person_of",
+    "same",
+    "same_row_caller",
+    "scope_of",
+    "unkeyed",
+    "within",
+]
 
 #: a ``CallerKey`` (anything whose ``str()`` is its key text), its text, or None: no key
 Keyish = Any
@@ -26,6 +38,17 @@ Keyish = Any
 def key_text(key: Keyish) -> str | None:
     """The stored text of ``key`` (None stays None: a record without a key)."""
     return None if key is None else str(key)
+
+
+#: the prefix of what a record or party without a stored key is keyed by: no ``CallerKey`` text has it
+UNKEYED: Final = "unkeyed:"
+
+
+def unkeyed(name: str) -> str:
+    """The key text of a record or plain-value party that has no key, only the name ``name``: it matches
+    only others without a key showing that name, never a key the gateway gives a caller (those begin
+    with their namespace: token, person, client, system)."""
+    return f"{UNKEYED}{name}"
 
 
 def same(a: Keyish, b: Keyish) -> bool:

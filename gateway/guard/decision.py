@@ -92,7 +92,9 @@ class Party:
     """A token holder as the store says it is now: name (shown), token state, current role (None: gone),
     kind (a person or an agent), and the stable keys decisions compare (``guard.callers``): ``key``, the
     caller's ``CallerKey`` text, and ``person_key``, the person behind it (itself when a person, the
-    person an agent acts for). None: no key known, which matches nobody."""
+    person an agent acts for). A party built without a key (a table of plain values, a refusal row's
+    context) is keyed ``unkeyed:<name>`` (``callers.unkeyed``): it matches only parties built the same
+    way, never a caller the gateway serves, whose parties always carry their real key."""
 
     name: str
     token: TokenState
@@ -100,6 +102,12 @@ class Party:
     kind: Kind = Kind.AGENT
     key: str | None = None
     person_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.key is None:
+            object.__setattr__(self, "key", callers.unkeyed(self.name))
+            if self.kind is Kind.PERSON and self.person_key is None:
+                object.__setattr__(self, "person_key", self.key)
 
 
 @dataclass(frozen=True)
@@ -110,13 +118,18 @@ class Proposed:
     proposer: str
     target: str
     id: str | None = None
-    #: the proposer's key and the key of the person an agent made it for (who may never decide it);
-    #: None on a proposal stored before keys were kept (nobody matches it)
+    #: the proposer's key and the key of the person an agent made it for (who may never decide it); a
+    #: proposal stored before keys were kept is keyed ``unkeyed:<its caller>`` like a ``Party`` built
+    #: without one: no caller the gateway serves matches it
     proposer_key: str | None = None
     acting_for_key: str | None = None
     #: the keys of the persons whose approvals count so far (``guard.approvals.tally``)
     approved_by: tuple[str, ...] = ()
     rule: ApprovalRule = field(default_factory=ApprovalRule)
+
+    def __post_init__(self) -> None:
+        if self.proposer_key is None:
+            object.__setattr__(self, "proposer_key", callers.unkeyed(self.proposer))
 
     @classmethod
     def of(cls, proposal: Any) -> Proposed:
