@@ -141,10 +141,16 @@ class Server:
 
 def start_server(tmp: Path, *, snapshots: Path | None = None, extra_env: dict[str, str] | None = None,
                  targets_yaml: str | None = None, extra_argv: tuple[str, ...] = (),
-                 roles: tuple[tuple[str, str, str], ...] = (("agent", "reader", "agent"),)) -> Server:
-    """`gateway serve` over HTTPS in a fresh home under ``tmp``; ``roles``: (token name, role, kind)."""
+                 roles: tuple[tuple[str, str, str], ...] = (("agent", "reader", "agent"),),
+                 home_files: dict[str, str] | None = None, preamble: str = "") -> Server:
+    """`gateway serve` over HTTPS in a fresh home under ``tmp``; ``roles``: (token name, role, kind);
+    ``home_files``: name -> text written into the home (roles.yaml, rules.yaml); ``preamble``: Python
+    run in the server process before the gateway starts."""
     home = tmp / "home"
     home.mkdir(mode=0o700)
+    for name, text in (home_files or {}).items():
+        (home / name).write_text(text)
+        (home / name).chmod(0o600)
     targets = tmp / "targets.yaml"
     targets.write_text(targets_yaml or (
         f"targets:\n  - name: vc1\n    host: 127.0.0.1\n    port: {closed_port()}\n"
@@ -162,7 +168,8 @@ def start_server(tmp: Path, *, snapshots: Path | None = None, extra_env: dict[st
     if snapshots is not None:
         snapshots.mkdir(parents=True, exist_ok=True)
         env["BENCH_TRACEMALLOC_DIR"] = str(snapshots)
-    argv = [sys.executable, "-c", SERVE_MAIN, "serve", "--transport", "https", "--cert", str(cert.cert),
+    argv = [sys.executable, "-c", preamble + SERVE_MAIN, "serve", "--transport", "https",
+            "--cert", str(cert.cert),
             "--key", str(cert.key), "--public-name", "localhost", "--host", "127.0.0.1", "--port", "0",
             *extra_argv]
     log = tmp / "serve.log"
@@ -181,15 +188,17 @@ def start_server(tmp: Path, *, snapshots: Path | None = None, extra_env: dict[st
     raise SystemExit(f"the gateway did not start:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-async def flood(server: Server, requests: int, concurrency: int, path: str = "/mcp") -> Counter[int]:
-    """``requests`` POSTs with made-up tokens, ``concurrency`` connections at once (one request each)."""
+async def flood(server: Server, requests: int, concurrency: int, path: str = "/mcp",
+                source: str | None = None) -> Counter[int]:
+    """``requests`` POSTs with made-up tokens, ``concurrency`` connections at once (one request each),
+    from the loopback address ``source`` when given (127.0.0.2: not the valid callers' address)."""
     limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=0)
+    transport = httpx2.AsyncHTTPTransport(verify=server.tls(), limits=limits, local_address=source)
     statuses: Counter[int] = Counter()
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     gate = asyncio.Semaphore(concurrency)
-    async with httpx2.AsyncClient(base_url=server.base, verify=server.tls(), limits=limits,
-                                  timeout=120) as attackers:
+    async with httpx2.AsyncClient(base_url=server.base, transport=transport, timeout=120) as attackers:
         async def one() -> None:
             async with gate:
                 try:
@@ -225,18 +234,20 @@ async def timed_calls(client: Client, tool: str, stop: asyncio.Event | None, cou
             return times
 
 
-def attacker(server: Server, requests: int, concurrency: int) -> subprocess.Popen[bytes]:
+def attacker(server: Server, requests: int, concurrency: int, source: str | None = None
+             ) -> subprocess.Popen[bytes]:
     """A flood in a child process of its own, so the valid agent's timings measure the server, not
     this process's event loop busy with a thousand handshakes; it prints the answers' counts as JSON."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--attack", server.base,
-            "--cert", str(server.cert), "--requests", str(requests), "--concurrency", str(concurrency)]
+            "--cert", str(server.cert), "--requests", str(requests), "--concurrency", str(concurrency),
+            *(["--source", source] if source else [])]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
 
-def attack_main(base: str, cert: Path, requests: int, concurrency: int) -> int:
+def attack_main(base: str, cert: Path, requests: int, concurrency: int, source: str | None) -> int:
     target = Server(None, 0, cert, Path(), Path(), {}, None)  # type: ignore[arg-type]
     target.base_override = base  # type: ignore[attr-defined]
-    statuses = asyncio.run(flood(target, requests, concurrency))
+    statuses = asyncio.run(flood(target, requests, concurrency, source=source))
     print(json.dumps({str(k): v for k, v in statuses.items()}))
     return 0
 
@@ -301,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server (repeatable)")
     parser.add_argument("--attack", default=None, help=argparse.SUPPRESS)  # the child: flood this base URL
     parser.add_argument("--cert", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--source", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.attack:
-        return attack_main(args.attack, args.cert, args.requests, args.concurrency)
+        return attack_main(args.attack, args.cert, args.requests, args.concurrency, args.source)
     extra = dict(item.split("=", 1) for item in args.env)
     with tempfile.TemporaryDirectory(prefix="bench-flood-") as tmp:
         server = start_server(Path(tmp), snapshots=args.tracemalloc, extra_env=extra)

@@ -497,8 +497,8 @@ def rows(results: list[SizeResult], agents: int) -> list[tuple[str, str, str]]:
                           ("over HTTPS sweeping names (mirror: off)", "details sweep")):
             out.append((f"{one} {what}", ms(r.medians[key]), f"{r.medians[key] / details:.2f}x"))
         if r.mirror_bytes is not None:
-            out.append((f"{label} gateway RSS after these calls, beside its two mirrors' own objects "
-                        f"({2 * r.mirror_bytes / 1e6:,.0f} MB: targets mirror and stale)",
+            out.append((f"{label} server RSS after the {r.vms:,}-VM rows, beside its two mirrors' own "
+                        f"objects ({2 * r.mirror_bytes / 1e6:,.0f} MB: targets mirror and stale)",
                         f"{r.rss_mb:,.0f} MB", f"{r.rss_mb * 1e6 / (2 * r.mirror_bytes):.1f}x"))
         else:
             out.append((f"{label} gateway RSS after these calls", f"{r.rss_mb:,.0f} MB", ""))

@@ -60,7 +60,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -564,6 +564,19 @@ def token_rows(table: Table) -> None:
 # ------------------------------------------------------------------------------------------- main
 
 
+APART: Final = "## Measured apart from `make bench`"
+"""RESULTS.md's closing section of figures from other commands (soak, floods), each with its command:
+a new `make bench` run keeps it as it was."""
+
+
+def kept_apart() -> list[str]:
+    """The current RESULTS.md's section ``APART`` (heading included), or nothing."""
+    path = BENCH / "RESULTS.md"
+    old = path.read_text() if path.is_file() else ""
+    start = old.find(APART)
+    return [old[start:].rstrip(), ""] if start >= 0 else []
+
+
 def results_markdown(table: Table, args: argparse.Namespace, seconds: float) -> str:
     command = "make bench" if not any(vars(args).values()) else "python bench/run_all.py " + " ".join(
         f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
@@ -577,7 +590,8 @@ def results_markdown(table: Table, args: argparse.Namespace, seconds: float) -> 
         table.markdown(), "", "Notes (details in bench/README.md):", "",
         "- The list_vms floor is bare pyVmomi; the gateway decodes replies with its own reader (< 1.0x).",
         "- Every client is the MCP SDK's with its default settings (a 1 MiB limit per server-sent event:",
-        "  the gateway answers calls without progress as one JSON body, so large listings pass).", ""])
+        "  the gateway answers calls without progress as one JSON body, so large listings pass).", "",
+        *kept_apart()])
 
 
 def event_loop_rows(table: Table, vms: int, quick: bool) -> None:

@@ -483,3 +483,43 @@ def test_an_eager_mirror_syncs_before_any_read(sim: Simulator) -> None:
     finally:
         built.close()
 
+
+
+# ------------------------------------------------------------------------------ memory of a sync
+
+
+class _Enum(str):
+    """Stands in for a pyVmomi enum value (a str subclass)."""
+
+
+@pytest.mark.parametrize(("parts", "enum"), [(["vm-", "1234"], False), (["powered", "On"], False),
+                                           (["powered", "Off"], True), (["x"] * 300, False)])
+def test_a_kept_string_is_a_plain_shared_copy_never_the_decoders_object(parts: list[str], enum: bool) -> None:
+    from gateway.vsphere.mirror_check import kept
+
+    value = "".join(parts)  # made at run time, as a decoder makes it (a literal is interned already)
+    value = _Enum(value) if enum else value
+    copy = kept(value)
+    assert copy == value and type(copy) is str
+    assert copy is not value, "the decoder's own object would pin its reply's memory"
+    assert kept("".join(parts)) is copy, "one object per distinct value"
+
+
+def test_a_synced_mirror_leaves_no_decoded_update_alive(sim: Simulator) -> None:
+    import gc
+
+    target = sim_target("vc1", sim)
+    ours = {id(o) for o in gc.get_objects() if isinstance(o, vmodl.query.PropertyCollector.ObjectUpdate)}
+    gc.disable()  # only the mirror's own collection may free the sync's reply cycles
+    try:
+        built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
+        try:
+            answer(built, "vc1", "list_vms")
+            wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
+            left = [o for o in gc.get_objects()
+                    if isinstance(o, vmodl.query.PropertyCollector.ObjectUpdate) and id(o) not in ours]
+        finally:
+            built.close()
+    finally:
+        gc.enable()
+    assert left == [], f"{len(left)} decoded object updates of the first sync still alive"
