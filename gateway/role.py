@@ -35,7 +35,7 @@ class Role:
     allow_destructive: frozenset[str] = frozenset()
     targets: Literal["*"] | tuple[str, ...] = "*"
     approve: ApproveRight = "none"
-    #: which audit rows the role may read: none, its own calls (caller = the token's name), or all
+    #: which audit rows the role may read: none, its own calls (caller_key = the viewer's), or all
     #: rows of its targets
     audit: AuditRight = "none"
     #: the role's share of a busy target's slots against other callers' (``queue_weight`` in

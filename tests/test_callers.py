@@ -189,6 +189,22 @@ def _audit_own() -> None:
     assert not may_read_audit_row(OWN, "idadmin", {"caller": "idadmin"}, viewer_key=callers.key_of(TOKEN))
 
 
+def _fair_queue_share() -> None:
+    from dataclasses import replace as with_
+
+    from gateway.auth.fair_share import share_of
+    from gateway.role import Role
+
+    caller, person = Role("ops", "*", fair_share="caller"), Role("ops", "*", fair_share="person")
+    assert share_of(TOKEN, caller) != share_of(CLIENT, caller)  # one name, two keys: two shares
+    assert share_of(ALICE, caller) == share_of(ALICE_RENAMED, caller)  # one key, two names: one share
+    assert share_of(ALICE, caller) != share_of(MALLORY, caller)
+    other_client = with_(AGENT, name="alice@new via other",
+                         key=CallerKey.client(IDP, "other", for_subject="u1"))
+    assert share_of(AGENT, person) == share_of(other_client, person) == str(ALICE.key)
+    assert share_of(AGENT, caller) != share_of(other_client, caller)
+
+
 CHECKS: dict[str, Callable[[], None]] = {
     "own_proposal": _own_proposal,
     "approver_distinct": _approver_distinct,
@@ -203,6 +219,7 @@ CHECKS: dict[str, Callable[[], None]] = {
     "web_session": _web_session,
     "mcp_session": _mcp_session,
     "audit_own": _audit_own,
+    "fair_queue_share": _fair_queue_share,
 }
 
 

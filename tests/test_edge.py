@@ -345,14 +345,18 @@ async def test_repeated_failures_throttle_made_up_tokens_never_a_valid_one(
     assert 'gateway_auth_failures_total{reason="throttled"}' in gateway.metrics.render()
 
 
-async def test_readiness_reports_short_reasons_without_a_token(
-    client: Http, gateway: StandInGateway,
+async def test_readiness_tells_a_stranger_only_its_status(
+    client: Http, token: str, gateway: StandInGateway,
 ) -> None:
     breakers = {"targets": 1, "open": 0}
-    assert (await client.get("/readyz")).json() == {"status": "ready", "circuit_breakers": breakers}
+    assert (await client.get("/readyz")).json() == {"status": "ready"}
+    detail = await client.get("/readyz", headers=bearer(token))
+    assert detail.json() == {"status": "ready", "circuit_breakers": breakers}
     gateway.not_ready = ["audit log not writable"]
     gateway.target_stats["vc1"]["circuit_open"] = 1
     response = await client.get("/readyz")
+    assert response.status_code == 503 and response.json() == {"status": "not ready"}
+    response = await client.get("/readyz", headers=bearer(token))
     assert response.status_code == 503
     assert response.json() == {"status": "not ready", "reasons": ["audit log not writable"],
                                "circuit_breakers": {"targets": 1, "open": 1}}

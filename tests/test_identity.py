@@ -129,7 +129,8 @@ async def test_protected_resource_metadata_names_the_provider_and_scopes(served:
             doc = answer.json()
             assert doc["resource"] == f"{served.base}/mcp"
             assert doc["authorization_servers"] == [served.provider.issuer]
-            assert doc["scopes_supported"] == ["vsphere:read", "vsphere:write", "vsphere:destructive"]
+            assert doc["scopes_supported"] == ["vsphere:read", "vsphere:write", "vsphere:destructive",
+                                               "vsphere:audit"]
 
 
 async def test_every_401_points_at_the_metadata(served: IdentityServed) -> None:

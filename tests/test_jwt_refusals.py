@@ -144,6 +144,9 @@ def test_an_algorithm_that_does_not_fit_its_key_is_401_with_a_row_everywhere(ser
     # /mcp, /metrics and /audit/checkpoint pass the edge; each refusal is counted in a token_refused row
     wait_until(lambda: refused_rows(served, "idp_algorithm") >= before + 3, timeout=20,
                what="the token_refused rows of the crafted token")
+    # the page's sign-in refuses it itself, with a row of its own
+    assert any(r.get("phase") == "web_sign_in_refused" and r.get("reason_code") == "idp_algorithm"
+               for r in audit_rows(served.gateway)), "the sign-in's refusal left no row"
 
 
 # ---------------------------------------------------------------------------- random tokens

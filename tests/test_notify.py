@@ -118,7 +118,8 @@ def test_an_approval_of_several_tells_the_progress_who_and_why_and_the_blast_rad
     disk = {"label": "Hard disk 1", "size": "40 GB", "datastore": "ds1"}
     blast = {"count": 1, "objects": [{"name": "web-1", "moid": "vm-1", "power_state": "poweredOff",
                                       "host": "esx-1", "snapshot_count": 2, "disks": [disk]}]}
-    approved = Approval("p-1", "alice", "person", "admin", 1_800_000_100.0, "owner <!here> agreed", "d1")
+    approved = Approval("p-1", "alice", "person", "admin", 1_800_000_100.0, "owner <!here> agreed", "d1",
+                        approver_key="token::alice")
     proposal = a_proposal(approval_rule={"required": 2, "roles": [], "reason_required": True},
                           blast_radius=blast, shown_digest="d1", approvals=(approved,))
     facts = notify.proposal_facts(proposal)

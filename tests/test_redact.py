@@ -39,6 +39,7 @@ from simulator import Simulator, complete_rules, wait_until, write_targets
 
 from gateway import notify
 from gateway.audit.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
+from gateway.auth.principal import CallerKey
 from gateway.auth.tokens import create_token
 from gateway.logs import configure_logging
 from gateway.proposals import Proposal
@@ -363,3 +364,16 @@ async def test_a_secret_in_name_regex_never_leaves_the_host_in_clear(
     leaked = {where: found for where, text in exits.items()
               if (found := [secret for secret in (*LEAKS, HOOK_PART, TOKEN_PART) if secret in text])}
     assert leaked == {}, leaked
+
+
+@pytest.mark.parametrize("field", ["caller_key", "proposer_key", "approver_key", "person_key",
+                                   "acting_for_key", "requested_by_key"])
+def test_caller_keys_are_kept_whole_and_a_token_inside_one_is_still_masked(field: str) -> None:
+    """A caller key names a token by its id (``token::<id>``), which reads like a credential label; rows
+    must keep it whole (``audit: own`` and the page compare it), while a real token there is masked."""
+    idp = "https://idp.example"
+    for key in (CallerKey.token("abc123def456"), CallerKey.person(idp, "248289761001"),
+                CallerKey.client(idp, "ops-agent", for_subject="u-1"), CallerKey.system("os:root")):
+        assert redact({field: str(key)}) == {field: str(key)}
+    token = "gwt_abc123def456_" + "A" * 43
+    assert "A" * 43 not in json.dumps(redact({field: token}))

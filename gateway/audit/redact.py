@@ -115,6 +115,8 @@ def _looks_opaque(value: str) -> bool:
 _CORRELATION_KEYS = frozenset({
     "cid", "correlation_id", "correlationid", "x_correlation_id", "request_id", "requestid",
     "x_request_id", "trace_id", "traceid", "traceparent", "span_id",
+    # stable caller keys (gateway.auth.principal): a token's reads "token::<id>", its id, never its secret
+    "caller_key", "proposer_key", "approver_key", "person_key", "acting_for_key", "requested_by_key",
 })
 
 

@@ -115,4 +115,6 @@ DECISIONS: Final[Mapping[str, str]] = {
     "web_session": "a page session keeps the caller key; an SSO person is its (issuer, sub) key",
     "mcp_session": "the MCP session's owner is the caller's key text",
     "audit_own": "audit: own shows rows whose caller_key is the viewer's",
+    "fair_queue_share": "a caller queues in its key's share, or its person's with fair_share: person "
+                        "(gateway.auth.fair_share.share_of)",
 }

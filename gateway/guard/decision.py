@@ -15,8 +15,8 @@ The order is fixed, so a caller learns nothing it may not know:
             the proposer, whose role has the approve right and the target); and at execution the
             proposer's *current* role still holds tool, reach and target.
 3. policy   ``rules.yaml`` as it is now (``guard.policy.evaluate``): deny rules, protected objects,
-            bulk limits, windows, approval requirement. With no usable rules (a broken file at start;
-            a bad reload keeps the last good rules) every call here is refused, reads included. An
+            bulk limits, windows, approval requirement. With no usable rules (the file broken, at start or by
+            an edit) every call here is refused, reads included. An
             agent's confirm of a call that now needs a human is refused.
 4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
             not meet (a powered-on VM to delete, a disk or snapshot the VM does not have): only a
@@ -510,7 +510,7 @@ def read_rules(f: Facts) -> ReadFilter | None:
 def _policy(f: Facts) -> Verdict:
     if f.entry not in _POLICY_ENTRIES:
         return Verdict(True, "no policy applies to this entry point", f"entry:{f.entry.value}")
-    if f.rules is None:  # no usable rules were ever loaded (a bad reload keeps the last good ones)
+    if f.rules is None:  # the rules file cannot be used (broken at start or by an edit): nothing falls back
         why = f.rules_error or "the rules file cannot be used"
         return _refuse(
             "policy_denied",

@@ -137,7 +137,9 @@ class Calls:
         if where is None:
             return
         spec = self.facts.registry.get(name) if where != "tool" else None
-        party = Party(principal.name, TokenState.USABLE, None)  # the row names the principal's role
+        person = str(principal.person_key) if principal.person_key else None
+        # the row names the principal's role
+        party = Party(principal.name, TokenState.USABLE, None, key=str(principal.key), person_key=person)
         ctx = CallContext(principal, party, spec or unknown_tool(name), correlation_id, client)
         await self.gate.refused(ctx, args, InvalidArgument(where, inputs.UNSTORABLE_MESSAGE))
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from gateway.answer import Answer
+from gateway.auth.fair_share import queue_for
 from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import (
@@ -51,7 +52,6 @@ from gateway.server.proposal_views import (
 )
 from gateway.server.writes import Writes
 from gateway.vocabulary import Plan
-from gateway.vsphere.lane import queue_as
 
 
 class ProposalFlow:
@@ -221,7 +221,7 @@ class ProposalFlow:
         if proposal is None:
             raise NotFound(f"no proposal {proposal_id} that you may see")
         role = (await off_loop(self.facts.party, human)).role
-        with queue_as(human.name, role.queue_weight if role else None):
+        with queue_for(human, role):
             return await self.execute_proposal(proposal, human, correlation_id=correlation_id, approved=True,
                                                reason=reason)
 

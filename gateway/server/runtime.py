@@ -228,6 +228,10 @@ class Gateway(GatewayFacade):
         """Audit a refused read of the audit (blocking; it waits in memory when the log cannot take it)."""
         self.trail.write_or_wait(row)
 
+    def readiness_detail(self) -> dict[str, Any]:
+        """What /readyz adds for a caller with the /metrics right (blocking: reads the rules)."""
+        return {"rules": self.policy.state()}
+
     def readiness(self) -> list[str]:
         """Reasons this process should not take traffic; empty when ready."""
         reasons = []
@@ -240,7 +244,7 @@ class Gateway(GatewayFacade):
             reasons.append("audit log not writable")
         if not self.store.ping():
             reasons.append("state store not answering")
-        if self.policy.snapshot()[0] is None:  # no good rules ever loaded: every call is refused
+        if self.policy.snapshot()[0] is None:  # rules.yaml unusable (at start or by an edit): all refused
             reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
 

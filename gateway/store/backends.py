@@ -97,8 +97,7 @@ def _pg_audit(settings: Settings, store: StateStore) -> AuditWriter:
     from gateway.store.postgres import PostgresStore
 
     assert isinstance(store, PostgresStore)
-    return PgAuditSink(store, key_file=settings.signing_key_file, origin=settings.audit_origin,
-                       witness_dir=settings.audit_witness_dir)
+    return PgAuditSink.for_settings(store, settings)
 
 
 def _pg_reader(_settings: Settings, store: StateStore) -> AuditReader:

@@ -420,6 +420,8 @@ class WebApi:
         try:
             found = await identity.authenticate(token, surface=SURFACE)
         except IdentityRefusal as exc:
+            await self._audit_event("web_sign_in_refused", Principal(name="-", role="-", surface=SURFACE),
+                                    error_code="unauthorized", reason_code=f"idp_{exc.reason}")
             raise Unauthorized(f"that token is not valid ({exc.reason}); people sign in with single sign-on "
                                f"or {PERSON_TOKEN}") from None
         await self._audit_event("web_sign_in_refused", found.principal, error_code="forbidden",
