@@ -19,7 +19,7 @@ from httpserver import Served, build_gateway, serve
 from simulator import Simulator, wait_until
 
 from gateway.auth import tokens
-from gateway.server.heap import Trimmer
+from gateway.server.heap import MMAP_THRESHOLD_BYTES, Trimmer, fix_mmap_threshold, glibc
 
 MIB = 1 << 20
 
@@ -136,3 +136,9 @@ def test_a_valid_caller_is_served_after_the_flood_and_nothing_of_it_is_kept(serv
     assert anyio.run(valid) == 200
     assert len(authenticator._verified) == 1 and len(authenticator._failures) == 1
     wait_until(lambda: not served.app.state.refusals._counts, timeout=30, what="refusals flushed")
+
+
+def test_glibc_takes_the_fixed_mmap_threshold() -> None:
+    libc = glibc()
+    assert libc is not None, "glibc's malloc functions were not found"
+    assert fix_mmap_threshold(libc, MMAP_THRESHOLD_BYTES)

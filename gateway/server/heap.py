@@ -24,12 +24,17 @@ Tests never call ``settle``: freezing a test process's heap would keep every tes
 ``settle`` also starts the ``Trimmer``: a burst (a thousand TLS connections at once, each with its
 OpenSSL state and read buffers, or a large reply's decoded pages) leaves its freed memory inside
 glibc's arenas, fragmented between live blocks, so the process's RSS stays at the burst's peak and a
-second burst adds to it. Python's own objects do not grow: tracemalloc snapshots diffed around a
-flood of made-up tokens showed a few hundred KiB traced while RSS grew by about 150 MiB
-(bench/README.md, "Soak"). The trimmer watches glibc's free bytes (``mallinfo2``) from a daemon thread
-and calls ``malloc_trim(0)``, which hands the free pages of every arena back to the kernel, once the
-free bytes rose ``TRIM_FREE_BYTES`` above their lowest reading since the last trim. Nothing happens
-on other C libraries (musl has no ``mallinfo2``): the trimmer is then off.
+second burst adds to it. Python's own objects do not grow (tracemalloc snapshots diffed around a
+flood of made-up tokens: bench/README.md, "Soak"). The trimmer watches glibc's free bytes
+(``mallinfo2``) from a daemon thread and calls ``malloc_trim(0)``, which hands the free pages of
+every arena back to the kernel, once the free bytes rose ``TRIM_FREE_BYTES`` above their lowest
+reading since the last trim. Nothing happens on other C libraries (musl has no ``mallinfo2``): the
+trimmer is then off.
+
+``settle`` also fixes glibc's mmap threshold at ``MMAP_THRESHOLD_BYTES`` (``mallopt``). glibc raises
+it by itself, up to 32 MiB, each time a large block is freed, after which a large reply's buffers and
+decoded text land in the arenas and fragment them; fixed, every block that large is mapped on its own
+and unmapped when freed (the figures: bench/README.md, "Soak").
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ TRIM_FREE_BYTES: Final = 16 << 20
 """Free bytes in glibc's arenas, above their lowest since the last trim, that make the trimmer trim."""
 TRIM_INTERVAL_SECONDS: Final = 2.0
 """How often the trimmer reads glibc's free bytes."""
+MMAP_THRESHOLD_BYTES: Final = 128 << 10
+"""Blocks at least this large get their own mapping (glibc's initial threshold, kept from rising)."""
+_M_MMAP_THRESHOLD: Final = -3  # glibc's malloc.h
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +135,8 @@ def glibc() -> Any | None:
         libc.mallinfo2.restype = _MallInfo2
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
     return libc
@@ -197,6 +207,11 @@ class Trimmer:
         return [trims, free]
 
 
+def fix_mmap_threshold(libc: Any, size: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Keep glibc's mmap threshold at ``size`` from now on; whether glibc accepted it."""
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, size))
+
+
 def settle(metrics: Metrics | None = None) -> GcPauses:
     """Collect, freeze what is alive, raise the young generation's threshold, time every pause from
     now on and start the heap trimmer (both exposed through ``metrics`` when given). Once per process,
@@ -208,6 +223,9 @@ def settle(metrics: Metrics | None = None) -> GcPauses:
     gc.callbacks.append(pauses.callback)
     if metrics is not None:
         metrics.add_collector("gc", pauses.families)
+    libc = glibc()
+    if libc is not None:
+        fix_mmap_threshold(libc)
     trimmer = Trimmer.for_glibc()
     if trimmer is not None:
         trimmer.start()
