@@ -58,7 +58,7 @@ OLDER_THRESHOLDS: Final = (20, 10)
 """Collections of one generation before the next older one is collected (CPython's second and third)."""
 PAUSE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 GENERATIONS: Final = 3
-TRIM_FREE_BYTES: Final = 16 << 20
+TRIM_FREE_BYTES: Final = 8 << 20
 """Free bytes in glibc's arenas, above their lowest since the last trim, that make the trimmer trim."""
 TRIM_INTERVAL_SECONDS: Final = 2.0
 """How often the trimmer reads glibc's free bytes."""
