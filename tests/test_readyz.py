@@ -39,7 +39,8 @@ def test_without_a_token_the_status_and_nothing_else(served: IssuerServed) -> No
 def test_a_token_with_the_metrics_right_reads_the_detail(served: IssuerServed) -> None:
     answer = get(served, "/readyz", served.token)
     assert answer.status_code == 200
-    assert answer.json() == {"status": "ready", "circuit_breakers": {"targets": 1, "open": 0}}
+    rules = {"status": "ok", "file": str(served.gateway.policy.path)}
+    assert answer.json() == {"status": "ready", "circuit_breakers": {"targets": 1, "open": 0}, "rules": rules}
     jwt = served.issuer.sign(served.issuer.claims(scope="vsphere:audit"))
     assert get(served, "/readyz", jwt).json()["circuit_breakers"] == {"targets": 1, "open": 0}
 
@@ -91,3 +92,23 @@ def test_the_gateway_may_add_to_the_detail(served: IssuerServed) -> None:
 def test_healthz_answers_everyone(served: IssuerServed, token: str | None) -> None:
     answer = get(served, "/healthz", token)
     assert answer.status_code == 200 and answer.json() == {"status": "ok"}
+
+
+def test_a_broken_rules_edit_is_not_ready_and_the_detail_says_since_when(served: IssuerServed) -> None:
+    """A rules.yaml broken by an edit refuses every decided call (fail closed), so the replica is not
+    ready; the detail names the file, the line and since when; a stranger still reads the status alone."""
+    path = served.gateway.policy.path
+    good = path.read_text() if path.exists() else None
+    try:
+        path.write_text("rules:\n  - deny: [power_off_vm\n")
+        answer = get(served, "/readyz", served.token)
+        assert answer.status_code == 503, answer.text
+        rules = answer.json()["rules"]
+        assert rules["status"] == "broken" and rules["since"] and f"{path}:" in rules["error"], rules
+        assert get(served, "/readyz").json() == {"status": "not ready"}
+    finally:
+        if good is None:
+            path.unlink()
+        else:
+            path.write_text(good)
+    assert get(served, "/readyz", served.token).json()["rules"]["status"] == "ok"

@@ -395,3 +395,15 @@ def test_a_revoked_or_expired_token_is_refused_naming_its_id_and_why(
     for token, reason in ((revoked, "revoked"), (expired, "expired")):
         verdict = anyio.run(auth.authenticate, token, "10.0.0.5")
         assert (verdict.principal, verdict.reason, verdict.token_id) == (None, reason, parse_token_id(token))
+
+
+def test_a_flood_of_made_up_tokens_leaves_no_state_a_window_later(auth: TokenAuthenticator,
+                                                                  clock: Clock) -> None:
+    """Failure counts are kept per address for one window: once a flood from many addresses is a window
+    old, the next refusal forgets all of it (the table's bound alone would keep it until 10,000 keys)."""
+    for n in range(50):
+        assert auth.verify("gwt_made_up", f"10.0.{n}.1") is None
+    assert len(auth._failures) == 50
+    clock.now += 61
+    assert auth.verify("gwt_made_up", "10.9.9.9") is None
+    assert len(auth._failures) == 1

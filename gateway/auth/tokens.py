@@ -171,6 +171,8 @@ class TokenAuthenticator:
         self._records: dict[str, TokenRecord] = {}
         self._verified: dict[bytes, str] = {}
         self._failures: dict[_Key, deque[float]] = {}
+        #: when quiet failure entries were last forgotten (once a window, and at the limit)
+        self._swept = self._clock()
         self._touched: dict[str, float] = {}
         self._max_verifications = max_verifications
         self._max_waiting = max_waiting
@@ -260,6 +262,9 @@ class TokenAuthenticator:
                 return None
             while failures and failures[0] <= now - self._window:
                 failures.popleft()
+            if not failures:  # a key whose failures all aged out is forgotten, not kept empty
+                del self._failures[key]
+                return None
             if len(failures) <= self._max_failures:
                 return None
             return max(failures[0] + self._window - now, 0.001)
@@ -330,8 +335,12 @@ class TokenAuthenticator:
     def _fail(self, key: _Key) -> None:
         now = self._clock()
         with self._lock:
-            if key not in self._failures and len(self._failures) >= _CLIENT_LIMIT:
+            # quiet keys go once a window as well as at the limit: the first failure a window after
+            # a flood ended forgets the flood's entries
+            if key not in self._failures and (len(self._failures) >= _CLIENT_LIMIT
+                                              or now - self._swept >= self._window):
                 self._forget_quiet_clients(now)
+                self._swept = now
             failures = self._failures.setdefault(key, deque(maxlen=self._max_failures + 1))
             failures.append(now)
 
