@@ -225,7 +225,7 @@ def _lookup(choice: str | None) -> Any:
     return key_for
 
 
-FAST = settings(max_examples=2500, deadline=None, database=None,
+FAST = settings(max_examples=2500, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -293,7 +293,7 @@ def _refusable_claims() -> st.SearchStrategy[dict[str, Any]]:
     return _claims().map(_unmapped)
 
 
-@settings(max_examples=300, deadline=None, database=None,
+@settings(max_examples=300, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_tokens_over_the_real_server_only_meet_401_or_403(served: IssuerServed, data: Any) -> None:
