@@ -523,3 +523,58 @@ def test_a_synced_mirror_leaves_no_decoded_update_alive(sim: Simulator) -> None:
     finally:
         gc.enable()
     assert left == [], f"{len(left)} decoded object updates of the first sync still alive"
+
+
+# ------------------------------------------------------------------------------ a sync in parts
+
+
+def _parts_waiting(sim: Simulator) -> bool:
+    return int(sim.control("/inflight")["pending_update_parts"]) > 0
+
+
+def test_a_mirror_over_more_vms_than_one_part_answers_only_after_its_last_part(
+        sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.vsphere import mirror
+
+    monkeypatch.setattr(mirror, "MAX_OBJECT_UPDATES", 1)  # every object update its own part
+    target = sim_target("vc1", sim)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
+    try:
+        sim.control("/delay", {"method_delay": {"WaitForUpdatesEx": 200}})
+        assert answer(built, "vc1", "list_vms") is None  # starts the mirror
+        wait_until(lambda: _parts_waiting(sim), timeout=30, what="the first sync in parts")
+        assert answer(built, "vc1", "list_vms") is None, "answered between the first sync's parts"
+        assert built.lookup("vc1") is None and built.stats()["vc1"].state != "synced"
+        sim.control("/delay", {"method_delay": {}})
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
+        assert not _parts_waiting(sim)
+        pool = open_pool("vc1", sim)
+        try:
+            swept = pool.run(lambda s: listings.list_vms(s, listings.VmQuery(fields=tuple(ALL_VM_FIELDS))))
+        finally:
+            pool.close()
+        assert mirrored(built, "vc1", "list_vms", fields=ALL_VM_FIELDS) == swept
+        assert swept["count"] == 4
+    finally:
+        built.close()
+
+
+def test_a_mirror_synced_in_parts_keeps_following_changes(
+        sim: Simulator, si: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.vsphere import mirror
+
+    monkeypatch.setattr(mirror, "MAX_OBJECT_UPDATES", 1)
+    target = sim_target("vc1", sim)
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
+    try:
+        answer(built, "vc1", "list_vms")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
+        vms = [find_vm(si, n) for n in ("DC0_H0_VM0", "DC0_H0_VM1", "DC0_C0_RP0_VM0")]
+        folder = vms[0].parent.CreateFolder("moved-in-one-call")
+        _wait_task(folder.MoveIntoFolder_Task(vms))  # one batch of several object updates
+        rows = {r["name"]: r for r in mirrored(built, "vc1", "list_vms", fields=["name", "folder"])["vms"]}
+        assert [rows[vm.name]["folder"].rsplit("/", 1)[-1] for vm in vms] == ["moved-in-one-call"] * 3
+        _wait_task(vms[0].Rename_Task("renamed-after-parts"))
+        assert "renamed-after-parts" in names(mirrored(built, "vc1", "list_vms"))
+    finally:
+        built.close()

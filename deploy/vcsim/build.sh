@@ -88,8 +88,10 @@ patch_copy() {
 #   one batch of a few changes re-read 30,000 VMs several times over (a zero-wait poll took 1.2 s).
 # - RetrievePropertiesEx pages by RetrieveOptions.maxObjects, continued and cancelled by token, as vCenter
 #   does (overlay/paging.go wraps the renamed function).
+# - WaitForUpdatesEx bounds a reply by WaitOptions.maxObjectUpdates, truncated and continued by version,
+#   as vCenter does (overlay/updates.go wraps the renamed function).
 patch_copy property_collector.go \
-    "retrievePropertiesExDebian(ctx=1 tick@:=@ticker.C=1 case@<-tick:=1 sync/atomic=1 AddHandler(sessionListener(pc))=1 RemoveHandler(sessionListener(pc))=1 AddHandler(pc)=0 if@!applyOnce()=2 applied@:=@false=1" \
+    "retrievePropertiesExDebian(ctx=1 waitForUpdatesExDebian(ctx=1 tick@:=@ticker.C=1 case@<-tick:=1 sync/atomic=1 AddHandler(sessionListener(pc))=1 RemoveHandler(sessionListener(pc))=1 AddHandler(pc)=0 if@!applyOnce()=2 applied@:=@false=1" \
     -e 's|^\(\t*\)pc.updates = nil // clear updates collected by the managed object CRUD listeners$|&\n\1applied := false // vcsim-gw overlay: new objects are looked for once per batch\n\1applyOnce := func() bool {\n\1\tif applied {\n\1\t\treturn true\n\1\t}\n\1\tapplied = true\n\1\treturn apply()\n\1}|' \
     -e 's|if !apply() {|if !applyOnce() {|' \
     -e 's|^\(\t*\)defer ticker.Stop()$|&\n\1tick := ticker.C\n\1if oneUpdate { // one calculation, at once (vcsim-gw build overlay)\n\1\tZeroWaitsAtOnce.Add(1)\n\1\tnow := make(chan time.Time, 1)\n\1\tnow <- time.Now()\n\1\ttick = now\n\1}|' \
@@ -98,7 +100,8 @@ patch_copy property_collector.go \
     -e 's|^\(\t*\)apply() *// Collect current state$|\1ctx.Map.AddHandler(sessionListener(pc)) // vcsim-gw overlay: this collector, from now on\n&|' \
     -e '/^\t*ctx.Map.AddHandler(pc) *\/\/ Listen for create, update, delete/d' \
     -e 's|^\(\t*\)ctx.Map.Remove(c.This)$|&\n\1ctx.Map.RemoveHandler(sessionListener(pc)) // vcsim-gw overlay|' \
-    -e 's|^func (pc \*PropertyCollector) RetrievePropertiesEx(ctx|func (pc *PropertyCollector) retrievePropertiesExDebian(ctx|'
+    -e 's|^func (pc \*PropertyCollector) RetrievePropertiesEx(ctx|func (pc *PropertyCollector) retrievePropertiesExDebian(ctx|' \
+    -e 's|^func (pc \*PropertyCollector) WaitForUpdatesEx(ctx|func (pc *PropertyCollector) waitForUpdatesExDebian(ctx|'
 printf '\n// ZeroWaitsAtOnce counts WaitForUpdatesEx calls with maxWaitSeconds=0 (vcsim-gw build overlay).\nvar ZeroWaitsAtOnce atomic.Int64\n' \
     >>"$overlay/property_collector.go"
 # Ending a session stops its collectors and views (overlay/listeners.go wraps the renamed function).

@@ -192,9 +192,11 @@ func (c *controller) inflight(_ []byte) (interface{}, error) {
 	// zero_waits_at_once: WaitForUpdatesEx calls with maxWaitSeconds=0 computed at once (build.sh's overlay);
 	// update_listeners: collectors receiving the simulator's changes (one per collector that waited);
 	// pending_retrievals: paged results waiting for ContinueRetrievePropertiesEx (overlay/paging.go)
+	// pending_update_parts: collectors holding the rest of a truncated WaitForUpdatesEx (overlay/updates.go)
 	return map[string]interface{}{
 		"calls": c.gate.calls(), "zero_waits_at_once": simulator.ZeroWaitsAtOnce.Load(),
 		"update_listeners": simulator.UpdateListeners(), "pending_retrievals": simulator.PendingRetrievals(),
+		"pending_update_parts": simulator.PendingUpdateParts(),
 	}, nil
 }
 

@@ -14,10 +14,11 @@ What it holds
 How it stays current
     One daemon thread per target (``Mirror``), on a session of its own (a one-session ``SessionPool``,
     never the call slots), creates a ContainerView over the root folder and one filter on it, reads
-    everything with ``WaitForUpdatesEx(version="")`` and then waits for changes with long waits. A
-    session that expired (``NotAuthenticated``: the pool logs in again), a filter the server no longer
-    knows, or a target that went away and came back (a vCenter restart) makes it start over: new view,
-    new filter, full resync. While it is not synced, or after any error, it is unhealthy and reads sweep.
+    everything with ``WaitForUpdatesEx(version="")`` (in parts: ``MAX_OBJECT_UPDATES``) and then waits
+    for changes with long waits. A session that expired (``NotAuthenticated``: the pool logs in again), a
+    filter the server no longer knows, or a target that went away and came back (a vCenter restart)
+    makes it start over: new view, new filter, full resync. While it is not synced, or after any error,
+    it is unhealthy and reads sweep.
 
 Fresh by default
     Before answering, a read asks the mirror thread for one zero-wait ``WaitForUpdatesEx`` since the
@@ -78,6 +79,10 @@ PC: Any = vmodl.query.PropertyCollector
 
 LONG_WAIT_SECONDS = 10
 """The background wait for changes; a read interrupts it, so it only bounds idle round trips."""
+
+MAX_OBJECT_UPDATES = 1000
+"""``WaitOptions.maxObjectUpdates``: a larger reply (the first sync) comes truncated in parts, each
+applied and dropped before the next is asked; the mirror answers only after the last part."""
 
 SYNC_DEADLINE_SECONDS = 5.0
 """How long a read waits for its zero-wait poll before it gives up on the mirror and sweeps."""
@@ -178,6 +183,7 @@ class Mirror:
         self._lookups = 0
         self._synced = False
         self._healthy = False
+        self._partial = False  # a batch of updates is applied in part: reads wait for its last part
         self._heard_at: float | None = None
         self._resyncs = 0
         self._updates = 0
@@ -255,7 +261,9 @@ class Mirror:
                 return None
             age = None
         with self._lock:
-            if not (self._synced and self._healthy) or self._root is None:
+            self._lock.wait_for(lambda: not (self._partial and self._healthy) or self._stop.is_set(),
+                                deadline)  # a batch in parts: answered after its last part
+            if not (self._synced and self._healthy) or self._root is None or self._partial:
                 self._swept += 1
                 return None
             shaped = self._shaped(read, args)
@@ -475,15 +483,22 @@ class Mirror:
         return self._proved_at is None or self._clock() - self._proved_at >= mirror_check.PROOF_SECONDS
 
     def _wait(self, session: VSphereSession, seconds: int) -> Applied | None:
-        try:
-            update = session.content.propertyCollector.WaitForUpdatesEx(
-                self._version, PC.WaitOptions(maxWaitSeconds=seconds))
-        except vmodl.fault.RequestCanceled:
-            return None  # a cancel meant for a long wait hit this one: the next round polls
-        finally:
-            with self._lock:
-                self._long_wait = False
-        return self._apply(update)
+        """One wait and its reply's other parts; None when cancelled (the next round continues)."""
+        kinds: dict[str, set[str]] = {}
+        while True:
+            options = PC.WaitOptions(maxWaitSeconds=seconds, maxObjectUpdates=MAX_OBJECT_UPDATES)
+            try:
+                update = session.content.propertyCollector.WaitForUpdatesEx(self._version, options)
+            except vmodl.fault.RequestCanceled:
+                return None  # a cancel meant for a long wait hit this one: the next round polls
+            finally:
+                with self._lock:
+                    self._long_wait = False
+            applied = self._apply(update, kinds)
+            if update is None or not update.truncated:
+                return applied
+            del update  # dropped before the next part is asked
+            seconds = 0
 
     def _recheck(self, session: VSphereSession) -> None:
         """Read live what applied update sets left in doubt: objects that entered and left in one
@@ -588,28 +603,12 @@ class Mirror:
         # a session only after its first read, and a change between them reached nobody).
         self._filters = [collector.CreateFilter(
             self._marker.filter_spec(content.taskManager, self._spec(_OTHER_TYPES)), partialUpdates=False)]
-        first = collector.WaitForUpdatesEx("", PC.WaitOptions(maxWaitSeconds=0))
         objects: dict[str, ObjectProps] = {}
-        tasks = (_apply_update(objects, first).tasks if first is not None else None) or []
+        _, tasks = _read_all(collector, objects, None)
         self._filters.append(collector.CreateFilter(self._spec({vim.VirtualMachine: _VM_PATHS}),
                                                     partialUpdates=False))
-        version = ""
-        while True:  # the first answer may come in several truncated parts
-            update = content.propertyCollector.WaitForUpdatesEx(version, PC.WaitOptions(maxWaitSeconds=0))
-            if update is None:
-                break
-            applied = _apply_update(objects, update)
-            tasks = applied.tasks if applied.tasks is not None else tasks
-            version = update.version
-            if not update.truncated:
-                break
-        self._tasks_seen, self._tasks_running = set(tasks), set()
-        # pyVmomi's decoder leaves each reply in reference cycles (its parser and handlers), and the
-        # first sync's reply is the whole inventory (about 44 objects per VM, promoted to the oldest
-        # generation while it was parsed): collected now, its memory serves the next sync instead of
-        # waiting for a full collection, and two mirrors' syncs no longer stack up
-        del first, update
-        gc.collect()
+        version, tasks = _read_all(collector, objects, tasks)
+        self._tasks_seen, self._tasks_running = set(tasks or []), set()
         with self._lock:
             self._doubts, self._task_list = {}, None
         self._schedule = Schedule(self.target.mirror_check_seconds, self._clock())
@@ -620,7 +619,7 @@ class Mirror:
             self._version = version
             self._root = content.rootFolder._moId
             self._session_key = session.key
-            self._synced = self._healthy = True
+            self._synced, self._healthy, self._partial = True, True, False
             self._last_error = None
             self._heard_at = self._clock()
             self._resyncs += int(resynced)
@@ -653,11 +652,12 @@ class Mirror:
                     getattr(obj, method)()
         self._filters, self._view = [], None
 
-    def _apply(self, update: Any) -> Applied:
+    def _apply(self, update: Any, kinds: dict[str, set[str]]) -> Applied:
         with self._lock:
             applied = Applied()
+            self._partial = update is not None and bool(update.truncated)
             if update is not None:
-                applied = _apply_update(self._objects, update)
+                applied = _apply_update(self._objects, update, kinds)
                 self._updates += applied.count
                 if applied.count:
                     self._changed()
@@ -670,6 +670,25 @@ class Mirror:
             self._heard_at = self._clock()
             self._lock.notify_all()
             return applied
+
+
+def _read_all(collector: Any, objects: dict[str, ObjectProps],
+              tasks: list[str] | None) -> tuple[str, list[str] | None]:
+    """Every part of a zero-wait ``WaitForUpdatesEx("")`` applied to ``objects``: the version after the
+    last part and the task list (``tasks`` unless a part changed it)."""
+    version, kinds = "", dict[str, set[str]]()
+    while True:
+        update = collector.WaitForUpdatesEx(version, PC.WaitOptions(
+            maxWaitSeconds=0, maxObjectUpdates=MAX_OBJECT_UPDATES))
+        if update is None:
+            return version, tasks
+        applied = _apply_update(objects, update, kinds)
+        tasks = applied.tasks if applied.tasks is not None else tasks
+        version, truncated = update.version, update.truncated
+        del update  # pyVmomi's decoder leaves each reply in cycles: collected, it serves the next part
+        gc.collect()
+        if not truncated:
+            return version, tasks
 
 
 @dataclass
@@ -697,13 +716,14 @@ def _mirrored(type_name: str) -> tuple[str, ...] | None:
     return next((MIRRORED[a] for a in ancestry if a in MIRRORED), None)
 
 
-def _apply_update(objects: dict[str, ObjectProps], update: Any) -> Applied:
+def _apply_update(objects: dict[str, ObjectProps], update: Any,
+                  kinds: dict[str, set[str]] | None = None) -> Applied:
     """Apply one ``UpdateSet`` to ``objects`` (by moid). An object that both entered and left in it
     (the simulator reports a move that way, the enter first) is applied in order and named in
-    ``recheck``: the caller reads it live and keeps it when it exists. The marker and the task list
-    are noted, not mirrored."""
+    ``recheck``: the caller reads it live and keeps it when it exists (``kinds``: what each moid did in
+    the earlier parts of a truncated reply). The marker and the task list are noted, not mirrored."""
     applied = Applied()
-    kinds: dict[str, set[str]] = {}
+    kinds = {} if kinds is None else kinds
     for filter_update in update.filterSet or []:
         for change in filter_update.objectSet or []:
             moid, type_name = mirror_check.kept(change.obj._moId), _PATHS.setdefault(

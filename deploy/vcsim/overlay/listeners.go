@@ -72,7 +72,8 @@ func UpdateListeners() int {
 
 // delSession ends a session (Debian's version is renamed delSessionDebian by build.sh). When no other
 // session shares its object registry (a clone ticket does until it is used), its collectors and
-// container views stop listening. Its paged results waiting for a continuation are dropped.
+// container views stop listening. Its paged results and truncated update replies waiting for a
+// continuation are dropped.
 func (m *SessionManager) delSession(id string) {
 	sessionMutex.Lock()
 	ended, ok := m.sessions[id]
@@ -99,6 +100,7 @@ func stopListening(r *Registry) {
 		switch x := o.(type) {
 		case *PropertyCollector:
 			Map.RemoveHandler(sessionListener(x))
+			dropPendingUpdates(x) // overlay/updates.go
 		case *ContainerView:
 			Map.RemoveHandler(x)
 		}
