@@ -547,7 +547,6 @@ def test_a_mirror_over_more_vms_than_one_part_answers_only_after_its_last_part(
         assert built.lookup("vc1") is None and built.stats()["vc1"].state != "synced"
         sim.control("/delay", {"method_delay": {}})
         wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
-        assert not _parts_waiting(sim)
         pool = open_pool("vc1", sim)
         try:
             swept = pool.run(lambda s: listings.list_vms(s, listings.VmQuery(fields=tuple(ALL_VM_FIELDS))))
@@ -576,5 +575,27 @@ def test_a_mirror_synced_in_parts_keeps_following_changes(
         assert [rows[vm.name]["folder"].rsplit("/", 1)[-1] for vm in vms] == ["moved-in-one-call"] * 3
         _wait_task(vms[0].Rename_Task("renamed-after-parts"))
         assert "renamed-after-parts" in names(mirrored(built, "vc1", "list_vms"))
+    finally:
+        built.close()
+
+
+def test_a_read_between_the_parts_of_a_batch_waits_for_its_last_part(
+        sim: Simulator, si: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.vsphere import mirror
+
+    monkeypatch.setattr(mirror, "MAX_OBJECT_UPDATES", 1)
+    target = sim_target("vc1", sim, max_staleness_seconds=3600.0)  # reads answer without a poll
+    built = Mirrors([target], mirror_credentials((target, sim)), MIRROR_READS)
+    try:
+        answer(built, "vc1", "list_vms")
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
+        vms = [find_vm(si, n) for n in ("DC0_H0_VM0", "DC0_H0_VM1", "DC0_C0_RP0_VM0")]
+        folder = vms[0].parent.CreateFolder("moved-between-parts")
+        sim.control("/delay", {"method_delay": {"WaitForUpdatesEx": 1000}})  # each further part waits
+        _wait_task(folder.MoveIntoFolder_Task(vms))
+        wait_until(lambda: _parts_waiting(sim), timeout=30, what="the batch's first part applied")
+        rows = {r["name"]: r for r in mirrored(built, "vc1", "list_vms", fields=["name", "folder"])["vms"]}
+        sim.control("/delay", {"method_delay": {}})
+        assert [rows[vm.name]["folder"].rsplit("/", 1)[-1] for vm in vms] == ["moved-between-parts"] * 3
     finally:
         built.close()
