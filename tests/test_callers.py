@@ -27,8 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth.caller_keys import caller_fields, parse_key
-from gateway.auth.principal import CallerKey, Principal
+from gateway.auth.principal import CallerKey, Principal, caller_fields, parse_key
 from gateway.guard import callers
 from gateway.guard.approvals import ApprovalRule, approval_refusal, tally
 from gateway.guard.decision import (

@@ -76,7 +76,7 @@ from gateway.audit.files import (
     reverse_lines,
     rotated_path,
 )
-from gateway.audit.schedule import checkpoint_interval
+from gateway.audit.schedule import SigningSettings, signing_options
 from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
@@ -131,21 +131,13 @@ _FIXES: dict[int, str] = {
 _DEFAULT_FIX = "check the file, its directory and its filesystem, then retry"
 
 
-class _SinkSettings(Protocol):
+class _SinkSettings(SigningSettings, Protocol):
     """What ``AuditSink.for_settings`` reads of ``gateway.settings.Settings``."""
 
     @property
     def audit_log(self) -> Path: ...
     @property
     def audit_max_bytes(self) -> int: ...
-    @property
-    def signing_key_file(self) -> Path: ...
-    @property
-    def audit_origin(self) -> str: ...
-    @property
-    def audit_witness_dir(self) -> Path | None: ...
-    @property
-    def audit_checkpoint_seconds(self) -> float: ...
 
 
 def _unavailable(path: Path, exc: OSError) -> AuditUnavailable:
@@ -208,10 +200,8 @@ class AuditSink:
         checkpoints signed with ``settings.signing_key_file`` (GATEWAY_AUDIT_SIGNING_KEY_FILE; default
         ``<home>/audit-signing.key``) at least every ``audit_checkpoint_seconds`` (``ConfigError`` when
         that is not a sane interval: ``gateway.audit.schedule.checkpoint_interval``)."""
-        options.setdefault("checkpoint_seconds", checkpoint_interval(settings))
         return cls(settings.audit_log, max_bytes=settings.audit_max_bytes,
-                   key_file=settings.signing_key_file, origin=settings.audit_origin,
-                   witness_dir=settings.audit_witness_dir, **options)
+                   **signing_options(settings, **options))
 
     def __enter__(self) -> AuditSink:
         return self

@@ -41,13 +41,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
 from gateway.audit.chain import GENESIS, format_ts, prepare_event, row_line, stamp
 from gateway.audit.pg_tree import PgTree, stored_frontier
-from gateway.audit.schedule import checkpoint_interval
+from gateway.audit.schedule import SigningSettings, signing_options
 from gateway.audit.signing import (
     DEFAULT_CHECKPOINT_ROWS,
     DEFAULT_CHECKPOINT_SECONDS,
@@ -73,19 +73,6 @@ AUDIT_LOCK: Final = 0x61_75_64_69_74  # "audit"
 CHECKPOINT_LOCK: Final = 0x63_6B_70_6E_74  # "ckpnt"
 #: columns copied out of a row for filtering (the row itself is ``body``)
 FILTER_COLUMNS: Final = ("phase", "tool", "target", "caller", "correlation_id")
-
-
-class _SinkSettings(Protocol):
-    """What ``PgAuditSink.for_settings`` reads of ``gateway.settings.Settings``."""
-
-    @property
-    def signing_key_file(self) -> Path: ...
-    @property
-    def audit_origin(self) -> str: ...
-    @property
-    def audit_witness_dir(self) -> Path | None: ...
-    @property
-    def audit_checkpoint_seconds(self) -> float: ...
 
 
 def _utcnow() -> datetime:
@@ -125,13 +112,9 @@ class PgAuditSink:
         self.publisher = CheckpointPublisher(origin, witness_dir)
 
     @classmethod
-    def for_settings(cls, store: PostgresStore, settings: _SinkSettings, **options: Any) -> PgAuditSink:
-        """The sink a gateway process uses on PostgreSQL: checkpoints signed with
-        ``settings.signing_key_file`` at least every ``audit_checkpoint_seconds`` (``ConfigError`` when
-        that is not a sane interval: ``gateway.audit.schedule.checkpoint_interval``)."""
-        options.setdefault("checkpoint_seconds", checkpoint_interval(settings))
-        return cls(store, key_file=settings.signing_key_file, origin=settings.audit_origin,
-                   witness_dir=settings.audit_witness_dir, **options)
+    def for_settings(cls, store: PostgresStore, settings: SigningSettings, **options: Any) -> PgAuditSink:
+        """The sink a gateway process uses on PostgreSQL, signing as ``signing_options`` says."""
+        return cls(store, **signing_options(settings, **options))
 
     def __enter__(self) -> PgAuditSink:
         return self

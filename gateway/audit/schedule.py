@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from gateway.errors import AuditUnavailable, ConfigError
@@ -31,6 +32,25 @@ class IntervalSettings(Protocol):
 
     @property
     def audit_checkpoint_seconds(self) -> float: ...
+
+
+class SigningSettings(IntervalSettings, Protocol):
+    """What ``signing_options`` reads of ``gateway.settings.Settings``."""
+
+    @property
+    def signing_key_file(self) -> Path: ...
+    @property
+    def audit_origin(self) -> str: ...
+    @property
+    def audit_witness_dir(self) -> Path | None: ...
+
+
+def signing_options(settings: SigningSettings, **options: Any) -> dict[str, Any]:
+    """A sink's checkpoint options from ``settings`` (both engines' ``for_settings``), ``options`` on top:
+    the signing key, origin and witness directory, and the timer's interval (``checkpoint_interval``)."""
+    return {"key_file": settings.signing_key_file, "origin": settings.audit_origin,
+            "witness_dir": settings.audit_witness_dir, "checkpoint_seconds": checkpoint_interval(settings),
+            **options}
 
 
 @runtime_checkable

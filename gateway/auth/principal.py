@@ -10,17 +10,20 @@ the key cannot. Keys live in four namespaces that no claim can cross:
   for a person is keyed by (issuer, client id, the person's ``sub``), so two people using one MCP client
   never share tasks or idempotency keys, and ``acting_for_key`` is that person's ``person`` key;
 - ``system``: the names the gateway writes itself (``gateway``, ``os:<user>``, ``stdio:<user>``, ``-``).
+
+``parse_key`` reads a key back from its stored text; ``caller_fields`` is what every audit row carries
+of its caller.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from gateway.vocabulary import Kind
 
-__all__ = ["SPACES", "CallerKey", "Principal"]
+__all__ = ["SPACES", "CallerKey", "Principal", "caller_fields", "parse_key"]
 
 Space = Literal["token", "person", "client", "system"]
 SPACES: Final[tuple[Space, ...]] = ("token", "person", "client", "system")
@@ -66,10 +69,6 @@ class CallerKey:
             parts.append(self.subject)
         return ":".join(quote(part, safe="") for part in parts)
 
-    def audit_fields(self) -> dict[str, Any]:
-        """What an audit row carries of this key beside the caller's display name."""
-        return {"caller_key": str(self)}
-
 
 @dataclass(frozen=True)
 class Principal:
@@ -101,3 +100,31 @@ class Principal:
     def person_key(self) -> CallerKey | None:
         """The person behind this caller: itself when a person, the person it acts for, or None."""
         return self.key if self.kind is Kind.PERSON else self.acting_for_key
+
+
+def parse_key(text: str | None) -> CallerKey | None:
+    """The ``CallerKey`` whose ``str()`` is ``text``; None for None or a text no key has."""
+    if not text:
+        return None
+    parts = [unquote(p) for p in text.split(":")]
+    if len(parts) not in (3, 4) or parts[0] not in SPACES:
+        return None
+    space, issuer, value = parts[0], parts[1] or None, parts[2]
+    try:
+        key = CallerKey(space, value, issuer, parts[3] if len(parts) == 4 else None)
+    except ValueError:
+        return None
+    return key if str(key) == text else None
+
+
+def caller_fields(principal: Principal) -> dict[str, Any]:
+    """Who a row is about: the display name beside the stable key (``caller_key``), and the issuer and
+    subject when an identity provider's key has them (two callers showing one name stay two)."""
+    key = principal.key
+    fields: dict[str, Any] = {"caller": principal.name, "caller_key": str(key)}
+    if key.issuer is not None:
+        fields["issuer"] = key.issuer
+        subject = key.value if key.space == "person" else key.subject
+        if subject is not None:
+            fields["subject"] = subject
+    return fields

@@ -37,8 +37,7 @@ from typing import Final
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
-from gateway.auth.caller_keys import caller_fields
-from gateway.auth.principal import CallerKey, Principal
+from gateway.auth.principal import CallerKey, Principal, caller_fields
 from gateway.errors import InvalidArgument, StateUnavailable
 from gateway.ids import ID_LENGTH, new_id
 from gateway.store.base import StateStore, TokenRecord

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.audit.proofs import TreeReader, consistency_proof, inclusion_proof, latest_note
-from gateway.auth.tokens import Principal
+from gateway.auth.tokens import Principal, caller_fields
 from gateway.errors import Forbidden, GatewayError, InvalidArgument, Unauthorized
 from gateway.guard.decision import audit_view
 from gateway.identity.service import IdentityService
@@ -96,7 +96,7 @@ def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
             row = {"phase": "refused", "tool": "audit_proof", "caller": principal.name,
                    "role": principal.role, "surface": principal.surface,
                    "correlation_id": correlation_id_var.get(), "path": request.url.path,
-                   "error_code": refusal.code, "reason": refusal.message, **principal.key.audit_fields()}
+                   "error_code": refusal.code, "reason": refusal.message, **caller_fields(principal)}
             await anyio.to_thread.run_sync(gateway.audit_refusal, row)  # a durable write: off the loop
             raise refusal
 

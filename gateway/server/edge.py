@@ -57,7 +57,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import tracing
-from gateway.auth.caller_keys import parse_key
+from gateway.auth.principal import parse_key
 from gateway.auth.tokens import TOKEN_PREFIX, Principal, Verdict
 from gateway.errors import GatewayError, InvalidArgument, StateUnavailable
 from gateway.identity.service import IdentityRefusal

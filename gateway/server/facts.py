@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.auth.caller_keys import parse_key
+from gateway.auth.principal import parse_key
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal
 from gateway.config import Target

@@ -23,7 +23,7 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway.auth.tokens import TOKEN_PREFIX, Principal
+from gateway.auth.tokens import TOKEN_PREFIX, Principal, caller_fields
 from gateway.errors import Forbidden, GatewayError
 from gateway.identity.service import AUDIT_SCOPE, IdentityRefusal, IdentityService
 from gateway.role import Role
@@ -94,7 +94,7 @@ async def audit_refused(gateway: object, refusals: RefusalAudit | None, principa
         row = {"phase": "refused", "tool": "operator_read", "caller": principal.name,
                "role": principal.role, "surface": principal.surface,
                "correlation_id": correlation_id_var.get(), "path": path, "error_code": error.code,
-               "reason": str(error), **principal.key.audit_fields()}
+               "reason": str(error), **caller_fields(principal)}
         await anyio.to_thread.run_sync(gateway.audit_refusal, row)
     elif refusals is not None:
         refusals.record(client, error.code)

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.auth.caller_keys import parse_key
+from gateway.auth.principal import parse_key
 from gateway.auth.tokens import Principal
 from gateway.errors import ConfigError
 from gateway.identity.service import IdentityRefusal, IdentityService
