@@ -54,7 +54,7 @@ dist: venv
 
 run: BOOTSTRAP_SET := run
 run: bootstrap venv vcsim
-	$(BIN)/python -m gateway.demo --port $(PORT)
+	$(BIN)/python -m gateway.dev.demo --port $(PORT)
 
 # Read-only tests against your own lab vCenters (tests/lab): LAB_TARGETS_FILE names a targets.yaml, each
 # target's <PREFIX>_USER/<PREFIX>_PASSWORD are exported; the gateway runs read-only and the suite sends

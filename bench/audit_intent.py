@@ -38,7 +38,7 @@ ROW = {
 
 
 class Recorder:
-    """The two audit methods of ``gateway.server.audit_trail.AuditTrail``, on a bare sink (same code path:
+    """The two audit methods of ``server.base.audit_trail.AuditTrail``, on a bare sink (same code path:
     ``asyncio.to_thread`` + ``wait_for`` around ``AuditSink.write``)."""
 
     def __init__(self, sink: AuditSink) -> None:

@@ -32,7 +32,7 @@ import httpx2
 from argon2 import PasswordHasher
 
 from gateway.auth.tokens import create_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent

@@ -49,8 +49,8 @@ from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from gateway.auth.tokens import create_token  # noqa: E402
-from gateway.devsim import build_simulator, start_simulator, write_targets  # noqa: E402
-from gateway.server.tls import create_certificate  # noqa: E402
+from gateway.dev.simulators import build_simulator, start_simulator, write_targets  # noqa: E402
+from gateway.server.edge.tls import create_certificate  # noqa: E402
 from gateway.store.sqlite import SqliteStore  # noqa: E402
 
 GATEWAY_MAIN = "from gateway.cli import main; raise SystemExit(main())"

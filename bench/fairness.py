@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a plain script from a checkout: make the
 
 from gateway.auth.principal import CallerKey
 from gateway.auth.tokens import Principal
-from gateway.devsim import SimulatorProcess, build_simulator, start_simulator, write_targets
+from gateway.dev.simulators import SimulatorProcess, build_simulator, start_simulator, write_targets
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.vocabulary import Kind

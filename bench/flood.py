@@ -42,7 +42,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.auth.tokens import create_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent

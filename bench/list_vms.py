@@ -59,7 +59,7 @@ from simulator import (  # type: ignore[import-not-found]  # noqa: E402  (tests/
 
 from gateway.auth.tokens import create_token  # noqa: E402
 from gateway.config import Credentials, Target  # noqa: E402
-from gateway.server.tls import create_certificate  # noqa: E402
+from gateway.server.edge.tls import create_certificate  # noqa: E402
 from gateway.store.sqlite import SqliteStore  # noqa: E402
 from gateway.tools.read import READ_TOOLS  # noqa: E402
 from gateway.vsphere.pool import SessionPool, VSphereSession  # noqa: E402

@@ -32,7 +32,7 @@ from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from simulator import wait_until  # type: ignore[import-not-found]  # noqa: E402
 
-from gateway.server.tls import create_certificate  # noqa: E402
+from gateway.server.edge.tls import create_certificate  # noqa: E402
 
 SERVER = """
 import logging

@@ -64,7 +64,7 @@ from simulator import (  # type: ignore[import-not-found]  # noqa: E402
 )
 
 from gateway.config import Credentials, Target  # noqa: E402
-from gateway.server.tls import create_certificate  # noqa: E402
+from gateway.server.edge.tls import create_certificate  # noqa: E402
 from gateway.vsphere import listings, soap_scan  # noqa: E402
 from gateway.vsphere.collector import _view_spec, soap_call  # noqa: E402
 from gateway.vsphere.mirror import Mirror  # noqa: E402

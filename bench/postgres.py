@@ -41,8 +41,8 @@ from simulator import write_targets  # noqa: E402
 from gateway.audit.pg_reader import PgAuditReader  # noqa: E402
 from gateway.audit.verify import verify  # noqa: E402
 from gateway.auth.tokens import TokenAuthenticator, create_token  # noqa: E402
-from gateway.devsim import SimulatorProcess, start_simulator  # noqa: E402
-from gateway.server.tls import create_certificate  # noqa: E402
+from gateway.dev.simulators import SimulatorProcess, start_simulator  # noqa: E402
+from gateway.server.edge.tls import create_certificate  # noqa: E402
 from gateway.store import SqliteStore, StateStore  # noqa: E402
 from gateway.store.postgres import PostgresStore  # noqa: E402
 

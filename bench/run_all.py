@@ -83,9 +83,9 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from gateway.auth.tokens import Principal, TokenAuthenticator, create_token  # noqa: E402
 from gateway.config import Credentials, Target  # noqa: E402
-from gateway.devsim import SimulatorProcess, build_simulator, start_simulator, write_targets  # noqa: E402
+from gateway.dev.simulators import SimulatorProcess, build_simulator, start_simulator, write_targets  # noqa: E402
+from gateway.server.edge.tls import create_certificate  # noqa: E402
 from gateway.server.runtime import Gateway  # noqa: E402
-from gateway.server.tls import create_certificate  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.sqlite import SqliteStore  # noqa: E402
 from gateway.vsphere.pool import SessionPool  # noqa: E402

@@ -34,7 +34,7 @@ from rsyslog import Rsyslog  # noqa: E402  (the tests' real receiver)
 from gateway.audit.file_sink import AuditSink  # noqa: E402
 from gateway.audit.syslog_config import SyslogConfig  # noqa: E402
 from gateway.audit.syslog_forward import Forwarder  # noqa: E402
-from gateway.server.audit_trail import AuditTrail  # noqa: E402
+from gateway.server.base.audit_trail import AuditTrail  # noqa: E402
 
 EVENT: dict[str, Any] = {
     "phase": "call", "tool": "get_vm_details", "target": "prod-vc1", "caller": "ops-agent", "role": "reader",

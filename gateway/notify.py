@@ -64,7 +64,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 
-from gateway.audit.redact import shown
+from gateway.audit.redact import displayable
 from gateway.config import ConfigProblems, load_yaml, located
 from gateway.errors import AuditUnavailable, ConfigError
 from gateway.guard.approvals import approval_view
@@ -313,9 +313,9 @@ def _iso(ts: float | None) -> str | None:
 
 def proposal_facts(p: Proposal) -> dict[str, Any]:
     """What a notification says about a proposal: never its token, token hash or arguments; redacted
-    and bounded as every text leaving the process is (``gateway.audit.redact.shown``)."""
+    and bounded as every text leaving the process is (``gateway.audit.redact.displayable``)."""
     error = p.error or {}
-    facts: dict[str, Any] = shown({
+    facts: dict[str, Any] = displayable({
         "proposal_id": p.id, "state": p.state, "target": p.target, "target_host": p.target_host,
         "tool": p.tool, "summary": p.plan_summary, "affected": p.affected, "requested_by": p.caller,
         "requires_human_approval": p.require_web_approval, "created_at": _iso(p.created_at),

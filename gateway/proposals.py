@@ -99,7 +99,7 @@ class Proposal:
     credential-shaped text, which argument validation refuses for every tool whose calls become
     proposals (``ToolSpec.keeps_arguments``); ``args_digest``
     binds the proposal to the exact call; ``plan_params`` holds everything needed to execute it later.
-    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.audit.redact.shown``).
+    ``plan_summary`` and ``affected`` are made redacted and bounded (``gateway.audit.redact.displayable``).
     """
 
     id: str

@@ -129,9 +129,9 @@ class Settings:
     dry_run: bool = False
     web_ui: bool = False
     confirm_ttl_seconds: float = 120.0
-    #: how long an idempotency key's outcome is replayed (``gateway.guard.idempotency``)
+    #: how long an idempotency key's outcome is replayed (``gateway.guard.idempotency_rules``)
     idempotency_window_seconds: float = 86400.0
-    #: how long a finished MCP task's result is kept when the client asks for no ttl (``server.tasks``)
+    #: how long a finished MCP task's result is kept when the client asks for no ttl (``edge.mcp_tasks``)
     task_keep_seconds: float = 3600.0
     queue_timeout_seconds: float = 300.0
     fanout_timeout_seconds: float = 30.0
@@ -156,7 +156,7 @@ class Settings:
     #: the environment variables web_sign_in's ``client_secret_env`` may name (ending in _SECRET)
     identity_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     #: a file holding the first token for a fresh state, or where serve writes one
-    #: (GATEWAY_BOOTSTRAP_TOKEN_FILE; gateway/server/bootstrap_token.py); None: no such step
+    #: (GATEWAY_BOOTSTRAP_TOKEN_FILE; gateway/server/edge/bootstrap_token.py); None: no such step
     bootstrap_token_file: Path | None = None
     #: the origin line (and key name) of the signed checkpoint notes (GATEWAY_AUDIT_ORIGIN; default
     #: ``<host name>/vsphere-mcp-gateway/audit``). Replicas sharing one PostgreSQL chain set the same one.

@@ -26,9 +26,9 @@ from simulator import wait_until, write_targets
 from starlette.applications import Starlette
 
 from gateway.auth.tokens import create_token
-from gateway.server.app import GatewayServer, build_app, uvicorn_config
-from gateway.server.edge import EdgeConfig
-from gateway.server.tls import CertificatePaths, create_certificate, server_context
+from gateway.server.edge.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge.middleware import EdgeConfig
+from gateway.server.edge.tls import CertificatePaths, create_certificate, server_context
 
 #: argon2 parameters that keep token creation fast in tests (production uses the library's defaults)
 FAST_HASH = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
@@ -123,7 +123,7 @@ def build_gateway(
     import yaml
     from simulator import complete_rules
 
-    from gateway.devsim import write_targets
+    from gateway.dev.simulators import write_targets
     from gateway.server.runtime import Gateway
     from gateway.settings import Settings
 

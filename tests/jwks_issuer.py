@@ -29,9 +29,9 @@ from oidc_provider import free_socket
 from simulator import wait_until
 
 from gateway.auth.tokens import create_token
-from gateway.server.app import GatewayServer, build_app, uvicorn_config
-from gateway.server.edge import EdgeConfig
-from gateway.server.tls import CertificatePaths, create_certificate, server_context
+from gateway.server.edge.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge.middleware import EdgeConfig
+from gateway.server.edge.tls import CertificatePaths, create_certificate, server_context
 
 #: groups -> roles: ops a role without the audit right, auditors the built-in reader (audit: own), admins
 GROUPS = {"ops": "lab-operator", "auditors": "reader", "admins": "admin"}

@@ -31,9 +31,9 @@ from processes import unavailable
 from simulator import wait_until
 
 from gateway.auth.tokens import create_token
-from gateway.server.app import GatewayServer, build_app, uvicorn_config
-from gateway.server.edge import EdgeConfig
-from gateway.server.tls import CertificatePaths, create_certificate, server_context
+from gateway.server.edge.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge.middleware import EdgeConfig
+from gateway.server.edge.tls import CertificatePaths, create_certificate, server_context
 
 OIDC_DIR = REPO / "tests" / "oidc"
 AGENT_SECRET = "agent-ops-secret-" + "x" * 16

@@ -113,11 +113,11 @@ def _as_a_background_job() -> None:
 
 
 def start_demo(vcsim_bin: Path, port: int, folder: Path) -> subprocess.Popen[bytes]:
-    """``python -m gateway.demo`` on ``port`` in ``folder``, its output on a pipe (``read_until``), in a
+    """``python -m gateway.dev.demo`` on ``port`` in ``folder``, its output on a pipe (``read_until``), in a
     process group of its own (its pid) and with SIGINT ignored as a script's ``&`` leaves it: however
     pytest itself was started, a SIGINT to that group is Ctrl-C in a terminal."""
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway.demo", "--port", str(port), "--dir", str(folder),
+        [sys.executable, "-m", "gateway.dev.demo", "--port", str(port), "--dir", str(folder),
          "--vcsim", str(vcsim_bin)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0, preexec_fn=_as_a_background_job,

@@ -1,7 +1,7 @@
 """A real rsyslog receiver for tests, from Debian's ``rsyslog`` and ``rsyslog-gnutls`` packages.
 
 ``Rsyslog(directory)`` writes its own configuration (imtcp on one loopback port, TLS through the
-``gtls`` driver with a certificate made by ``gateway.server.tls.create_certificate``; anonymous
+``gtls`` driver with a certificate made by ``gateway.server.edge.tls.create_certificate``; anonymous
 clients, or only clients with a certificate ``client_ca`` signed) and runs ``rsyslogd -n -f CONF -i
 PIDFILE`` in the foreground; ``start``/``stop`` may be called again (the same port), so a test can
 take the receiver away and bring it back. Every message received on the port lands as one JSON line
@@ -23,7 +23,7 @@ from typing import Any
 
 from processes import unavailable
 
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 
 START_SECONDS = 30.0
 

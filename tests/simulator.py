@@ -1,7 +1,7 @@
-"""Simulators for tests: the process handling of ``gateway.devsim`` plus what only tests need.
+"""Simulators for tests: the process handling of ``gateway.dev.simulators`` plus what only tests need.
 
 ``start_simulator(**options)`` runs the launcher (deploy/vcsim) on free loopback ports and returns a
-``Simulator`` (``gateway.devsim.SimulatorProcess``); ``Simulator.control(path, payload)`` drives its
+``Simulator`` (``gateway.dev.simulators.SimulatorProcess``); ``Simulator.control(path, payload)`` drives its
 test-only control endpoint (deploy/vcsim/README.md). The helpers below read vSphere through pyVmomi
 directly, so tests can check what the gateway did without going through the gateway.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gateway.config import Credentials, Target
-from gateway.devsim import (
+from gateway.dev.simulators import (
     BUILD_SCRIPT,
     DEFAULT_USER,
     REPO,
@@ -30,7 +30,7 @@ from gateway.devsim import (
     target_entry,
     write_targets,
 )
-from gateway.devsim import SimulatorProcess as Simulator
+from gateway.dev.simulators import SimulatorProcess as Simulator
 from gateway.vsphere.pool import SessionPool
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The task waiter and the mutation plumbing (gateway/vsphere/tasks.py, gateway/vsphere/actions/).
+"""The task waiter and the mutation plumbing (gateway/vsphere/task_waiter.py, gateway/vsphere/actions/).
 
 Against a fresh simulator per test: progress relayed from a slowly running task, vSphere errors,
 deadlines (outcome unknown for destructive tasks, timeout for writes), the private collector and
@@ -25,7 +25,7 @@ from gateway.vocabulary import Plan
 from gateway.vsphere.actions import bulk, execution, hardware, planning, power
 from gateway.vsphere.collector import managed_object
 from gateway.vsphere.pool import VSphereSession
-from gateway.vsphere.tasks import wait_for_task
+from gateway.vsphere.task_waiter import wait_for_task
 
 MakeSimulator = Callable[..., Simulator]
 CLUSTER_VM = "DC0_C0_RP0_VM0"

@@ -1003,7 +1003,7 @@ def test_the_running_servers_access_log_shows_correlation_ids(sim_vc1: Any, tmp_
     from httpserver import run_serve
     from simulator import wait_until, write_targets
 
-    from gateway.server.tls import create_certificate
+    from gateway.server.edge.tls import create_certificate
     from gateway.store.sqlite import SqliteStore
 
     home = tmp_path / "home"
@@ -1088,7 +1088,7 @@ def test_a_token_passed_off_as_a_correlation_id_is_still_masked(value: str, expe
 
 def test_the_sinks_counters_are_prometheus_families(path: Path) -> None:
     from gateway.audit.metrics import audit_families
-    from gateway.server.metrics import Metrics
+    from gateway.server.base.metrics import Metrics
 
     metrics = Metrics()
     with AuditSink(path, durable=False, max_bytes=1500, keep=2, retain_seconds=0) as sink:

@@ -1,4 +1,4 @@
-"""The audit trail's shape (``gateway.audit``), measured with ``bench/layout.py``: its modules and the
+"""The audit trail's shape (``gateway.audit``), measured with ``tests/support/layout.py``: its modules and the
 ``gateway audit`` command within the house limits, and the decision package (``gateway.guard``) holding
 none of its I/O. (Cycles and floors for the whole package: ``tests/test_layout.py``.)"""
 
@@ -22,7 +22,7 @@ AUDIT_MODULES = ("redact", "bounds", "chain", "signing", "files", "file_sink", "
 
 
 def _layout_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_layout", ROOT / "bench" / "layout.py")
+    spec = importlib.util.spec_from_file_location("support_layout", ROOT / "tests" / "support" / "layout.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there

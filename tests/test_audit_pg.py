@@ -21,9 +21,9 @@ from gateway.audit.metrics import audit_families
 from gateway.audit.pg_reader import PgAuditReader
 from gateway.audit.pg_sink import PgAuditSink
 from gateway.audit.query import stats
+from gateway.backends import engine_of
 from gateway.errors import AuditUnavailable
 from gateway.settings import Settings
-from gateway.store.backends import engine_of
 from gateway.store.postgres import PostgresStore
 
 ROOT = Path(__file__).resolve().parent.parent

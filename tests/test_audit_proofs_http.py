@@ -1,4 +1,4 @@
-"""The audit log's checkpoint and Merkle proofs over HTTPS (gateway.server.audit_proofs), on the real
+"""The audit log's checkpoint and Merkle proofs over HTTPS (gateway.server.edge.audit_proofs), on the real
 uvicorn server with bearer tokens: roles that may read the audit get the signed note and proofs that
 verify offline; a role with ``audit: none`` is refused (403) and the refusal is audited."""
 

@@ -1,4 +1,4 @@
-"""The audit trail's one "row was written" hook (gateway.server.audit_trail.AuditTrail.written): every row
+"""The audit trail's one "row was written" hook (server.base.audit_trail.AuditTrail.written): every row
 the sink took, as stamped, reaches the listeners; a row the sink refused does not; a failing listener
 never fails the row."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from gateway.audit.file_sink import AuditSink
 from gateway.errors import AuditUnavailable
-from gateway.server.audit_trail import AuditTrail
+from gateway.server.base.audit_trail import AuditTrail
 
 
 def test_every_written_row_reaches_the_listeners_as_stamped(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``gateway.store.backends``: one table chooses every backend of a process (SQLite + JSONL file, or
+"""``gateway.backends``: one table chooses every backend of a process (SQLite + JSONL file, or
 PostgreSQL shared by replicas), opened together by ``open_backends``."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from gateway.audit.file_sink import AuditSink
 from gateway.audit.pg_reader import PgAuditReader
 from gateway.audit.pg_sink import PgAuditSink
 from gateway.audit.readers import FileAuditReader
+from gateway.backends import ENGINES, engine_of, open_backends
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.settings import Settings
-from gateway.store.backends import ENGINES, engine_of, open_backends
 from gateway.store.instance import Instance
 from gateway.store.limits_pg import PgRateLimiter, PgRunawayBreaker
 from gateway.store.postgres import PostgresStore

@@ -96,7 +96,7 @@ def test_a_failing_step_shows_the_end_of_the_log(tmp_path: Path) -> None:
 
 def test_make_run_takes_the_port() -> None:
     plan = make_plan("run", "PORT=9443")
-    assert plan[-1].endswith("-m gateway.demo --port 9443"), plan
+    assert plan[-1].endswith("-m gateway.dev.demo --port 9443"), plan
 
 
 def test_ci_runs_the_same_bootstrap_and_the_readme_test_command() -> None:

@@ -1,4 +1,4 @@
-"""GATEWAY_BOOTSTRAP_TOKEN_FILE: the first token of a fresh state (gateway/server/bootstrap_token.py),
+"""GATEWAY_BOOTSTRAP_TOKEN_FILE: the first token of a fresh state (gateway/server/edge/bootstrap_token.py),
 for a container volume or a pod where no shell runs ``gateway token create`` first."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gateway.audit.query import read_rows
 from gateway.auth.tokens import create_token
 from gateway.errors import ConfigError
 from gateway.server import bootstrap_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent

@@ -43,7 +43,7 @@ from gateway.guard.decision import (
 from gateway.guard.limits import RateLimiter, RunawayBreaker
 from gateway.proposals import Approval
 from gateway.role import BUILTIN_ROLES, Role
-from gateway.server.edge import access_token_for, principal_of
+from gateway.server.edge.middleware import access_token_for, principal_of
 from gateway.vocabulary import Category, Kind, Risk
 
 REPO = Path(__file__).resolve().parent.parent
@@ -319,7 +319,7 @@ def test_every_listed_site_still_exists() -> None:
 
 def test_reasons_need_visible_text() -> None:
     from gateway.guard.approvals import reason_missing, visible
-    from gateway.server.proposal_views import clean_reason
+    from gateway.server.proposals.views import clean_reason
 
     for invisible in ("\u200b\u200b", " \u200d\ufeff ", "\u2060\u00ad", "\u202e"):
         assert not visible(invisible) and clean_reason(invisible) == ""

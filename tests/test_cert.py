@@ -16,7 +16,7 @@ from cryptography import x509
 
 from gateway.cli import main
 from gateway.errors import ConfigError, InvalidArgument
-from gateway.server.tls import build_certificate, create_certificate, server_context
+from gateway.server.edge.tls import build_certificate, create_certificate, server_context
 
 
 def mode(path: Path) -> int:

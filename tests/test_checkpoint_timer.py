@@ -29,7 +29,7 @@ from gateway.audit.schedule import CheckpointTimer, checkpoint_interval
 from gateway.audit.signing import load_or_create_signing_key
 from gateway.audit.witness import read_witness
 from gateway.errors import ConfigError
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.settings import Settings
 from gateway.store.postgres import PostgresStore
 

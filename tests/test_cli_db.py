@@ -11,9 +11,10 @@ import psycopg
 import pytest
 from postgres import PgServer
 
+from gateway.backends import open_store
 from gateway.errors import ConfigError
 from gateway.settings import Settings
-from gateway.store import SqliteStore, open_store
+from gateway.store import SqliteStore
 from gateway.store.postgres import SCHEMA_VERSION, PostgresStore, display_url
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from processes import RunningDemo, free_port, read_until, start_demo, unavailable
 
-from gateway import demo
+from gateway.dev import demo
 
 REPO = Path(__file__).resolve().parent.parent
 README_BASE = "https://127.0.0.1:8443"

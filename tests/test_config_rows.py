@@ -1,4 +1,4 @@
-"""Configuration-load audit rows (gateway.server.reloads): a CLI run writes one only on a real change,
+"""Configuration-load audit rows (gateway.server.base.reloads): a CLI run writes one only on a real change,
 and a roles.yaml whose load cannot be audited does not take effect (the roles before stay)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from gateway_env import Env, role, write_roles
 from simulator import complete_rules_text
 
 from gateway.cli import main
-from gateway.server.reloads import PHASE
+from gateway.server.base.reloads import PHASE
 
 pytestmark = pytest.mark.anyio
 

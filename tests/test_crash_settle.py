@@ -26,7 +26,7 @@ from simulator import MakeSimulator, complete_rules, wait_until, write_targets
 
 from gateway.audit.query import read_rows
 from gateway.auth.tokens import create_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store import SqliteStore
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""The quick start for real: ``python -m gateway.demo`` as a subprocess on a free port, an MCP call over
+"""The quick start for real: ``python -m gateway.dev.demo`` as a subprocess on a free port, an MCP call over
 HTTPS with the token it printed, then Ctrl-C (SIGINT) and no process it started left behind."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from processes import RunningDemo, free_port, read_until, start_demo
 
-from gateway import demo
 from gateway.auth.roles import RoleBook
+from gateway.dev import demo
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.store import PolicyStore
 
@@ -171,8 +171,8 @@ def test_the_demo_empties_its_own_folder_on_a_new_run(tmp_path: Path) -> None:
 
 
 def run_demo(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """``python -m gateway.demo ARGS`` to completion; still running after ``timeout`` fails the test."""
-    process = subprocess.Popen([sys.executable, "-m", "gateway.demo", *args], cwd=REPO,
+    """``python -m gateway.dev.demo ARGS`` to completion; still running after ``timeout`` fails the test."""
+    process = subprocess.Popen([sys.executable, "-m", "gateway.dev.demo", *args], cwd=REPO,
                                env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -44,7 +44,7 @@ from gateway.cli import build_parser
 from gateway.config import parse_targets
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.store import PolicyStore
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.server import reloads
+from gateway.server.base import reloads
 
 REPO = Path(__file__).resolve().parent.parent
 README = " ".join((REPO / "README.md").read_text().split())

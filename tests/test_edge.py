@@ -30,8 +30,9 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal, TokenAuthenticator, Verdict, create_token, parse_token_id
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument
-from gateway.server.app import build_app, self_check
-from gateway.server.edge import (
+from gateway.server.base.metrics import Metrics, gauge_family
+from gateway.server.edge.app import build_app, self_check
+from gateway.server.edge.middleware import (
     BearerAuthMiddleware,
     ConcurrencyLimitMiddleware,
     EdgeConfig,
@@ -40,7 +41,6 @@ from gateway.server.edge import (
     correlation_id_from,
     split_authority,
 )
-from gateway.server.metrics import Metrics, gauge_family
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.spec import ToolSpec
 

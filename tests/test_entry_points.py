@@ -227,7 +227,7 @@ async def test_a_change_is_decided_once_at_the_gate_and_once_with_its_objects(
     module: the I/O classes ask ``authorize`` once before anything is read from vSphere and
     ``authorize_resolved`` once with the resolved objects (a bulk call's many objects included), never
     a third, partial time of their own."""
-    import gateway.server.gate as gate
+    import gateway.server.call.gate as gate
 
     asked: list[str] = []
 

@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator
 
 from gateway.auth.tokens import create_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.settings import Settings
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.exposure import write_tool_names

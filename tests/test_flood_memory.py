@@ -19,7 +19,7 @@ from httpserver import Served, build_gateway, serve
 from simulator import Simulator, wait_until
 
 from gateway.auth import tokens
-from gateway.server.heap import MMAP_THRESHOLD_BYTES, Trimmer, fix_mmap_threshold, glibc
+from gateway.server.edge.gc_tuning import MMAP_THRESHOLD_BYTES, Trimmer, fix_mmap_threshold, glibc
 
 MIB = 1 << 20
 

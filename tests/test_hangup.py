@@ -1,5 +1,5 @@
 """SIGHUP (``systemctl reload``: the unit's ExecReload) re-reads rules.yaml and roles.yaml in a running
-``gateway serve`` instead of ending it (gateway/server/hangup.py)."""
+``gateway serve`` instead of ending it (gateway/server/edge/sighup.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from simulator import Simulator, complete_rules, wait_until
 
 from gateway.audit.query import read_rows
 from gateway.auth.tokens import create_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 
 

@@ -1,4 +1,4 @@
-"""gateway/server/heap.py: a served gateway's startup heap is frozen out of the collector, and every
+"""gateway/server/edge/gc_tuning.py: a served gateway's startup heap is frozen out of the collector, and every
 collection's pause is counted in /metrics by generation."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from prometheus_client.core import Metric
 from simulator import Simulator
 
 from gateway.auth.tokens import create_token
-from gateway.server.heap import PAUSE_BUCKETS, YOUNG_THRESHOLD, GcPauses
-from gateway.server.tls import create_certificate
+from gateway.server.edge.gc_tuning import PAUSE_BUCKETS, YOUNG_THRESHOLD, GcPauses
+from gateway.server.edge.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 
 

@@ -20,9 +20,9 @@ from simulator import MakeSimulator, Simulator, count_vms_named, pyvmomi_connect
 from gateway.auth.principal import CallerKey
 from gateway.errors import InvalidArgument
 from gateway.guard import confirm
-from gateway.guard.idempotency import Seen, Step, checked_key, decide, keeps_error
-from gateway.server.idempotency import key_from_meta, key_id
-from gateway.store.idempotency import KeyRecord, KeyTable
+from gateway.guard.idempotency_rules import Seen, Step, checked_key, decide, keeps_error
+from gateway.server.call.idempotency import key_from_meta, key_id
+from gateway.store.idempotency_keys import KeyRecord, KeyTable
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
 

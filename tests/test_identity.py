@@ -335,7 +335,7 @@ async def test_gateway_serve_starts_with_identity_yaml_and_no_gateway_token(
     from httpserver import https_argv, run_serve
     from simulator import complete_rules, write_targets
 
-    from gateway.server.tls import create_certificate
+    from gateway.server.edge.tls import create_certificate
 
     home = tmp_path / "home"
     home.mkdir(mode=0o700)

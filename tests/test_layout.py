@@ -1,23 +1,7 @@
-"""The package's shape, measured with ``bench/layout.py`` over ``gateway/``: no import cycle (lazy and
-``TYPE_CHECKING`` imports included), no module importing a module on a higher floor, no module over 900
-lines, no class over 600 lines and no module importing more than 16 of the package's own modules (every
-module, no exception: a module that needs more holds more than one concern; split it).
-
-The floors, bottom up (a module may import its own floor and the floors below it, never above):
-
-====  ===============================================================================================
-0     ground: ``gateway`` (the package), ``vocabulary``, ``errors``, ``proposals``, ``role``, ``answer``,
-      ``sanitize``, ``ids``, ``config``, ``settings``, ``private_files``
-1     ``guard``: pure decisions (policy, names, limits, confirm, decision, ...)
-2     ``store`` (state, limits and slots on SQLite or PostgreSQL) and ``audit`` (the audit trail)
-3     ``vsphere``: the simulator-tested vSphere client (its scheduler takes slots from ``store``)
-4     ``auth``, ``notify``, ``tools``, ``logs``
-5     ``server``
-6     ``web``, ``cli``, ``demo``, ``devsim``, ``__main__``
-====  ===============================================================================================
-
-A module on no floor fails ``test_every_module_has_a_floor``: add it to ``FLOORS``.
-"""
+"""The package's shape (``tests/support/layout.py`` over ``gateway/``): no import cycle (lazy and
+``TYPE_CHECKING`` imports included), no import of a higher floor (the floors: ``layout.FLOORS``), no
+module over 900 lines, no class over 600, none importing more than 16 of the package's own modules, at
+most 12 modules directly in ``gateway/server/``. A module on no floor fails: add it to ``FLOORS``."""
 
 from __future__ import annotations
 
@@ -30,22 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: floor of every module, by the longest matching dotted prefix (see the module doc)
-FLOORS: dict[str, int] = {
-    "gateway": 0, "gateway.vocabulary": 0, "gateway.errors": 0, "gateway.proposals": 0, "gateway.role": 0,
-    "gateway.answer": 0, "gateway.sanitize": 0, "gateway.ids": 0, "gateway.config": 0,
-    "gateway.settings": 0, "gateway.private_files": 0, "gateway.tracing": 0,
-    "gateway.guard": 1,
-    "gateway.store": 2, "gateway.audit": 2,
-    "gateway.vsphere": 3,
-    "gateway.auth": 4, "gateway.identity": 4, "gateway.notify": 4, "gateway.tools": 4, "gateway.logs": 4,
-    "gateway.server": 5,
-    "gateway.web": 6, "gateway.cli": 6, "gateway.demo": 6, "gateway.devsim": 6, "gateway.__main__": 6,
-}
-
-
 def _load_layout() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_layout", REPO / "bench" / "layout.py")
+    spec = importlib.util.spec_from_file_location("support_layout", REPO / "tests" / "support" / "layout.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look the module up while the class is built
@@ -56,26 +26,11 @@ def _load_layout() -> ModuleType:
 layout = _load_layout()
 
 
-def floor(name: str) -> int | None:
-    """The floor of module ``name`` (longest prefix in ``FLOORS``), None when it has none."""
-    parts = name.split(".")
-    for end in range(len(parts), 0, -1):
-        found = FLOORS.get(".".join(parts[:end]))
-        if found is not None and (end > 1 or name == "gateway"):
-            return found
-    return None
+floor = layout.floor
 
 
 def upward_imports(root: Path) -> list[str]:
-    """Every import of a module on a higher floor than the importer's, as ``a (floor) -> b (floor)``."""
-    modules = layout.load(root)
-    found = []
-    for name, module in sorted(modules.items()):
-        here = floor(name)
-        for other in sorted(module.imports):
-            there = floor(other)
-            if here is not None and there is not None and there > here:
-                found.append(f"{name} ({here}) -> {other} ({there})")
+    found: list[str] = layout.upward_imports(layout.load(root))
     return found
 
 
@@ -94,6 +49,10 @@ def test_no_import_cycle() -> None:
 
 def test_nothing_imports_upward() -> None:
     assert upward_imports(REPO) == []
+
+
+def test_the_server_keeps_at_most_12_modules_outside_its_wings() -> None:
+    assert len(layout.server_modules(layout.load(REPO))) <= layout.MAX_SERVER_MODULES == 12
 
 
 def test_no_module_over_its_line_limit() -> None:
@@ -125,11 +84,11 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
      ["gateway.guard.confirm (1) -> gateway.store.base (2)"]),
     ({"gateway/tools/__init__.py": "", "gateway/tools/registry.py": "", "gateway/guard/__init__.py": "",
       "gateway/guard/names.py": "def watch():\n    from gateway.tools.registry import all_tools\n"},
-     ["gateway.guard.names (1) -> gateway.tools.registry (4)"]),
+     ["gateway.guard.names (1) -> gateway.tools.registry (6)"]),
     ({"gateway/auth/__init__.py": "", "gateway/auth/roles.py": "", "gateway/guard/__init__.py": "",
       "gateway/guard/names.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                 "    from gateway.auth.roles import RoleBook\n"},
-     ["gateway.guard.names (1) -> gateway.auth.roles (4)"]),
+     ["gateway.guard.names (1) -> gateway.auth.roles (6)"]),
 ], ids=["downward", "guard-to-store", "lazy-guard-to-tools", "type-checking-guard-to-auth"])
 def test_an_upward_import_is_found(tmp_path: Path, files: dict[str, str], expected: list[str]) -> None:
     assert upward_imports(_tree(tmp_path, files)) == expected
@@ -159,4 +118,5 @@ def test_own_imports_are_counted_once_per_module(tmp_path: Path) -> None:
 
 def test_floors_read_by_longest_prefix() -> None:
     assert [floor(n) for n in ("gateway", "gateway.role", "gateway.guard.policy.model", "gateway.cli.audit",
-                               "gateway.audit.chain", "gateway.unplaced")] == [0, 0, 1, 6, 2, None]
+                               "gateway.audit.chain", "gateway.server.call.gate", "gateway.unplaced")] \
+        == [0, 0, 1, 12, 3, 8, None]

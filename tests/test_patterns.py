@@ -27,7 +27,7 @@ from simulator import Simulator, wait_until, write_targets
 
 from gateway.auth.tokens import create_token
 from gateway.errors import InvalidArgument
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.read import parse_regex
 from gateway.vsphere.actions.bulk import compile_name_regex

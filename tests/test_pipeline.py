@@ -415,7 +415,7 @@ async def test_the_pending_command_is_a_human_approval_path(
     env: Env, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gateway.cli import main
-    from gateway.server.mcp import stdio_principal
+    from gateway.server.edge.mcp import stdio_principal
 
     gw = env.build(rules={**PERMISSIVE, "targets": {"vc1": {"require_web_approval": True}}})
     desktop = stdio_principal()  # the desktop user's agent session proposes; that user, a person, approves

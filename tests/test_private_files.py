@@ -25,7 +25,7 @@ from simulator import Simulator, write_targets
 from gateway.audit.file_sink import AuditSink
 from gateway.audit.signing import load_or_create_signing_key
 from gateway.private_files import UnsafeFile, make_private_dirs, open_private, read_private, write_private
-from gateway.server.tls import CertificatePaths, create_certificate
+from gateway.server.edge.tls import CertificatePaths, create_certificate
 from gateway.store.instance import Instance
 from gateway.store.sqlite import SqliteStore
 

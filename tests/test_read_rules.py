@@ -1,5 +1,5 @@
 """Read deny rules bite on every read path: the real HTTPS server and MCP client against the simulator,
-answers from the mirror and from sweeps, single target and fan-out (gateway.server.read_rules)."""
+answers from the mirror and from sweeps, single target and fan-out (gateway.server.call.read_rules)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A fan-out's answer is composed of each target's encoded text (gateway.server.reads.fan_out_answer):
+"""A fan-out's answer is composed of each target's encoded text (gateway.server.call.reads.fan_out_answer):
 plain values, no server."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gateway.answer import Answer, encode_json
-from gateway.server.reads import fan_out_answer
+from gateway.server.call.reads import fan_out_answer
 
 
 def test_a_fan_out_sends_a_mirrors_text_as_it_is_and_encodes_only_the_other_targets() -> None:

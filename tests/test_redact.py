@@ -38,13 +38,13 @@ from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, complete_rules, wait_until, write_targets
 
 from gateway import notify
-from gateway.audit.redact import MASK, is_secret_key, redact, redact_text, shown, shown_text
+from gateway.audit.redact import MASK, displayable, displayable_text, is_secret_key, redact, redact_text
 from gateway.auth.principal import CallerKey
 from gateway.auth.tokens import create_token
 from gateway.logs import configure_logging
 from gateway.proposals import Proposal
-from gateway.server.proposal_views import proposal_view
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
+from gateway.server.proposals.views import proposal_view
 from gateway.store.sqlite import SqliteStore
 from gateway.vocabulary import Kind
 
@@ -141,13 +141,13 @@ def test_short_keys_mask_values_and_open_sections() -> None:
 
 def test_shown_redacts_before_it_bounds_and_is_idempotent() -> None:
     secret = "x" * 2000 + " password is Hunter2"
-    assert "Hunter2" not in shown_text(secret[-60:]) and len(shown_text(secret)) <= 1024
-    cut = shown_text("a" * 1010 + " password=Hunter2")  # a cut never leaves half a secret behind
+    assert "Hunter2" not in displayable_text(secret[-60:]) and len(displayable_text(secret)) <= 1024
+    cut = displayable_text("a" * 1010 + " password=Hunter2")  # a cut never leaves half a secret behind
     assert "Hunt" not in cut and "Hunter2" not in cut
     value = {"summary": "web\u202e1 password is Hunter2", "affected": [{"name": "pin=1234"}]}
-    once = shown(value)
+    once = displayable(value)
     assert once == {"summary": "web\\u202e1 password is ***", "affected": [{"name": "pin=***"}]}
-    assert shown(once) == once
+    assert displayable(once) == once
 
 
 @pytest.mark.parametrize("shape", [

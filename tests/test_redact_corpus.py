@@ -21,7 +21,7 @@ import pytest
 
 from gateway.audit.file_sink import AuditSink
 from gateway.audit.readers import FileAuditReader
-from gateway.audit.redact import redact, redact_text, shown, shown_text
+from gateway.audit.redact import displayable, displayable_text, redact, redact_text
 from gateway.logs import configure_logging
 
 #: phrasings: ``{s}`` is the secret, ``{pin}`` a PIN's digits
@@ -173,15 +173,16 @@ def test_the_other_exits_mask_the_same_secrets(cases: list[tuple[str, str]]) -> 
     """Proposal summaries, pending cards, notifications (``shown``), log lines: the same step."""
     for text, secret in cases:
         assert secret not in redact_text(text), text
-        assert secret not in shown_text(text), text
-        assert secret not in json.dumps(shown({"summary": text, "objects": [text]}), ensure_ascii=False), text
+        assert secret not in displayable_text(text), text
+        bounded = displayable({"summary": text, "objects": [text]})
+        assert secret not in json.dumps(bounded, ensure_ascii=False), text
         assert secret not in json.dumps(redact({"message": text}), ensure_ascii=False), text
 
 
 def test_the_other_exits_keep_innocent_texts(tmp_path: Path) -> None:
     for text in innocent_texts(_chain_hashes(tmp_path)):
-        assert shown_text(text) == text
-        assert shown({"summary": text}) == {"summary": text}
+        assert displayable_text(text) == text
+        assert displayable({"summary": text}) == {"summary": text}
 
 
 @pytest.fixture

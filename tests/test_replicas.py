@@ -42,7 +42,7 @@ from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
 from gateway.cli import build_parser
 from gateway.config import parse_targets
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.settings import Settings
 from gateway.store.postgres import PostgresStore, display_url
 

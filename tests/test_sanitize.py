@@ -172,7 +172,7 @@ def test_the_tile_check_agrees_with_the_long_run_expression() -> None:
 async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) -> None:
     from simulator import find_vm, pyvmomi_connect, read_properties, wait_until
 
-    from gateway.server.proposal_views import proposal_view
+    from gateway.server.proposals.views import proposal_view
 
     sneaky = "DC0_C0_RP0_VM0\u202etxt.exe\u200b"
     si = pyvmomi_connect(env.sim)

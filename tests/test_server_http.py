@@ -47,11 +47,11 @@ from gateway.cli import serve as serve_cli
 from gateway.cli import settings_from
 from gateway.config import Target
 from gateway.errors import ConfigError, InvalidArgument, NotFound
-from gateway.server.edge import EdgeConfig
-from gateway.server.mcp import ProgressSink
-from gateway.server.metrics import Metrics
+from gateway.server.base.metrics import Metrics
+from gateway.server.edge.mcp import ProgressSink
+from gateway.server.edge.middleware import EdgeConfig
+from gateway.server.edge.tls import CertificatePaths, create_certificate
 from gateway.server.runtime import Gateway
-from gateway.server.tls import CertificatePaths, create_certificate
 from gateway.store.sqlite import SqliteStore
 from gateway.tools.spec import TARGETS, ToolSpec
 from gateway.vocabulary import Category, Risk

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import Target
-from gateway.server.mcp import (
+from gateway.server.edge.mcp import (
     AnswerAsJson,
     ProgressSink,
     _event_end,

@@ -28,7 +28,7 @@ from gateway.auth.tokens import Principal
 from gateway.config import Target
 from gateway.errors import NotFound, PolicyDenied
 from gateway.role import BUILTIN_ROLES, Role
-from gateway.server.mcp import ProgressSink, build_mcp_server, instructions_for, stdio_principal
+from gateway.server.edge.mcp import ProgressSink, build_mcp_server, instructions_for, stdio_principal
 from gateway.tools.spec import TARGET, TARGETS, Param, ToolSpec
 from gateway.vocabulary import Category, Risk
 
@@ -147,7 +147,7 @@ async def test_crash_is_a_generic_error_with_the_traceback_in_the_log(
     assert error == {"code": "internal", "correlation_id": correlation_id,
                      "message": f"internal error (see server log, correlation id {correlation_id})"}
     assert "hunter2" not in result.model_dump_json()
-    logged = [r for r in caplog.records if r.name == "gateway.server.mcp" and r.levelno == logging.ERROR]
+    logged = [r for r in caplog.records if r.name == "gateway.server.edge.mcp" and r.levelno == logging.ERROR]
     assert logged and correlation_id in logged[0].getMessage() and logged[0].exc_info is not None
 
 

@@ -568,8 +568,8 @@ def test_rows_kept_before_caller_keys_match_no_caller(location: str, engine: str
     kept under a display name, match no caller afterwards (a key ``idadmin`` used by the token named so
     is nobody's, not the token's nor an identity provider's client showing that name)."""
     from gateway.store import postgres, sqlite
-    from gateway.store.idempotency import KeyTable
-    from gateway.store.tasks import TaskTable
+    from gateway.store.idempotency_keys import KeyTable
+    from gateway.store.task_records import TaskTable
     old = (sqlite.MIGRATIONS if engine == "sqlite" else postgres.MIGRATIONS)[:7]
     rows = ("INSERT INTO idempotency_keys (caller, key, tool, digest, running, created_at) "
             "VALUES ('idadmin', 'k1', 'delete_vm', 'd1', 0, 1.0)",

@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from simulator import Simulator, write_targets
 
 from gateway.auth.tokens import create_token
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store import SqliteStore
 
 pytestmark = pytest.mark.anyio

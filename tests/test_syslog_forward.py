@@ -26,10 +26,10 @@ from gateway.audit.pg_sink import PgAuditSink
 from gateway.audit.query import read_rows
 from gateway.audit.syslog_config import SyslogConfig
 from gateway.audit.syslog_forward import Forwarder, message, octet_counted, sd_escape
-from gateway.server.audit_trail import AuditTrail, forward_to_syslog
-from gateway.server.metrics import Metrics
+from gateway.server.base.audit_trail import AuditTrail, forward_to_syslog
+from gateway.server.base.metrics import Metrics
+from gateway.server.edge.tls import create_certificate
 from gateway.server.runtime import Gateway
-from gateway.server.tls import create_certificate
 from gateway.settings import Settings
 from gateway.store.postgres import PostgresStore
 

@@ -115,7 +115,7 @@ async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
 
 
 def test_a_task_vsphere_will_not_cancel_is_reported_not_cancelled(make_simulator: MakeSimulator) -> None:
-    from gateway.vsphere.tasks import cancel_task
+    from gateway.vsphere.task_waiter import cancel_task
 
     sim = make_simulator(vms=1)
     si = pyvmomi_connect(sim)

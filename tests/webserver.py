@@ -32,10 +32,10 @@ from simulator import (
 )
 
 from gateway.auth.tokens import create_token
-from gateway.server.app import GatewayServer, build_app, uvicorn_config
-from gateway.server.edge import EdgeConfig
+from gateway.server.edge.app import GatewayServer, build_app, uvicorn_config
+from gateway.server.edge.middleware import EdgeConfig
+from gateway.server.edge.tls import CertificatePaths, create_certificate, server_context
 from gateway.server.runtime import Gateway
-from gateway.server.tls import CertificatePaths, create_certificate, server_context
 from gateway.settings import Settings
 from gateway.vocabulary import Kind
 from gateway.web.app import build_web_app

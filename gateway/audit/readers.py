@@ -1,6 +1,6 @@
 """Reading the audit chain wherever it lives, through one interface (``AuditReader``): the JSONL file's
 reader (``FileAuditReader``, embedded mode) or the PostgreSQL table's (``PgAuditReader``). Which one
-is chosen once, by the engine table (``gateway.store.backends``); the CLI, the approval page and the
+is chosen once, by the engine table (``gateway.backends``); the CLI, the approval page and the
 proof endpoints all read through it."""
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ Contracts:
 - ``redact`` walks a value: values under credential-like keys become ``"***"``, every string goes
   through ``redact_text``. ``gateway.audit.bounds.bounded`` runs the same walk with the audit row's
   size bounds (a long string becomes its prefix, size and digest).
-- ``shown_text`` and ``shown`` are the form for people and models: redacted first, then hidden
+- ``displayable_text`` and ``displayable`` are the form for people and models: redacted first, then hidden
   characters escaped and the length bounded with a visible marker (``gateway.sanitize``), so a
-  cut never leaves half a secret behind. A proposal is made of ``shown`` text, so the stored record
-  is already clean; every exit passes it through ``shown`` again (it is idempotent).
+  cut never leaves half a secret behind. A proposal is made of ``displayable`` text, so the stored record
+  is already clean; every exit passes it through ``displayable`` again (it is idempotent).
 """
 
 from __future__ import annotations
@@ -348,15 +348,15 @@ def redact(value: Any) -> Any:
     return Walk().value(value, 0)
 
 
-def shown_text(text: str, max_len: int = DEFAULT_MAX_LEN) -> str:
+def displayable_text(text: str, max_len: int = DEFAULT_MAX_LEN) -> str:
     """``text`` as people and models are shown it: redacted (``redact_text``), then hidden characters
     escaped and the length bounded with a visible marker (``gateway.sanitize.clean_text``).
     Redacting first means a cut never leaves half a secret behind. Idempotent."""
     return clean_text(redact_text(text), max_len)
 
 
-def shown(value: Any, max_len: int = DEFAULT_MAX_LEN) -> Any:
-    """``redact(value)`` with every string (keys too) bounded as ``shown_text`` bounds it: the form of
+def displayable(value: Any, max_len: int = DEFAULT_MAX_LEN) -> Any:
+    """``redact(value)`` with every string (keys too) bounded as ``displayable_text`` bounds it: the form of
     a proposal's summary and affected objects, the pending card, ``list_pending_actions`` and the
     facts a notification carries. Idempotent."""
     return Walk(max_len).value(value, 0)

@@ -34,7 +34,7 @@ handshake is a failed connection, not rows lost. What plain syslog cannot tell i
 row the kernel accepted just before the receiver's host died without closing: RFC 5425 has no
 acknowledgement (RELP would); the ``seq`` gap shows it, and the audit log has the row.
 
-What is forwarded: every row the serving process writes through ``gateway.server.audit_trail``
+What is forwarded: every row the serving process writes through ``gateway.server.base.audit_trail``
 (rows reach the backlog in the order their writes returned, which across threads may differ from
 ``seq`` by a few places). Not forwarded: the JSONL sink's own bookkeeping rows (``audit_rotated``,
 ``audit_repaired``) and rows other processes write (``gateway token`` from the CLI): gaps in ``seq``.

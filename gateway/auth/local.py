@@ -5,7 +5,7 @@
 already holds the gateway's credentials and state directory. Like any person they approve and deny
 proposals, never their own.
 
-The stdio caller (``gateway.server.mcp.stdio_principal``, ``stdio:<user>``) is the desktop user's
+The stdio caller (``gateway.server.edge.mcp.stdio_principal``, ``stdio:<user>``) is the desktop user's
 *agent* session, not the person: what it proposes on a gated target waits for ``os:<user>`` (or a
 person on the page) to approve it.
 """

@@ -1,5 +1,5 @@
 """What every ``gateway audit`` subcommand shares: the one audit reader (file or table, chosen by
-``gateway.store.backends.open_audit_reader``) with errors printed instead of raised, and reading a
+``gateway.backends.open_audit_reader``) with errors printed instead of raised, and reading a
 public key in either of the forms the CLI prints."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from gateway.audit.note import parse_verifier_key
 from gateway.audit.readers import AuditReader
 from gateway.audit.signing import parse_public_key
+from gateway.backends import open_audit_reader
 from gateway.cli import settings_from
 from gateway.errors import AuditUnavailable, ConfigError, StateUnavailable
 from gateway.settings import Settings
-from gateway.store.backends import open_audit_reader
 
 
 def public_key_arg(text: str) -> Ed25519PublicKey:

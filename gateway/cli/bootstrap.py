@@ -1,6 +1,6 @@
 """``gateway bootstrap-token``: print a new token for ``GATEWAY_BOOTSTRAP_TOKEN_FILE`` (nothing is
 stored: ``gateway serve`` adopts it as the admin token ``bootstrap`` on a state with no usable token;
-see gateway/server/bootstrap_token.py). E.g. for Kubernetes::
+see gateway/server/edge/bootstrap_token.py). E.g. for Kubernetes::
 
     kubectl create secret generic gateway-bootstrap --from-literal=token="$(gateway bootstrap-token)"
 """

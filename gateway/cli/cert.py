@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 
 
 def register(sub: Any) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gateway.backends import engine_of
 from gateway.cli import add_path_flags, settings_from
 from gateway.settings import Settings
-from gateway.store import open_store
-from gateway.store.backends import engine_of
+from gateway.backends import open_store
 
 
 def register(sub: Any) -> None:

@@ -28,12 +28,12 @@ from typing import Any, Final
 
 from gateway.audit.signing import load_or_create_signing_key
 from gateway.auth.roles import RoleBook
+from gateway.backends import open_backends
 from gateway.cli import add_path_flags, settings_from
 from gateway.config import Target, load_targets
 from gateway.errors import ConfigError, GatewayError
 from gateway.guard.policy.store import PolicyStore
 from gateway.settings import Settings
-from gateway.store.backends import open_backends
 from gateway.vsphere.pool import SessionPool, tls_context
 
 #: a target's clock further than this from ours makes token and proposal expiry times disagree

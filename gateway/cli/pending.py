@@ -15,7 +15,7 @@ from gateway.auth.local import os_person
 from gateway.cli import add_path_flags, settings_from
 from gateway.cli.output import iso_utc, print_json
 from gateway.guard.decision import Proposed, proposal_rights
-from gateway.server.proposal_views import proposal_view
+from gateway.server.proposals.views import proposal_view
 from gateway.server.runtime import Gateway
 
 

@@ -23,12 +23,12 @@ from starlette.types import ASGIApp
 from gateway import tracing
 from gateway.cli import add_path_flags, settings_from
 from gateway.errors import ConfigError, InvalidArgument
-from gateway.server import bootstrap_token, heap
-from gateway.server.app import GatewayServer, build_app, self_check, uvicorn_config
-from gateway.server.edge import EdgeConfig, is_loopback, split_authority
-from gateway.server.hangup import Hangup
-from gateway.server.mcp import serve_stdio
-from gateway.server.tls import server_context
+from gateway.server.edge import bootstrap_token, gc_tuning
+from gateway.server.edge.app import GatewayServer, build_app, self_check, uvicorn_config
+from gateway.server.edge.mcp import serve_stdio
+from gateway.server.edge.middleware import EdgeConfig, is_loopback, split_authority
+from gateway.server.edge.sighup import Hangup
+from gateway.server.edge.tls import server_context
 from gateway.settings import Settings
 from gateway.tools.exposure import allow_write_arg, allow_write_names
 
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("GATEWAY_WEB_UI is set, but %s", STDIO_WEB)
     gateway = _build_gateway(settings)
     if args.transport == "stdio":
-        heap.settle()  # everything alive now lives as long as the process (gateway/server/heap.py)
+        gc_tuning.settle()  # what is alive now lives as long as the process
         anyio.run(lambda: serve_stdio(gateway, version=_version()))
         return 0
     bootstrap_token.adopt(gateway.store, settings.bootstrap_token_file, gateway.trail.write_or_wait)
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(gateway, config, version=_version(), web=_web_app(gateway) if settings.web_ui else None,
                     stateless=gateway.backends.engine.shared)  # replicas keep no MCP session
     anyio.run(self_check, app, config)
-    heap.settle(gateway.metrics)  # everything alive now lives as long as the process (gateway/server/heap.py)
+    gc_tuning.settle(gateway.metrics)  # what is alive now lives as long as the process
     server = GatewayServer(
         uvicorn_config(app, config, host=host, port=args.port, ssl_context=context,
                        forwarded_allow_ips=args.forwarded_allow_ips),

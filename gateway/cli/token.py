@@ -27,7 +27,8 @@ from gateway.cli import add_path_flags, settings_from
 from gateway.cli.output import iso_utc, print_json
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
 from gateway.settings import Settings
-from gateway.store import StateStore, open_store
+from gateway.backends import open_store
+from gateway.store import StateStore
 from gateway.store.base import TokenRecord
 from gateway.vocabulary import Kind
 

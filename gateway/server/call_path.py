@@ -6,19 +6,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.server.audit_trail import AuditTrail
-from gateway.server.calls import Calls
-from gateway.server.facts import FactsNow
-from gateway.server.gate import Gate
-from gateway.server.idempotency import Idempotency
-from gateway.server.metrics import Metrics, queue_families, sample_families
-from gateway.server.moves import Moves
-from gateway.server.proposal_flow import ProposalFlow
-from gateway.server.read_rules import ReadRules
-from gateway.server.reads import Reads
-from gateway.server.writes import Writes
+from gateway.backends import Backends
+from gateway.server.base.audit_trail import AuditTrail
+from gateway.server.base.facts import FactsNow
+from gateway.server.base.metrics import Metrics, queue_families, sample_families
+from gateway.server.base.moves import Moves
+from gateway.server.call.arrival import Calls
+from gateway.server.call.gate import Gate
+from gateway.server.call.idempotency import Idempotency
+from gateway.server.call.read_rules import ReadRules
+from gateway.server.call.reads import Reads
+from gateway.server.call.writes import Writes
+from gateway.server.proposals.flow import ProposalFlow
 from gateway.settings import Settings
-from gateway.store.backends import Backends
 from gateway.tools.read import MIRROR_READS
 from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.scheduler import Scheduler

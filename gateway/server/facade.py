@@ -12,10 +12,10 @@ from gateway.config import Target
 from gateway.guard.decision import Party, Verdict
 from gateway.proposals import Proposal
 from gateway.role import Role
+from gateway.server.base.context import ProgressSink
+from gateway.server.base.facts import FactsNow
+from gateway.server.base.moves import EXECUTION_GRACE_SECONDS, LifecycleListener
 from gateway.server.call_path import CallPath
-from gateway.server.context import ProgressSink
-from gateway.server.facts import FactsNow
-from gateway.server.moves import EXECUTION_GRACE_SECONDS, LifecycleListener
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category
 

@@ -1,13 +1,13 @@
 """The composition root of one gateway process: ``Gateway.build`` opens the backends once
-(``gateway.store.backends``), loads the configuration and hands collaborators to the classes that do
+(``gateway.backends``), loads the configuration and hands collaborators to the classes that do
 the work; ``Gateway`` is the thin facade every surface calls (MCP, the web page, the CLI).
 
 How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``)::
 
-    Gateway.answer -> server/calls.py Calls.answer
+    Gateway.answer -> server/call/arrival.py Calls.answer
       -> text no engine can store (NUL, lone surrogates: guard.inputs) refused first, audited escaped
-      -> facts about the caller as the store says *now* (server/facts.py: token state, current role)
-      -> gate (server/gate.py, where the call path asks the decision and enforces its verdict):
+      -> facts about the caller as the store says *now* (server/base/facts.py: token state, current role)
+      -> gate (server/call/gate.py, where the call path asks the decision and enforces its verdict):
          guard.decision.authorize (token -> role), before anything is read from vSphere
       -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
       -> runaway breaker, rate limit per caller x target x category (reads too), target-wide ceiling
@@ -17,15 +17,15 @@ How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``
          each tool it reaches, then the state preconditions; the first refusal wins
       -> read: answer (per-target outcomes in the row)
          write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
-         destructive: persist a proposal (server/proposal_flow.py; an approval's own steps in
-         server/approval_steps.py, what a proposal shows in server/proposal_views.py); confirm_action
+         destructive: persist a proposal (server/proposals/flow.py; an approval's own steps in
+         proposals/approval_steps.py, what a proposal shows in proposals/views.py); confirm_action
          / a human's approval re-run authorize on the state at that moment (the proposer's current
          token and role, current rules, re-resolved objects), then claim it by compare-and-set,
          then write ``executing`` (naming this process) and run it; every losing attempt is one row
       -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
-         unready) and is appended as soon as the audit is writable again (server/audit_trail.py)
+         unready) and is appended as soon as the audit is writable again (server/base/audit_trail.py)
 
-Every proposal move goes through ``Moves.move`` (server/moves.py: the lifecycle table in
+Every proposal move goes through ``Moves.move`` (server/base/moves.py: the lifecycle table in
 gateway/proposals.py, the store's compare-and-set, an audit row, then the lifecycle listeners); the
 sweeper there expires, cancels orphans and settles dead claims.
 """
@@ -40,24 +40,24 @@ from typing import Any
 
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
+from gateway.backends import AuditReader, Backends, open_backends
 from gateway.config import Target, load_targets
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
-from gateway.server import reloads
-from gateway.server.audit_trail import (
+from gateway.server.base import reloads
+from gateway.server.base.audit_trail import (
     AuditTrail,
     ScheduledCheckpoints,
     checkpoint_schedule,
     forward_to_syslog,
     start_checkpoints,
 )
+from gateway.server.base.facts import FactsNow
+from gateway.server.base.metrics import Metrics
 from gateway.server.call_path import compose_call_path
 from gateway.server.facade import GatewayFacade
-from gateway.server.facts import FactsNow
-from gateway.server.metrics import Metrics
 from gateway.settings import Settings
-from gateway.store.backends import AuditReader, Backends, open_backends
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
 
@@ -136,7 +136,7 @@ class Gateway(GatewayFacade):
             settings = reloads.with_servers_notifications(settings, backends.reader)
         trail = AuditTrail(backends.audit, settings.audit_log)
         forward_to_syslog(trail, settings.syslog_file)  # syslog.yaml: every row from here on
-        # every configuration load is an audit row (gateway.server.reloads), through the gateway's
+        # every configuration load is an audit row (gateway.server.base.reloads), through the gateway's
         # own audit path once it exists; targets.yaml is read before, straight into the sink
         targets = reloads.load_audited(
             "targets", settings.targets_file,
@@ -208,13 +208,13 @@ class Gateway(GatewayFacade):
         """An identity provider's caller, first seen (``gateway.identity.service``); blocking."""
         self.trail.write_or_wait(row)
     def reload_files(self) -> None:
-        """Re-read rules.yaml and roles.yaml now (SIGHUP, gateway/server/hangup.py); each new content is a
+        """Re-read rules.yaml and roles.yaml now (SIGHUP, server/edge/sighup.py); each new content is a
         ``config_reload`` row through the same hooks as a change noticed by a call. Blocking."""
         self.policy.snapshot()
         self.roles.refresh()
 
     def config_row(self, row: Mapping[str, Any], *, strict: bool = False) -> None:
-        """Audit one configuration load (``gateway.server.reloads``); it waits in memory while the audit
+        """Audit one configuration load (``gateway.server.base.reloads``); it waits in memory while the audit
         cannot take it, or with ``strict`` raises ``AuditUnavailable`` (the load must not apply).
         Blocking: the stores call it from the thread that read the file."""
         write = self.trail.write_now if strict else self.trail.write_or_wait

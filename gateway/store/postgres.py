@@ -1,6 +1,6 @@
 """``PostgresStore``: the state store on a PostgreSQL database shared by several gateway replicas.
 
-Chosen by ``GATEWAY_DATABASE_URL=postgresql://...`` (``--database-url``); see ``gateway.store.open_store``.
+Chosen by ``GATEWAY_DATABASE_URL=postgresql://...`` (``--database-url``); see ``gateway.backends.open_store``.
 Every replica behind the load balancer opens the same database, so a token revoked through one is
 refused by all on their next request (the ``token_generation`` counter, read per request), a proposal
 made through one is confirmed or approved through another, and a web sign-in holds on all of them.
@@ -65,8 +65,8 @@ from gateway.store.base import (
     web_session_from_row,
     with_approvals,
 )
-from gateway.store.idempotency import KEYS_MIGRATION
-from gateway.store.tasks import TASKS_MIGRATION
+from gateway.store.idempotency_keys import KEYS_MIGRATION
+from gateway.store.task_records import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "display_url", "is_postgres_url"]
@@ -162,7 +162,7 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
-#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency_keys.py, tasks.py)
 _V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
 #: the Merkle tree over ``audit_rows`` (gateway.audit.pg_tree): every complete subtree's hash once, at its
 #: position in ``gateway.audit.merkle.stored_hash_index``; written in the row's own transaction

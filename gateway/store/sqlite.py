@@ -64,8 +64,8 @@ from gateway.store.base import (
     web_session_from_row,
     with_approvals,
 )
-from gateway.store.idempotency import KEYS_MIGRATION
-from gateway.store.tasks import TASKS_MIGRATION
+from gateway.store.idempotency_keys import KEYS_MIGRATION
+from gateway.store.task_records import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["SqliteStore", "secure_directory"]
@@ -128,7 +128,7 @@ _V3: Final = (
 )
 #: every token is a person's or an agent's (``TokenRecord.kind``); tokens made before are agents'
 _V4: Final = (TOKEN_KIND_COLUMN,)
-#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency.py, tasks.py)
+#: idempotency keys and MCP tasks, shared by every replica (gateway/store/idempotency_keys.py, tasks.py)
 _V5: Final = (*KEYS_MIGRATION, *TASKS_MIGRATION)
 #: nothing here: the PostgreSQL schema's audit tree (its version 6); the JSONL log keeps its tree in a file
 _V6: Final[tuple[str, ...]] = ()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from gateway.errors import ConfigError
-from gateway.guard.idempotency import DEFAULT_WINDOW_SECONDS, KEY_FIELD, checked_key
+from gateway.guard.idempotency_rules import DEFAULT_WINDOW_SECONDS, KEY_FIELD, checked_key
 from gateway.tools.destructive import DESTRUCTIVE_TOOLS
 from gateway.tools.pending import PENDING_TOOLS
 from gateway.tools.read import LIST_TARGETS, READ_TOOLS, access_info_tool
@@ -56,7 +56,7 @@ def _with_override(spec: ToolSpec) -> ToolSpec:
     """A change's tool with the parameters every change takes: ``override`` and the idempotency key."""
     if spec.target_mode == "none" or any(p.name == "override" for p in spec.params):
         return spec
-    # the key opens the outcome kept for it (``server.idempotency``): audited as *** like a secret
+    # the key opens the outcome kept for it (``server.call.idempotency``): audited as *** like a secret
     return replace(spec, params=(*spec.params, OVERRIDE, IDEMPOTENCY_KEY),
                    sensitive_params=(*spec.sensitive_params, KEY_FIELD))
 

@@ -47,7 +47,7 @@ class Caller:
 #: calls made outside a tool call (none today but the tests') queue as one caller (no caller key's
 #: text form is "-": they all start with their namespace)
 NOBODY: Final = Caller("-")
-#: the caller of the tool call in progress (``gateway.server.calls`` sets it for each call)
+#: the caller of the tool call in progress (``gateway.server.call.arrival`` sets it for each call)
 caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_caller", default=NOBODY)
 
 

@@ -1,4 +1,4 @@
-"""The approval page: static files and a small JSON API, mounted at /ui by ``gateway.server.app``.
+"""The approval page: static files and a small JSON API, mounted at /ui by ``gateway.server.edge.app``.
 
 Everything here goes through the same ``Gateway`` as MCP callers: reads are ``gateway.call`` (role
 checks, fan-out, audit rows with surface ``web``), approvals and denials are ``gateway.approve`` and
@@ -64,7 +64,7 @@ from gateway.identity.service import IdentityRefusal
 from gateway.identity.verify import MAX_TOKEN_CHARS as MAX_JWT_CHARS
 from gateway.proposals import FINAL_STATES, Proposal
 from gateway.role import BUILTIN_ROLES, Role
-from gateway.server.edge import correlation_id_var
+from gateway.server.edge.middleware import correlation_id_var
 from gateway.server.runtime import Gateway
 from gateway.vocabulary import Kind
 from gateway.web.requests import (
@@ -543,7 +543,7 @@ def build_web_app(
     allowed_origins: Sequence[str] | Callable[[str], bool] | None = None,
     sessions: SessionStore | None = None,
 ) -> Starlette:
-    """The approval page as an ASGI app to mount at /ui (``gateway.server.app.build_app(web=...)``).
+    """The approval page as an ASGI app to mount at /ui (``gateway.server.edge.app.build_app(web=...)``).
 
     ``secure_cookies``: True always marks the cookie ``Secure`` with the ``__Host-`` prefix, False
     never, None (default) when the request arrived over HTTPS (as uvicorn sees it, so behind a proxy

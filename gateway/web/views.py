@@ -11,7 +11,7 @@ from gateway.guard.callers import key_of, own_proposal, person_of
 from gateway.guard.decision import Verdict
 from gateway.proposals import Proposal
 from gateway.sanitize import clean_text
-from gateway.server.proposal_views import proposal_view
+from gateway.server.proposals.views import proposal_view
 
 
 def proposed_by(p: Proposal, viewer: Any) -> bool:

@@ -16,7 +16,7 @@ from lab_client import Lab
 
 from gateway.auth.tokens import create_token
 from gateway.config import load_targets
-from gateway.server.tls import create_certificate
+from gateway.server.edge.tls import create_certificate
 from gateway.store.sqlite import SqliteStore
 
 LAB_FILE = os.environ.get("LAB_TARGETS_FILE")

@@ -16,7 +16,7 @@ from gateway.vocabulary import Plan, ProgressFn
 from gateway.vsphere import faults
 from gateway.vsphere.actions.planning import DEFAULT_TIMEOUT_SECONDS, _read, _target
 from gateway.vsphere.collector import managed_object
-from gateway.vsphere.tasks import wait_for_task
+from gateway.vsphere.task_waiter import wait_for_task
 
 T = TypeVar("T")
 vim: Any = pyVmomi.vim  # pyVmomi's constructors are untyped
@@ -79,7 +79,7 @@ class Execution:
         """Start a task and wait for it (``timeout_seconds`` from now); return its result."""
         task = self.invoke(method, *args, destructive=destructive, what=label, **kwargs)
         started = getattr(self.progress, "task_started", None)
-        if callable(started):  # an MCP task that may be cancelled (gateway.server.tasks)
+        if callable(started):  # an MCP task that may be cancelled (gateway.server.edge.mcp_tasks)
             started(task, self.target)
         return wait_for_task(self.session, task, deadline=time.monotonic() + self.timeout,
                              progress=progress or self.progress, destructive=destructive, label=label)

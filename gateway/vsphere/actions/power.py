@@ -23,7 +23,7 @@ from gateway.vsphere.actions.planning import (
     _vm_params,
     vm_affected,
 )
-from gateway.vsphere.tasks import watch
+from gateway.vsphere.task_waiter import watch
 
 vim: Any = pyVmomi.vim  # pyVmomi's constructors are untyped
 DEFAULT_GUEST_TIMEOUT_SECONDS = 120.0

@@ -1,0 +1,78 @@
+"""Calls refused as ``busy`` (a caller over its bound of calls waiting on a target), audited once per
+burst, the way refused tokens are (``gateway.server.edge.middleware.RefusalAudit``).
+
+A burst is a caller's refusals on one target from its first one until ``interval`` seconds later: the
+first opens it, the rest only count (on the event loop, no I/O), and when it closes one ``busy`` row
+says who, where, how many, since when and through which tools. A row of an open burst is written at
+shutdown (``flush``). Rows go through ``AuditTrail.record_outcome``: a row the audit cannot take now
+waits in memory and is written once it can, so no refusal goes unaudited. At most ``max_bursts``
+bursts are open at once; past that, refusals are counted under the caller ``*`` of their target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from gateway.guard.callers import scope_of
+from gateway.server.base.audit_trail import AuditTrail
+from gateway.server.base.context import CallContext
+
+#: how long one burst stays open (its row is written when it closes)
+BUSY_AUDIT_SECONDS: Final = 10.0
+#: tool names one row lists, at most (the count covers every refusal)
+MAX_TOOLS: Final = 20
+
+
+@dataclass
+class _Burst:
+    row: dict[str, Any]
+    since: float = field(default_factory=time.time)
+    count: int = 0
+    tools: set[str] = field(default_factory=set)
+
+
+class BusyAudit:
+    """Busy refusals counted per (caller, target) and audited once per burst (see the module doc)."""
+
+    def __init__(self, trail: AuditTrail, *, interval: float = BUSY_AUDIT_SECONDS,
+                 max_bursts: int = 256) -> None:
+        self.trail, self.interval, self.max_bursts = trail, interval, max_bursts
+        self._bursts: dict[tuple[str, str], _Burst] = {}
+        self._writing: set[asyncio.Task[None]] = set()
+
+    def record(self, ctx: CallContext, target: str) -> None:
+        """Count one busy refusal of ``ctx``'s caller on ``target`` (on the event loop)."""
+        key = (scope_of(ctx.principal), target)
+        if key not in self._bursts and len(self._bursts) >= self.max_bursts:
+            key = ("*", target)
+        burst = self._bursts.get(key)
+        if burst is None:
+            row = {k: v for k, v in ctx.row("busy").items()
+                   if k in ("phase", "caller", "kind", "role", "surface", "client")}
+            if key[0] == "*":
+                row.update(caller="*", kind=None, role=None, client=None)
+            burst = self._bursts[key] = _Burst(row)
+            asyncio.get_running_loop().call_later(self.interval, self._close, key, burst)
+        burst.count += 1
+        if len(burst.tools) < MAX_TOOLS:
+            burst.tools.add(ctx.spec.name)
+
+    async def flush(self) -> None:
+        """Write the row of every open burst now, and wait for rows on their way (at shutdown)."""
+        for key, burst in list(self._bursts.items()):
+            self._close(key, burst)
+        if self._writing:
+            await asyncio.gather(*self._writing, return_exceptions=True)
+
+    def _close(self, key: tuple[str, str], burst: _Burst) -> None:
+        if self._bursts.get(key) is not burst:
+            return  # flushed already
+        del self._bursts[key]
+        row = {**burst.row, "target": key[1], "outcome": "refused", "error_code": "busy",
+               "count": burst.count, "since": round(burst.since, 3), "tools": sorted(burst.tools)}
+        task = asyncio.get_running_loop().create_task(self.trail.record_outcome(row))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)

@@ -1,0 +1,404 @@
+"""The MCP server: tools/list and tools/call mapped onto the gateway, the same for every transport.
+
+``build_mcp_server(gateway, principal_of)`` returns an ``mcp`` low-level ``Server``. Who is calling
+comes from ``principal_of()``: over HTTP the authenticated token (``edge.current_principal``), over
+stdio the local user (``stdio_principal``). A request without a caller is refused, never served.
+
+tools/call answers with one text block holding the result's JSON (``gateway.answer``: encoded once,
+in a worker thread, and the same bytes the audit row fingerprints), in three shapes:
+- success: the tool's JSON object;
+- an expected failure (``GatewayError``): ``isError`` with ``{"error": {"code", "message", ...}}``,
+  written for the model to act on;
+- anything else: ``isError`` with a generic message naming the correlation id; the traceback goes
+  to the server log only.
+
+No ``structuredContent`` block: the tools declare no output schema, so the protocol does not ask for
+one, and sending the JSON twice (as text for the model, as an object for programs) doubled every
+answer on both ends: at 3,000 VMs it made list_vms about twice as slow. Programs parse the text.
+
+Over HTTP, ``AnswerAsJson`` (around the SDK's /mcp endpoint) sends an answer that needs no stream as
+one JSON body: large results stay within what clients accept, and cost less on both ends.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import re
+import uuid
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mcp_types as types
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import tracing
+from gateway.answer import Answer
+from gateway.auth.tokens import Principal
+from gateway.config import Target
+from gateway.errors import GatewayError, Unauthorized
+from gateway.guard.decision import sees_target_addresses
+from gateway.server.base.context import client_of, mcp_client_var
+from gateway.server.call.idempotency import key_from_meta
+from gateway.server.edge.mcp_tasks import TASK_TOOLS, TaskRunner
+from gateway.server.edge.middleware import correlation_id_var
+from gateway.server.proposals.elicitation import asker_of, asker_var
+from gateway.tools.spec import ToolSpec
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "vsphere-mcp-gateway"
+#: (fraction 0..1, message); a coroutine function, so a worker thread can hand it to the loop
+ProgressSink = Callable[[float, str], Coroutine[Any, Any, None]]
+PrincipalSource = Callable[[], Principal | None]
+
+
+class RoleLike(Protocol):
+    @property
+    def all_targets(self) -> bool: ...
+
+
+class McpGateway(Protocol):
+    """The part of ``gateway.server.runtime.Gateway`` the MCP surface uses."""
+
+    def tools_for(self, principal: Principal) -> list[ToolSpec]: ...
+
+    async def answer(
+        self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
+        progress: ProgressSink | None = None, correlation_id: str | None = None,
+    ) -> Answer: ...
+
+    def role_of(self, principal: Principal) -> Any: ...
+
+    def visible_targets(self, role: Any) -> list[Target]: ...
+
+
+class StdioGateway(McpGateway, Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class InFlightCalls:
+    """Counts tool calls in progress (on the event loop), so a stop can wait for them (``GatewayServer``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+
+
+def stdio_principal() -> Principal:
+    """The caller over stdio: the local OS user, who already holds the configuration and credentials."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid{os.getuid()}"
+    return Principal(name=f"stdio:{user}", role="admin", surface="stdio")
+
+
+_GUIDE = (
+    "This gateway operates VMware vSphere and ESXi through named targets. Every tool takes a `target` "
+    "argument naming a configured target; call list_targets to see the ones you may use. Read tools also "
+    'accept a list of names or "all" and answer per target with {"ok": ...} or {"error": {...}}, so one '
+    "unreachable target never hides the others. A change names exactly one target. Destructive tools never "
+    "act on the first call: they return a proposal with a token. Re-read its target and affected objects, "
+    "then call confirm_action with the token before it expires, or cancel_action to drop it; some targets "
+    "need a human to approve the proposal instead. Errors carry a stable code and a message saying what "
+    "to do next; queue_timeout and unreachable are worth a retry, policy_denied is not."
+)
+
+
+def instructions_for(targets: Sequence[Target] | None) -> str:
+    """The usage guide; ``targets`` (name and address) are listed only for a role that has them all."""
+    if not targets:
+        return _GUIDE
+    listed = "; ".join(f"{t.name} ({t.address})" for t in targets)
+    return f"{_GUIDE}\n\nTargets: {listed}."
+
+
+def tool_of(spec: ToolSpec) -> types.Tool:
+    return types.Tool(
+        name=spec.name, description=spec.description, input_schema=spec.input_schema(),
+        annotations=types.ToolAnnotations.model_validate(spec.annotations()),
+        execution=types.ToolExecution(task_support="optional") if spec.name in TASK_TOOLS else None,
+    )
+
+
+def success_result(answer: Answer) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=answer.text)])
+
+
+def error_result(wire: dict[str, Any]) -> types.CallToolResult:
+    text = Answer.of({"error": wire}).text
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def internal_error_result(correlation_id: str) -> types.CallToolResult:
+    return error_result({"code": "internal",
+                         "message": f"internal error (see server log, correlation id {correlation_id})",
+                         "correlation_id": correlation_id})
+
+
+@dataclass
+class _Handlers:
+    gateway: McpGateway
+    principal_of: PrincipalSource
+    in_flight: InFlightCalls
+
+    def caller(self) -> Principal:
+        principal = self.principal_of()
+        if principal is None:
+            raise Unauthorized("this request carries no authenticated caller; send a bearer token")
+        return principal
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        try:
+            principal = self.caller()
+        except Unauthorized as exc:
+            raise MCPError(code=types.INVALID_REQUEST, message=exc.message) from None
+        return types.ListToolsResult(tools=[tool_of(spec) for spec in self.gateway.tools_for(principal)])
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        correlation_id = correlation_id_var.get() or uuid.uuid4().hex
+        try:
+            principal = self.caller()
+        except Unauthorized as exc:
+            return error_result(exc.to_wire())
+        sink = _progress_sink(ctx) if _wants_progress(ctx) else None
+        mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
+        asker_var.set(asker_of(ctx))  # whether (and how) the person at the client can be asked
+        with self.in_flight, tracing.call_span("tools/call", params.name, ctx.meta):
+            try:
+                arguments = key_from_meta(ctx.meta, params.arguments or {})  # the argument wins
+                answer = await self.gateway.answer(principal, params.name, arguments,
+                                                   progress=sink, correlation_id=correlation_id)
+                return success_result(answer)
+            except GatewayError as exc:
+                return error_result(exc.to_wire())
+            except Exception:
+                log.exception("tool %r failed for %s (correlation id %s)", params.name, principal.name,
+                              correlation_id)
+                return internal_error_result(correlation_id)
+
+    def instructions(self) -> str:
+        principal = self.principal_of()
+        role = self.gateway.role_of(principal) if principal is not None else None
+        if not sees_target_addresses(role):
+            return instructions_for(None)
+        return instructions_for(self.gateway.visible_targets(role))
+
+
+def _wants_progress(ctx: ServerRequestContext[Any]) -> bool:
+    meta = ctx.meta
+    return meta is not None and meta.get("progress_token") is not None
+
+
+def _progress_sink(ctx: ServerRequestContext[Any]) -> ProgressSink:
+    """Progress is best effort: a client that went away must not fail the call it started."""
+
+    async def report(fraction: float, message: str) -> None:
+        try:
+            await ctx.session.report_progress(min(max(fraction, 0.0), 1.0), 1.0, message)
+        except Exception:
+            log.debug("progress notification not delivered", exc_info=True)
+
+    return report
+
+
+class _PerCallerInstructions:
+    """Server middleware: the initialize and server/discover answers carry the caller's instructions."""
+
+    def __init__(self, handlers: _Handlers) -> None:
+        self._handlers = handlers
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        result = await call_next(ctx)
+        if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
+            return {**result, "instructions": self._handlers.instructions()}
+        return result
+
+
+def build_mcp_server(
+    gateway: McpGateway, principal_of: PrincipalSource, *, version: str = "",
+    in_flight: InFlightCalls | None = None,
+) -> Server[Any]:
+    """An MCP server whose tools/list and tools/call go through ``gateway`` for ``principal_of()``."""
+    handlers = _Handlers(gateway, principal_of, in_flight or InFlightCalls())
+    server: Server[Any] = Server(
+        SERVER_NAME, version=version, instructions=instructions_for(None),
+        on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
+    )
+    # the SDK's own span per message is replaced by ``tracing.call_span`` (the same name, nested in the
+    # HTTP request's span, its traceparent header first)
+    server.middleware[:] = [m for m in server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
+    server.middleware.append(_PerCallerInstructions(handlers))
+    backends, settings = getattr(gateway, "backends", None), getattr(gateway, "settings", None)
+    trail = getattr(gateway, "trail", None)
+    if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
+        TaskRunner(gateway.answer, backends.tasks, principal_of, instance=backends.instance, trail=trail,
+                   keep_seconds=settings.task_keep_seconds).install(server)
+    return server
+
+
+async def serve_stdio(gateway: StdioGateway, *, version: str = "") -> None:
+    """Serve MCP over this process's stdin/stdout as the local user; the gateway starts and stops here."""
+    principal = stdio_principal()
+    server = build_mcp_server(gateway, lambda: principal, version=version)
+    await gateway.start()
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        await gateway.close()
+
+
+# ------------------------------------------------------------------------------------------------------
+# HTTP answers
+
+
+class AnswerAsJson:
+    """ASGI wrapper for the /mcp endpoint: a POST whose event stream would carry nothing but its answer
+    gets that answer as one ``application/json`` body instead.
+
+    Both are valid answers to a request (the 2025-11-25 revision lets the server choose per request,
+    and the SDK's 2026-07-28 transport chooses the same way). The SDK's legacy transport always
+    opens an event stream, and its client refuses an event over 1 MiB unless configured otherwise:
+    list_vms on about 3,000 VMs is larger. A JSON body has no such limit and costs less to frame
+    and to parse. The stream is held back until its first event: the answer becomes the JSON
+    body; anything else first (progress, a keep-alive ping after a long wait, a request to the
+    client, an event id for resumption) sends the stream on unchanged from its start.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not _accepts_json(scope):
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, _HeldStream(send).send)
+
+
+_SSE_ONLY_HEADERS = frozenset({b"content-type", b"content-length", b"transfer-encoding", b"connection",
+                               b"x-accel-buffering"})
+#: a JSON-RPC answer as the SDK encodes it: its id, then its result or error
+_ANSWER = re.compile(rb'\{"jsonrpc":"2\.0","id":(?:"(?:[^"\\]|\\.)*"|-?[0-9]+),"(?:result|error)":')
+_EVENT_ENDS = (b"\r\n\r\n", b"\n\n", b"\r\r")
+
+
+def _event_end(stream: bytes) -> tuple[int, int] | None:
+    """Where the blank line ending the first event of ``stream`` starts and ends, None if it has not ended.
+
+    ``bytes.find`` per separator, the earliest wins: a regex alternation scans a 1 MB answer several
+    times slower. No two separators can start at the same place, so this is the leftmost match.
+    """
+    ends = [(at, len(sep)) for sep in _EVENT_ENDS if (at := stream.find(sep)) >= 0]
+    if not ends:
+        return None
+    at, size = min(ends)
+    return at, at + size
+
+
+def _accepts_json(scope: Scope) -> bool:
+    accept = b",".join(v for k, v in scope["headers"] if k == b"accept").lower()
+    return b"application/json" in accept or b"*/*" in accept
+
+
+def _is_event_stream(message: Message) -> bool:
+    content_type = b"".join(v for k, v in message.get("headers", ()) if k.lower() == b"content-type")
+    return message.get("status") == 200 and content_type.lower().startswith(b"text/event-stream")
+
+
+#: how the SDK's event stream (sse-starlette) frames one message of one line: a JSON-RPC message has no
+#: line break of its own (JSON escapes them), so an answer's event is exactly this
+_ONE_LINE_HEAD, _ONE_LINE_END = b"event: message\r\ndata: ", b"\r\n\r\n"
+
+
+def _lone_answer(stream: bytes) -> bytes | None:
+    """The data of ``stream`` when it is exactly one complete ``message`` event carrying a JSON-RPC
+    answer (nothing before or after it), else None.
+
+    The usual framing (``_ONE_LINE_HEAD``, one line, ``_ONE_LINE_END``) is recognised by its ends and
+    two byte searches; anything else is parsed field by field (a 6 MB answer: 1 ms, not 20)."""
+    if stream.startswith(_ONE_LINE_HEAD) and stream.endswith(_ONE_LINE_END):
+        line = stream[len(_ONE_LINE_HEAD): -len(_ONE_LINE_END)]
+        if b"\n" not in line and b"\r" not in line:
+            return line if _ANSWER.match(line) else None
+    end = _event_end(stream)
+    if end is None or end[1] != len(stream):
+        return None
+    event, data = b"", []
+    for line in stream[: end[0]].splitlines():
+        field, _, value = line.partition(b":")
+        value = value.removeprefix(b" ")
+        if field == b"event":
+            event = value
+        elif field == b"data":
+            data.append(value)
+        else:  # a comment (ping), an id, a retry hint: the stream has more to say than its answer
+            return None
+    body = b"\n".join(data)
+    return body if event == b"message" and _ANSWER.match(body) else None
+
+
+class _HeldStream:
+    """``send`` for one POST: holds an event stream's start until its first event decides its form."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._start: Message | None = None
+        self._buffer = b""
+        self._mode = "undecided"  # then "stream" (sent on as is) or "answered" (sent as JSON)
+
+    async def send(self, message: Message) -> None:
+        if self._mode == "stream":
+            await self._send(message)
+        elif self._mode == "undecided":
+            await self._decide(message)
+        # "answered": what follows is the end of the stream that was not opened
+
+    async def _decide(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if _is_event_stream(message):
+                self._start = message
+                return
+            self._mode = "stream"
+            await self._send(message)
+            return
+        if self._start is None or message["type"] != "http.response.body":
+            self._mode = "stream"
+            await self._send(message)
+            return
+        self._buffer += message.get("body", b"")
+        answer = _lone_answer(self._buffer)
+        if answer is not None:
+            await self._answer(self._start, answer)
+        elif _event_end(self._buffer) is not None or not message.get("more_body", False):
+            await self._open_stream(self._start, message.get("more_body", False))
+
+    async def _answer(self, start: Message, body: bytes) -> None:
+        self._mode = "answered"
+        headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in _SSE_ONLY_HEADERS]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await self._send({**start, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _open_stream(self, start: Message, more_body: bool) -> None:
+        self._mode = "stream"
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": self._buffer, "more_body": more_body})

@@ -1,0 +1,304 @@
+"""MCP tasks (the 2025-11-25 revision) for long vSphere work: clone, migrate, snapshots, and the
+execution of a confirmed proposal (a snapshot tree, a bulk action).
+
+The SDK (mcp 2.3) ships the task types only: it dispatches none of tasks/get, tasks/result, tasks/cancel
+or tasks/list, never answers a task-augmented tools/call with a task, and declares no ``tasks``
+capability. ``TaskRunner`` adds them to the low-level server:
+
+- ``initialize`` declares ``capabilities.tasks`` (list, cancel, tools/call); tools/list marks the tools
+  of ``TASK_TOOLS`` with ``execution.taskSupport: optional``;
+- a tools/call of such a tool carrying ``task`` (on a 2025-11-25 session) is answered at once with a
+  ``CreateTaskResult``; the call runs through the same path as a blocking one (``Gateway.answer``: gate,
+  decision, audit), its progress and outcome written to the store's ``mcp_tasks`` table, so any replica
+  answers tasks/get, tasks/result (which waits for the end) and tasks/list for the caller who made it;
+- tasks/cancel asks vSphere to cancel the running vSphere task (``vim.Task.CancelTask``); where vSphere
+  refuses (the task is not cancellable, or has not started yet) the answer says so and the task runs on.
+  Asked on another replica, the request is stored and the running replica acts on it within a second;
+- results are kept for the ``ttl`` the client asked (at most ``GATEWAY_TASK_KEEP_SECONDS``, default 1 h).
+
+A call without ``task`` (or on the 2026-07-28 revision, where tasks left the core protocol) stays the
+blocking call with progress notifications, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+import mcp_types as types
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+
+from gateway.answer import Answer
+from gateway.auth.tokens import Principal, caller_fields
+from gateway.errors import GatewayError, OutcomeUnknown
+from gateway.guard import confirm
+from gateway.guard.callers import key_of, same
+from gateway.guard.idempotency_rules import KEY_FIELD
+from gateway.server.base.audit_trail import AuditTrail
+from gateway.server.base.context import client_of, mcp_client_var, off_loop
+from gateway.server.call.idempotency import key_from_meta, key_id
+from gateway.server.edge.middleware import correlation_id_var
+from gateway.store.task_records import TaskRecord, TaskTable
+from gateway.vsphere.task_waiter import cancel_task
+
+log = logging.getLogger(__name__)
+
+#: the tools a client may run as tasks (long vSphere work)
+TASK_TOOLS: Final = frozenset({"clone_vm", "migrate_vm", "create_snapshot", "confirm_action"})
+TASKS_REVISION: Final = "2025-11-25"
+CAPABILITY: Final[dict[str, Any]] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+POLL_MS: Final = 500
+#: how many tasks start between two sweeps of tasks past their keeping time
+SWEEP_EVERY: Final = 64
+RELATED: Final = "io.modelcontextprotocol/related-task"
+
+AnswerFn = Callable[..., Awaitable[Answer]]
+
+
+class Instances(Protocol):
+    def acquire(self) -> str: ...
+
+    def alive(self, instance_id: str) -> bool: ...
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def task_wire(rec: TaskRecord) -> dict[str, Any]:
+    """A task as the protocol shows it (``Task``)."""
+    wire: dict[str, Any] = {"taskId": rec.task_id, "status": rec.status, "createdAt": _iso(rec.created_at),
+                            "lastUpdatedAt": _iso(rec.updated_at),
+                            "ttl": round((rec.keep_until - rec.created_at) * 1000), "pollInterval": POLL_MS}
+    message = rec.status_message  # while working, the last progress message ("...: 40%")
+    if message is None and rec.status == "working" and rec.progress is not None:
+        message = f"{round(rec.progress * 100)}%"
+    if message:
+        wire["statusMessage"] = message
+    return wire
+
+
+class _Progress:
+    """The progress sink of one task: its row's progress, and the vSphere tasks it started (to cancel)."""
+
+    def __init__(self, runner: TaskRunner, task_id: str) -> None:
+        self.runner, self.task_id = runner, task_id
+        self.started: list[tuple[Any, str]] = []
+        self.lock = threading.Lock()
+        self.cancel_asked = False
+        self._last = -1.0
+
+    async def __call__(self, fraction: float, message: str) -> None:
+        if fraction < 1.0 and fraction - self._last < 0.05:
+            return
+        self._last = fraction
+        try:
+            await off_loop(self.runner.table.progress, self.task_id, fraction, message, self.runner.clock())
+        except GatewayError:
+            log.warning("progress of task %s not recorded", self.task_id)
+
+    def task_started(self, task: Any, target: str) -> None:
+        """Called in the worker thread for each vSphere task the call starts."""
+        with self.lock:
+            self.started.append((task, target))
+
+    async def cancel(self) -> str | None:
+        """Cancel the vSphere task running now; None when vSphere accepted, else why not."""
+        self.cancel_asked = True
+        with self.lock:
+            current = self.started[-1] if self.started else None
+        if current is None:
+            return "the vSphere task has not started yet (the call is queued or planning); ask again"
+        return await asyncio.to_thread(cancel_task, *current)
+
+
+class TaskRunner:
+    """Runs task-augmented tool calls and answers the tasks/* requests from the store."""
+
+    def __init__(self, answer: AnswerFn, table: TaskTable, principal_of: Callable[[], Principal | None], *,
+                 instance: Instances, trail: AuditTrail, keep_seconds: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.answer, self.table, self.principal_of = answer, table, principal_of
+        self.instance, self.trail = instance, trail
+        self.keep_seconds, self.clock = keep_seconds, clock
+        self._started = 0
+        self._local: dict[str, tuple[asyncio.Task[None], _Progress]] = {}
+
+    def install(self, server: Server[Any]) -> None:
+        server.add_request_handler("tasks/get", types.GetTaskRequestParams, self.get)
+        server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self.result)
+        server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self.cancel)
+        server.add_request_handler("tasks/list", types.PaginatedRequestParams, self.list)
+        server.middleware.append(self.middleware)
+
+    async def middleware(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "initialize":
+            result = await call_next(ctx)
+            if isinstance(result, dict) and isinstance(result.get("capabilities"), dict):
+                result["capabilities"]["tasks"] = CAPABILITY
+            return result
+        params = ctx.params
+        if (ctx.method != "tools/call" or not isinstance(params, Mapping) or params.get("task") is None
+                or ctx.protocol_version != TASKS_REVISION or params.get("name") not in TASK_TOOLS):
+            return await call_next(ctx)
+        principal = self.principal_of()
+        if principal is None:
+            return await call_next(ctx)  # refused there, as any call without a caller
+        return {"task": task_wire(await self._start(ctx, principal, params))}
+
+    async def _start(self, ctx: ServerRequestContext[Any, Any], principal: Principal,
+                     params: Mapping[str, Any]) -> TaskRecord:
+        now = self.clock()
+        asked = params.get("task")
+        ttl = asked.get("ttl") if isinstance(asked, dict) else None
+        keep = self.keep_seconds
+        if isinstance(ttl, int | float) and ttl > 0:
+            keep = min(ttl / 1000, keep)
+        given = params.get("arguments")
+        arguments: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+        target = arguments.get("target") if isinstance(arguments.get("target"), str) else None
+        self._started += 1
+        if self._started % SWEEP_EVERY == 1:
+            await off_loop(self.table.sweep, now)  # tasks past the time their results are kept
+        arguments = key_from_meta(ctx.meta, arguments)
+        given_key, tool = arguments.get(KEY_FIELD), str(params["name"])
+        key = digest = None
+        if isinstance(given_key, str):  # a retry with the key gets the task its first call started
+            key = key_id(given_key)  # the store never holds the key (``server.call.idempotency``)
+            plain = {k: v for k, v in arguments.items() if k != KEY_FIELD}
+            digest = confirm.args_digest(tool, str(target), plain)
+            again = await off_loop(self.table.by_key, key_of(principal), key, digest, now)
+            if again is not None:
+                return again
+        owner = await off_loop(self.instance.acquire)
+        rec = TaskRecord(uuid.uuid4().hex, principal.name, tool, target, "working", now, now, now + keep,
+                         owner=owner, idempotency_key=key, digest=digest, caller_key=key_of(principal))
+        await off_loop(self.table.add, rec)
+        sink = _Progress(self, rec.task_id)
+        mcp_client_var.set(client_of(ctx))
+        correlation_id = correlation_id_var.get() or uuid.uuid4().hex
+        job = asyncio.get_running_loop().create_task(self._run(
+            rec, principal, arguments, sink, correlation_id))
+        self._local[rec.task_id] = (job, sink)
+        job.add_done_callback(lambda _job: self._local.pop(rec.task_id, None))
+        return rec
+
+    async def _run(self, rec: TaskRecord, principal: Principal, arguments: dict[str, Any], sink: _Progress,
+                   correlation_id: str) -> None:
+        watcher = asyncio.get_running_loop().create_task(self._watch_cancel(rec.task_id, sink))
+        try:
+            try:
+                answer = await self.answer(principal, rec.tool, arguments, progress=sink,
+                                           correlation_id=correlation_id)
+                status, text, failed, message = "completed", answer.text, False, None
+            except GatewayError as exc:
+                status = "cancelled" if sink.cancel_asked else "failed"
+                text, failed, message = Answer.of({"error": exc.to_wire()}).text, True, exc.message[:512]
+            except Exception:
+                log.exception("task %s (%s) failed (correlation id %s)", rec.task_id, rec.tool,
+                              correlation_id)
+                message = f"internal error (see server log, correlation id {correlation_id})"
+                text = Answer.of({"error": {"code": "internal", "message": message}}).text
+                status, failed = "failed", True
+            await off_loop(self.table.finish, rec.task_id, status, text, failed=failed, message=message,
+                           now=self.clock())
+        finally:
+            watcher.cancel()
+
+    async def _audit_cancel(self, rec: TaskRecord, outcome: str, why: str | None) -> None:
+        """Every tasks/cancel is a row: cancelled in vSphere, refused by it, or passed to the replica
+        running the task."""
+        principal = self.principal_of()
+        who = caller_fields(principal) if principal else {"caller": rec.caller, "caller_key": rec.caller_key}
+        await self.trail.record({"phase": "task_cancel", "tool": rec.tool, "target": rec.target, **who,
+                                 "task_id": rec.task_id, "outcome": outcome, "error": why,
+                                 "correlation_id": correlation_id_var.get()})
+
+    async def _watch_cancel(self, task_id: str, sink: _Progress) -> None:
+        """Act on a cancellation asked through another replica (stored in the task's row)."""
+        while not sink.cancel_asked:
+            await asyncio.sleep(1.0)
+            try:
+                rec = await off_loop(self.table.get, task_id, self.clock())
+            except GatewayError:
+                continue
+            if rec is not None and rec.cancel_requested and not sink.cancel_asked:
+                why = await sink.cancel()
+                await self._audit_cancel(rec, "refused" if why else "cancelled", why)
+
+    async def _mine(self, task_id: str, request: str) -> TaskRecord:
+        """The caller's task ``task_id`` (``callers.same`` on its key); any other answer is refused, and
+        the refusal is a row (``request``: tasks/get, tasks/result, tasks/cancel)."""
+        principal = self.principal_of()
+        rec = await off_loop(self.table.get, task_id, self.clock())
+        if principal is None or rec is None or not same(rec.caller_key, key_of(principal)):
+            who = caller_fields(principal) if principal else {"caller": "-"}
+            await self.trail.record({"phase": "refused", "tool": request, **who, "task_id": task_id[:64],
+                                     "error_code": "not_found", "reason_code": "not_your_task",
+                                     "outcome": "refused", "correlation_id": correlation_id_var.get()})
+            raise MCPError(code=types.INVALID_PARAMS, message=f"no task '{task_id[:64]}' of yours (never "
+                           "made, someone else's, or its results expired); call tasks/list")
+        if (rec.status == "working" and rec.task_id not in self._local and rec.owner is not None
+                and not await off_loop(self.instance.alive, rec.owner)):
+            return await self._orphaned(rec)
+        return rec
+
+    async def _orphaned(self, rec: TaskRecord) -> TaskRecord:
+        """A working task whose process is gone: failed, its outcome unknown."""
+        unknown = OutcomeUnknown("the gateway process running this task stopped before it finished; "
+                                 "whether the change happened is unknown: check the objects and get_tasks")
+        await off_loop(self.table.finish, rec.task_id, "failed", Answer.of({"error": unknown.to_wire()}).text,
+                       failed=True, message=unknown.message, now=self.clock())
+        found = await off_loop(self.table.get, rec.task_id, self.clock())
+        return found or rec
+
+    async def get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
+        return task_wire(await self._mine(params.task_id, "tasks/get"))
+
+    async def list(self, ctx: ServerRequestContext[Any],
+                   params: types.PaginatedRequestParams) -> dict[str, Any]:
+        principal = self.principal_of()
+        if principal is None:
+            raise MCPError(code=types.INVALID_REQUEST, message="this request carries no authenticated caller")
+        found = await off_loop(self.table.of_caller, key_of(principal), self.clock())
+        return {"tasks": [task_wire(r) for r in found]}
+
+    async def result(self, ctx: ServerRequestContext[Any],
+                     params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
+        """The tool's result once the task ended (waits for it)."""
+        rec = await self._mine(params.task_id, "tasks/result")
+        while not rec.terminal:
+            local = self._local.get(rec.task_id)
+            if local is not None:
+                await asyncio.wait({local[0]}, timeout=30)
+            else:
+                await asyncio.sleep(POLL_MS / 1000)
+            rec = await self._mine(params.task_id, "tasks/result")
+        return {"content": [{"type": "text", "text": rec.result or "{}"}], "isError": rec.failed,
+                "_meta": {RELATED: {"taskId": rec.task_id}}}
+
+    async def cancel(self, ctx: ServerRequestContext[Any],
+                     params: types.CancelTaskRequestParams) -> dict[str, Any]:
+        rec = await self._mine(params.task_id, "tasks/cancel")
+        if rec.terminal:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"task {rec.task_id} is {rec.status} already")
+        local = self._local.get(rec.task_id)
+        if local is None:
+            await off_loop(self.table.request_cancel, rec.task_id, self.clock())
+            await self._audit_cancel(rec, "passed_on", None)
+            return task_wire(rec)
+        why = await local[1].cancel()
+        await self._audit_cancel(rec, "refused" if why else "cancelled", why)
+        if why is not None:
+            raise MCPError(code=types.INVALID_PARAMS,
+                           message=f"{why}; the task runs on: poll it with tasks/get")
+        await asyncio.wait({local[0]}, timeout=10)
+        return task_wire(await self._mine(rec.task_id, "tasks/cancel"))

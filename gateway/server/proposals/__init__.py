@@ -1,0 +1,1 @@
+"""Proposals: their flow, a human's approval steps, what they show, confirmation by elicitation."""
