@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.backends import engine_of
+from gateway.backends import engine_of, open_store
 from gateway.cli import add_path_flags, settings_from
 from gateway.settings import Settings
-from gateway.backends import open_store
 
 
 def register(sub: Any) -> None:

@@ -9,14 +9,13 @@ import time
 from typing import Any
 
 from gateway.auth.roles import RoleBook
-from gateway.backends import engine_of
+from gateway.backends import engine_of, open_store
 from gateway.cli import add_path_flags, settings_from
 from gateway.cli.output import print_json
 from gateway.config import ConfigProblems, Target, load_targets
 from gateway.guard.names import KnownNames, unknown_names
 from gateway.role import BUILTIN_ROLES
 from gateway.settings import Settings
-from gateway.backends import open_store
 from gateway.tools.registry import tool_categories
 
 

@@ -23,11 +23,11 @@ from gateway.audit.file_sink import AuditSink
 from gateway.auth.local import os_person
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import caller_fields, create_token, parse_expiry
+from gateway.backends import open_store
 from gateway.cli import add_path_flags, settings_from
 from gateway.cli.output import iso_utc, print_json
 from gateway.errors import AuditUnavailable, ConfigError, InvalidArgument, NotFound
 from gateway.settings import Settings
-from gateway.backends import open_store
 from gateway.store import StateStore
 from gateway.store.base import TokenRecord
 from gateway.vocabulary import Kind

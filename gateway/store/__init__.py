@@ -8,7 +8,6 @@ the gateway home, ``Settings.state_db``).
 
 from __future__ import annotations
 
-
 from gateway.store.base import AuditWriter, StateStore, TokenRecord, WebSessionRecord
 from gateway.store.sqlite import SqliteStore
 
