@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 VCSIM := deploy/vcsim/bin/vcsim-gw
 BOOTSTRAP := deploy/bootstrap.sh
 
-.PHONY: bootstrap test run lab-test bench bench-sweep lint vcsim venv man dist
+.PHONY: bootstrap test test-fast run lab-test bench bench-sweep lint vcsim venv man dist
 
 # Installs the Debian packages the project needs when missing (as root; otherwise prints the sudo line
 # and stops). Every entry point starts with it: `make run` (only the demo's set: BOOTSTRAP_SET=run,
@@ -36,6 +36,13 @@ $(OIDC): tests/oidc/package.json tests/oidc/package-lock.json | bootstrap
 test: bootstrap venv $(OIDC)
 	@bash deploy/vcsim/build.sh || echo "vcsim launcher could not be built; simulator tests will skip (fail under CI=true)"
 	$(BIN)/python -m pytest
+
+# The fast tier: every test that needs no simulator, PostgreSQL, Chromium or Node and builds or soaks
+# nothing (the markers in pyproject.toml). TEST_TIER=fast makes any fixture or helper that would start one
+# fail the test, so a test missing its marker shows here instead of slipping in.
+FAST_TIER := not simulator and not postgres and not browser and not oidc and not slow
+test-fast: bootstrap venv
+	TEST_TIER=fast $(BIN)/python -m pytest -p no:cacheprovider -m "$(FAST_TIER)"
 
 lint: venv
 	$(BIN)/ruff check gateway tests bench

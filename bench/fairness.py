@@ -5,7 +5,7 @@ Plain script: ``python bench/fairness.py [--rounds 5] [--burst 24] [--delay-ms 1
 
 One simulator with every SOAP call slowed by ``--delay-ms`` (its control endpoint's ``/delay``), one
 target with ``pool_size: 2`` and ``mirror: off`` (every read goes to the target), and the gateway's
-whole pipeline in this process (``Gateway.call``: the gate, the read, the scheduler, the audit). Each
+whole pipeline in this process (``Calls.call``: the gate, the read, the scheduler, the audit). Each
 round, for each ``--jitter`` in turn (the spread of every delay, as a fraction: 0 is the issue's
 condition, "every call slowed to 120 ms", fixed; 0.25 the simulator's normal spread, as a real
 target's calls vary), side by side:
@@ -83,7 +83,7 @@ def _gateway(sim: SimulatorProcess, tmp: Path) -> Gateway:
 
 async def _timed(gw: Gateway, who: Principal) -> float:
     started = time.perf_counter()
-    await gw.call(who, "get_vm_details", READ)
+    await gw.calls.call(who, "get_vm_details", READ)
     return time.perf_counter() - started
 
 
@@ -95,7 +95,7 @@ async def _round(gw: Gateway, a: Principal | list[Principal], b: Principal, burs
     finished."""
     started = time.perf_counter()
     callers = a if isinstance(a, list) else [a]
-    calls = [asyncio.create_task(gw.call(callers[n % len(callers)], "get_vm_details", READ))
+    calls = [asyncio.create_task(gw.calls.call(callers[n % len(callers)], "get_vm_details", READ))
              for n in range(burst)]
     while gw.scheduler.stats()["vc1"]["queued"] < burst - 4:  # the burst is in the lane
         await asyncio.sleep(0.002)
@@ -153,7 +153,7 @@ async def measure(gw: Gateway, sim: SimulatorProcess, *, rounds: int, burst: int
                   jitters: tuple[float, ...], fleet_only: bool = False) -> dict[float, dict[str, float]]:
     """Per jitter: B alone and the medians of every arm."""
     a, b, one = (Principal(n, "admin", surface="bench") for n in ("agent-a", "agent-b", "agent"))
-    await asyncio.gather(*(gw.call(a, "get_vm_details", READ) for _ in range(2)))  # two sessions open
+    await asyncio.gather(*(gw.calls.call(a, "get_vm_details", READ) for _ in range(2)))  # two sessions open
     alone: dict[float, float] = {}
     for jitter in jitters:
         sim.control("/delay", {"delay": delay_ms, "jitter": jitter})

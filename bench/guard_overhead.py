@@ -4,7 +4,7 @@ Plain script: ``python bench/guard_overhead.py [--calls 300]``. Starts one simul
 gateway over it (policy file, audit file with durable appends, state store, roles), then alternates:
 
 (a) bare   the tool's own handler through the same scheduler slot and session pool (no guard)
-(b) guard  ``Gateway.call`` for the same tool and arguments: role check, validation, breaker, rate
+(b) guard  ``Calls.call`` for the same tool and arguments: role check, validation, breaker, rate
            limit, policy decision, sanitising, audit row (fsync'd)
 
 for a read (``get_vm_details``) and a write (``power_off_vm`` / ``power_on_vm`` in turn), and prints
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import yaml  # noqa: E402
-from simulator import build_simulator, start_simulator, write_targets  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import build_simulator, start_simulator, write_targets  # type: ignore[import-not-found]  # noqa: E402
 
 from gateway.auth.tokens import Principal  # noqa: E402
 from gateway.guard.limits import RunawayBreaker  # noqa: E402
@@ -83,7 +83,7 @@ async def main(calls: int) -> list[dict[str, Any]]:
             return await gw.scheduler.run("vc1", lambda s: read_fn(s, read_args))
 
         async def guarded_read(_: int) -> Any:
-            return await gw.call(CALLER, "get_vm_details", read_args)
+            return await gw.calls.call(CALLER, "get_vm_details", read_args)
 
         ops = ("power_off_vm", "power_on_vm")
 
@@ -98,7 +98,7 @@ async def main(calls: int) -> list[dict[str, Any]]:
 
         async def guarded_write(i: int) -> Any:
             extra = {"guest_timeout_seconds": 0} if i % 2 == 0 else {}
-            return await gw.call(CALLER, ops[i % 2], {"target": "vc1", "vm": VM, **extra})
+            return await gw.calls.call(CALLER, ops[i % 2], {"target": "vc1", "vm": VM, **extra})
 
         # each write pair must leave the VM as it found it: bare off/on, then guarded off/on
         async def bare_pair(i: int) -> None:

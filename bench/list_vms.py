@@ -1,7 +1,7 @@
 """list_vms at scale: the gateway against a bare RetrievePropertiesEx floor, side by side.
 
 Plain script: ``python bench/list_vms.py [--vms 3000] [--runs 9] [--no-stdio] [--no-https]``. Starts one
-simulator (deploy/vcsim, through tests/simulator.py) holding about ``--vms`` VMs, then times:
+simulator (deploy/vcsim, through tests/support/simulator.py) holding about ``--vms`` VMs, then times:
 
 (a) floor      one bare pyVmomi ``RetrievePropertiesEx`` of name + runtime.powerState over a ContainerView
                (view created and destroyed inside the timing, as the gateway does)
@@ -49,7 +49,7 @@ from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from pyVmomi import vim, vmodl  # noqa: E402
-from simulator import (  # type: ignore[import-not-found]  # noqa: E402  (tests/ is on the path above)
+from support.simulator import (  # type: ignore[import-not-found]  # noqa: E402  (tests/ is on the path above)
     Simulator,
     build_simulator,
     credential_prefix,

@@ -30,7 +30,7 @@ import httpx2  # noqa: E402
 import mirror as mirror_bench  # noqa: E402  (its free_port and stop_process)
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from simulator import wait_until  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import wait_until  # type: ignore[import-not-found]  # noqa: E402
 
 from gateway.server.edge.tls import create_certificate  # noqa: E402
 

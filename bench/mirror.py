@@ -55,7 +55,7 @@ import yaml  # noqa: E402
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from pyVmomi import vim, vmodl  # noqa: E402
-from simulator import (  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import (  # type: ignore[import-not-found]  # noqa: E402
     Simulator,
     build_simulator,
     credential_prefix,

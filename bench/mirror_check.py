@@ -39,7 +39,7 @@ sys.path[:0] = [str(REPO), str(BENCH), str(REPO / "tests")]
 from mirror import CountingRelay  # noqa: E402
 from pyVim.connect import Disconnect  # noqa: E402
 from pyVmomi import vim  # noqa: E402
-from simulator import (  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import (  # type: ignore[import-not-found]  # noqa: E402
     Simulator,
     build_simulator,
     pyvmomi_connect,

@@ -35,8 +35,8 @@ import httpx2  # noqa: E402
 from argon2 import PasswordHasher  # noqa: E402
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from postgres import discard, start_postgres  # noqa: E402
-from simulator import write_targets  # noqa: E402
+from support.postgres import discard, start_postgres  # noqa: E402
+from support.simulator import write_targets  # noqa: E402
 
 from gateway.audit.pg_reader import PgAuditReader  # noqa: E402
 from gateway.audit.verify import verify  # noqa: E402

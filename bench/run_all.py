@@ -279,16 +279,16 @@ def pool_for(lab: Lab, name: str) -> SessionPool:
 
 
 async def pipeline_median(lab: Lab, runs: int) -> float:
-    """list_vms through ``Gateway.call`` in this process: roles, policy, scheduler, sanitizing, audit."""
+    """list_vms through ``Calls.call`` in this process: roles, policy, scheduler, sanitizing, audit."""
     settings = Settings.from_env(lab.env, home=str(lab.tmp / "inproc"), targets=str(lab.tmp / "targets.yaml"))
     gateway = Gateway.build(settings)
     caller = Principal("bench", "admin", surface="bench")
     try:
-        await gateway.call(caller, "list_vms", {"target": "big"})
+        await gateway.calls.call(caller, "list_vms", {"target": "big"})
         samples = []
         for _ in range(runs):
             started = time.perf_counter()
-            await gateway.call(caller, "list_vms", {"target": "big"})
+            await gateway.calls.call(caller, "list_vms", {"target": "big"})
             samples.append(time.perf_counter() - started)
         return statistics.median(samples)
     finally:

@@ -29,7 +29,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent), str(BENCH.parent / "tests")]
 import floors  # noqa: E402
 import mirror as mb  # noqa: E402
 import run_all  # noqa: E402
-from simulator import build_simulator, open_pool, start_simulator  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import build_simulator, open_pool, start_simulator  # type: ignore[import-not-found]  # noqa: E402
 
 VM = "DC0_C0_RP0_VM0"
 TARGETS = ("mirror", "stale", "sweep")

@@ -28,9 +28,9 @@ sys.path[:0] = [str(REPO), str(BENCH), str(REPO / "tests")]
 
 import httpx2  # noqa: E402
 import yaml  # noqa: E402
-from answers import answer_of  # type: ignore[import-not-found]  # noqa: E402
 from flood import Server, agent, attacker, start_server  # noqa: E402
-from simulator import build_simulator, start_simulator, write_targets  # type: ignore[import-not-found]  # noqa: E402
+from support.answers import answer_of  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import build_simulator, start_simulator, write_targets  # type: ignore[import-not-found]  # noqa: E402
 
 TARGET = "prod-vc"
 ROLES = """roles:

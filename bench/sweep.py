@@ -54,7 +54,7 @@ REPO = BENCH.parent
 sys.path[:0] = [str(REPO), str(BENCH), str(REPO / "tests")]
 
 import mirror as mirror_bench  # noqa: E402
-from simulator import build_simulator, start_simulator  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import build_simulator, start_simulator  # type: ignore[import-not-found]  # noqa: E402
 
 from gateway.config import Credentials, Target  # noqa: E402
 from gateway.vsphere import soap_scan  # noqa: E402

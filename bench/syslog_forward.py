@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from rsyslog import Rsyslog  # noqa: E402  (the tests' real receiver)
+from support.rsyslog import Rsyslog  # noqa: E402  (the tests' real receiver)
 
 from gateway.audit.file_sink import AuditSink  # noqa: E402
 from gateway.audit.syslog_config import SyslogConfig  # noqa: E402

@@ -28,7 +28,7 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH), str(BENCH.parent / "tests")]
 
 import mirror as mirror_bench  # noqa: E402  (serve, a child gateway over HTTPS)
 from mcp import Client  # noqa: E402
-from simulator import build_simulator, start_simulator  # type: ignore[import-not-found]  # noqa: E402
+from support.simulator import build_simulator, start_simulator  # type: ignore[import-not-found]  # noqa: E402
 
 
 class Receiver:

@@ -1,23 +1,9 @@
 """A tool's answer, encoded once: the JSON text the caller receives is the text the audit fingerprints.
 
-A listing of thousands of VMs is a megabyte of JSON. Encoding it is the largest cost of a read
-served from the mirror, so it happens once, in a worker thread, next to sanitizing: the MCP surface
-sends ``Answer.text`` as the result's one text block, and the audit row keeps the SHA-256 and size of
-the same bytes (``Answer.data``). Whoever holds an answer can check it against the audit log with
-``sha256sum``; nothing is re-encoded with different settings on the way.
-
-Every result becomes an answer through ``Answer.cleaned``: sanitized for the model that reads it
-(``gateway.sanitize``), then encoded. The encoding: compact separators, UTF-8 (no ``\\u``
-escapes for non-ASCII), keys in the order the tool produced them; a value JSON has no type for (a
-date, say) becomes its ``str``, and the value is then re-read from the text so that ``value`` and
-``text`` never disagree.
-
-Plain values (dicts with string keys, lists, strings, 64-bit integers, floats, booleans, None: every
-listing) are encoded by ``orjson``, several times faster than the standard library on a listing of
-30,000 VMs (60 ms there); its text is the standard library's for such values, but for exponents
-(``1e-7`` where Python writes ``1e-07``) and for a float that is not a number, which it writes as
-``null`` (JSON has no NaN). Anything else (a date, a set, a lone surrogate from a vSphere string,
-an integer past 64 bits, a key that is not a string) goes the standard library's way above.
+Nothing re-encodes an answer on the way, so anyone holding it can check it against its audit row with
+``sha256sum``. Plain values go through ``orjson``, whose text matches the standard library's except
+for exponents and NaN (written ``null``); anything else (a date, a lone surrogate, a big integer) takes
+the standard library's way and is re-read from the text, so ``value`` and ``text`` never disagree.
 """
 
 from __future__ import annotations

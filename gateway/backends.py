@@ -1,6 +1,8 @@
-"""The one place that chooses SQLite or PostgreSQL: ``open_backends(settings)`` reads the engine table
-and returns every backend of one process (state store, audit sink and reader, slots, rate limits, the
-instance lock, the sweeper's leadership) as one ``Backends`` value; nothing else asks which engine runs."""
+"""The one place that chooses SQLite or PostgreSQL: ``open_backends(settings)`` returns them all at once.
+
+Every backend of one process (state store, audit sink and reader, slots, rate limits, the instance
+lock, leadership) comes from this engine table; nothing else asks which engine runs.
+"""
 
 from __future__ import annotations
 

@@ -1,24 +1,14 @@
-"""Typed, strictly loaded ``targets.yaml``, and the one YAML loader every configuration file uses.
+"""The strict YAML loader every configuration file uses, and ``targets.yaml`` loaded into ``Target``.
 
-``load_yaml`` reads targets.yaml, rules.yaml, roles.yaml (and any other section a module adds):
-PyYAML's safe loader, except that a key repeated in one mapping is an error (a later ``targets:
-"*"`` never silently wins), YAML merge keys (``<<``) are refused, and every mapping and list it
-returns remembers where each of its keys and items stood, so a parser can say
-``file:line:column`` for a meaning-level problem too (``located``). A syntax error names the file.
-
-Loading never guesses: an unknown key, a duplicate name, a wrong type or a missing credential is a
-``ConfigProblem`` naming the file, the target and the fix. ``load_targets`` collects every problem
-before raising, so ``gateway check`` can print them all at once.
-
-``NameRef`` records a name one file uses for something another file defines (a target, tool or
-role); ``gateway.guard.names`` checks them all against what exists.
+``load_yaml`` refuses repeated keys and merge keys (``<<``) and keeps where each key stood, so a parser can
+say ``file:line:column`` (``located``). ``load_targets`` reports every problem of a file at once.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -159,25 +149,44 @@ class NameRef:
     glob: bool = True
     fold_case: bool = False
 
-_TARGET_KEYS = {
-    "name",
-    "host",
-    "port",
-    "credential_env_prefix",
-    "insecure",
-    "ca_file",
-    "tags",
-    "standalone_host",
-    "pool_size",
-    "max_queued_per_caller",
-    "timeout_seconds",
-    "dry_run",
-    "proposal_ttl_seconds",
-    "mirror",
-    "max_staleness_seconds",
-    "mirror_check_seconds",
-}
+
+HTTPS_PORT = 443
 MIRROR_MODES = ("off", "lazy", "eager")
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """How targets.yaml writes one key of a target: its YAML type and the values it may take.
+
+    ``positive``: above zero; ``low``/``high``: inclusive bounds; ``note`` ends the out-of-range problem
+    (``{default}`` is the key's default)."""
+
+    kind: type | tuple[type, ...]
+    low: int | None = None
+    high: int | None = None
+    positive: bool = False
+    choices: tuple[str, ...] = ()
+    note: str = ""
+
+    def problem(self, key: str, value: Any, default: Any) -> str | None:
+        """The sentence saying ``value`` is out of range for ``key``; None when it is in range."""
+        if self.choices and value not in self.choices:
+            return f"'{key}' must be one of {', '.join(self.choices)}"
+        if self.positive and value <= 0:
+            return f"'{key}' must be positive"
+        if self.low is not None and self.high is not None and not self.low <= value <= self.high:
+            return f"'{key}' must be between {self.low} and {self.high}{self.note.format(default=default)}"
+        if self.low == 0 and self.high is None and value < 0:
+            return f"'{key}' must be zero or positive"
+        return None
+
+
+def _rule(kind: type | tuple[type, ...], **bounds: Any) -> dict[str, KeyRule]:
+    """The metadata of a ``Target`` field: how targets.yaml writes it."""
+    return {"rule": KeyRule(kind, **bounds)}
+
+
+_NUMBER = (int, float)
 
 
 @dataclass(frozen=True)
@@ -188,35 +197,42 @@ class Credentials:
 
 @dataclass(frozen=True)
 class Target:
-    """One vSphere endpoint (a vCenter or a standalone ESXi host) that calls name explicitly."""
+    """One vSphere endpoint (a vCenter or a standalone ESXi host) that calls name explicitly.
 
-    name: str
-    host: str
-    credential_env_prefix: str
-    port: int = 443
-    insecure: bool = False
-    ca_file: str | None = None
-    tags: tuple[str, ...] = ()
-    standalone_host: bool = False
-    pool_size: int = 2
-    max_queued_per_caller: int = 32
+    Each field's default and YAML rule are the only ones: ``parse_targets`` reads both from here."""
+
+    name: str = field(metadata=_rule(str))
+    host: str = field(metadata=_rule(str))
+    credential_env_prefix: str = field(metadata=_rule(str))
+    port: int = field(default=HTTPS_PORT, metadata=_rule(int))
+    insecure: bool = field(default=False, metadata=_rule(bool))
+    ca_file: str | None = field(default=None, metadata=_rule(str))
+    tags: tuple[str, ...] = field(default=(), metadata=_rule(list))
+    standalone_host: bool = field(default=False, metadata=_rule(bool))
+    pool_size: int = field(default=2, metadata=_rule(int, low=1, high=32))
+    max_queued_per_caller: int = field(default=32, metadata=_rule(
+        int, low=1, high=10000,
+        note=" (calls one caller may have waiting for this target; default {default:g})"))
     """Calls one caller may have waiting for this target's slots; past it a call is refused at once
     as ``busy`` (the queue timeout stays the last resort)."""
-    timeout_seconds: float = 60.0
-    dry_run: bool | None = None
+    timeout_seconds: float = field(default=60.0, metadata=_rule(_NUMBER, positive=True))
+    dry_run: bool | None = field(default=None, metadata=_rule(bool))
     #: how long a proposal on this target waits for confirmation (None: GATEWAY_CONFIRM_TTL_SECONDS)
-    proposal_ttl_seconds: float | None = None
-    mirror: str = "lazy"
+    proposal_ttl_seconds: float | None = field(default=None, metadata=_rule(
+        _NUMBER, low=10, high=7 * 86400, note=" (7 days); gated targets typically want 900-3600"))
+    mirror: str = field(default="lazy", metadata=_rule(str, choices=MIRROR_MODES))
     """Live inventory mirror for reads: ``off``, ``lazy`` (started by the first read) or ``eager``."""
-    max_staleness_seconds: float | None = None
+    max_staleness_seconds: float | None = field(default=None, metadata=_rule(_NUMBER, low=0))
     """When set, mirror reads skip the freshness poll while the mirror heard from the target this recently."""
-    mirror_check_seconds: float = 300.0
+    mirror_check_seconds: float = field(default=300.0, metadata=_rule(
+        _NUMBER, low=1, high=86400,
+        note=" (how often the mirror compares itself with a live read; default {default:g})"))
     """How often the mirror compares everything it holds with a live read (a cheap rolling comparison
     runs in between; see ``gateway.vsphere.mirror_check``)."""
 
     @property
     def address(self) -> str:
-        return self.host if self.port == 443 else f"{self.host}:{self.port}"
+        return self.host if self.port == HTTPS_PORT else f"{self.host}:{self.port}"
 
     def credentials(self, environ: Mapping[str, str]) -> Credentials:
         user = environ.get(f"{self.credential_env_prefix}_USER", "")
@@ -227,6 +243,13 @@ class Target:
                 f"{self.credential_env_prefix}_PASSWORD in the gateway's environment"
             )
         return Credentials(user, password)
+
+
+#: every key of a target entry with its rule, in the order its problems are reported
+_RULES: dict[str, KeyRule] = {spec.name: spec.metadata["rule"] for spec in fields(Target)}
+_DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in fields(Target)
+                             if spec.default is not MISSING}
+_TARGET_KEYS = set(_RULES)
 
 
 class ConfigProblems(ConfigError):
@@ -305,92 +328,20 @@ def parse_targets(data: Any, source: str, environ: Mapping[str, str] | None = No
     return tuple(targets)
 
 
-def _parse_target(  # noqa: C901 - a flat list of independent checks, one per key of a target entry
+def _parse_target(
     entry: Mapping[str, Any], where: Callable[..., str], problems: list[str],
     environ: Mapping[str, str] | None, check_files: bool = False,
 ) -> Target | None:
     before = len(problems)
-    for key in sorted(set(entry) - _TARGET_KEYS, key=str):
-        hint = suggestion(str(key), _TARGET_KEYS)
-        problems.append(f"{where(key)}: unknown key '{key}'{hint}; allowed keys are "
-                        f"{', '.join(sorted(_TARGET_KEYS))}")
-    for key in ("name", "host", "credential_env_prefix"):
-        if key not in entry:
-            problems.append(f"{where()}: missing required key '{key}'")
-        else:
-            _check_type(problems, where(key), key, entry[key], str)
-    kinds: dict[str, type | tuple[type, ...]] = {
-        "port": int,
-        "insecure": bool,
-        "ca_file": str,
-        "standalone_host": bool,
-        "pool_size": int,
-        "max_queued_per_caller": int,
-        "timeout_seconds": (int, float),
-        "dry_run": bool,
-        "tags": list,
-        "proposal_ttl_seconds": (int, float),
-        "mirror": str,
-        "max_staleness_seconds": (int, float),
-        "mirror_check_seconds": (int, float),
-    }
-    for key, kind in kinds.items():
-        if key in entry and entry[key] is not None:
-            _check_type(problems, where(key), key, entry[key], kind)
+    _key_problems(entry, where, problems)
     if len(problems) > before:
         return None
-    tags = entry.get("tags") or []
-    if not all(isinstance(t, str) for t in tags):
+    values = {key: _value(key, entry.get(key)) for key in _RULES}
+    if not all(isinstance(tag, str) for tag in values["tags"]):
         problems.append(f"{where('tags')}: 'tags' must be a list of strings")
         return None
-    if entry.get("insecure") and entry.get("ca_file"):
-        problems.append(f"{where('insecure')}: set either 'insecure: true' or 'ca_file', not both")
-    elif check_files and entry.get("ca_file") and not Path(entry["ca_file"]).is_file():
-        problems.append(f"{where('ca_file')}: ca_file '{entry['ca_file']}' does not exist (or is not a "
-                        "file); point it at the PEM bundle of the CA that signed the target's certificate "
-                        "(a relative path counts from the gateway's working directory)")
-    pool_size = entry.get("pool_size", 2)
-    if not 1 <= pool_size <= 32:
-        problems.append(f"{where('pool_size')}: 'pool_size' must be between 1 and 32")
-    queued = entry.get("max_queued_per_caller", 32)
-    if not 1 <= queued <= 10000:
-        problems.append(f"{where('max_queued_per_caller')}: 'max_queued_per_caller' must be between 1 and "
-                        "10000 (calls one caller may have waiting for this target; default 32)")
-    timeout = entry.get("timeout_seconds", 60.0)
-    if timeout <= 0:
-        problems.append(f"{where('timeout_seconds')}: 'timeout_seconds' must be positive")
-    ttl = entry.get("proposal_ttl_seconds")
-    if ttl is not None and not 10 <= ttl <= 7 * 86400:
-        problems.append(f"{where('proposal_ttl_seconds')}: 'proposal_ttl_seconds' must be between 10 and "
-                        "604800 (7 days); gated targets typically want 900-3600")
-    if entry.get("mirror", "lazy") not in MIRROR_MODES:
-        problems.append(f"{where('mirror')}: 'mirror' must be one of {', '.join(MIRROR_MODES)}")
-    staleness = entry.get("max_staleness_seconds")
-    if staleness is not None and staleness < 0:
-        problems.append(f"{where('max_staleness_seconds')}: 'max_staleness_seconds' must be zero or positive")
-    check = entry.get("mirror_check_seconds")
-    check = 300.0 if check is None else check
-    if not 1 <= check <= 86400:
-        problems.append(f"{where('mirror_check_seconds')}: 'mirror_check_seconds' must be between 1 and "
-                        "86400 (how often the mirror compares itself with a live read; default 300)")
-    target = Target(
-        name=entry["name"],
-        host=entry["host"],
-        credential_env_prefix=entry["credential_env_prefix"],
-        port=entry.get("port", 443),
-        insecure=bool(entry.get("insecure", False)),
-        ca_file=entry.get("ca_file"),
-        tags=tuple(tags),
-        standalone_host=bool(entry.get("standalone_host", False)),
-        pool_size=pool_size,
-        max_queued_per_caller=queued,
-        timeout_seconds=float(timeout),
-        dry_run=entry.get("dry_run"),
-        proposal_ttl_seconds=None if ttl is None else float(ttl),
-        mirror=entry.get("mirror") or "lazy",
-        max_staleness_seconds=float(staleness) if staleness is not None else None,
-        mirror_check_seconds=float(check),
-    )
+    _value_problems(values, where, problems, check_files)
+    target = Target(**values)
     if target.name in ("all", "*"):
         problems.append(f"{where('name')}: '{target.name}' is reserved (it means every target); pick another "
                         "name")
@@ -401,6 +352,45 @@ def _parse_target(  # noqa: C901 - a flat list of independent checks, one per ke
             problems.append(f"{where('credential_env_prefix')}: "
                             f"{exc.message.removeprefix(f'target {target.name!r}: ')}")
     return None if len(problems) > before else target
+
+
+def _key_problems(entry: Mapping[str, Any], where: Callable[..., str], problems: list[str]) -> None:
+    """Unknown keys, missing required keys and values of the wrong type (null means the default)."""
+    for key in sorted(set(entry) - _TARGET_KEYS, key=str):
+        hint = suggestion(str(key), _TARGET_KEYS)
+        problems.append(f"{where(key)}: unknown key '{key}'{hint}; allowed keys are "
+                        f"{', '.join(sorted(_TARGET_KEYS))}")
+    for key, rule in _RULES.items():
+        required = key not in _DEFAULTS
+        if required and key not in entry:
+            problems.append(f"{where()}: missing required key '{key}'")
+        elif key in entry and (required or entry[key] is not None):
+            _check_type(problems, where(key), key, entry[key], rule.kind)
+
+
+def _value_problems(values: Mapping[str, Any], where: Callable[..., str], problems: list[str],
+                    check_files: bool) -> None:
+    """Values of the right type that do not fit: out of range, or ``insecure`` beside ``ca_file``."""
+    if values["insecure"] and values["ca_file"]:
+        problems.append(f"{where('insecure')}: set either 'insecure: true' or 'ca_file', not both")
+    elif check_files and values["ca_file"] and not Path(values["ca_file"]).is_file():
+        problems.append(f"{where('ca_file')}: ca_file '{values['ca_file']}' does not exist (or is not a "
+                        "file); point it at the PEM bundle of the CA that signed the target's certificate "
+                        "(a relative path counts from the gateway's working directory)")
+    for key, rule in _RULES.items():
+        problem = None if values[key] is None else rule.problem(key, values[key], _DEFAULTS.get(key))
+        if problem:
+            problems.append(f"{where(key)}: {problem}")
+
+
+def _value(key: str, raw: Any) -> Any:
+    """The Target value of ``raw`` (type-checked already): the default for a missing or null key."""
+    kind = _RULES[key].kind
+    if raw is None:
+        return _DEFAULTS[key]
+    if kind is list:
+        return tuple(raw)
+    return float(raw) if kind == _NUMBER else raw
 
 
 def suggestion(word: str, choices: Any) -> str:

@@ -1,41 +1,18 @@
-"""The gateway's one exception tree.
+"""The gateway's one exception tree: each error has a stable wire ``code`` and a message naming the remedy.
 
-Every error a caller can see is a ``GatewayError`` subclass with a stable wire ``code`` and a
-message that names the remedy. Foreign exceptions (pyVmomi faults, socket errors, YAML errors) are
-translated at exactly one boundary per foreign system and raised ``from`` the original, so the
-traceback stays in the log and never reaches the wire::
+Foreign exceptions are translated at one boundary per foreign system and raised ``from`` the
+original, so tracebacks stay in the log and never reach the wire::
 
     GatewayError
-    ├── InvalidArgument        invalid_argument
-    ├── NotFound               not_found
-    ├── Ambiguous              ambiguous
-    ├── ConfigError            config_error
+    ├── InvalidArgument, NotFound, Ambiguous, ConfigError
     ├── VSphereError
-    │   ├── Unreachable        unreachable
-    │   ├── Timeout            timeout
-    │   ├── QueueTimeout       queue_timeout
-    │   ├── Busy               busy
-    │   ├── AuthFailed         auth_failed
-    │   ├── NotAuthenticated   not_authenticated
-    │   ├── InvalidState       invalid_state
-    │   ├── PermissionDenied   permission_denied
-    │   ├── TaskFailed         task_failed
-    │   ├── OutcomeUnknown     outcome_unknown
-    │   └── NotSupported       not_supported
-    ├── PolicyDenied           policy_denied
-    ├── RateLimited            rate_limited
-    ├── ConfirmationExpired    confirmation_expired
-    ├── ConfirmationInvalid    confirmation_invalid
-    ├── Stale                  stale
-    ├── ApprovalRequired       approval_required
-    ├── ReasonRequired         reason_required
-    ├── AuditUnavailable       audit_unavailable
-    ├── StateUnavailable       state_unavailable
-    ├── Unauthorized           unauthorized
-    ├── Forbidden              forbidden
-    ├── IdempotencyConflict    idempotency_conflict
-    ├── IdempotencyInProgress  idempotency_in_progress
-    └── TaskNotFound           task_not_found
+    │   └── Unreachable, Timeout, QueueTimeout, Busy, AuthFailed, NotAuthenticated, InvalidState,
+    │       PermissionDenied, TaskFailed, OutcomeUnknown, NotSupported
+    ├── PolicyDenied, RateLimited, ConfirmationExpired, ConfirmationInvalid, Stale,
+    │   ApprovalRequired, ReasonRequired
+    ├── AuditUnavailable, StateUnavailable
+    ├── Unauthorized, Forbidden
+    └── IdempotencyConflict, IdempotencyInProgress, TaskNotFound
 """
 
 from __future__ import annotations

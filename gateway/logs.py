@@ -1,12 +1,8 @@
 """The process's log output: plain text for people, or one JSON object per line for log pipelines.
 
-``configure_logging(format, level)`` installs one handler on the root logger (stderr by default, so
-the stdio transport keeps stdout for the protocol). Both formats pass every line through
-``gateway.audit.redact.redact_text``, so a token, password or private key that slipped into a message
-or a traceback is masked before it is written. A JSON line carries ``ts`` (UTC, ISO 8601,
-milliseconds), ``level``, ``logger`` and ``message``, then any ``extra=`` fields of the call (redacted
-like audit rows: values under credential-like keys become ``"***"``), and ``exc`` with the traceback
-when there is one.
+One handler on the root logger, stderr by default (stdio keeps stdout for the protocol). Every line,
+tracebacks and ``extra=`` fields included, passes through ``gateway.audit.redact`` first, so a secret
+that slipped into a message is masked before it is written.
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
-"""Humans are told: proposal lifecycle events sent to webhooks, never delaying a call.
+"""Proposal lifecycle events sent to webhooks and chat channels, never delaying a call.
 
-Channels are configured in ``notifications.yaml`` (``$GATEWAY_HOME/notifications.yaml``, or
-``GATEWAY_NOTIFICATIONS_FILE``); a missing file means no channel. The file::
-
-    notifications:
-      link_base: https://gateway.example.com:8443   # how humans reach the web page (links to a card)
-      channels:
-        - name: ops-hook
-          kind: webhook              # generic JSON, signed with HMAC-SHA256
-          url: https://hooks.example.com/vsphere-gateway     # or url_env: NAME_OF_A_VARIABLE_ENDING_IN_URL
-          secret_env: OPS_HOOK_SECRET                        # a variable ending in _SECRET; required
-          events: [approval_needed, approved, denied, expired, failed]   # this is the default
-          max_attempts: 5            # default 5 (1-20)
-          backoff_seconds: 2         # first retry delay, doubled each time, at most 300 s; default 2
-          timeout_seconds: 10        # per attempt; default 10
-        - name: team-chat
-          kind: chat                 # Slack- or Teams-style incoming webhook: {"title", "text", ...}
-          url_env: TEAM_CHAT_WEBHOOK_URL
-
-Events: ``approval_needed`` (a proposal a human must approve), ``approval`` (one approval of several
-recorded: "1 of 2 approvals"), ``proposed`` (any proposal), ``approved``, ``denied``, ``cancelled``,
-``expired``, ``executing``, ``executed``, ``failed``, ``stale`` and ``outcome_unknown``; and
-``checkpoint`` (not a default: list it), each signed audit
-checkpoint, for ``webhook`` channels only: ``{"event": "checkpoint", "delivery_id", "sent_at",
-"checkpoint": {"note", "tree_size", "root"}}``, the note exactly as signed, so a receiver outside this
-host witnesses the log (``gateway audit verify --witness``).
-
-A ``webhook`` delivery is a POST of ``{"event", "delivery_id", "sent_at", "link", "proposal": {...}}``
-with the headers ``X-Gateway-Event``, ``X-Gateway-Delivery`` (the same across retries: deduplicate on
-it), ``X-Gateway-Timestamp`` (unix seconds) and ``X-Gateway-Signature: sha256=<hex>``, the
-HMAC-SHA256 under the secret of ``<timestamp>.<body>``. A receiver recomputes it over the raw body,
-compares in constant time and rejects old timestamps. A ``chat`` delivery is
-``{"title", "text", "target", "summary", "link"}``; ``text`` carries everything in plain lines, with
-``<``, ``>`` and ``&`` escaped so a VM name cannot mention a channel.
-
-Delivery: the gateway calls ``Notifier.on_event`` (through ``Gateway.add_lifecycle_listener``) from
-any thread; it only builds the message and queues it. A background task on the server's event loop
-posts it; 2xx is delivered, a network error, 408, 429 or 5xx is retried with exponential backoff, any
-other answer is final. Every failed attempt is an audit row (``phase: notification_failed``; never the
-URL, which may hold a secret). Secrets (the HMAC key, URLs from ``url_env``) never reach a log, an
-audit row or an error message: the HTTP client's own loggers are held at WARNING (``gateway.logs``)
-and every log line is redacted, webhook URLs included. Bodies carry only redacted, bounded text.
+``notifications.example.yaml`` documents the file and its events. ``Notifier.on_event`` only builds
+and queues a message; a task on the server's loop posts it, retrying network errors, 408, 429 and 5xx
+with backoff. Webhook bodies are HMAC-SHA256 signed over ``<timestamp>.<body>``; the delivery id stays
+the same across retries (deduplicate on it). Each failed attempt is an audit row without the URL: the
+secret, and URLs from ``url_env``, never reach a log, a row or an error.
 """
 
 from __future__ import annotations
@@ -93,7 +57,7 @@ AuditWrite = Callable[[Mapping[str, Any]], Any]
 
 
 class Listens(Protocol):
-    """What the notifier attaches to: ``Gateway.add_lifecycle_listener``."""
+    """What the notifier attaches to: ``Moves.add_lifecycle_listener``."""
 
     def add_lifecycle_listener(self, fn: Callable[[str, Proposal], None]) -> None: ...
 

@@ -1,18 +1,8 @@
-"""Files and directories the gateway creates are its user's alone: files 0600, directories 0700,
-whatever the umask and wherever they live (an audit log kept outside ``GATEWAY_HOME`` included).
+"""Files and directories the gateway makes are its user's alone (0600, 0700), whatever the umask.
 
-The mode is given when the file is made and tightened on a descriptor the gateway opened itself, so a
-file is never readable by others, not even for a moment. Existing directories are left as they are:
-the gateway only decides the mode of what it makes (``gateway.store.sqlite.secure_directory`` tightens
-the state directory it owns).
-
-``read_private`` reads a secret the gateway is given (the bootstrap token): it must be a regular file
-(a symbolic link to one is followed, as Kubernetes mounts Secrets) of the gateway's user, readable by
-no one else; a dangling link, a link loop, a directory or device, another user's file or a file
-group or others may read is refused with ``UnsafeFile``, whose message names the file and the fix.
-
-Never call these on SQLite's own files (the database, ``-wal``, ``-shm``): closing any descriptor of a
-file drops every POSIX lock the process holds on it, and SQLite coordinates processes with such locks.
+The mode is set at creation and tightened on the gateway's own descriptor, so a file is never readable
+by others even for a moment; ``read_private`` refuses a secret file others could read. Never use these
+on SQLite's files: closing any descriptor of a file drops the process's POSIX locks on it.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""The proposal record of the two-phase flow and its life as one pure transition table: the only moves
-a proposal can make.
+"""The proposal record and its life as one pure transition table: the only moves a proposal can make.
 
 ::
 
     pending ──human approves──> approved ──> executing ──> executed | failed | outcome_unknown
        │ └──agent confirms (or the approver runs it) ──────┘
-       ├──> denied      a human said no
-       ├──> cancelled   its caller withdrew it, or its token was revoked
-       ├──> expired     its time ran out (approved ones too)
-       └──> stale       its objects or their facts (blast radius) changed in vSphere since it was
-                        shown: every approval of it is void (approved ones too)
+       └──> denied | cancelled | expired | stale (its objects changed since shown: approvals void)
 
-Every state a proposal can be in is a key of ``EDGES``; a state with no way out is final.
-``executing`` is a claim: the process that moved the proposal there runs the change and settles it.
-``outcome_unknown`` is how a change ends when nobody can tell whether vSphere finished it (the
-gateway died mid-task, or the connection dropped): it is never retried.
-
-Stores accept only these edges (``check_edge``), so an illegal move is impossible whatever calls the
-store; the server makes every move through one method that audits it and notifies listeners.
-Ground floor: imports nothing from the gateway.
+``executing`` is a claim: its process runs the change and settles it. ``outcome_unknown`` (nobody can
+tell whether vSphere finished) is never retried. Stores accept only these edges (``check_edge``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""What a role may do: the ``Role`` record, the two built-in roles and the pure ``permits`` check.
-
-Ground floor, so the decision (``gateway.guard.decision``) and every entry point share one model;
-reading ``roles.yaml`` into roles is ``gateway.auth.roles``.
-"""
+"""What a role may do: the ``Role`` record, the two built-in roles and the pure ``permits`` check."""
 
 from __future__ import annotations
 

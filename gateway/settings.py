@@ -1,8 +1,6 @@
-"""The only reader of the process environment.
+"""The only reader of the process environment: ``Settings.from_env`` builds one immutable value at the edge.
 
-``Settings.from_env(environ, **flags)`` builds one immutable value at the edge (the CLI); every
-other module receives it (or the pieces it needs) explicitly. Flags given on the command line win
-over the environment, which wins over defaults.
+Command-line flags win over the environment, which wins over defaults.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Traces (OpenTelemetry): one span per MCP request, with children for the authentication, each decision,
-each wait in a target's queue, each audit append and each vSphere round trip.
+"""Traces (OpenTelemetry): one span per MCP request, with children for each decision, wait and round trip.
 
-Spans carry names, tool and target names, SOAP method names and audit phases; never arguments, tokens
-or credentials. The W3C trace context comes from the request's ``traceparent`` header
-(``TraceContextMiddleware``) or its ``_meta`` (the SDK's own middleware reads that), and every audit
-row names its trace (``trace_id``), also when no exporter is configured.
-
-Export follows the standard environment (``configure``, from ``Settings.traces_exporter``):
-``OTEL_TRACES_EXPORTER=otlp`` (OTLP over HTTP to ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``console``, both (comma separated), or ``none`` (the
-default): then the API's no-op tracer answers and a span costs next to nothing.
+Spans carry names, never arguments, tokens or credentials. Every audit row names its ``trace_id``,
+also when no exporter is configured; export follows the standard ``OTEL_*`` variables.
 """
 
 from __future__ import annotations

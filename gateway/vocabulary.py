@@ -1,9 +1,7 @@
 """The call vocabulary every layer shares: categories, risk levels, plans, affected objects, preconditions.
 
-This is the bottom of the package: it imports nothing from ``gateway``. ``vsphere/`` (which builds
-plans), ``guard/`` (which judges them), ``auth/`` (whose roles grant categories) and ``tools/`` (which
-declares them per tool) all import it, so none of them needs another's module for these words, and
-nothing under ``gateway/vsphere`` imports the tool surface.
+It imports nothing from ``gateway``, so vsphere, guard, auth and tools share these words without
+importing each other.
 """
 
 from __future__ import annotations

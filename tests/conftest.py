@@ -7,17 +7,20 @@
   rules, delays, sessions) use ``make_simulator`` instead.
 - ``make_simulator(**options)``: a fresh simulator per call, stopped at the end of the test.
 
-Any test using one of these fixtures gets the ``simulator`` marker (``-m "not simulator"`` skips them).
-
-- ``pg_server``: a session-scoped real PostgreSQL (tests/postgres.py); ``pg_url``: a fresh database on
-  it per test. Skips when PostgreSQL cannot start, except under ``CI=true``. Tests using them, or
-  parametrized with ``engine="postgres"``, get the ``postgres`` marker.
-- ``env``: a gateway rig (tests/gateway_env.py) over a fresh two-VM simulator; its gateways close after
-  the test.
+- ``pg_server``: a session-scoped real PostgreSQL (tests/support/postgres.py); ``pg_url``: a fresh database
+  on it per test. Skips when PostgreSQL cannot start, except under ``CI=true``.
+- ``env``: a gateway rig (tests/support/gateway_env.py) over a fresh two-VM simulator; its gateways close
+  after the test.
 - ``si``: a pyVmomi session on the test module's own ``sim`` fixture (a simulator it starts), logged
   out afterwards.
-- ``rig``: a vSphere action rig (tests/vsphere_rig.py) on a fresh simulator.
+- ``rig``: a vSphere action rig (tests/support/vsphere_rig.py) on a fresh simulator.
 - ``anyio_backend``: every ``@pytest.mark.anyio`` test and async fixture runs on asyncio.
+
+Markers follow the fixtures (tests/support/tier.py): a fixture that starts a part carries
+``@needs(marker)``, and every test whose fixture closure holds it gets that marker (``simulator``,
+``postgres``, ``browser``, ``oidc``, ``slow``), so ``-m "not postgres"`` leaves out every test that would
+start PostgreSQL. A test that starts a part without its marker fails after it ran, and under the fast tier
+(``TEST_TIER=fast``, ``make test-fast``) every such fixture and helper fails at once.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import launched_chromium
-from gateway_env import Env
-from postgres import PgServer, PostgresError, discard, start_postgres
-from processes import unavailable
 from pyVim.connect import Disconnect
-from simulator import (
+from support import tier
+from support.browser import launched_chromium
+from support.gateway_env import Env
+from support.postgres import PgServer, PostgresError, discard, start_postgres
+from support.processes import unavailable
+from support.simulator import (
     VC1_INSTANCE_UUID,
     VC2_INSTANCE_UUID,
     MakeSimulator,
@@ -46,23 +50,43 @@ from simulator import (
     pyvmomi_connect,
     start_simulator,
 )
-from vsphere_rig import Rig, start_rig
+from support.tier import needs
+from support.vsphere_rig import Rig, start_rig
 
 from gateway.vsphere.pool import SessionPool
 
-SIMULATOR_FIXTURES = frozenset({"vcsim_bin", "sim_vc1", "sim_vc2", "sim_esx", "make_simulator"})
-POSTGRES_FIXTURES = frozenset({"pg_server", "pg_url"})
 
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each test the markers its fixture closure's ``@needs`` declare (before ``-m`` selects)."""
     for item in items:
-        names = getattr(item, "fixturenames", ())
-        if SIMULATOR_FIXTURES.intersection(names):
-            item.add_marker(pytest.mark.simulator)
-        callspec = getattr(item, "callspec", None)
-        engine = callspec.params.get("engine") if callspec is not None else None
-        if POSTGRES_FIXTURES.intersection(names) or engine == "postgres":
-            item.add_marker(pytest.mark.postgres)
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        declared = {marker for name in item.fixturenames for fixturedef in info.name2fixturedefs.get(name, ())
+                    for marker in tier.needed_by(fixturedef.func)}
+        for marker in sorted(declared):
+            item.add_marker(marker)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """Tell ``tier.start`` which test is running."""
+    tier.running = item
+    tier.unmarked.clear()
+    try:
+        return (yield)
+    finally:
+        tier.running = None
+
+
+@pytest.fixture(autouse=True)
+def _parts_marked() -> Iterator[None]:
+    """Fail, once it has run, a test that started a part without its marker (tests/support/tier.py)."""
+    yield
+    if tier.unmarked:
+        found, tier.unmarked[:] = "\n".join(tier.unmarked), []
+        pytest.fail(found, pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +97,15 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
+@needs("browser")
 def browser() -> Iterator[Any]:
-    """Headless Chromium for the web page tests, once per module (tests/browser.py)."""
+    """Headless Chromium for the web page tests, once per module (tests/support/browser.py)."""
     with launched_chromium() as launched:
         yield launched
 
 
 @pytest.fixture(scope="session")
+@needs("postgres")
 def pg_server() -> Iterator[PgServer]:
     """A real PostgreSQL (initdb + pg_ctl on a loopback port) for the whole run; skip (fail under
     CI=true) with the reason when it cannot start. Tests take their own database with ``pg_url``."""
@@ -94,6 +120,7 @@ def pg_server() -> Iterator[PgServer]:
 
 
 @pytest.fixture
+@needs("postgres")
 def pg_url(pg_server: PgServer) -> str:
     """The URL (with password) of a fresh, empty database on ``pg_server``."""
     return pg_server.create_database()
@@ -107,6 +134,7 @@ def silent_port() -> Iterator[int]:
 
 
 @pytest.fixture(scope="session")
+@needs("simulator")
 def vcsim_bin() -> Path:
     """The launcher binary; skip (fail under CI=true) with the reason when it cannot be built."""
     try:
@@ -124,6 +152,7 @@ def _session_simulator(vcsim_bin: Path, **options: Any) -> Iterator[Simulator]:
 
 
 @pytest.fixture(scope="session")
+@needs("simulator")
 def sim_vc1(vcsim_bin: Path) -> Iterator[Simulator]:
     """vCenter: DC0 with cluster DC0_C0 (2 hosts, VMs DC0_C0_RP0_VM0..1), standalone host DC0_H0 (VMs
     DC0_H0_VM0..1), datastores LocalDS_0 and LocalDS_1; instance uuid ``VC1_INSTANCE_UUID``."""
@@ -134,6 +163,7 @@ def sim_vc1(vcsim_bin: Path) -> Iterator[Simulator]:
 
 
 @pytest.fixture(scope="session")
+@needs("simulator")
 def sim_vc2(vcsim_bin: Path) -> Iterator[Simulator]:
     """vCenter: DC0 with cluster DC0_C0 (2 hosts, VMs DC0_C0_RP0_VM0..2), datastore LocalDS_0;
     instance uuid ``VC2_INSTANCE_UUID``."""
@@ -144,12 +174,14 @@ def sim_vc2(vcsim_bin: Path) -> Iterator[Simulator]:
 
 
 @pytest.fixture(scope="session")
+@needs("simulator")
 def sim_esx(vcsim_bin: Path) -> Iterator[Simulator]:
     """Standalone ESXi host (no instance uuid): VMs ha-host_VM0..1 on datastore LocalDS_0."""
     yield from _session_simulator(vcsim_bin, model="esx", vms=2, datastores=1)
 
 
 @pytest.fixture(scope="module")
+@needs("simulator")
 def vc1(sim_vc1: Simulator) -> Iterator[SessionPool]:
     """A session pool on ``sim_vc1`` shared by one test module (read-only use)."""
     pool = open_pool("vc1", sim_vc1)
@@ -158,6 +190,7 @@ def vc1(sim_vc1: Simulator) -> Iterator[SessionPool]:
 
 
 @pytest.fixture(scope="module")
+@needs("simulator")
 def esx(sim_esx: Simulator) -> Iterator[SessionPool]:
     """A session pool on ``sim_esx`` shared by one test module (read-only use)."""
     pool = open_pool("esx", sim_esx)
@@ -166,6 +199,7 @@ def esx(sim_esx: Simulator) -> Iterator[SessionPool]:
 
 
 @pytest.fixture
+@needs("simulator")
 def make_simulator(vcsim_bin: Path) -> Iterator[MakeSimulator]:
     """Factory: ``make_simulator(**start_simulator options)``; every simulator stops after the test."""
     started: list[Simulator] = []

@@ -32,11 +32,11 @@ import anyio
 import httpx2
 import pytest
 import yaml
-from httpserver import FAST_HASH, GATEWAY_MAIN
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
-from simulator import MakeSimulator, Simulator, write_targets
+from support.httpserver import FAST_HASH, GATEWAY_MAIN
+from support.processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
+from support.simulator import MakeSimulator, Simulator, write_targets
 
 from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
@@ -78,8 +78,8 @@ def test_systemd_unit_is_hardened_and_runs_a_valid_command() -> None:
                        "ProtectHome": "yes", "StateDirectory": "vsphere-mcp-gateway"}.items():
         assert settings.get(key) == [value], key
     assert "GATEWAY_HOME=/var/lib/vsphere-mcp-gateway" in settings["Environment"]
-    # systemctl reload sends SIGHUP, which the gateway handles (tests/test_hangup.py); any other exit
-    # brings it back (on-failure would leave it down after an exit by SIGHUP, SIGTERM or status 0)
+    # systemctl reload sends SIGHUP, which the gateway handles (tests/server/edge/test_sighup.py); any other
+    # exit brings it back (on-failure would leave it down after an exit by SIGHUP, SIGTERM or status 0)
     assert settings["ExecReload"] == ["/bin/kill -HUP $MAINPID"] and settings["Restart"] == ["always"]
     program, *argv = shlex.split(settings["ExecStart"][0])
     assert program.endswith("/bin/gateway")
@@ -262,6 +262,7 @@ def test_container_recipe_runs_as_non_root_with_state_on_a_volume() -> None:
     assert "GATEWAY_HOME=/var/lib/gateway" in image["ENV"][0] and "/healthz" in image["HEALTHCHECK"][0]
 
 
+@pytest.mark.slow
 def test_container_image_builds_with_buildah_and_runs_the_gateway_as_10001() -> None:
     """deploy/container/build.sh (buildah from Debian; the base made from Debian packages when no
     registry is reachable) builds the image; in it, ``gateway --version`` runs as uid 10001 and the

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simulator import Simulator, write_targets
+from support.simulator import Simulator, write_targets
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,15 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from gateway_env import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
-from simulator import MakeSimulator, find_vm, pyvmomi_connect, read_properties, wait_until, write_targets
+from support.gateway_env import ADMIN, HUMAN, PERMISSIVE, VM0, VM1, Env, propose_delete
+from support.simulator import (
+    MakeSimulator,
+    find_vm,
+    pyvmomi_connect,
+    read_properties,
+    wait_until,
+    write_targets,
+)
 
 from gateway import notify
 from gateway.errors import ConfigError, GatewayError
@@ -270,7 +277,7 @@ async def test_a_gated_proposal_tells_humans_without_delaying_the_call(
     assert chat["body"]["link"] == link and chat["body"]["target"] == "vc1" and not chat["signed"]
     assert chat["body"]["title"].startswith("Approval needed: delete_vm on vc1") and chat["body"]["summary"]
 
-    await gw.deny(proposal["proposal_id"], HUMAN)
+    await gw.actions.deny(proposal["proposal_id"], HUMAN)
     (denied,) = await wait_for(lambda: receiver.of("denied"), "denial webhook")
     assert denied["valid"] and denied["body"]["proposal"]["decided_by"] == HUMAN.name
 
@@ -292,7 +299,7 @@ async def test_an_expiry_is_told_and_a_failing_receiver_is_retried_and_audited(
     assert receiver.url not in json.dumps(failures)
 
     env.clock.now += 1801
-    gw.expire_due()
+    gw.moves.expire_due()
     (expired,) = await wait_for(lambda: receiver.of("expired"), "expiry webhook")
     assert expired["valid"] and expired["body"]["proposal"]["state"] == "expired"
 
@@ -355,23 +362,23 @@ async def test_the_pipeline_reports_every_transition_to_its_listeners(
     env = Env(tmp_path, make_simulator(vms=2))
     gw = env.build()
     seen: list[tuple[str, str, str]] = []
-    gw.add_lifecycle_listener(lambda event, p: seen.append((event, p.id, p.state)))
+    gw.moves.add_lifecycle_listener(lambda event, p: seen.append((event, p.id, p.state)))
     try:
         done = await propose_delete(gw, vm=VM0)
-        await gw.approve(done["proposal_id"], HUMAN)
+        await gw.actions.approve(done["proposal_id"], HUMAN)
         stale = await propose_delete(gw, vm=VM1)
         si = pyvmomi_connect(env.sim)
         task = find_vm(si, VM1).Rename_Task(newName="renamed-meanwhile")
         wait_until(lambda: read_properties(si, task, "info.state")["info.state"] in ("success", "error"))
         with pytest.raises(GatewayError):
-            await gw.call(ADMIN, "confirm_action", {"token": stale["token"]})
+            await gw.calls.call(ADMIN, "confirm_action", {"token": stale["token"]})
         denied = await propose_delete(gw, vm="renamed-meanwhile")
-        await gw.deny(denied["proposal_id"], HUMAN)
+        await gw.actions.deny(denied["proposal_id"], HUMAN)
         cancelled = await propose_delete(gw, vm="renamed-meanwhile")
-        await gw.call(ADMIN, "cancel_action", {"token": cancelled["token"]})
+        await gw.calls.call(ADMIN, "cancel_action", {"token": cancelled["token"]})
         expired = await propose_delete(gw, vm="renamed-meanwhile")
         env.clock.now += 10_000
-        gw.expire_due()
+        gw.moves.expire_due()
     finally:
         await gw.close()
         env.gateways.clear()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.tier import needs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,6 +27,7 @@ def run(*argv: str | Path, cwd: Path | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
+@needs("slow")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel and the sdist, built from a copy of the tracked files."""
     tmp = tmp_path_factory.mktemp("package")

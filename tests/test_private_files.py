@@ -17,10 +17,10 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from httpserver import GATEWAY_MAIN, REPO, https_argv, run_serve
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from simulator import Simulator, write_targets
+from support.httpserver import GATEWAY_MAIN, REPO, https_argv, run_serve
+from support.simulator import Simulator, write_targets
 
 from gateway.audit.file_sink import AuditSink
 from gateway.audit.signing import load_or_create_signing_key

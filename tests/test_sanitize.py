@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from gateway_env import HUMAN, VM0, Env
+from support.gateway_env import HUMAN, VM0, Env
 
 from gateway.sanitize import _long_run, _may_hold_long_run, clean, clean_text
 
@@ -170,7 +170,7 @@ def test_the_tile_check_agrees_with_the_long_run_expression() -> None:
 
 @pytest.mark.anyio
 async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) -> None:
-    from simulator import find_vm, pyvmomi_connect, read_properties, wait_until
+    from support.simulator import find_vm, pyvmomi_connect, read_properties, wait_until
 
     from gateway.server.proposals.views import proposal_view
 
@@ -179,8 +179,9 @@ async def test_proposals_and_pending_lists_carry_no_hidden_characters(env: Env) 
     task = find_vm(si, VM0).Rename_Task(newName=sneaky)
     wait_until(lambda: read_properties(si, task, "info.state")["info.state"] in ("success", "error"))
     gw = env.build()
-    proposal = await gw.call(HUMAN, "delete_vm", {"target": "vc1", "vm": sneaky, "force_power_off": True})
-    listed = (await gw.call(HUMAN, "list_pending_actions", {}))["pending"]
+    proposal = await gw.calls.call(HUMAN, "delete_vm",
+                                   {"target": "vc1", "vm": sneaky, "force_power_off": True})
+    listed = (await gw.calls.call(HUMAN, "list_pending_actions", {}))["pending"]
     stored = gw.store.get_proposal(proposal["proposal_id"])
     assert stored is not None
     shown = [proposal["summary"], proposal["affected"], listed, proposal_view(stored, gw.clock())]

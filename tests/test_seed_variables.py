@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from simulator import complete_rules_text
+from support.simulator import complete_rules_text
 
 from gateway.cli import main
 from gateway.settings import seed_variables

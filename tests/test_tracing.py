@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from answers import answer_of
-from httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
-from simulator import MakeSimulator, Simulator
+from support.answers import answer_of
+from support.httpserver import Served, audit_rows, build_gateway, mcp_client, serve
+from support.simulator import MakeSimulator, Simulator
 
 from gateway import tracing
 from gateway.errors import ConfigError

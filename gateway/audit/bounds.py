@@ -1,6 +1,7 @@
-"""The audit row's bounds on size: ``bounded`` is the redacting walk (``gateway.audit.redact``) that
-also cuts long strings to a prefix with their size and digest, keeps a container's first items and
-levels, and caps the text one row keeps, so no caller can write a big row."""
+"""The audit row's size bounds: ``bounded``, the redacting walk that also cuts long strings and deep nesting.
+
+A long string keeps a prefix with its size and digest, so no caller can write a big row.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Audit rows and their hash chain: what a row holds before stamping, its canonical bytes and hash,
-and the timestamp format every sink and reader shares.
+"""Audit rows and their hash chain: a row before stamping, its canonical bytes and hash, the time format.
 
-Every row carries ``ts`` (UTC, ms), ``ts_epoch`` (the same instant in seconds since the epoch, a
-float with ms precision), ``seq`` (1, 2, 3, ...), ``prev`` (the previous row's hash;
-``GENESIS`` for the first) and ``hash``: the SHA-256 of the row's canonical JSON without ``hash``.
+``hash`` is the SHA-256 of the row's canonical JSON (sorted keys, compact, ASCII) without ``hash``;
+``prev`` is the previous row's hash (``GENESIS`` first).
 """
 
 from __future__ import annotations

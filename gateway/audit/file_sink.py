@@ -1,36 +1,13 @@
-"""The JSONL file sink: ``AuditSink`` appends stamped rows under a lock file, repairs a torn last
-line, rotates by size with retention, and signs checkpoints of the chain's head when given a key.
+"""The JSONL file sink: ``AuditSink`` appends stamped rows under a lock file, rotates and signs checkpoints.
 
-Contracts:
-- ``AuditSink.write`` returns only once the row is in the file (and flushed to disk when
-  ``durable``); otherwise it raises ``AuditUnavailable`` and the caller must refuse the call. It never
-  waits forever: the sink's thread lock and the file lock are tried until ``lock_timeout`` (5 s by
-  default) and a held lock fails the write naming the lock file. The flush itself cannot be
-  interrupted, so callers on an event loop run ``write`` in a worker thread under their own deadline.
-- Several processes (server, CLI) may append to the same file at once: each append holds an
-  exclusive ``flock`` on the sidecar ``<name>.lock`` (never renamed, so rotation cannot split the
-  lock) and re-reads the tail when the file changed since this process last wrote.
-- Rows are bounded (``gateway.audit.bounds.bounded``): long strings are cut to a prefix with their
-  size and digest, containers to ``MAX_ITEMS`` items and ``MAX_BOUNDED_DEPTH`` levels, so no caller
-  can write a big row.
-- Rotation by size renames ``<name>`` to ``<name>.1`` (older files shift up) and starts the new file
-  with an ``audit_rotated`` row continuing ``seq`` and ``prev``, so the chain verifies across files.
-  Retention keeps ``keep`` files and ``max_total_bytes`` (and drops files older than
-  ``max_age_seconds`` when set) but never drops a file holding rows younger than ``retain_seconds``;
-  each drop is logged loudly first, counted in ``stats()`` and listed in the next rotation marker.
-  Pruned files show as a chain starting at such a marker.
-- With a ``key_file``, the chain's head is signed (Ed25519) into ``<name>.checkpoints`` every
-  ``checkpoint_rows`` rows or ``checkpoint_seconds`` (on a write; the server's timer,
-  ``gateway.audit.schedule``, calls ``checkpoint`` on schedule when no row comes), on rotation and on
-  close; a head already signed (by any process) is not signed again; ``verify(...,
-  checkpoints=True)`` then detects a cut tail and a consistently rewritten history, which the chain
-  alone cannot.
-- A torn last line (a write interrupted by a crash) is reported by ``verify`` as torn, not as
-  tampering; the next append removes it and records an ``audit_repaired`` row with its digest.
-- Secrets never reach the file: ``gateway.audit.redact`` masks values under credential-like keys and
-  credential-shaped text (well-known secret formats wherever they appear); correlation ids are never
-  masked (unless one is a token of such a format); a ``result`` is stored only as ``result_digest`` +
-  ``result_size``: SHA-256 and length of the answer text the caller was sent (``gateway.answer``).
+- ``write`` returns only once the row is in the file (flushed when ``durable``), else raises
+  ``AuditUnavailable`` and the call is refused; locks are tried until ``lock_timeout``, never forever.
+- Several processes append at once: each holds ``flock`` on ``<name>.lock`` (never renamed, so
+  rotation cannot split the lock) and re-reads the tail when the file changed under it.
+- Rotation starts each file with an ``audit_rotated`` row continuing the chain; retention never drops
+  a file with rows younger than ``retain_seconds`` and logs each drop first.
+- A torn last line (a crash mid-write) is torn, not tampering: the next append repairs it and records
+  ``audit_repaired``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The JSONL log's files on disk: the rotated set, the lock and checkpoint files beside it, reading
-lines from either end of a raw descriptor, and a consistent snapshot taken under the writers' lock.
+"""The JSONL log's files on disk: the rotated set, its lock and checkpoint files, lines read from either end.
 
-Shared by the file sink (which reads its tail under its lock), verification and queries.
+A consistent snapshot is taken under the writers' lock; the sink, verification and queries share it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """RFC 6962 Merkle tree math over the audit rows: pure functions, no I/O.
 
-Hashing (RFC 6962 section 2.1): a leaf is SHA-256(0x00 || data), an interior node SHA-256(0x01 ||
-left || right); the tree of n leaves splits at the largest power of two below n. Leaf i is the row
-with ``seq`` i + 1, its data the row exactly as stored (``gateway.audit.chain.row_line``).
-
-Storage layout (the one Go's ``golang.org/x/mod/sumdb/tlog`` uses): every complete subtree's hash is
-kept once, in one append-only sequence where level L's n-th hash sits at ``stored_hash_index(L, n)``.
-Appending a leaf appends the leaf's hash and the hashes of the subtrees it completes, computed from a
-``Frontier`` (the hashes of the complete subtrees covering the tree, at most log2(n) of them), so an
-append reads nothing. Proofs name the stored hashes they need (``inclusion_plan``,
-``consistency_plan``), the caller reads just those (O(log^2 n) hashes) and ``fold_plan`` finishes
-them: no proof needs the whole log. Stored hashes never change, so dropping old rows (retention)
-leaves every hash of the retained range provable.
-
-Verification follows RFC 9162 sections 2.1.3.2 and 2.1.4.2 (``verify_inclusion``,
-``verify_consistency``).
+Leaf i is the row with ``seq`` i + 1, exactly as stored. Storage is Go's ``sumdb/tlog`` layout: every
+complete subtree's hash once, append-only, so an append reads nothing, a proof reads only the
+O(log^2 n) hashes it names, and dropping old rows leaves the retained range provable.
 """
 
 from __future__ import annotations

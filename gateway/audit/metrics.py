@@ -1,17 +1,6 @@
-"""The audit sink's counters (``AuditSink.stats()``) as Prometheus families, read at scrape time::
+"""The audit sink's counters (``AuditSink.stats()``) as Prometheus families, read at scrape time.
 
-    gateway_audit_rows_written_total             counter  rows this process appended
-    gateway_audit_rotations_total                counter  files rotated
-    gateway_audit_files_dropped_total            counter  rotated files retention removed (each logged first)
-    gateway_audit_rows_dropped_total             counter  rows in those files
-    gateway_audit_files_kept_over_budget_total   counter  files kept beyond the budget: rows too young to drop
-    gateway_audit_checkpoints_total              counter  signed checkpoints written
-    gateway_audit_checkpoint_failures_total      counter  checkpoints that could not be written
-    gateway_audit_lock_timeouts_total            counter  appends refused: the log's lock was held too long
-    gateway_audit_bytes                          gauge    size of the log and its rotated files
-
-Register with ``metrics.add_collector("audit", lambda: audit_families(gateway.audit))``. A sink without
-``stats()`` (another engine's) adds no family.
+A sink without ``stats()`` adds no family.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """C2SP signed notes and tlog checkpoints: the text form of a signed tree head that other tools read.
 
-A checkpoint (c2sp.org/tlog-checkpoint) is three lines: the log's origin, the tree size in decimal and
-the root hash in standard base64. As a signed note (c2sp.org/signed-note) it is followed by a blank
-line and one signature line per signer: an em dash, a space, the key's name, a space and the base64 of
-the key's 4-byte id and the Ed25519 signature over the text (everything before the blank line,
-final newline included). The verifier key, as Go's ``golang.org/x/mod/sumdb/note`` reads it, is
-``<name>+<id as 8 hex digits>+<base64 of 0x01 and the 32-byte public key>``, the id being the first 4
-bytes of SHA-256(name, a newline, 0x01, the public key). Here the key's name is the log's origin.
+The formats are c2sp.org/tlog-checkpoint and c2sp.org/signed-note, keys as Go's ``sumdb/note`` reads
+them; the key's name is the log's origin.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Reading the audit chain in PostgreSQL: ``PgAuditReader`` gives ``gateway audit log|stats|verify``
-and the approval page the same answers as the file's readers: ``rows`` (filters as
-``gateway.audit.query.read_rows``), ``stats`` (as ``query.stats``) and ``verify`` (a
-``VerifyReport`` whose one "file" is the table and whose line numbers are ``seq``). Verification
-reads one snapshot (REPEATABLE READ), so it is consistent while replicas keep appending.
+"""Reading the audit chain in PostgreSQL with the same answers as the file's readers (``PgAuditReader``).
 
-``verify(checkpoints=True)`` reads the checkpoints in the rows' snapshot and reports, by the file
-verifier's rules (``gateway.audit.verify.check_checkpoints``), a table cut below a signed seq
-(``cut_tail``) or rewritten and re-chained (``rewritten``), which the chain alone cannot. An attacker
-able to delete checkpoint rows as well as audit rows is caught only down to the newest checkpoint
-left (or by ``missing`` when none is); pin the public key (``--public-key``) so forged checkpoints by
-another key fail as ``key_mismatch``.
+Verification reads one REPEATABLE READ snapshot, so it is consistent while replicas append. Someone
+able to delete checkpoint rows too is caught only down to the newest checkpoint left: pin the public
+key so forged checkpoints fail as ``key_mismatch``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Retention for the audit chain in PostgreSQL: ``prune_audit`` drops the rows before a seq (a retention
-job's call) while the Merkle tree keeps every hash, so each retained row stays provable against every
-checkpoint, old ones included, and ``verify`` accepts a chain that starts at the kept seq.
+"""PostgreSQL audit retention: ``prune_audit`` drops old rows; the tree keeps the rest provable.
 
-In one transaction under the chain's advisory lock: refuse unless the tree covers the rows to drop
-(their hashes must stay provable), delete them, and record the new first seq in ``audit_retention``;
-then an ``audit_pruned`` row (through the sink, so the chain itself records the drop) names the range.
+It refuses unless the tree covers the rows to drop, and records the drop as an ``audit_pruned`` row.
 """
 
 from __future__ import annotations

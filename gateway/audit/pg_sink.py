@@ -1,34 +1,10 @@
 """The audit chain in PostgreSQL: one table, one hash chain for every replica.
 
-Rows are the same as the JSONL sink's (``gateway.audit.file_sink``): redacted and bounded by
-``prepare_event``, stamped by ``chain.stamp`` (``ts``, ``ts_epoch``, ``seq``, ``prev``, ``hash``), so one
-verifier's rules hold for both. ``PgAuditSink.write`` appends in one transaction that first takes a
-transaction-scoped advisory lock (``AUDIT_LOCK``), then reads the head (the highest ``seq``) and
-inserts the next row: two replicas appending at once are serialised, never fork the chain, and
-``seq`` is the table's primary key besides. ``write`` returns only after the commit (PostgreSQL's
-``synchronous_commit`` makes it durable); otherwise it raises ``AuditUnavailable`` and the caller
-refuses the call (fail closed). Waiting is bounded by ``timeout`` (lock and statement timeouts).
-
-Signed checkpoints, as the file sink makes them and with its code (``sign_checkpoint``,
-``load_or_create_signing_key``): with a ``key_file`` (``Settings.signing_key_file``,
-GATEWAY_AUDIT_SIGNING_KEY_FILE: every replica mounts the same key), the sink signs the chain's head
-(Ed25519) into ``audit_checkpoints`` every ``checkpoint_rows`` rows or ``checkpoint_seconds`` (the
-file sink's defaults), right after the row's transaction commits, on schedule when no row comes (each
-replica's timer, ``gateway.audit.schedule``, calls ``checkpoint``) and on ``close`` (the head as the
-table holds it then). One tree size is signed once across replicas: each checkpoint is inserted under
-the transaction-scoped advisory lock ``CHECKPOINT_LOCK`` and only when no checkpoint of its ``seq``
-exists (the table has no unique constraint on it; the lock makes the conditional insert exact).
-A failed checkpoint is logged and counted (``checkpoint_failures``), never
-fails the row, which is already durable. ``gateway.audit.pg_reader`` reads and verifies the table.
-
-``PgAuditSink.stats()`` gives /metrics the audit families (rows written, lock timeouts, checkpoints
-and checkpoint failures; no size).
-
-Each row's Merkle tree hashes (``gateway.audit.pg_tree``) are written in the row's own transaction;
-signed checkpoints carry the tree's signed note (``gateway.audit.note``) and go to the witnesses
-(``publisher``). What the file sink does that this one does not: size rotation (the table grows;
-``gateway.audit.pg_retention.prune_audit`` drops old rows, the tree keeping them provable) and
-torn-line repair (a transaction cannot tear).
+Rows are the file sink's, so one verifier's rules hold for both. Each append takes a
+transaction-scoped advisory lock (``AUDIT_LOCK``) before reading the head, so replicas never fork the
+chain; ``write`` returns after the commit or raises ``AuditUnavailable`` (fail closed). A checkpoint
+is signed once across replicas (``CHECKPOINT_LOCK`` and a conditional insert); a failed one is logged
+and counted, never failing the row. No rotation (``pg_retention`` prunes) and no torn lines.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The Merkle tree over ``audit_rows`` in PostgreSQL: table ``audit_tree`` (``idx``, ``hash``), every
-stored subtree hash at its ``gateway.audit.merkle.stored_hash_index`` position.
+"""The Merkle tree over ``audit_rows`` in PostgreSQL: table ``audit_tree``, every stored subtree hash.
 
-``PgTree.append`` runs inside the row's own transaction (under the chain's advisory lock), so a row
-and its hashes commit together: no replica ever sees one without the other. The frontier is cached
-while this process wrote the head (one INSERT per row, no read); otherwise it is read (at most
-log2(n) rows by primary key). A table without a tree for its rows (written before the tree existed)
-gets one built from the rows' bodies on the next append. Rows are hashed as stored (``body``).
+``PgTree.append`` runs in the row's own transaction, so no replica sees a row without its hashes. A
+table whose rows predate the tree gets one built on the next append.
 """
 
 from __future__ import annotations

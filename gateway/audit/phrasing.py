@@ -1,21 +1,9 @@
 """Credentials as people write them: a word-level detector for secrets in phrases.
 
-``gateway.audit.redact`` masks ``key=value`` pairs and well-known token formats with patterns; people
-write "my vcenter creds are admin/Sup3rS3cret", "api key Leak04dd", "login admin with Leak08hh",
-"p4ssword: Leak11kk" or "Passwort ist Geheim42". This detector reads the words instead: a lexicon of
-credential words in several languages (spelled with digits for letters too, and a one-letter typo of
-"password"), then up to a few words after one, skipping the words around a value in those languages
-("are", "ist", "for root", "admin with"), and decides on the value by its shape:
-
-- after a *strong* word (password, creds, token, secret, api key, Passwort, senha, hasło, ...) with a
-  separator (``:``, ``=``, "is", "ist", "est", ...): anything but a word saying something about the
-  credential ("required", "expired");
-- otherwise (no separator, or a *weak* word such as "login"): only a value shaped like a secret, letters
-  with digits or symbols, or a PIN's digits after "pin"; never a host name, IP address, URL, path, file
-  name, managed object id (``vm-42``) or UUID, and never a word naming something about the credential
-  (``token id``, ``password file``).
-
-It runs only on text that holds one of the lexicon's stems (``NEEDLES``) and is linear in the text.
+Patterns miss "my vcenter creds are admin/Sup3rS3cret"; this reads words: a lexicon of credential
+words in several languages, then the value by its shape. After a strong word with a separator,
+anything but a word about the credential is a secret; otherwise only a secret-shaped value, never a
+host, address, path, moid or UUID. It runs only on text holding a stem (``NEEDLES``) and is linear.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Proofs over the audit log's Merkle tree, as the CLI prints them and HTTPS serves them, and checking
-them offline with nothing but the public key, the checkpoint and the row.
+"""Proofs over the audit log's Merkle tree, as the CLI prints and HTTPS serves them, and their offline check.
 
-    inclusion    {"index": SEQ-1, "tree_size": N, "hashes": [base64, ...]}   RFC 6962 audit path,
-                 leaf to root, against the latest signed checkpoint (tree size N)
-    consistency  {"old_size": M, "new_size": N, "hashes": [base64, ...]}     RFC 6962 consistency proof
-
-Row ``seq`` S is leaf S-1; a leaf is SHA-256(0x00 || the row exactly as stored). Every function here
-reads through an ``AuditReader`` (file or table) and raises ``NotFound`` / ``InvalidArgument`` with
-the fix when a proof cannot be given.
+Row ``seq`` S is leaf S-1. A failure to give a proof raises ``NotFound`` or ``InvalidArgument`` with the fix.
 """
 
 from __future__ import annotations

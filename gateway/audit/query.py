@@ -1,5 +1,4 @@
-"""Queries on the JSONL log: rows by filter and time window (newest first under the hood, so
-``last`` is cheap), and the counts ``gateway audit stats`` prints."""
+"""Queries on the JSONL log: rows by filter and time window, and the counts ``gateway audit stats`` prints."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Reading the audit chain wherever it lives, through one interface (``AuditReader``): the JSONL file's
-reader (``FileAuditReader``, embedded mode) or the PostgreSQL table's (``PgAuditReader``). Which one
-is chosen once, by the engine table (``gateway.backends``); the CLI, the approval page and the
-proof endpoints all read through it."""
+"""Reading the audit chain wherever it lives, through one interface (``AuditReader``): file or table."""
 
 from __future__ import annotations
 

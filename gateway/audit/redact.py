@@ -1,27 +1,9 @@
 """Redaction and bounding: the one step every text and value passes before it leaves the process.
 
-Audit rows, log lines, proposal summaries and affected objects, pending cards, ``list_pending_actions``
-and notification bodies (webhook and chat) all go through the functions here, so what one of them
-masks none of the others shows.
-
-Contracts:
-- ``redact_text`` masks credential-shaped pieces of free text: values after credential-like keys
-  (``password=``, ``"auth": "..."``, ``pin: 1234``), credential phrasing in several languages
-  ("password is X", "the password for root is X", ``passwd X``, ``Passwort: X``, ``пароль: X``,
-  ``credentials X``, ``secret X``, quoted values whole), credentials as people write them
-  ("my creds are admin/X", "api key X", "login admin with X", "p4ssword: X", "senha: X";
-  ``gateway.audit.phrasing``, a word-level detector), well-known secret formats wherever they
-  appear (AWS keys, PEM private keys, SSH keys, JWTs, GitHub and Slack tokens, ``gwt_``/``gwc_``
-  tokens), URL passwords and webhook URLs that carry their secret in the path or query (Slack, Teams,
-  Discord, ``?token=``, ``?sig=``). Correlation ids (``cid=``, ``X-Request-ID``, ``correlation_id``)
-  are never masked, unless one is a token of such a format. Linear in the length of the text.
-- ``redact`` walks a value: values under credential-like keys become ``"***"``, every string goes
-  through ``redact_text``. ``gateway.audit.bounds.bounded`` runs the same walk with the audit row's
-  size bounds (a long string becomes its prefix, size and digest).
-- ``displayable_text`` and ``displayable`` are the form for people and models: redacted first, then hidden
-  characters escaped and the length bounded with a visible marker (``gateway.sanitize``), so a
-  cut never leaves half a secret behind. A proposal is made of ``displayable`` text, so the stored record
-  is already clean; every exit passes it through ``displayable`` again (it is idempotent).
+Audit rows, log lines, proposals, pending cards and notification bodies all pass here, so what one
+masks none of the others shows. Correlation ids are never masked unless one is a token of a known
+format. ``displayable`` redacts before it bounds, so a cut never leaves half a secret; it is
+idempotent, and every exit applies it again. Linear in the length of the text.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The checkpoint timer: signs the audit chain's head on schedule, whether or not rows arrive.
 
-Without it a checkpoint is written only after a row, so the rows after the day's last checkpoint stay
-unsigned for as long as nobody calls, and cutting them is invisible even to a witness. The timer runs
-in its own thread (the sinks block on disk and on the database) and asks the sink every
-``audit_checkpoint_seconds`` to sign the head unless it is signed already; so a written row waits at
-most about that long for a checkpoint. Each replica runs one: the sinks make two replicas' ticks sign
-one head once (the file lock; on PostgreSQL a transaction-scoped advisory lock and a conditional
-insert). Witnesses hear of each checkpoint as of any other (the sink's ``publisher``).
+Without it the rows after the last checkpoint stay unsigned while nobody calls, and cutting them is
+invisible even to a witness. It has its own thread (sinks block); replicas' ticks sign a head once.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Signed checkpoints: the Ed25519 key that signs the chain's head, the public key's text form
-operators pin, and signing and checking one checkpoint entry (for the file and PostgreSQL sinks)."""
+"""Signed checkpoints: the Ed25519 key, the public key's text form operators pin, signing and checking one."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
-"""Where audit rows are forwarded: ``syslog.yaml`` (``$GATEWAY_HOME/syslog.yaml``, or
-``GATEWAY_SYSLOG_FILE``); a missing file means no forwarding. The file::
+"""Where audit rows are forwarded: ``syslog.yaml`` (see ``syslog.example.yaml``); no file, no forwarding.
 
-    syslog:
-      host: siem.example.com         # the SIEM's syslog receiver (required)
-      port: 6514                     # default 6514 (RFC 5425)
-      transport: tls                 # tls (RFC 5425, the default) or tcp (plain: loopback hosts only)
-      ca_file: /etc/gateway/siem-ca.pem   # required with tls: the CA the receiver's certificate chains to
-      server_name: siem.example.com  # the name its certificate must carry; default ``host``
-      client_cert_file: /etc/gateway/syslog-client.pem   # optional client certificate (with client_key_file)
-      client_key_file: /etc/gateway/syslog-client.key
-      hostname: gw1                  # HOSTNAME in every message; default this machine's name
-      app_name: vsphere-mcp-gateway  # APP-NAME; default vsphere-mcp-gateway
-      facility: 13                   # 0-23 (13: log audit, the default; 16-23: local0-local7)
-      sd_id: audit@32473             # the structured-data element's name (use your enterprise number)
-      backlog: 10000                 # rows held while the receiver is unreachable; older ones are dropped
-      connect_timeout_seconds: 10
-      max_backoff_seconds: 60        # reconnect delay: 1 s, doubled after each failure, at most this
-
-``load`` is strict like every configuration file here: unknown keys, wrong types and missing files
-named in the configuration are problems, each ``file:line:column: ...`` with its fix (``gateway
-check`` prints them; the gateway refuses to start on one).
+Parsed strictly, each problem ``file:line:column: ...`` with its fix.
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
-"""Audit rows forwarded, as they are written, to the organisation's SIEM over syslog (RFC 5424
-messages, octet-counted on TCP as RFC 6587 and RFC 5425 frame them, TLS by default; configured in
-``syslog.yaml``, see ``gateway.audit.syslog_config``).
+"""Audit rows forwarded to the SIEM as they are written: RFC 5424 over TCP or TLS (RFC 5425).
 
-One message per row::
-
-    <PRI>1 TS HOSTNAME APP-NAME PROCID MSGID [audit@32473 seq="42" hash="…" prev="…" leaf="41"
-    leaf_hash="…"] {"ts":…}
-
-- PRI: the configured facility (default 13, log audit) with severity 6 (info), or 5 (notice) for a
-  row carrying an ``error_code`` (a refusal or a failure);
-- TS: the row's own ``ts``; MSGID: the row's ``phase`` (``-`` when it has none or it is not short
-  printable ASCII);
-- the structured-data element (``sd_id``) carries the chain fields and the row's Merkle leaf (index
-  and hash), so a SIEM can check the chain, spot a gap and check a proof without parsing MSG
-  (``chain_params``);
-- MSG: the row as stored (compact JSON, UTF-8). Rows are already redacted and bounded by the sink
-  (``gateway.audit.chain.prepare_event``): nothing is sent that the audit log does not hold.
-  A row may be tens of kilobytes: raise the receiver's maximum message size (rsyslog:
-  ``global(maxMessageSize="256k")``) or it cuts them.
-
-Never blocking a call: ``Forwarder.offer`` only appends the row to an in-memory backlog (a lock held
-for a few instructions); one sender thread frames, connects, sends and reconnects with exponential
-backoff (1 s doubled up to ``max_backoff_seconds``). The backlog is bounded (``backlog`` rows): while
-the receiver is unreachable, rows beyond it drop the OLDEST queued row, each drop counted and the
-first of an outage logged. Nothing is spilled to disk: the audit log itself is the durable copy.
-
-Delivery is at least once as far as TCP can tell: a batch whose send fails is sent again whole after
-reconnecting (a receiver may see a row twice: deduplicate on ``seq`` and ``hash``), and before each
-batch the sender checks that the receiver has not closed the connection (a receiver that stopped
-cleanly is noticed before rows are written into a dead socket); a new connection is watched for
-``REFUSAL_WAIT_SECONDS`` first, so a receiver refusing the client certificate after a TLS 1.3
-handshake is a failed connection, not rows lost. What plain syslog cannot tell is a
-row the kernel accepted just before the receiver's host died without closing: RFC 5425 has no
-acknowledgement (RELP would); the ``seq`` gap shows it, and the audit log has the row.
-
-What is forwarded: every row the serving process writes through ``gateway.server.base.audit_trail``
-(rows reach the backlog in the order their writes returned, which across threads may differ from
-``seq`` by a few places). Not forwarded: the JSONL sink's own bookkeeping rows (``audit_rotated``,
-``audit_repaired``) and rows other processes write (``gateway token`` from the CLI): gaps in ``seq``.
-
-``Forwarder.families`` gives /metrics: ``gateway_syslog_forwarded_total``, ``_dropped_total``,
-``_backlog`` (rows waiting), ``_backlog_limit``, ``_connected`` (1 or 0), ``_connect_failures_total``
-and ``_send_failures_total``.
+- Never blocks a call: ``offer`` appends to a bounded backlog; a full backlog drops the oldest row,
+  counted. Nothing is spilled to disk: the audit log is the durable copy.
+- At least once: a failed batch is resent whole (deduplicate on ``seq`` and ``hash``). A row the
+  kernel took just before the receiver's host died is lost to syslog (no acknowledgement), not to the log.
+- The chain fields and Merkle leaf ride in structured data, so a SIEM checks gaps without parsing MSG.
+- Rows other processes write (the CLI) and the sink's own bookkeeping rows are not sent: gaps in ``seq``.
 """
 
 from __future__ import annotations

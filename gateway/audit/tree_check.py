@@ -1,6 +1,4 @@
-"""Checking the Merkle tree while a verifier walks the rows (file or table): ``TreeWalk`` hashes each
-row as stored, keeps the roots at the sizes signed checkpoints and witnesses name, and judges them;
-``note_problem`` checks the signed note a checkpoint entry carries against the recomputed root."""
+"""Checking the Merkle tree while a verifier walks the rows: roots at the signed sizes, and the notes."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The JSONL log's Merkle tree on disk: ``<name>.tree``, every stored subtree hash (32 bytes each) in
-the order of ``gateway.audit.merkle.stored_hash_index``, append-only.
+"""The JSONL log's Merkle tree on disk: ``<name>.tree``, every stored subtree hash, append-only.
 
-The file is derived data: every hash in it follows from the rows. The sink appends a row's hashes
-right after the row (under the log's lock) without flushing them itself; they are flushed before each
-checkpoint is signed. After a crash, or when another process appended, ``FileTree.sync`` re-reads
-the frontier and checks the newest stored leaf against the newest row; hashes missing (or not
-matching) are rebuilt from the rows still in the log. Hashes of rows dropped by retention stay in the
-file, so the retained range stays provable against every checkpoint.
+Derived data: hashes are flushed before each checkpoint is signed, and ``FileTree.sync`` rebuilds
+any missing or mismatched ones from the rows after a crash or another process's append.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""Verification: walk the chain in order and name the first line that breaks it (or is torn), and
-check the signed checkpoints against the rows (a cut tail, a rewritten history). The PostgreSQL
-reader reports with the same types and checks checkpoints with the same rules."""
+"""Verification: the first line that breaks the chain (or is torn), and checkpoints against the rows."""
 
 from __future__ import annotations
 

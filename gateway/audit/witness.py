@@ -1,10 +1,7 @@
-"""Outside witnesses of the audit log: every signed checkpoint note is published where the host's root
-cannot quietly take it back (a directory on other storage, the ``checkpoint`` webhook event), and
-``check_witnesses`` tells whether the log still extends every checkpoint a witness saw.
+"""Outside witnesses of the audit log: checkpoints published where the host's root cannot take them back.
 
-A witness directory holds one file per checkpoint, ``<tree size>-<8 hex of its digest>.checkpoint``,
-each the note exactly as signed, created exclusively (never overwritten). A witness file given to
-``gateway audit verify --witness`` may hold one note or several one after another.
+A witness directory holds one file per checkpoint, created exclusively, never overwritten;
+``check_witnesses`` tells whether the log still extends every checkpoint a witness saw.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Who is calling (bearer tokens -> ``Principal``) and which roles roles.yaml defines (``RoleBook``).
-
-What a role may do (``Role``, ``permits``) is the ground-floor ``gateway.role``.
-"""
+"""Who is calling (bearer tokens -> ``Principal``) and which roles roles.yaml defines (``RoleBook``)."""
 
 from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import Principal, TokenAuthenticator, TokenVerifier, create_token

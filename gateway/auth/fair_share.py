@@ -1,13 +1,8 @@
-"""Which fair-queue share a caller queues in: ``share_of``, the one place that says it, and ``queue_for``,
-the way every entry point queues a caller's vSphere calls.
+"""Which fair-queue share a caller queues in: ``share_of`` says it, ``queue_for`` queues by it.
 
-A share is a caller key's text form (``CallerKey``), never a display name, so an IdP client named like a
-local token, or two spellings of one person's email, never share or split a queue. With the role's
-``fair_share: caller`` (the default) each caller key has its own share: a holder of ten tokens, or ten
-agents, has ten. With ``fair_share: person`` an agent acting for a person (``acting_for_key``) queues in
-that person's share: every agent acting for one person, and that person's own calls, share one turn,
-one weight and one ``max_queued_per_caller`` bound on each target. A caller acting for nobody keeps
-its own share either way.
+A share is a caller key's text, never a display name, so look-alike names never share or split a
+queue. ``fair_share: caller`` (the default) gives each key its own share; ``fair_share: person`` puts
+every agent acting for one person in that person's share.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The principals of the gateway's own host, which carry no token.
 
-``os_person()`` is whoever runs the ``gateway`` command in a shell on the host (``gateway pending``,
-``gateway token``): a person named ``os:<user>`` with the built-in ``admin`` role, since that user
-already holds the gateway's credentials and state directory. Like any person they approve and deny
-proposals, never their own.
-
-The stdio caller (``gateway.server.edge.mcp.stdio_principal``, ``stdio:<user>``) is the desktop user's
-*agent* session, not the person: what it proposes on a gated target waits for ``os:<user>`` (or a
-person on the page) to approve it.
+``os_person()`` (``os:<user>``, built-in ``admin``) is whoever runs ``gateway`` in a shell: that user
+already holds the credentials and state. The stdio caller (``stdio:<user>``) is that user's *agent*,
+so what it proposes on a gated target waits for ``os:<user>`` or a person on the page.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Who is calling: ``Principal`` (what is shown and what is decided) and ``CallerKey``, its stable key.
 
-Every per-caller decision compares ``Principal.key``, never ``name``: the name is what rows and pages
-show and may repeat or change (an IdP's email claim, a client id that reads like a local token's name);
-the key cannot. Keys live in four namespaces that no claim can cross:
-
-- ``token``: a ``gwt_`` token, by its token id;
-- ``person``: a person from an identity provider, by (issuer, ``sub``), whatever email it shows today;
-- ``client``: an application from an identity provider, by (issuer, client id); an application acting
-  for a person is keyed by (issuer, client id, the person's ``sub``), so two people using one MCP client
-  never share tasks or idempotency keys, and ``acting_for_key`` is that person's ``person`` key;
-- ``system``: the names the gateway writes itself (``gateway``, ``os:<user>``, ``stdio:<user>``, ``-``).
-
-``parse_key`` reads a key back from its stored text; ``caller_fields`` is what every audit row carries
-of its caller.
+Every per-caller decision compares ``Principal.key``, never ``name`` (names repeat and change). Keys
+live in four namespaces no claim can cross: ``token`` (by token id), ``person`` (issuer, ``sub``),
+``client`` (issuer, client id, and the person's ``sub`` when acting for one) and ``system``.
 """
 
 from __future__ import annotations

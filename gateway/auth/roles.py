@@ -1,19 +1,8 @@
 """Roles from roles.yaml: which tools and targets a token may use, and whether it may approve proposals.
 
-Two roles are built in and cannot be redefined: ``reader`` (every read tool, every target, approves
-nothing) and ``admin`` (every tool, every target, approves any proposal but its own). The approve
-right is only half of an approval: ``guard.decision.proposal_rights`` also requires a person (never
-an agent's token) who did not make the proposal; ``approve: others`` is kept as a synonym of ``any``.
-Custom roles come from ``roles.yaml`` (see ``roles.example.yaml`` for the format and meaning of each
-key). Parsing is strict so that a mistake narrows instead of widening: every key is required, "all"
-is spelled ``"*"``, unknown keys are errors, and write and destructive tools are granted by name only.
-A top-level ``fair_share`` (``caller`` unless set) is the default of every role that sets none, the
-built-in ones included (``RoleBook`` hands them out with it).
-
-The ``Role`` record, the built-in roles and the pure ``permits`` are ``gateway.role``; this module
-parses roles.yaml into roles, and ``RoleBook`` follows the file: it reloads when the content
-changes, and while the file is broken it serves the built-in roles only (custom roles are refused,
-the reason goes to the log, never to a caller).
+``reader`` and ``admin`` are built in and cannot be redefined. Parsing is strict so a mistake narrows
+instead of widening: every key required, "all" spelled ``"*"``, write and destructive tools granted by
+name only. While the file is broken, ``RoleBook`` serves the built-in roles only and says why in the log.
 """
 
 from __future__ import annotations
@@ -290,13 +279,15 @@ class RoleBook:
     raises, the previous roles stay in force (logged) and the next lookup tries again. Thread-safe.
     """
 
-    def __init__(self, path: Path, on_reload: Callable[[str, list[str]], None] | None = None) -> None:
+    def __init__(self, path: Path, on_reload: Callable[[str, list[str]], None] | None = None, *,
+                 on_refs: Callable[[list[NameRef]], None] | None = None,
+                 on_refused: Callable[[str | None, list[str]], None] | None = None) -> None:
         self.path = Path(path)
         self._on_reload = on_reload
         #: called with the names (tools, targets) of every newly loaded valid file
-        self.on_refs: Callable[[list[NameRef]], None] | None = None
+        self.on_refs = on_refs
         #: called with the sha256 (None: unreadable) and the problems of every new content refused
-        self.on_refused: Callable[[str | None, list[str]], None] | None = None
+        self.on_refused = on_refused
         self._lock = threading.RLock()
         self._custom: dict[str, Role] = {}
         #: the built-in roles with the file's ``fair_share`` default (as built while it is broken)

@@ -1,22 +1,9 @@
 """Bearer tokens: format, hashing at rest, and the verifier every authenticated request goes through.
 
-A token reads ``gwt_<id>_<secret>``: the prefix makes a leaked token easy to recognise (secret
-scanners), the 12-character id finds its record without hashing anything, and the secret carries
-256 random bits. Only an argon2id hash of the whole token is stored.
-
-``TokenAuthenticator.verify`` costs one argon2 verification the first time a process sees a token
-and microseconds afterwards: a successful verification is cached under a keyed digest of the token
-(blake2b with a per-process random key, so the cache reveals nothing). Every request still reads the
-store's token generation, a counter bumped by every token change in any process, and reloads the
-records (never re-hashing) when it moved, so a revocation, an expiry or a role change applies from
-the very next request. Unknown ids and malformed tokens are refused without running argon2.
-
-Throttling never refuses a valid token for someone else's mistakes (many clients share an address
-behind a proxy or a NAT): failures are counted per (client, token id) for a token id that exists (a
-guessed secret), and per client for malformed tokens and unknown ids (a flood of made-up tokens).
-A token already proven in this process always passes; an existing id is only refused when that
-client failed on that very id too often. At most ``max_verifications`` argon2 checks run at once;
-``max_waiting`` more may wait for one, beyond that the request is refused as ``busy`` at once.
+``gwt_<id>_<secret>``: the prefix is for secret scanners, the id finds the record without hashing.
+Only an argon2id hash is stored; a verified token is cached under a keyed digest, and every request
+re-reads the store's token generation, so a revocation applies from the next request. Throttling counts
+failures per (client, token id), so others' mistakes behind one NAT never lock out a valid token.
 """
 
 from __future__ import annotations

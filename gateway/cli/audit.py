@@ -1,7 +1,4 @@
-"""``gateway audit``: read, summarise and verify the audit log: the file named by settings.audit_log, or
-the ``audit_rows`` table when the chain lives in PostgreSQL (GATEWAY_DATABASE_URL), with the same output.
-The reader is chosen once (``gateway.backends.open_audit_reader``); every subcommand reads
-through it. The Merkle tree's commands (checkpoint, prove, verify-proof) are in ``cli.audit_proofs``."""
+"""``gateway audit``: read, summarise and verify the audit log, file or table, with the same output."""
 
 from __future__ import annotations
 

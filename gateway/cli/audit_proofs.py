@@ -1,9 +1,6 @@
 """``gateway audit checkpoint|prove|verify-proof``: the audit log's Merkle tree from the command line.
 
-``checkpoint`` prints the newest signed checkpoint note exactly (C2SP tlog-checkpoint); ``prove SEQ``
-an inclusion proof of one row against it, ``prove --consistency OLD [NEW]`` a consistency proof (the
-JSON forms of ``gateway.audit.proofs``); ``verify-proof`` checks either offline, with only the public
-key, the checkpoint note(s) and the row: no log, no settings, no gateway code path but the math.
+``verify-proof`` needs only the public key, the checkpoint note(s) and the row: no log, no settings.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""What every ``gateway audit`` subcommand shares: the one audit reader (file or table, chosen by
-``gateway.backends.open_audit_reader``) with errors printed instead of raised, and reading a
-public key in either of the forms the CLI prints."""
+"""What every ``gateway audit`` subcommand shares: the one audit reader, and reading a public key."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""``gateway bootstrap-token``: print a new token for ``GATEWAY_BOOTSTRAP_TOKEN_FILE`` (nothing is
-stored: ``gateway serve`` adopts it as the admin token ``bootstrap`` on a state with no usable token;
-see gateway/server/edge/bootstrap_token.py). E.g. for Kubernetes::
+"""``gateway bootstrap-token``: print a new token for ``GATEWAY_BOOTSTRAP_TOKEN_FILE``.
 
-    kubectl create secret generic gateway-bootstrap --from-literal=token="$(gateway bootstrap-token)"
+Nothing is stored: ``gateway serve`` adopts it as the admin token ``bootstrap`` on a state with no
+usable token.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """``gateway cert create``: a self-signed certificate and key for the HTTPS transport.
 
-For first steps and tests; in production use a certificate from your own CA. Both files are written
-0600 (give clients a copy of the certificate); existing files are kept unless ``--force`` is given.
+For first steps and tests; production uses a certificate from its own CA.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """``gateway check``: validate every configuration file and print each problem once.
 
-Each problem is one line on stderr, ``file:line:column: where in the file: what is wrong; the fix``,
-in the order of the files (targets.yaml, rules.yaml, roles.yaml, notifications.yaml, identity.yaml,
-syslog.yaml), then the names one file uses for what another defines (a target, tool, role or tag) that
-match nothing (``gateway.guard.names``), and the rules whose object fields can never apply to the tools
-they name (``gateway.guard.policy.read_filter``). Every file is read by the parser ``serve`` uses, and a
-repeated key does not hide the rest of its file. A rules, roles or notifications file named
-explicitly (a flag or ``GATEWAY_*_FILE``) that does not exist is a problem, not the built-in defaults.
-
-Secrets are not needed to lint: a target's missing ``_USER``/``_PASSWORD`` and a notification
-channel's missing ``secret_env``/``url_env`` variable are ``warning:`` lines (exit 0), problems with
-``--require-credentials`` (what ``serve`` needs). A variable of the seed's set without its
-``GATEWAY_*`` equivalent (``ENABLE_DESTRUCTIVE``: ``GATEWAY_ENABLE_DESTRUCTIVE``; ``settings.SEED_VARIABLES``)
-is a ``warning:`` line naming the one to use, a problem with ``--strict``; a ``GATEWAY_ALLOW_WRITE``
-naming what is not a write tool is a problem. A short summary of each good file goes to stdout.
-Exit 1 on any problem.
-
-``--json`` prints one object instead: ``{"ok": bool, "problems": [str], "warnings": [str],
-"files": [{"file": "targets"|"rules"|"roles"|"notifications"|"identity"|"syslog", "path": str,
-"status": "ok"|"error"|"absent", "summary": str}]}``.
+Each problem is one ``file:line:column: ...; the fix`` line, then the names one file uses that
+another does not define. Missing credentials are warnings (problems with ``--require-credentials``),
+since linting needs no secrets. Exit 1 on any problem.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""``gateway completion bash|zsh``: a shell completion script generated from the command's own parser
-(shtab), so every command and flag completes as ``gateway --help`` lists them.
-
-    gateway completion bash | sudo tee /usr/share/bash-completion/completions/gateway
-    gateway completion zsh > "${fpath[1]}/_gateway"
-
-The man page comes from the same parser: ``make man`` (argparse-manpage).
-"""
+"""``gateway completion bash|zsh``: a shell completion script generated from the command's own parser."""
 
 from __future__ import annotations
 

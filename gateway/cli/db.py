@@ -1,8 +1,6 @@
-"""``gateway db upgrade``: run the schema migrations the state database lacks (every ``gateway serve``
-also runs them on start) and print the version it is at; refuses a schema newer than this gateway.
+"""``gateway db upgrade``: run the schema migrations the state database lacks and print its version.
 
-The engine is PostgreSQL when GATEWAY_DATABASE_URL (``--database-url``) is set, else the SQLite file
-under the gateway home. The database is named without its password.
+Refuses a schema newer than this gateway; names the database without its password.
 """
 
 from __future__ import annotations

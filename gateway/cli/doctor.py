@@ -1,16 +1,7 @@
 """``gateway doctor``: check a deployment from the operator's side and print what to fix.
 
-One line per check, ``ok`` or ``FIX``, then the fix; ``--json`` prints one object for scripts
-(``{"ok": bool, "checks": [{"check", "subject", "ok", "detail", "fix"}]}``). Exit 1 when anything needs
-fixing. The checks reuse the gateway's own code (no second copy of a rule):
-
-- files: targets.yaml, rules.yaml, roles.yaml present and readable, not writable by group or others,
-  and parsed by the same loaders ``serve`` uses (``gateway check`` prints each problem in detail);
-- credentials: every target's ``<PREFIX>_USER``/``<PREFIX>_PASSWORD`` set (``Target.credentials``);
-- each target: reached, its certificate trusted (``vsphere.pool.tls_context``, ``ca_file`` loaded) and
-  logged in (``SessionPool``), and its clock within ``MAX_SKEW_SECONDS`` of this machine's;
-- the state database answers, the audit log is writable, a usable token exists (what ``serve`` needs),
-  and the audit signing key is private and readable.
+One ``ok`` or ``FIX`` line per check (files, credentials, each target, the state, audit and key);
+every check reuses the gateway's own code, so no rule has a second copy. Exit 1 when anything needs fixing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""What every command's output shares: JSON for scripts, times as ISO-8601 UTC, and a reader that
-went away (``gateway ... --json | head``) ending the command quietly instead of in a traceback."""
+"""What every command's output shares: JSON for scripts, ISO-8601 UTC times, a closed pipe ending quietly."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """``gateway pending``: the human approval path from a shell (the web page offers the same).
 
-The shell user is a person, ``os:<user>`` (``gateway.auth.local.os_person``): the listing shows what
-``proposal_rights`` lets them see, and they approve or deny through the same decision as the page,
-so never a proposal of their own."""
+The shell user is the person ``os:<user>``, decided like anyone on the page: never their own proposal.
+"""
 
 from __future__ import annotations
 
@@ -50,8 +49,8 @@ def run_list(args: argparse.Namespace) -> int:
     async def go() -> list[dict[str, Any]]:
         try:
             await gateway.start_notifier()  # proposals this listing expires are told like any other
-            gateway.expire_due()
-            viewer = gateway.party(os_person())
+            gateway.moves.expire_due()
+            viewer = gateway.facts.party(os_person())
             return [{**proposal_view(p, gateway.clock()), "created_at": iso_utc(p.created_at),
                      "expires_at": iso_utc(p.expires_at)} for p in gateway.store.list_proposals(states)
                     if proposal_rights(viewer, Proposed.of(p)).see]
@@ -122,8 +121,9 @@ def _decide(args: argparse.Namespace, approve: bool) -> int:
         try:
             await gateway.start_notifier()  # humans hear of a decision made from a shell too
             if approve:
-                return await gateway.approve(args.proposal_id, os_person(), reason=args.reason)
-            return await gateway.deny(args.proposal_id, os_person(), reason=args.reason)
+                approved = await gateway.actions.approve(args.proposal_id, os_person(), reason=args.reason)
+                return approved.value
+            return await gateway.actions.deny(args.proposal_id, os_person(), reason=args.reason)
         finally:
             await gateway.close()
 

@@ -1,8 +1,4 @@
-"""``gateway policy show``: the effective policy per target, or why rules.yaml cannot be used.
-
-Entries that name a target, tool, role or tag matching nothing carry ``warnings`` (the ``targets:``
-entries are listed under ``target_entries`` with the targets each one ``matches``), and the report
-ends with every such ``warnings`` line; ``gateway check`` treats them as errors."""
+"""``gateway policy show``: the effective policy per target, or why rules.yaml cannot be used."""
 
 from __future__ import annotations
 

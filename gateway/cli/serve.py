@@ -1,9 +1,7 @@
 """``gateway serve``: run the MCP server over stdio, HTTPS, or loopback HTTP behind a TLS proxy.
 
-Network transports refuse to start unless: the token store holds a usable token, https has a
-certificate, a key and at least one public name, http binds a loopback address only, and the
-in-process self-check shows /mcp refusing unauthenticated requests. Command-line switches win over
-the environment. Over stdio the protocol owns stdout; every log line goes to stderr.
+Network transports refuse to start without a usable token, a certificate (https) or a loopback
+address (http), and unless /mcp refuses an unauthenticated request. Over stdio every log line goes to stderr.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """``gateway token``: create, list, revoke, re-role and re-kind bearer tokens.
 
-``create`` prints the token alone on stdout (``TOKEN=$(gateway token create ci --role reader)``), or
-with ``--json`` one object ``{"token", "name", "kind", "role", "token_id", "expires"}``; it is shown
-this once and only its hash is stored. A token is an agent's unless created ``--kind
-person``: only a person's token signs in to the approval page and approves. Every change is an
-audit row naming the shell user (``os:<user>``, a person); a change that cannot be audited is undone
-(a created token is revoked) and reported as an error. Running servers apply revocations, role and
-kind changes from their next request.
+A token is shown once (only its hash is kept) and is an agent's unless ``--kind person``. Every change
+is an audit row naming ``os:<user>``; a change that cannot be audited is undone and reported.
 """
 
 from __future__ import annotations
@@ -188,7 +183,7 @@ def _revoke(settings: Settings, store: StateStore, name: str) -> list[str]:
         _audit(settings, "token_revoked", rec)
         return []
     try:
-        return gateway.revoke_token(name, by=os_person())
+        return gateway.moves.revoke_token(name, by=os_person())
     finally:
         gateway.backends.close()
 

@@ -1,22 +1,8 @@
 """``python -m gateway.dev.demo`` (``make run``): the whole gateway on one machine in one command.
 
-It starts two simulated vCenters and one simulated ESXi host on loopback (``dev.simulators``), writes a
-working configuration into a demo folder (``dev.demo/`` at the repository root by default), makes a
-self-signed certificate, creates tokens (``TOKENS``: an agent's admin token and an agent's reader token
-for MCP clients, a person's approver token for the web page), and runs ``gateway serve
---transport https --web`` on ``https://127.0.0.1:PORT``. It prints the tokens (once), the web page's
-address and client configuration to paste, then a line starting with ``Ready:``. Ctrl-C (or SIGTERM)
-stops the gateway and the simulators; nothing it started outlives it, not even a SIGKILL of the demo
-(the gateway child asks the kernel for SIGTERM when its parent dies, the simulators watch their parent).
-
-Before anything starts, the arguments are checked, the port is bound once to see it is free, and the
-folder is locked (``flock`` on ``.demo.lock`` inside it): a second demo on the same folder refuses
-without touching the running one's tokens, audit log or certificate.
-
-The demo folder is emptied on every run: its previous content (tokens, proposals, audit log) goes.
-A folder that exists, is not empty and was not made by the demo is refused, never deleted. Its
-``home/`` is a complete GATEWAY_HOME (targets.yaml, rules.yaml, roles.yaml, audit.jsonl, state), so
-``GATEWAY_HOME=demo/home`` plus the simulator credentials is all any ``gateway`` command needs.
+Simulated vCenters, a configuration, a certificate and tokens in a demo folder, then ``gateway serve
+--transport https --web``. Nothing it starts outlives it, not even after a SIGKILL. The folder is locked
+(a second demo refuses) and emptied on each run; a non-empty folder it did not make is never deleted.
 """
 
 from __future__ import annotations
@@ -58,9 +44,9 @@ DEFAULT_PORT: Final = 8443
 MARKER: Final = ".gateway-demo"
 LOCK: Final = ".demo.lock"
 GATEWAY_MAIN: Final = "from gateway.cli import main; raise SystemExit(main())"
-PACKAGE_ROOT: Final = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT: Final = Path(__file__).resolve().parents[2]
 STARTUP_SECONDS: Final = 90.0
-#: the MCP Inspector release the README's commands were verified with
+#: the MCP Inspector release docs/clients.md's commands were verified with
 INSPECTOR: Final = "@modelcontextprotocol/inspector@2.12.0"
 STOP_SECONDS: Final = 30.0
 

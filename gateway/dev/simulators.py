@@ -1,14 +1,7 @@
 """Run the bundled vSphere simulator (``deploy/vcsim/bin/vcsim-gw``) as child processes.
 
-For the quick-start demo, the benchmarks and the tests; never imported by the server. It needs a source
-checkout (the launcher is built from ``deploy/vcsim`` with Go), or a ``binary=`` path to a built launcher.
-
-``start_simulator(**options)`` starts one launcher on free loopback ports, waits (with a deadline) for
-the one line it prints and returns a ``SimulatorProcess``; ``SimulatorProcess.stop()`` ends it by PID and
-removes its disposable temp directory. Launchers run with ``-exit-with-parent``, and any still running
-at interpreter exit are stopped, so a crashed caller leaves no simulator behind.
-``SimulatorProcess.control(path, payload)`` talks to the launcher's test-only control endpoint
-(documented in deploy/vcsim/README.md). ``write_targets`` turns running simulators into a targets.yaml.
+For the demo, the benchmarks and the tests; it needs a source checkout or a built launcher. Launchers
+run with ``-exit-with-parent`` and are stopped at interpreter exit, so a crashed caller leaves none behind.
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ import yaml
 
 from gateway.private_files import open_private, write_private
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VCSIM_DIR = REPO / "deploy" / "vcsim"
 VCSIM_BIN = VCSIM_DIR / "bin" / "vcsim-gw"
 BUILD_SCRIPT = VCSIM_DIR / "build.sh"

@@ -1,17 +1,8 @@
 """N of M: whether one person's approval counts, and whether the approvals so far are enough. Pure.
 
-A proposal that needs a human carries an ``ApprovalRule`` (from the policy: ``approvals_required``,
-``approver_roles``, ``reason_required`` on its target or on the rule that decided it). An approval
-counts when it comes from a person, of a role the rule admits (any role with the approve right when it
-names none), who has not approved this proposal already, and was given on the proposal as shown (the
-same digest). The proposal runs when ``tally`` says the approvals are ``complete``; the last approver's
-action runs it. ``gateway.guard.decision.proposal_rights`` asks ``approval_refusal`` so every surface
-(MCP listing, web page, ``gateway pending``) refuses the same approvals with the same reason codes:
-``already_approved``, ``not_an_approver_role``; a missing reason is ``reason_required``.
-
-The digest of a proposal as shown (``shown_digest``) covers its tool, its arguments' digest, the
-resolved objects (type, moid, name) and the blast-radius facts: re-read when an approval lands or the
-proposal would run, a different digest voids the approvals and the proposal becomes ``stale``.
+An approval counts from a person of an admitted role, once per person, on the proposal as shown: its
+digest (``shown_digest``) covers the tool, arguments, resolved objects and blast radius, and a
+different digest when re-read voids the approvals (the proposal becomes ``stale``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Who is the same caller: every per-caller comparison of the gateway, on ``CallerKey`` text. Pure.
 
-A per-caller decision (own proposal, approver, N of M persons, confirmation-token binding, idempotency
-scope, task ownership, rate limits, runaway breaker, busy audit, web and MCP sessions) compares the
-caller's stable key (``gateway.auth.principal.CallerKey``, its ``str()`` text) and never the display
-name, which may repeat (an IdP client id that reads like a local token's name) or change (an email
-claim). Each decision names its comparison here (``DECISIONS``), so tests/test_callers.py can check every
-one of them with plain values and fail on a comparison site that reads a name.
-
-A record written before keys were stored carries none: it matches no caller, ever (fail closed: its
-proposer cannot confirm it, its task is nobody's, its approval counts for nobody); where a key text
-stands for it, it is ``unkeyed:<name>`` (``unkeyed``), which no caller's key is.
+Each decision names its comparison in ``DECISIONS``, so tests can check every one with plain values.
+A record without a key matches no caller, ever (fail closed): it stands as ``unkeyed:<name>``.
 """
 
 from __future__ import annotations
@@ -100,7 +92,7 @@ def scope_of(principal: Any) -> str:
     return str(principal.key)
 
 
-#: every per-caller decision and what it compares (the table tests/test_callers.py checks, row by row)
+#: every per-caller decision and what it compares (the table tests/guard/test_callers.py checks, row by row)
 DECISIONS: Final[Mapping[str, str]] = {
     "own_proposal": "viewer key against the proposal's caller_key and acting_for_key",
     "approver_distinct": "approver key against the keys of the approvals recorded",

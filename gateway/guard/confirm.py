@@ -1,18 +1,8 @@
 """The rules of the two-phase flow for destructive calls, as pure functions with the clock passed in.
 
-A destructive call is never executed when made: the pipeline persists a ``Proposal`` and hands the
-caller a confirmation token (shown once; only its sha256 is stored). The token is
-
-- single use: confirming moves the proposal out of ``pending`` by an atomic compare-and-set in the
-  store (``StateStore.transition``), so of two racing confirms exactly one executes;
-- short lived: past ``expires_at`` it is refused with a remedy (make a fresh proposal);
-- bound to the proposing caller, and the proposal to the exact tool, target and arguments
-  (``args_digest``); another caller's confirm is told only that the token is not valid for them;
-- gated by a human where the target requires web approval: the agent's own confirm is refused and
-  a human with the ``approve`` right confirms on the page (/ui) or with ``gateway pending approve``.
-
-The moves a proposal can make are the table in ``gateway.proposals``; who may make them, and
-whether the rules still allow the change, is ``gateway.guard.decision.authorize``.
+A confirmation token is shown once (only its sha256 kept), single use (an atomic compare-and-set in
+the store, so of two racing confirms one executes), short lived, bound to the proposing caller and to
+the exact call (``args_digest``). On a gated target only a human approves; the agent cannot confirm.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Datastore paths (``[datastore] folder/file.iso``) in one canonical form, or refused.
 
-vSphere resolves a datastore path below the datastore's root, and ``..`` walks up out of it: ``[ds1]
-isos/../../ds2/x.iso`` names a file on another datastore (``/vmfs/volumes/ds2/x.iso``), so a check of
-the ``[ds1]`` prefix alone can be walked around. Every tool that takes a datastore path runs it
-through ``normalize`` when its arguments are validated, before the policy, the audit or vSphere sees
-it, and from then on only the canonical form is used:
-
-- backslashes are separators (``isos\\x.iso`` is ``isos/x.iso``);
-- percent-escapes are decoded once (``%2e%2e`` is ``..``); text still holding an escape after that
-  (``%252e``: encoded twice) is refused, since nothing should need it;
-- empty segments (``//``, a leading ``/``) and ``.`` are dropped; ``..`` removes the segment before
-  it, and a ``..`` with nothing left to remove (the path escapes the datastore) is refused;
-- control characters (after decoding too) and an empty path are refused.
-
-Pure: ``normalize(text) -> DatastorePath``, raising ``InvalidArgument`` naming the field.
+``..`` walks out of a datastore (``[ds1] isos/../../ds2/x.iso`` is on ds2), so a prefix check alone can
+be walked around. Every path is normalised when arguments are validated, before policy, audit or
+vSphere see it; a double escape, a control character or an escape above the root is refused.
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """The one authorization decision: ``authorize(facts) -> Verdict``, pure, for every entry point.
 
-Every way a call can reach vSphere asks this function, with the facts as they are at that moment:
-an MCP read, a write, a destructive proposal, ``confirm_action``, ``cancel_action``, a human's
-approve or deny (web page or ``gateway pending``), and each object of a bulk call. No entry point
-keeps a check of its own; the pipeline only gathers facts and turns a refusal into its error.
-
-The order is fixed, so a caller learns nothing it may not know:
-
-1. token    the acting token is usable (not revoked, not expired, known); for confirm and approve the
-            proposer's token too (a revoked proposer's change never runs, whoever clicks).
-2. role     the acting role holds the tool, every tool the call reaches (``bulk_vm_action`` with
-            ``action=delete_vm`` reaches ``delete_vm``) and the target; a confirm or cancel comes
-            from the proposer itself; an approve or deny as ``proposal_rights`` says (a person, not
-            the proposer, whose role has the approve right and the target); and at execution the
-            proposer's *current* role still holds tool, reach and target.
-3. policy   ``rules.yaml`` as it is now (``guard.policy.evaluate``): deny rules, protected objects,
-            bulk limits, windows, approval requirement. With no usable rules (the file broken, at start or by
-            an edit) every call here is refused, reads included. An
-            agent's confirm of a call that now needs a human is refused.
-4. state    the proposal's own state (used, expired, ...) and the preconditions vSphere's state does
-            not meet (a powered-on VM to delete, a disk or snapshot the VM does not have): only a
-            caller the guard let through hears of them.
-
-On a resolved call ``authorize_resolved`` runs that order over the call, then over each affected
-object as each tool the call reaches, then the preconditions: the first refusal wins.
-
-Facts are plain values (``Party``, ``Facts``); the answer is a ``Verdict`` with a stable error code.
-
-``proposal_rights(viewer, proposed)`` is the one rule for who may see, approve and deny a proposal:
-``authorize`` asks it for approve and deny, and every listing (MCP ``list_pending_actions``, the web
-page, ``gateway pending list``) filters by its ``see``. Only a person approves or denies, never the
-proposer (whatever the role: ``approve: any`` is any proposal but one's own); a refusal names its
-``reason_code`` (``not_visible``, ``not_a_person``, ``no_approve_right``, ``own_proposal``; with N of M,
-``not_an_approver_role`` and ``already_approved`` from ``guard.approvals``, and ``reason_required``
-when the rule wants a reason and none was given).
+Every way a call reaches vSphere asks it with the facts of that moment; no entry point keeps a check
+of its own. The order is fixed so a caller learns nothing it may not know: token, role, policy, then
+state and preconditions, which only a caller the guard let through hears of. With no usable rules
+every call is refused, reads included. ``proposal_rights`` is the one rule for who may see, approve
+and deny a proposal: only a person, never the proposer.
 """
 
 from __future__ import annotations

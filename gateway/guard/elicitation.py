@@ -1,25 +1,8 @@
-"""Who confirms a proposal, decided once (pure): the calling agent with its token, or the person at the
-MCP client asked in-band (MCP elicitation), given the policy's ``confirm_by`` for the call, whether the
-proposal needs a human's approval (a gated target), and what the client declared it can ask.
+"""Who confirms a proposal (pure): the agent with its token, or the person at the MCP client asked in-band.
 
-``confirm_route`` is the whole decision, table-tested in ``tests/test_elicitation.py``:
-
-=============  ======  ===================  =====================================================
-confirm_by     gated   client can ask       route
-=============  ======  ===================  =====================================================
-tool           any     anything             TOKEN: today's answer, the agent confirms with its token
-either         no      form                 ASK_FORM: the person confirms or declines in-band; on
-                                            cancel or timeout the agent gets today's token answer
-elicitation    no      form                 ASK_FORM: the person only; no token is ever handed out
-elicitation    no      no form              REFUSE: nobody could confirm it (audited policy_denied)
-either         no      no form              TOKEN
-either/elic.   yes     url                  ASK_URL: the person is sent to the proposal's card
-either/elic.   yes     form only            LINK: the answer carries the card's URL
-either/elic.   yes     nothing              TOKEN: today's answer (a human approves on the page)
-=============  ======  ===================  =====================================================
-
-An accepted form counts as the proposer's own confirmation (the same confirm path as
-``confirm_action``), never as an approval: a gated proposal is never confirmed in-band.
+``confirm_route`` decides from the policy's ``confirm_by``, whether the target is gated and what the
+client can ask. An accepted form is the proposer's own confirmation, never an approval: a gated
+proposal is never confirmed in-band.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Idempotency keys: what a call carrying a key the caller already used does (pure, table-tested).
 
-A caller may send an ``idempotency_key`` with any write or destructive call (the tool argument, or the
-request's ``_meta["idempotency_key"]`` when the argument is absent: the argument wins). The first call
-with a key claims it in the state store, runs, and stores its outcome; a later call with the same key
-from the same caller within the window does not run again:
-
-- the same tool and the same arguments (digest), the first one finished: ``REPLAY`` its outcome;
-- the same, the first one still running: ``WAIT`` for that very execution (never a second run);
-- another tool or other arguments: ``CONFLICT`` (a typed refusal; the caller picks a new key);
-- the same, the first one still marked running but its process is gone: ``ORPHANED`` (its outcome is
-  unknown: reported as ``outcome_unknown``, never run again);
-- the record is older than the window: ``TAKE_OVER`` (the key is free again; the call runs anew);
-- no record: ``RUN``.
-
-Keys are per caller: two callers using the same key never see each other's outcomes.
+A repeated key never runs twice: the same call replays or waits for the first, other arguments
+conflict, and a running record whose process is gone is ``outcome_unknown``, never run again. Keys
+are per caller.
 """
 
 from __future__ import annotations

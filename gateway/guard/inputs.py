@@ -1,20 +1,8 @@
 """Text no storage engine can keep: found at the entry of a call, escaped wherever a row is written.
 
-PostgreSQL refuses a NUL character in ``text`` and ``jsonb`` (``\\u0000`` cannot be converted to
-text), and no engine that stores UTF-8 can encode a lone surrogate (``\\ud800``: JSON can carry one
-escaped, UTF-8 cannot). A caller who puts either in a tool name, a target or any argument would
-otherwise make the call's audit row impossible to write on one engine and not on the other.
-
-So:
-
-- ``unstorable_field(name, args)`` finds the first such character in a call (the tool name, every
-  argument key and every string value, nested), so the pipeline refuses it as an invalid argument
-  before anything else looks at the call;
-- ``storable_text(text)`` escapes every such character visibly (``\\u0000``, ``\\udc80``, the escape
-  style of ``gateway.sanitize``), and the audit's bounding step applies it to every key and string of
-  every row, so the refusal itself is written on both engines alike.
-
-Pure: imports nothing from the gateway.
+PostgreSQL refuses NUL in text and no UTF-8 engine stores a lone surrogate, so such a call would be
+auditable on one engine and not the other. The call is refused as an invalid argument, and every
+row's strings are escaped visibly, so the refusal itself is written on both. Imports nothing.
 """
 
 from __future__ import annotations

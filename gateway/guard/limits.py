@@ -1,20 +1,7 @@
-"""Call-volume limits: rate per caller, target and category (and a target-wide ceiling), objects per
-bulk call, and the runaway breaker.
+"""Call-volume limits: rate per caller, target and category, objects per bulk call, and the runaway breaker.
 
-All state lives in this process and every ``check`` takes the clock as a plain float (seconds from
-``time.monotonic()`` in production, any number in tests), so behaviour is a function of the calls
-and the times passed in. Each class is thread-safe and keeps bounded memory: entries older than
-their window are pruned on access, and idle keys are swept out periodically.
-
-Contracts:
-- ``RateLimiter.check`` records the call only when it is allowed; a refused call does not use up
-  capacity, so a caller that backs off for ``retry_after`` seconds gets through.
-- ``RunawayBreaker.check`` never counts reads. The ``max_repeats + 1``-th identical write (same
-  caller, tool and argument digest) inside ``window`` seconds trips the breaker for that exact call;
-  it is refused, and so is every further identical call until ``cooldown`` seconds have passed.
-  Different calls from the same caller are not affected.
-- ``check_bulk`` refuses a call that would change more objects than the target allows, before any
-  proposal is made.
+The clock is passed in, so behaviour is a function of the calls and times given. A refused call uses
+no capacity; the breaker never counts reads and trips only on identical writes. Thread-safe, bounded memory.
 """
 
 from __future__ import annotations

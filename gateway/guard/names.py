@@ -1,19 +1,12 @@
-"""Names one configuration file uses for what another defines: do they exist?
+"""Names one configuration file uses for what another defines, checked to exist.
 
-rules.yaml names targets (``targets:`` entries, ``match.targets``, ``protected[].targets``,
-``maintenance_windows[].targets``), tools and roles; roles.yaml names tools and targets. (Target
-tags are not checked: a rule may wait for a tag no target has yet, such as a change ``freeze``.)
-A name that matches nothing is almost always a typo that silently changes the meaning: a misspelt
-target under ``targets:`` lifts ``require_web_approval`` from the real one, a misspelt tool under
-``allow_write`` grants nothing. The parsers note every such name as a ``NameRef`` (with its
-``file:line:column``); ``unknown_names`` checks them against ``KnownNames`` in one place.
-``gateway check`` reports each as an error (exit 1), the server logs each as a warning when the file
-is loaded (and keeps running), and ``gateway policy show`` marks the entries.
+A name that matches nothing is almost always a typo that silently changes the meaning (a misspelt
+target lifts its web approval). ``gateway check`` fails on one; the server logs a warning. Tags are
+not checked: a rule may wait for a tag no target has yet.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -21,10 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.config import NameRef, Target, suggestion
-from gateway.errors import ConfigError
 from gateway.guard.policy.model import Policy
 from gateway.guard.policy.read_filter import unreachable_rules
-from gateway.guard.policy.store import PolicyStore
 from gateway.role import Role
 from gateway.vocabulary import Category
 
@@ -118,20 +109,16 @@ def log_unknown_names(refs: Iterable[NameRef], known: KnownNames) -> None:
 
 
 class RoleSource(Protocol):
-    """What ``watch`` needs of the roles file (``gateway.auth.roles.RoleBook``): its roles, and a hook
-    called with the names a newly loaded file uses."""
-
-    on_refs: Callable[[list[NameRef]], None] | None
+    """What ``rules_watcher`` reads of the roles file (``gateway.auth.roles.RoleBook``): its roles."""
 
     def roles(self) -> dict[str, Role]: ...
 
 
-def watch(policy: PolicyStore, roles: RoleSource, targets: Sequence[Target],
-          tools: Mapping[str, Category]) -> None:
-    """Log names that match nothing, and rules whose object fields can never apply to the tools they
-    name, whenever ``policy`` or ``roles`` loads a new valid file (for the server: a warning at load).
-    ``tools``: every tool of this build with its category. The rules file is read now; roles.yaml on
-    its first lookup (its loading writes a config_reload audit row, which belongs to the running server)."""
+def rules_watcher(roles: RoleSource, targets: Sequence[Target],
+                  tools: Mapping[str, Category]) -> Callable[[Policy], None]:
+    """The ``on_load`` of the rules file (``PolicyStore``): each new valid content logs the names that
+    match nothing and the rules whose object fields can never apply to the tools they name (for the
+    server: a warning at load). ``tools``: every tool of this build with its category."""
 
     def loaded(policy: Policy) -> None:
         known = KnownNames.of(targets, roles.roles(), tools)
@@ -139,7 +126,10 @@ def watch(policy: PolicyStore, roles: RoleSource, targets: Sequence[Target],
         for problem in unreachable_rules(policy, known.tools):
             log.warning("%s (the gateway keeps running; `gateway check` reports it as an error)", problem)
 
-    policy.on_load = loaded
-    roles.on_refs = lambda refs: log_unknown_names(refs, KnownNames.of(targets, (), tools))
-    with contextlib.suppress(ConfigError):
-        policy.current()
+    return loaded
+
+
+def roles_watcher(targets: Sequence[Target],
+                  tools: Mapping[str, Category]) -> Callable[[list[NameRef]], None]:
+    """The ``on_refs`` of roles.yaml (``RoleBook``): the names a newly loaded file uses that match nothing."""
+    return lambda refs: log_unknown_names(refs, KnownNames.of(targets, (), tools))

@@ -1,11 +1,7 @@
-"""Regular expressions that callers supply, on a linear-time engine.
+"""Regular expressions that callers supply, on a linear-time engine (RE2).
 
-Every user pattern (list_vms ``regex``, get_events / get_tasks ``entity_name``, bulk_vm_action
-``name_regex``) goes through ``compile_user_regex``: at most ``MAX_PATTERN_CHARS`` characters,
-compiled by RE2 (``google-re2``), whose matching time grows linearly with the text and never
-backtracks, so no pattern can hold a worker thread, or the interpreter lock, for long. RE2 has no
-backreferences or lookaround; such a pattern is refused as ``invalid_argument`` naming the parameter.
-The engine's memory for one pattern is bounded by ``MAX_PROGRAM_BYTES``.
+No pattern can hold a worker thread or the interpreter lock: RE2 never backtracks. Patterns are
+bounded in length and program size; backreferences and lookaround are refused as ``invalid_argument``.
 """
 
 from __future__ import annotations

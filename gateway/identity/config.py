@@ -1,28 +1,7 @@
 """``identity.yaml``: which identity providers this gateway trusts, and how their claims become callers.
 
-Found at ``$GATEWAY_HOME/identity.yaml`` or ``GATEWAY_IDENTITY_FILE``; without the file the gateway
-takes its own ``gwt_`` tokens only, exactly as before. Parsed strictly like the other files (unknown
-keys, wrong types and missing keys are ``file:line:column`` problems, all reported at once)::
-
-    resource: https://gateway.example.com/mcp        # this gateway's resource identifier (RFC 8707)
-    issuers:
-      - issuer: https://login.example.com/realms/ops # its metadata, then its JWKS, are discovered
-        audience: https://gateway.example.com/mcp    # optional: the `aud` tokens carry (default: resource)
-        ca_file: /etc/gateway/idp-ca.pem             # optional trust anchor for the provider's TLS
-        principal_claim: sub                         # the person's name (sub, email, preferred_username)
-        roles_claim: groups                          # a list (or one string) of group names
-        roles: {vsphere-ops: lab-operator, vsphere-readers: reader}   # first match wins, in this order
-        enforce_scopes: true                         # optional: vsphere:read/write/destructive required
-        keys_max_age_seconds: 3600                   # optional: cached keys verify this long unrefreshed
-        application_claims: {client_type: service}   # optional: claim values marking an app's own token
-    web_sign_in:                                     # optional: single sign-on for the approval page
-      issuer: https://login.example.com/realms/ops   # one of the issuers above
-      client_id: vsphere-gateway
-      client_secret_env: GATEWAY_OIDC_CLIENT_SECRET  # the secret itself stays in the environment
-      token_sign_in: true                            # optional: false turns off pasting a gwt_ token
-      scope: openid email profile                    # optional: add what carries the roles claim
-
-An ``http://`` issuer is accepted on a loopback address only (a provider on the same host).
+The format is ``identity.example.yaml``; without the file only ``gwt_`` tokens are taken. Parsed
+strictly, all ``file:line:column`` problems at once. An ``http://`` issuer is accepted on loopback only.
 """
 
 from __future__ import annotations
@@ -128,7 +107,7 @@ class _Reader:
     def keys(self, entry: Any, where: Any, key: Any, allowed: set[str], required: tuple[str, ...],
              what: str) -> bool:
         if not isinstance(entry, dict):
-            self.problem(where, key, f"{what} must be a mapping, got {type(entry).__name__}")
+            self.problem(where, key, f"{what} must be a mapping, got {_builtin_name(entry)}")
             return False
         for extra in sorted(set(entry) - allowed, key=str):
             self.problem(entry, extra,
@@ -255,3 +234,8 @@ def _web(r: _Reader, doc: Any, issuers: list[IssuerConfig]) -> WebSignIn | None:
         scope = "openid"
     return WebSignIn(issuer=str(issuer), client_id=str(client_id), client_secret_env=str(env),
                      token_sign_in=r.switch(entry, "token_sign_in", True, what), scope=scope)
+
+
+def _builtin_name(value: object) -> str:
+    """The built-in type ``value`` is (``list``, ``str``): the YAML loader's own subclasses unnamed."""
+    return next(t.__name__ for t in type(value).__mro__ if t.__module__ == "builtins")

@@ -1,15 +1,8 @@
 """One identity provider's metadata and signing keys, discovered and cached.
 
-``IssuerKeys`` reads the issuer's metadata (OpenID Connect discovery, else RFC 8414 authorization
-server metadata), then its ``jwks_uri``. Every fetch runs in a worker thread with a deadline
-(``fetch_seconds``), never on the event loop, and one at a time per issuer (concurrent requests wait
-for that one fetch). Keys are refreshed once they are older than half ``max_age``; if the provider
-cannot be reached the cached keys go on verifying until they are ``max_age`` old, and after that
-``IssuerUnavailable`` (503 naming the issuer) until a fetch succeeds. A token naming a ``kid`` the
-cache lacks (the provider rotated its keys) causes one refetch, at most once per ``refetch_seconds``;
-a failed fetch is retried no sooner than that either, so an unreachable provider costs a request no
-more than the deadline once per interval. Only asymmetric signing keys are kept (RSA, EC, OKP; never
-``oct``, never ``use: enc``).
+Fetches run in a worker thread with a deadline, one at a time per issuer. Cached keys keep verifying
+until ``max_age`` while the provider is unreachable, then ``IssuerUnavailable`` (503). An unknown ``kid``
+refetches at most once per ``refetch_seconds``. Only asymmetric signing keys are kept.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Verified claims -> a caller: its name, kind, role and scopes. Pure, table-tested.
 
-Kind, for an access token presented to /mcp (always an agent there):
-
-- no person: ``sub`` is absent or equals the client id (a client-credentials token, RFC 9068), or
-  ``idtyp`` is ``app`` (Entra ID's app-only tokens) -> an agent named by its client id;
-- otherwise the token carries a person's subject and an MCP client uses it -> an agent *acting for*
-  that person, shown as ``<person> via <client>``; the person shown is the ``principal_claim`` (``sub``,
-  ``email``, ...). That person never approves what this agent proposes.
-
-An ID token from the page's sign-in is a person, shown by ``principal_claim``; an ID token without a
-person (no ``sub``) or an application's (``is_application``) is refused.
-
-The names are only shown: every decision compares the key (``gateway.auth.principal.CallerKey``), which
-comes from the issuer and ``sub``/client id, never from ``principal_claim``: a person is (issuer, ``sub``)
-whatever email they show today; an application (issuer, client id); an application acting for a person
-(issuer, client id, the person's ``sub``), with ``acting_for_key`` that person's key. No claim reaches the
-``token`` or ``system`` namespaces, so a client id ``gateway``, ``os:root`` or a local token's name is
-still only that issuer's client. The role is the first entry of the issuer's ``roles`` whose value the
-``roles_claim`` carries (a list, or one string); none -> ``TokenRefused("unmapped")`` (403), never a
-default role. Scopes come from ``scope`` (space-separated) or ``scp`` (a list or a string).
+An access token at /mcp is always an agent: its client's own, or acting for the person whose subject
+it carries (who never approves what that agent proposes). Names are only shown; keys come from the
+issuer and ``sub`` or client id, never from ``principal_claim``, so no claim reaches the ``token`` or
+``system`` namespaces. No mapped role is ``TokenRefused("unmapped")`` (403), never a default role.
 """
 
 from __future__ import annotations

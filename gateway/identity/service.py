@@ -1,17 +1,8 @@
 """The OAuth 2.1 resource server: identity provider tokens -> principals, and what the edge tells clients.
 
-``IdentityService.authenticate`` verifies an access token (``gateway.identity.verify``) with its
-issuer's cached keys (``gateway.identity.keys``) and maps its claims (``gateway.identity.mapping``);
-a refusal is ``IdentityRefusal`` carrying the HTTP status (401 invalid token, 403 unmapped identity,
-503 provider unreachable with no usable keys, naming it), a stable reason and the
-``WWW-Authenticate`` challenge. The token itself is never logged, stored or passed on: the first
-time a ``jti`` is seen one ``identity_verified`` audit row records the issuer, subject, client id and
-the sha256 of the ``jti`` with the caller's name, kind and role (rows are written through ``audit``,
-off the event loop).
-
-Protected resource metadata (RFC 9728) names the resource identifier, the issuers as authorization
-servers, and the scopes (``SCOPES``, and ``AUDIT_SCOPE`` for the operational views); every 401 carries
-``Bearer resource_metadata="...", scope="vsphere:read"`` so an MCP client discovers the rest.
+A refusal carries its HTTP status, a stable reason and the ``WWW-Authenticate`` challenge. The token
+itself is never logged, stored or passed on; the first sight of a ``jti`` is one ``identity_verified``
+audit row (its sha256, not the token).
 """
 
 from __future__ import annotations

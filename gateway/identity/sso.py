@@ -1,18 +1,8 @@
 """Single sign-on for the approval page: the OpenID Connect authorization code flow with PKCE.
 
-``SignOn.begin`` makes a fresh ``state``, ``nonce`` and PKCE verifier (S256), keeps them in this
-process under a random browser binding (the page sets it as a short-lived cookie, so a callback
-carrying someone else's ``state`` is refused: no login CSRF), and returns the provider's
-authorization URL. ``SignOn.finish`` takes the binding once (a replayed callback finds nothing),
-compares ``state`` in constant time, exchanges the code at the token endpoint (client secret, the
-verifier; in a worker thread with a deadline), verifies the ID token exactly like an access token
-(signature with the issuer's keys, ``iss``, ``aud`` = the page's client id, ``exp``/``nbf``) plus its
-``nonce``, and maps it to a person (``IdentityService.person``: the issuer's role mapping; unmapped
--> 403). Only the ID token's claims are used; no token is kept, logged or passed on.
-
-Pending sign-ins live in this process (at most ``max_pending``, each ``ttl`` seconds): behind several
-replicas, route /ui/sso/ to one replica (sticky sessions) or sign in again if a callback reaches
-another.
+A browser-bound ``state`` (no login CSRF), taken once (no replay) and compared in constant time; the
+ID token is verified like an access token plus its ``nonce``, and no token is kept. Pending sign-ins
+live in this process: behind several replicas, route /ui/sso/ to one (sticky sessions).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """JWT checks for access tokens and ID tokens (PyJWT does the JOSE work). Pure apart from the key lookup.
 
-A token is refused (``TokenRefused`` with a stable ``reason``) unless: its header names an algorithm of
-``ALGORITHMS`` (asymmetric only: never ``none``, never an HMAC, so a public key can never serve as an
-HMAC secret) that fits the key its ``kid`` names (the key's own ``alg`` when the JWKS gives one, and
-always the key's type: RSA for RS*/PS*, EC on the algorithm's curve for ES*, Ed25519/Ed448 for EdDSA,
-checked before PyJWT sees the key, because a JWKS without ``alg``, as Entra ID publishes, would otherwise
-hand an RSA key to the EC verifier); its signature verifies with that key; ``iss`` is the
-configured issuer exactly; ``aud`` contains the expected audience (the gateway's resource identifier
-for access tokens, RFC 8707; the page's client id for ID tokens); ``exp`` is in the future and
-``nbf``/``iat`` not in the future, each with ``SKEW_SECONDS`` of leeway.
-
-Verification can only refuse: whatever PyJWT or the key raises on a crafted token becomes a
-``TokenRefused`` (``malformed``), never another exception.
+Only asymmetric algorithms (never ``none`` or HMAC, so a public key never serves as a secret), and the
+algorithm must fit the key's type, checked before PyJWT sees the key (a JWKS without ``alg`` would
+otherwise hand an RSA key to the EC verifier). Verification can only refuse: whatever a crafted token
+raises becomes ``TokenRefused("malformed")``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""One gateway process: the composition root over its wings (base, call, proposals, edge)."""

@@ -1,38 +1,12 @@
-"""The composition root of one gateway process: ``Gateway.build`` opens the backends once
-(``gateway.backends``), loads the configuration and hands collaborators to the classes that do
-the work; ``Gateway`` is the thin facade every surface calls (MCP, the web page, the CLI).
+"""The composition root of one gateway process (``Gateway.build``).
 
-How a call flows (every surface: stdio, HTTPS, the web page, ``gateway pending``)::
-
-    Gateway.answer -> server/call/arrival.py Calls.answer
-      -> text no engine can store (NUL, lone surrogates: guard.inputs) refused first, audited escaped
-      -> facts about the caller as the store says *now* (server/base/facts.py: token state, current role)
-      -> gate (server/call/gate.py, where the call path asks the decision and enforces its verdict):
-         guard.decision.authorize (token -> role), before anything is read from vSphere
-      -> argument validation (bounded; NaN/Infinity refused)            every refusal is audited
-      -> runaway breaker, rate limit per caller x target x category (reads too), target-wide ceiling
-      -> a change while the audit cannot take rows (readiness says so): refused, nothing read
-      -> resolve on the target (a Plan: objects + facts, nothing changes)
-      -> authorize again with the objects (decision.authorize_resolved): the call, each object as
-         each tool it reaches, then the state preconditions; the first refusal wins
-      -> read: answer (per-target outcomes in the row)
-         write: audit the intent (``executing``, durable) BEFORE vSphere; refuse if it cannot be written
-         destructive: persist a proposal (server/proposals/flow.py; an approval's own steps in
-         proposals/approval_steps.py, what a proposal shows in proposals/views.py); confirm_action
-         / a human's approval re-run authorize on the state at that moment (the proposer's current
-         token and role, current rules, re-resolved objects), then claim it by compare-and-set,
-         then write ``executing`` (naming this process) and run it; every losing attempt is one row
-      -> audit the outcome; if the audit cannot take it, it waits in memory (the server reports
-         unready) and is appended as soon as the audit is writable again (server/base/audit_trail.py)
-
-Every proposal move goes through ``Moves.move`` (server/base/moves.py: the lifecycle table in
-gateway/proposals.py, the store's compare-and-set, an audit row, then the lifecycle listeners); the
-sweeper there expires, cancels orphans and settles dead claims.
-"""
+The backends are opened once, the configuration loaded, and every part built after the parts it is
+handed. How a call flows through them: docs/architecture.md."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +16,7 @@ from gateway.auth.roles import RoleBook
 from gateway.auth.tokens import TokenVerifier
 from gateway.backends import AuditReader, Backends, open_backends
 from gateway.config import Target, load_targets
+from gateway.errors import ConfigError
 from gateway.guard import names
 from gateway.guard.policy.store import PolicyStore
 from gateway.notify import Notifier, notifier_for
@@ -56,7 +31,6 @@ from gateway.server.base.audit_trail import (
 from gateway.server.base.facts import FactsNow
 from gateway.server.base.metrics import Metrics
 from gateway.server.call_path import compose_call_path
-from gateway.server.facade import GatewayFacade
 from gateway.settings import Settings
 from gateway.tools.registry import Registry, build_registry, tool_categories
 from gateway.vsphere.scheduler import Scheduler
@@ -64,8 +38,9 @@ from gateway.vsphere.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
-class Gateway(GatewayFacade):
-    """One gateway process: composes the collaborators; the surfaces call it (``GatewayFacade``)."""
+class Gateway:
+    """One gateway process: its parts, composed once; the surfaces call the part whose job it is
+    (``calls``, ``proposals``, ``actions``, ``moves``, ``facts``, ``trail``)."""
 
     def __init__(
         self,
@@ -77,13 +52,11 @@ class Gateway(GatewayFacade):
         backends: Backends,
         policy: PolicyStore,
         roles: RoleBook,
-        trail: AuditTrail | None = None,
+        trail: AuditTrail,
+        config_rows: reloads.ConfigRows,
         clock: Callable[[], float] = time.time,
-        quiet_loads: bool = False,
     ) -> None:
         self.settings = settings
-        #: a CLI run: a configuration load is audited only when it is news (``reloads.already_audited``)
-        self.quiet_loads = quiet_loads
         self.targets = {t.name: t for t in targets}
         self.registry = registry
         self.scheduler = scheduler
@@ -92,6 +65,9 @@ class Gateway(GatewayFacade):
         self.audit = backends.audit
         self.policy = policy
         self.roles = roles
+        self.trail = trail
+        #: writes the row of every configuration load (``reloads.ConfigRows``)
+        self.config_rows = config_rows
         self.clock = clock
         self.draining = False
         #: signs the audit chain's head on schedule while serving (``start``/``close``)
@@ -100,23 +76,20 @@ class Gateway(GatewayFacade):
         self.authenticator = TokenVerifier(backends.store)
         self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
-        self.path = compose_call_path(settings, self.facts, scheduler=scheduler, backends=backends,
-                                      metrics=self.metrics, trail=trail)
-        self.trail, self.moves, self.proposals = self.path.trail, self.path.moves, self.path.proposals
-        self.mirrors, self.read_rules = self.path.mirrors, self.path.read_rules
         # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
-        self.identity = reloads.load_identity(settings.identity_file, self.trail_write, self.config_row)
-        # notifications.yaml: loaded (ConfigError on a bad file) and attached now, delivering from start()
-        self.notifier: Notifier | None = None
-        path = settings.notifications_file
-        if path is not None:
-            write = self.trail.write_row  # through the trail, so the rows are forwarded too
-            self.notifier = reloads.load_audited(
-                "notifications", path, lambda: notifier_for(path, settings.notify_env, write, [self]),
-                lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, self.config_row)
+        self.identity = reloads.load_identity(settings.identity_file, trail.write_or_wait, config_rows.write)
+        # notifications.yaml: loaded (ConfigError on a bad file), told of every move, delivering from start()
+        self.notifier = _load_notifier(settings, trail, config_rows)
+        if self.notifier is not None:
             publisher = getattr(self.audit, "publisher", None)  # each signed checkpoint also to the webhooks
             if publisher is not None:
                 publisher.listeners.append(self.notifier.on_checkpoint)
+        self.path = compose_call_path(settings, self.facts, scheduler=scheduler, backends=backends,
+                                      metrics=self.metrics, trail=trail,
+                                      listeners=[self.notifier.on_event] if self.notifier else [])
+        self.moves, self.calls = self.path.moves, self.path.calls
+        self.proposals, self.actions = self.path.proposing.flow, self.path.proposing.actions
+        self.mirrors, self.read_rules = self.path.reading.mirrors, self.path.reading.read_rules
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -136,21 +109,21 @@ class Gateway(GatewayFacade):
             settings = reloads.with_servers_notifications(settings, backends.reader)
         trail = AuditTrail(backends.audit, settings.audit_log)
         forward_to_syslog(trail, settings.syslog_file)  # syslog.yaml: every row from here on
-        # every configuration load is an audit row (gateway.server.base.reloads), through the gateway's
-        # own audit path once it exists; targets.yaml is read before, straight into the sink
+        # every configuration load is an audit row (gateway.server.base.reloads); targets.yaml is read
+        # first, its row straight into the sink
         targets = reloads.load_audited(
             "targets", settings.targets_file,
             lambda: load_targets(settings.targets_file,
                                  settings.credentials if credentials_required else None),
             reloads.targets_summary, reloads.unless_audited(backends.reader, trail.write_quietly, cli))
-        built: list[Gateway] = []  # the hooks below run once the gateway exists (names.watch loads)
-        policy = PolicyStore(settings.rules_file,
-                             on_reload=lambda load: built[0].config_row(reloads.rules_row(load)))
+        config_rows = reloads.ConfigRows(trail, backends.reader, quiet=cli)
         # a roles.yaml load the audit cannot record does not apply (RoleBook keeps the roles before)
-        role_rows = reloads.RolesReloads(settings.roles_file,
-                                         lambda row: built[0].config_row(row, strict=True))
-        roles = RoleBook(settings.roles_file, on_reload=role_rows.loaded)
-        roles.on_refused = role_rows.refused
+        role_rows = reloads.RolesReloads(settings.roles_file, lambda row: config_rows.write(row, strict=True))
+        tools = tool_categories()  # a name in rules.yaml or roles.yaml matching nothing: a WARNING
+        roles = RoleBook(settings.roles_file, on_reload=role_rows.loaded, on_refused=role_rows.refused,
+                         on_refs=names.roles_watcher(targets, tools))
+        policy = PolicyStore(settings.rules_file, on_load=names.rules_watcher(roles, targets, tools),
+                             on_reload=lambda load: config_rows.write(reloads.rules_row(load)))
         gateway = cls(
             settings,
             targets,
@@ -161,12 +134,12 @@ class Gateway(GatewayFacade):
             policy=policy,
             roles=roles,
             trail=trail,
-            quiet_loads=cli,
+            config_rows=config_rows,
         )
-        built.append(gateway)
         if trail.forwarder is not None:
             gateway.metrics.add_collector("syslog", trail.forwarder.families)
-        names.watch(policy, roles, targets, tool_categories())  # a name matching nothing: WARNING
+        with contextlib.suppress(ConfigError):  # the rules are read now; roles.yaml on its first lookup
+            policy.current()
         return gateway
 
     async def start(self) -> None:
@@ -193,7 +166,7 @@ class Gateway(GatewayFacade):
         if self.notifier is not None:
             await self.notifier.close()
         await self.moves.stop_sweeper()
-        await self.path.gate.busy.flush()
+        await self.path.busy.flush()
         await asyncio.to_thread(self.trail.flush_waiting)
         await asyncio.to_thread(self.trail.stop_forwarding)
         if self.checkpoint_timer is not None:  # before the sink's own closing checkpoint
@@ -204,21 +177,11 @@ class Gateway(GatewayFacade):
             await asyncio.to_thread(self.identity.close)
         await asyncio.to_thread(self.backends.close)
 
-    def trail_write(self, row: Mapping[str, Any]) -> None:
-        """An identity provider's caller, first seen (``gateway.identity.service``); blocking."""
-        self.trail.write_or_wait(row)
     def reload_files(self) -> None:
         """Re-read rules.yaml and roles.yaml now (SIGHUP, server/edge/sighup.py); each new content is a
         ``config_reload`` row through the same hooks as a change noticed by a call. Blocking."""
         self.policy.snapshot()
         self.roles.refresh()
-
-    def config_row(self, row: Mapping[str, Any], *, strict: bool = False) -> None:
-        """Audit one configuration load (``gateway.server.base.reloads``); it waits in memory while the audit
-        cannot take it, or with ``strict`` raises ``AuditUnavailable`` (the load must not apply).
-        Blocking: the stores call it from the thread that read the file."""
-        write = self.trail.write_now if strict else self.trail.write_or_wait
-        reloads.unless_audited(self.backends.reader, write, self.quiet_loads)(dict(row))
 
     def audit_reader(self) -> AuditReader:
         """The audit log's reader (the engine's: file or table), for the proof endpoints."""
@@ -248,3 +211,14 @@ class Gateway(GatewayFacade):
             reasons.append("no usable rules file (`gateway check` shows why)")
         return reasons
 
+
+
+def _load_notifier(settings: Settings, trail: AuditTrail, config_rows: reloads.ConfigRows) -> Notifier | None:
+    """notifications.yaml's channels (ConfigError on a bad file), the load audited; None without a file.
+    Its own rows go through the trail, so they are forwarded too."""
+    path = settings.notifications_file
+    if path is None:
+        return None
+    return reloads.load_audited(
+        "notifications", path, lambda: notifier_for(path, settings.notify_env, trail.write_row),
+        lambda n: {"channels": {c.name: c.kind for c in n.config.channels}}, config_rows.write)

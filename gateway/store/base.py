@@ -1,12 +1,6 @@
-"""The records the state store keeps, and the interface every store implements.
+"""The records the state store keeps, and the ``StateStore`` interface every engine implements.
 
-The server, the CLI and the approval page share three kinds of state: bearer tokens (only a hash
-of each secret), proposals of the two-phase confirmation flow, and the approval page's sign-in
-sessions. ``StateStore`` is the small interface they code against, with two engines:
-``gateway.store.sqlite.SqliteStore`` on one SQLite file (one machine, the default) and
-``gateway.store.postgres.PostgresStore`` on a PostgreSQL database shared by several replicas behind
-one load balancer. Both run the versioned schema migrations of their engine when opened
-(``pending_migrations``) and refuse a schema newer than they know.
+Both engines run their schema migrations when opened and refuse a schema newer than they know.
 """
 
 from __future__ import annotations

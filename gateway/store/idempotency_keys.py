@@ -1,9 +1,7 @@
-"""Idempotency keys in the state store, on either engine: one row per (caller key, key), claimed atomically.
+"""Idempotency keys in the state store: one row per (caller key, key), claimed atomically, on either engine.
 
-``KeyTable`` runs the same SQL on SQLite and PostgreSQL (``%s`` placeholders, rewritten for SQLite) through
-the store's own ``_read``/``_write``, so every replica on one database sees every key. What a row means
-is decided in ``gateway.guard.idempotency_rules``; this module only keeps rows. Blocking: call from a worker
-thread.
+What a row means is ``gateway.guard.idempotency_rules``; this only keeps rows. Blocking: call from a
+worker thread.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Which gateway process holds an ``executing`` claim, and whether that process is still alive.
 
-Each process that claims a proposal for execution first takes an *instance lock*: a file
-``<home>/instances/<id>.lock`` held with ``flock`` for the rest of its life. The kernel drops the lock
-the moment the process dies, however it dies (``kill -9`` included), so another process can tell a
-dead claim from a live one at once, with no lease to wait out and no clock to trust: ``alive(id)``
-tries to take the same lock without waiting. A claim whose process is alive (a CLI approval running
-now) is never touched; a dead one is settled as ``outcome_unknown`` when a gateway starts.
+Each claiming process holds ``flock`` on ``<home>/instances/<id>.lock`` for life; the kernel drops it
+however the process dies, so a dead claim is told from a live one at once, with no lease or clock.
+A dead claim is settled as ``outcome_unknown`` when a gateway starts.
 """
 
 from __future__ import annotations

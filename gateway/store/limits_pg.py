@@ -1,10 +1,8 @@
 """Rate limits and the runaway breaker counted across replicas, in PostgreSQL.
 
-``PgRateLimiter`` and ``PgRunawayBreaker`` keep the contracts of ``gateway.guard.limits`` (same
-arguments, same refusals) but count every replica's calls together: each check is one transaction
-serialised per key by a transaction-scoped advisory lock, and time is the database's clock (replicas'
-monotonic clocks cannot be compared), so the ``now`` argument is ignored. A database that cannot be
-reached raises ``StateUnavailable`` (the call is refused). Blocking: call from a worker thread.
+The contracts of ``gateway.guard.limits``, but each check is one transaction under a per-key advisory
+lock, and time is the database's clock (replicas' monotonic clocks differ), so ``now`` is ignored.
+Blocking: call from a worker thread.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """``PostgresStore``: the state store on a PostgreSQL database shared by several gateway replicas.
 
-Chosen by ``GATEWAY_DATABASE_URL=postgresql://...`` (``--database-url``); see ``gateway.backends.open_store``.
-Every replica behind the load balancer opens the same database, so a token revoked through one is
-refused by all on their next request (the ``token_generation`` counter, read per request), a proposal
-made through one is confirmed or approved through another, and a web sign-in holds on all of them.
-
-Concurrency model: connections come from one ``psycopg_pool.ConnectionPool`` per process (checked on
-checkout, so a PostgreSQL restart costs no gateway restart); reads run in autocommit, every write is
-one transaction. ``transition`` is a single ``UPDATE ... WHERE state = ANY(...)``: under READ
-COMMITTED a racing updater waits for the row lock and re-checks the state, so of two replicas
-confirming at once exactly one wins. Every statement carries a ``statement_timeout`` and
-``lock_timeout``, so a stuck database surfaces as ``StateUnavailable`` instead of a hung call.
-
-Schema migrations (``MIGRATIONS``) run in one transaction under a transaction-scoped advisory lock
-when a store opens (``gateway db upgrade`` runs them explicitly), so replicas starting together
-migrate once; a database whose schema is newer than this code knows is refused.
-
-Secrets: the URL may carry a password (prefer ``PGPASSFILE`` or ``PGPASSWORD``). It is kept only
-inside the pool's connection string: errors and logs name the database by ``display_url`` (user, host,
-port, database; never the password), and the driver's own messages go to the log only.
+``transition`` is one ``UPDATE ... WHERE state = ANY(...)``: under READ COMMITTED of two replicas
+confirming at once exactly one wins. Statement and lock timeouts make a stuck database
+``StateUnavailable``, not a hung call. Migrations run once under an advisory lock. The URL's password
+stays in the pool's connection string; errors name the database by ``display_url``.
 """
 
 from __future__ import annotations

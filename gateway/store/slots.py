@@ -1,23 +1,9 @@
 """Coordination of the replicas on one PostgreSQL: per-target call slots, claim liveness, a leader.
 
-``PgSlots`` bounds the concurrent vSphere calls of a target across all replicas together: slot ``i``
-of target ``t`` is the session-scoped advisory lock ``(key(t), i)``, held on a connection of its own
-for as long as the call runs. A replica that dies drops its connections and so its slots; nothing
-needs cleaning up. ``acquire`` first tries every slot without waiting, then queues on one slot in
-PostgreSQL's lock queue (first come, first served, so no replica can starve another) for a short
-while, and repeats until the deadline, so a slot freed elsewhere is taken on the next round. The
-scheduler keeps its own fair order within a replica (``gateway.vsphere.lane``) and asks for a slot
-only for the calls its lane granted (at most ``pool_size`` per target at a time). Blocking: call
-from a worker thread.
-
-``PgInstance`` is the cross-host form of ``gateway.store.instance.Instance``: a process's claim id is
-alive while it holds a session-scoped lock, so a replica settles only claims of processes that died.
-
-``PgLeader`` elects one replica for work that must run once (the proposal expiry sweeper): the
-holder of a session-scoped advisory lock is the leader until its process or connection dies.
-
-Limits: a connection lost while a call runs (PostgreSQL restarted) loses its slot; the call goes
-on, so the bound can be exceeded by the calls in flight at that moment.
+A slot is a session-scoped advisory lock held on its own connection for the call, so a dead replica
+frees its slots with nothing to clean up; waiting queues in PostgreSQL's lock queue (first come, first
+served). A connection lost mid-call loses its slot while the call goes on: the bound can be exceeded
+by the calls in flight at that moment. Blocking: call from a worker thread.
 """
 
 from __future__ import annotations

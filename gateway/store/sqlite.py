@@ -1,20 +1,9 @@
 """``SqliteStore``: the state store on one SQLite file under the gateway home.
 
-Safe for several processes at once (the server, the CLI, a second server): WAL mode lets readers
-proceed while one writer commits, ``busy_timeout`` makes a writer wait for another instead of
-failing, and every write is one ``BEGIN IMMEDIATE`` transaction. Within a process each thread gets
-its own connection, so a reader on the event loop never waits behind a writer in a worker thread.
-
-The directory is kept at mode 0700 and the database (with its ``-wal`` and ``-shm`` files) at 0600:
-they hold token hashes and the parameters of pending destructive actions. The file must be on a
-local filesystem (WAL coordinates through shared memory); replicas on several hosts need a shared
-database behind ``StateStore`` instead.
-
-Modes are set without ever opening a file SQLite may hold: SQLite coordinates processes with POSIX
-locks, and closing *any* descriptor of a file drops all of the process's locks on it (another process
-then rebuilds the shared-memory index under the first one, which dies of SIGBUS). So the database is
-created empty at 0600 before SQLite first opens it (SQLite gives its ``-wal`` and ``-shm`` files the
-database's mode), and a file already there that is too open is tightened by name, with ``chmod``.
+Several processes at once: WAL, ``busy_timeout``, every write ``BEGIN IMMEDIATE``; one connection per
+thread. Local filesystems only. Modes are set without opening a file SQLite may hold: closing any
+descriptor of a file drops the process's POSIX locks on it (another process then rebuilds the
+shared-memory index and the first dies of SIGBUS), so the file is created at 0600 before SQLite opens it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""MCP tasks in the state store, on either engine, so that any replica answers tasks/get, tasks/result,
-tasks/list and tasks/cancel for a task another one runs (``gateway.server.edge.mcp_tasks`` runs them).
+"""MCP tasks in the state store, on either engine, so any replica answers for a task another one runs.
 
-One row per task: its caller (only they see it), state, progress, the answer's text once it finished,
-and a cancellation request the running replica acts on. Same SQL on both engines (``%s`` rewritten for
-SQLite), through the store's ``_read``/``_write``. Blocking: call from a worker thread.
+Only a task's caller sees it. Blocking: call from a worker thread.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Destructive tools: registered only when destructive operations are enabled, always two-phase.
-
-A call returns a proposal; ``confirm_action`` executes it after re-planning. Revert-type tools set
-``snapshot_before`` so policy can ask for a safety snapshot first (see ``gateway.vsphere.actions``).
-"""
+"""Destructive tools: registered only when destructive operations are enabled, always two-phase."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Exposure between all and read-only: ``gateway serve --read-only --allow-write a,b`` (or
-``GATEWAY_READ_ONLY=true GATEWAY_ALLOW_WRITE=a,b``; the flag wins when both are given) offers every read
-plus the named write tools, to every caller (roles and rules still decide each call).
+"""Exposure between all and read-only: ``--read-only --allow-write a,b`` offers every read and those writes.
 
-Only write tools (``gateway.tools.write``) can be named: a destructive tool stays behind
-``--enable-destructive`` and its two-phase flow, and a read is always offered anyway. A name that
-is not a write tool of this gateway stops ``serve`` (exit 2) with the list of valid names, whether
-it came from the flag or the variable.
+Only write tools can be named (destructive ones stay behind ``--enable-destructive``); any other name
+stops ``serve`` with the valid names. Roles and rules still decide each call.
 """
 
 from __future__ import annotations

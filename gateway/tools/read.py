@@ -1,13 +1,6 @@
 """The read tools: a table of ``ToolSpec`` whose handlers parse arguments and call ``gateway.vsphere``.
 
-Every read tool is category READ, risk LOW, takes ``target`` (one name, a list, or "all") first and
-runs once per target in that target's worker thread (``target_mode="fanout"``). Handlers return
-JSON-able dicts; lists are wrapped (``{"vms": [...], "count": n}``). Argument parsing (timestamps,
-regular expressions, column names) fails with ``InvalidArgument`` before any request is made.
-
-``list_targets`` is served by the pipeline itself: it fans ``target_about`` out and folds the answers
-with ``summarize_targets``. ``get_access_info`` is built last by the registry from every tool's
-declared privileges (``access_info_tool``).
+Argument parsing fails with ``InvalidArgument`` before any request is made.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Assemble the tool table for one server: capability gating, then read-only mode.
 
-The registry is built once before serving. Read-only mode removes every non-read tool, then proves
-that none survived; if the proof fails the server refuses to start.
+Read-only mode removes every non-read tool, then proves none survived, or the server refuses to start.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """What a tool is: a value in a table, not a decorated function.
 
-A ``ToolSpec`` names the tool, declares its category and risk (from which MCP annotations and the
-guard's treatment follow), lists its parameters (from which the input schema and argument
-validation follow) and points at plain functions that do the work inside a target's worker thread.
-
-Handlers by kind:
-- read tools: ``read(session, args) -> JSON-able``; run once per target (fan-out for lists/"all").
-- write / destructive tools: ``plan(session, args) -> Plan`` resolves names to objects and facts
-  without changing anything; ``execute(session, plan, progress) -> JSON-able`` performs it.
-- ``target_mode == "none"`` tools (list_targets, confirm_action, ...) are served by the pipeline
-  itself and carry no vSphere handler.
+Its category and risk decide its MCP annotations and how the guard treats it; its parameters decide
+the input schema and validation. A write's ``plan`` resolves and changes nothing; ``execute`` changes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Write tools: changes to one target that policy may allow directly (no two-phase confirmation).
 
-Each spec points at a ``plan`` / ``execute`` pair in ``gateway.vsphere.actions``; the parameters
-declared here are the whole surface (``reconfigure_vm`` takes no raw spec, by design).
+The parameters here are the whole surface (``reconfigure_vm`` takes no raw spec, by design).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""What the endpoint is (``about``) and which privileges this session's account holds there
-(``check_privileges``, behind get_access_info).
-"""
+"""What the endpoint is (``about``) and the privileges this session's account holds (``check_privileges``)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """The PropertyCollector transport: filter specs, ``retrieve`` with continuation tokens, and sweeps.
 
-Sweeps
-    ``sweep(session, queries)`` reads the given properties of every object of the given types: one
-    ``RetrievePropertiesEx`` (plus one ``ContinueRetrievePropertiesEx`` per further page of
-    ``PAGE_OBJECTS``) through a ContainerView over the types, which the session keeps for the next
-    sweep of the same types (``views``). The number of requests grows with the number of objects only
-    through the paging.
-    Values come back plain (``Props``): ``str``, ``int``, ``float``, ``bool``,
-    aware ``datetime``, a moid ``str`` for an object reference, or a list of those; unset or
-    unreadable properties are absent. Only such scalar paths may be swept.
-
-    On a ``SoapStubAdapter`` the reply is decoded by ``soap_scan`` instead of pyVmomi's
-    object deserializer, which costs several times more than the request itself on large inventories;
-    each page is decoded while the server computes the next one (``retrieve_pipelined``), so only the
-    last page's decode follows the retrieval.
-    The request is still built, sent (same connection pool, cookie, request modifiers) and, when it
-    fails, decoded into a fault by pyVmomi, so faults surface exactly as from any other call.
-
-Every function takes a session with ``target``, ``si`` and ``content`` (``pool.VSphereSession``)
-and must run in that target's worker thread. pyVmomi faults propagate untranslated; the session
-pool turns them into gateway errors.
+A sweep reads scalar properties of every object of some types through a ContainerView the session
+keeps (``views``), as plain values. On a ``SoapStubAdapter`` replies are decoded by ``soap_scan``
+instead of pyVmomi's deserializer, each page while the server computes the next; a failed reply is
+still decoded by pyVmomi, so faults surface as from any call. Runs in the target's worker thread.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""One object in depth (``get_vm_details``, ``get_host_details``, ``get_cluster_details``,
-``get_datastore_details``) and a VM's snapshot tree (``list_snapshots``): data objects decoded by pyVmomi.
-"""
+"""One object in depth (VM, host, cluster, datastore) and a VM's snapshot tree, decoded by pyVmomi."""
 
 from __future__ import annotations
 

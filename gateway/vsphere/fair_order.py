@@ -1,16 +1,7 @@
-"""Who is served next in one target's lane: deficit round-robin by call over per-caller queues.
+"""Who is served next in one target's lane: deficit round-robin by call over per-caller queues. Pure.
 
-Pure (no threads, no clock, no I/O): ``FairOrder`` holds what waits, per caller in arrival order, and
-``pop`` names the next item. Each caller with something waiting is in a ring; when its turn comes it
-earns its ``weight`` in credit, and each call it is served costs one credit. It is served while it has
-a credit and a call waiting, then the turn passes on. A caller whose queue empties leaves the ring and
-loses its credit (no saving up while idle); it rejoins at the back of the ring. With every weight 1
-that is plain round-robin by call: a caller's burst only delays that caller. A weight of 3 is served
-three calls a turn; a weight of 0.5 one call every second turn.
-
-``gateway.vsphere.scheduler`` keeps one ``FairOrder`` per target lane (under the lane's lock). A
-"caller" here is a fair-queue share (``gateway.auth.fair_share``): one caller key, or every agent
-acting for one person.
+A caller earns its ``weight`` in credit each turn and spends one per call; one whose queue empties
+loses its credit (no saving up while idle). So a caller's burst only delays that caller.
 """
 
 from __future__ import annotations

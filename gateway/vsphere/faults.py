@@ -1,9 +1,6 @@
 """The one place where pyVmomi faults and transport errors become gateway errors.
 
-``translate(exc, target)`` looks the exception's class (walking its MRO, most specific first) up in
-one table that says which ``GatewayError`` subclass it becomes and which remedy the message names.
-Text that comes from the target (a fault's ``msg``) is untrusted: it is stripped of control
-characters and bounded in length before it is put in a message. Translation never raises.
+Text from the target is untrusted: stripped of control characters and bounded. Translation never raises.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Events and tasks, read over vSphere history collectors and scrolled by time window.
 
-Why collectors: ``QueryEvents`` answers one server-capped slice (the newest records) and says
-nothing when it cut the window short. A history collector is scrolled instead:
-
-1. create it with a filter for the window (time; event types, task states and user when given),
-2. set its page size, ``ResetCollector`` (the scroll position then sits just before the "latest
-   page"), read ``latestPage``, then ``ReadPrevious*`` page by page towards older records,
-3. stop when a page comes back empty or a record older than the window's start shows up,
-4. destroy the collector, whatever happened.
-
-Records are counted as they are read (duplicates by key once: some servers hand the latest page
-back again after a reset). Reading more than ``max_scan`` records without reaching the start of
-the window raises ``ScanLimitReached``: a partial list would read like a complete one.
-
-The time, type, state and user filters are also applied to every record read, so a server that
-ignores the filter (the simulator does) cannot widen the answer. ``entity_name`` is a regular
-expression matched against every entity name a record carries; it is applied client-side only,
-which is how records about deleted objects are still found.
+``QueryEvents`` answers one server-capped slice and says nothing when it cut the window short, so a
+collector is scrolled back page by page, and always destroyed. Past ``max_scan`` records it raises
+``ScanLimitReached``: a partial list would read like a complete one. Every filter is applied again
+client-side (the simulator ignores them); ``entity_name`` only client-side, which finds deleted objects.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """One target's lane: its ``pool_size`` slots, handed out fairly among callers, and its admission.
 
-Who calls comes from ``Caller`` (a share and a weight): the server sets ``caller_var`` once per tool
-call (``gateway.auth.fair_share.queue_for``), so every vSphere call a tool call makes, on every target
-a fan-out reaches, queues in that caller's share. Waiting calls sit in per-share FIFO queues served
-deficit round-robin by call (``gateway.vsphere.fair_order``): a slot freed by a finishing call goes to
-the next waiter in that order, so a newcomer never overtakes a waiter and one caller's burst only
-delays that caller. It goes at once, unless the lane's slots are in lock step
-(``gateway.vsphere.stagger``: at fixed call times they free together call after call, and a newcomer
-waits for the whole lane to come round); then the slot stays reserved, for a fraction of a call,
-until the start it is given.
-
-Admission: a caller with ``max_queued_per_caller`` calls already waiting on the target is refused at
-once with ``Busy`` (``retry_after_seconds`` from the lane's recent call time); the queue timeout is the
-last resort for the calls admitted. The lane counts what it refused by reason and how long granted
-calls waited (a histogram), for ``/metrics``.
+A freed slot goes to the next waiter in fair order (``fair_order``), so a newcomer never overtakes a
+waiter; when the slots are in lock step (``stagger``) it stays reserved until the start given. A
+caller with ``max_queued_per_caller`` calls waiting is refused at once with ``Busy``.
 """
 
 from __future__ import annotations

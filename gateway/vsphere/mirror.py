@@ -1,51 +1,12 @@
 """A live inventory mirror per target: one PropertyCollector filter kept current by ``WaitForUpdatesEx``.
 
-Why
-    A listing swept from vCenter costs the whole inventory's SOAP on every call; eight agents polling
-    ``list_vms`` make vCenter serialize it eight times a minute. A mirror reads it once and then only
-    the changes, the way vCenter's own clients do.
-
-What it holds
-    ``MIRRORED``: the types the list tools read (VMs, hosts, compute resources, pools, folders,
-    datacenters, datastores, networks) with only the properties those tools return, as plain values
-    (``ObjectProps``, the same shape a sweep gives). Memory is therefore bounded by the inventory
-    size times a fixed set of scalar properties.
-
-How it stays current
-    One daemon thread per target (``Mirror``), on a session of its own (a one-session ``SessionPool``,
-    never the call slots), creates a ContainerView over the root folder and one filter on it, reads
-    everything with ``WaitForUpdatesEx(version="")`` (in parts: ``MAX_OBJECT_UPDATES``) and then waits
-    for changes with long waits. A session that expired (``NotAuthenticated``: the pool logs in again), a
-    filter the server no longer knows, or a target that went away and came back (a vCenter restart)
-    makes it start over: new view, new filter, full resync. While it is not synced, or after any error,
-    it is unhealthy and reads sweep.
-
-Fresh by default
-    Before answering, a read asks the mirror thread for one zero-wait ``WaitForUpdatesEx`` since the
-    mirror's version (interrupting its long wait with ``CancelWaitForUpdates``) and answers from the
-    state after it was applied, so the answer is at least as fresh as a sweep started at that moment.
-    A target with ``max_staleness_seconds`` skips that round trip while the mirror heard from the
-    target within that many seconds, and its answers carry ``mirror_age_seconds``.
-
-The mirror checks itself (``gateway.vsphere.mirror_check``)
-    Every comparison round proves the stream live (its poll must bring back a change of the mirror's
-    own marker), so a stream that stops delivering silently is found within one rolling round (at most
-    5 s); a read's poll proves it too when no poll did within ``PROOF_SECONDS``; finished
-    tasks and objects that entered and left in one update set are read live before a poll answers;
-    rolling and full rounds compare the mirror with live reads in between. A divergence is logged,
-    counted and repaired by a resync; until then reads sweep.
-
-Fallback, never mixed
-    ``Mirrors.answer`` returns a whole answer computed under the mirror's lock from one state, or
-    ``None`` (the caller sweeps as before): never part of each. Writes and confirm-time resolution do
-    not come here; they always read live.
-
-Names for live reads
-    A read of one object in depth (``get_vm_details``) is still read live, but it no longer has to
-    sweep every VM's name to find the VM: ``Mirrors.lookup`` gives the moid the mirror knows for that
-    name (an index built once per change), and the read checks it against the name it reads live,
-    searching as before when the hint is wrong, gone, ambiguous or missing. Without a poll: a VM given
-    the same name within the mirror's lag is the only thing a search would see and the hint would not.
+- Why: a swept listing costs the whole inventory's SOAP per call; a mirror reads it once, then changes.
+- One daemon thread per target on a session of its own; any error, expiry or restart of the target
+  means a full resync, and while not synced reads sweep.
+- Fresh by default: a read first asks for one zero-wait poll and answers from the state after it, so
+  it is at least as fresh as a sweep started then (``max_staleness_seconds`` skips the poll).
+- Never mixed: ``Mirrors.answer`` is a whole answer from one state, or ``None`` and the caller sweeps.
+  Writes and confirm-time resolution always read live.
 """
 
 from __future__ import annotations

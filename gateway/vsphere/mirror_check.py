@@ -1,35 +1,9 @@
 """The mirror checks itself: what it holds is compared with live reads, at a bounded cost.
 
-Why
-    A mirror is only as true as its update stream, and a stream can go wrong without an error: a
-    server whose filters of one session silence another's (govmomi's simulator), an update lost with a
-    cut connection, a change the server never reports (the simulator's ``ReconfigVM_Task``), a move
-    reported as an enter then a leave. An answer from the mirror must still be what a sweep would say.
-
-What checks what (``gateway.vsphere.mirror`` runs all of it on the mirror's own session)
-    - **A stream that proves itself.** The mirror's filter also watches a ``ListView`` of its own
-      session (``Marker``). Every freshness poll first changes it (one ``ModifyListView``); a poll that
-      does not bring that change back came from a stream that is not delivering, so the mirror is
-      diverged: the read sweeps and the mirror resyncs.
-    - **Tasks name what changed.** The filter watches ``TaskManager.recentTask``; a finished task's
-      entity (and the object it made) is read live before the poll answers, so a change the stream
-      does not report still shows in the next read. Objects that entered and left in one update set
-      (a move, in the simulator) are read live the same way and kept when they exist.
-    - **Rolling rounds** (``Schedule``): every ``round_seconds`` a slice of the mirrored objects is read
-      live with a cheap property set (``CHEAP``) and compared; slices rotate, so the whole inventory is
-      covered at least once per full interval.
-    - **Full rounds**: every ``mirror_check_seconds`` (targets.yaml, default 300) everything the mirror
-      holds is read live and compared, including objects it lacks or still holds.
-
-    A difference is confirmed before it counts (the objects are read again and the mirror polled
-    again: a change made between a read and a poll is not a divergence). A divergence is logged,
-    counted (``gateway_mirror_divergence_total``) and repaired by a full resync; until then the mirror
-    answers nothing and reads sweep. Cost (bench/mirror_check.py): per full interval about two reads of
-    the cheap set and one of the mirrored set, one small call and its update per read, and the
-    target's recent-task list with each task.
-
-This module holds the pure parts (what to compare, when, which slice) and the live reads they need;
-it imports nothing of the mirror itself.
+A stream can go wrong without an error (a lost update, a change never reported), so: every poll must
+bring back a change to the mirror's own marker, finished tasks' objects are read live, rolling rounds
+compare slices and full rounds everything. A difference is confirmed before it counts; a divergence
+is logged, counted and repaired by a resync, and until then reads sweep. Pure parts and live reads only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Realtime performance of one VM through the PerformanceManager.
 
-Three requests after resolving the VM: ``QueryAvailablePerfMetric`` (which counters the VM has at
-the 20-second realtime interval), the manager's ``perfCounter`` list (names and rollups; read through
-the PropertyCollector because ``QueryPerfCounter`` crashes the simulator) and one ``QueryPerf`` for
-the wanted counters' aggregate instance. Counters the target does not collect are
-listed under ``unavailable`` rather than failing the call; a VM with no realtime statistics at all
-(powered off, or statistics disabled) gets an empty ``metrics`` list and a ``note`` saying why.
+Counters the target does not collect are listed as ``unavailable`` instead of failing the call.
+``perfCounter`` is read through the PropertyCollector because ``QueryPerfCounter`` crashes the simulator.
 """
 
 from __future__ import annotations

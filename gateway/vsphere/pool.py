@@ -1,15 +1,8 @@
 """Logged-in pyVmomi sessions for one target, reused across calls.
 
-A ``SessionPool`` logs in lazily (no I/O until the first ``run``), keeps at most ``target.pool_size``
-sessions, and hands each call a session of its own for the call's whole duration. It does no
-health probe on checkout: a session the target has expired shows up as ``NotAuthenticated`` on the
-call itself, which is answered by logging in again once and re-running the call.
-
-Connections are built with ``SoapStubAdapter`` rather than ``pyVim.connect.SmartConnect``:
-SmartConnect negotiates the API version over a socket without a timeout, keeps a process-global
-"current" service instance, and silently disables TLS verification for loopback addresses. Here
-every socket has ``target.timeout_seconds`` as its timeout, the API version is negotiated once per
-pool, and TLS is verified unless the target says ``insecure: true``.
+No health probe on checkout: an expired session shows as ``NotAuthenticated`` and the call logs in
+again once and re-runs. ``SoapStubAdapter``, not ``SmartConnect``, which negotiates without a socket
+timeout, keeps a global service instance and disables TLS verification for loopback addresses.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Name and moid resolution: inventory paths of folders, and one object named by exact name or moid.
 
-``resolve_vm`` and its siblings answer one object with the facts policy needs, or raise
-``errors.NotFound`` (naming the target and the list tool to call) or ``errors.Ambiguous`` (listing the
-candidates' moids). The actions package builds on these. Like every read, each function runs in the
-target's worker thread (see ``collector``).
+A miss is ``NotFound`` naming the list tool to call; several matches are ``Ambiguous`` with their moids.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Per-target scheduling of blocking pyVmomi work: fair slots, worker threads, deadlines, fan-out.
 
-Each target is a bulkhead: a ``Lane`` (``gateway.vsphere.lane``: ``pool_size`` slots handed out
-round-robin among callers, FIFO within one caller, a per-caller bound on calls waiting) and
-``pool_size`` worker threads of its own. A call holds its slot until its worker thread is done,
-even when the caller has given up at its deadline, so a hung target fills only its own slots and
-threads; calls to other targets never wait behind it. The event loop only ever awaits futures.
-
-Each target also has a circuit breaker (``_Breaker``): after ``breaker_threshold`` connection failures
-in a row (``unreachable``, or ``timeout`` raised by the target's socket, not by a caller's deadline
-or a task's; ``is_connection_failure``)
-its calls fail fast with ``unreachable``, ``circuit: "open"`` and ``retry_after_seconds``, while one
-background thread probes the target (one login or one call) every ``probe_seconds``, doubling up to
-``max_probe_seconds``; the first probe that gets an answer closes the breaker.
+Each target is a bulkhead: a call holds its slot until its thread is done, even after the caller gave
+up, so a hung target fills only its own slots. After ``breaker_threshold`` connection failures in a
+row its calls fail fast with ``unreachable`` while one background probe backs off until one answers.
 """
 
 from __future__ import annotations

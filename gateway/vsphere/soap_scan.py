@@ -1,11 +1,8 @@
-"""Decoding ``RetrievePropertiesEx`` / ``ContinueRetrievePropertiesEx`` replies into plain objects.
+"""Decoding ``RetrievePropertiesEx`` replies into plain objects.
 
-``parse_retrieve_result`` reads a reply in the plain shape vSphere sends for scalar sweeps with a few
-regular expressions (``scan_retrieve_result``: several times cheaper than pyVmomi's deserializer or
-ElementTree on large inventories) and anything else with ElementTree; both give the same ``ObjectProps``.
-The scanner reads every object of a shape it has seen in the reply (a sweep's VMs) with one expression
-compiled for that shape; at 30,000 VMs (35 MB) it decodes in about 150 ms, where expat alone, with no
-handler at all, takes 180 ms and ElementTree a second.
+The plain shape vSphere sends for scalar sweeps is read with regular expressions, one compiled per
+object shape; anything else goes to ElementTree, giving the same ``ObjectProps``. Its cost against
+pyVmomi's decoder: bench/RESULTS.md, "list_vms sweeping ... decode alone" rows.
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ class ObjectProps:
     """One object of a retrieval: its type (``VirtualMachine``), moid and plain property values.
 
     Read-only by convention (a mirror hands the same objects to every reader), not ``frozen``: a frozen
-    dataclass sets each field through ``object.__setattr__``, which made building one three times
-    dearer (1.7 ms per 3,000 VMs, against 0.5), and a sweep builds one per object."""
+    dataclass sets each field through ``object.__setattr__``, which makes building one several times
+    dearer, and a sweep builds one per object."""
 
     type: str
     moid: str
@@ -278,7 +275,7 @@ _ASCII_XML_CHARS = bytes(c for c in range(128) if c in (9, 10, 13) or c >= 32)
 def _text(body: bytes) -> str:
     """``body`` as text: ``UnicodeDecodeError`` for invalid UTF-8, ``_Unrecognised`` for a C0 control
     character XML forbids. ASCII (every sweep of plain names) is checked by one deletion pass whose
-    result is empty, then decoded as ASCII: 1.5 ms for 3.5 MB, where a checking decode table took 2.3."""
+    result is empty, then decoded as ASCII (cheaper than a checking decode table)."""
     if body.isascii():
         if body.translate(None, _ASCII_XML_CHARS):
             raise _Unrecognised
@@ -434,8 +431,8 @@ def _shape_reader(kind: str, names: tuple[str, ...],
 
     One dict display per object, written for the shape's number of values and the places of those to
     convert (``_reader_code``); the names, the converters and the type come in as the function's globals,
-    so nothing of the reply is ever part of the source. A quarter cheaper per object, matching included,
-    than building the dict from ``zip`` and converting after (3,000 VMs: 5.7 ms, against 7.8)."""
+    so nothing of the reply is ever part of the source: cheaper per object, matching included, than
+    building the dict from ``zip`` and converting after."""
     namespace: dict[str, Any] = {"ObjectProps": ObjectProps, "kind": kind}
     namespace.update((f"n{index}", name) for index, name in enumerate(names))
     namespace.update((f"c{group}", convert) for group, _name, convert in converted)

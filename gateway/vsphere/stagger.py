@@ -1,23 +1,9 @@
 """When the next call on a target's lane starts: at once, unless it would start together with another.
 
-Pure (no threads, no clock, no I/O): ``start_at`` takes the time now and the lane's recent call
-starts (those already made and those already scheduled) and names when the next call starts.
-
-Why: at fixed call times a lane's slots fall into lock step. A burst that takes every slot at once
-frees them all at the same instant, they are all taken again at that instant, and so on call after
-call: a caller arriving in between waits for the whole lane to come round, half a call on average,
-where slots freeing one after another would have let it in after ``1 / pool_size`` of that. Real
-targets' call times vary and break the lock step themselves; a simulator's fixed delays, or a target
-answering one kind of call at a steady pace, keep it forever.
-
-A start within ``together`` seconds of another (a small fraction of the call time) is a meeting.
-One meeting is let through: varying call times make one now and then, and the next call's spread
-undoes it. A meeting again about one call time after the last one let through (half to one and a
-half call times: the same slots freed together again) is lock step: that start, and every other
-start that meets one while that memory lasts, is moved to the first moment ``spacing`` (the call
-time over the slot count) after one of the recent starts that is clear of all of them. The lane
-holds the slot for the wait (nobody else takes it; the wait is less than one call time), and from
-then on its slots free one after another. One slot, or no call time measured yet: at once.
+Pure. At fixed call times a lane's slots fall into lock step (all free at one instant, all taken
+again), so a caller arriving in between waits for the whole lane. One meeting of starts is let
+through; a meeting again about one call time later is lock step, and that start moves to ``spacing``
+after a clear start. The lane holds the slot for the wait (less than one call time).
 """
 
 from __future__ import annotations

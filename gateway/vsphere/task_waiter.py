@@ -1,24 +1,9 @@
 """The single waiter for vSphere tasks (and for property conditions, such as a guest shutting down).
 
-Every mutation the gateway starts is followed here, through a private PropertyCollector: one
-``PropertyFilter`` on the watched object, ``WaitForUpdatesEx`` long polls bounded by the caller's
-deadline, and a plain ``RetrievePropertiesEx`` read whenever a poll comes back empty (so an update
-lost between polls cannot stall the wait). Neither pyVim's task helpers nor the ``task.info``
-accessor are used: the latter breaks on tasks whose entity is a snapshot.
-
-Outcomes of ``wait_for_task``:
-
-- ``success``: the task's ``info.result`` is returned.
-- ``error``: ``errors.TaskFailed`` carrying the target's message (``faults.task_error``).
-- the wait loses its connection (a timeout or a dropped connection while following the task):
-  ``errors.OutcomeUnknown`` for every task, destructive or not (it was submitted and may still
-  complete: it is never reported as failed or unreachable, so never retried).
-- the deadline passes, or the wait fails otherwise (session gone): for a destructive task
-  ``errors.OutcomeUnknown``; for a write task ``errors.Timeout`` or the translated error. All carry
-  the task moid in ``details["task"]``.
-
-``deadline`` is always a ``time.monotonic()`` value. The filter and the collector are destroyed on
-every path.
+A private filter and long polls bounded by the deadline, with a plain read after an empty poll (a lost
+update cannot stall the wait); not ``task.info``, which breaks on snapshot tasks. A lost connection is
+``OutcomeUnknown`` for every task (it may still complete, so never retried); a passed deadline is
+``OutcomeUnknown`` for a destructive task, ``Timeout`` for a write. The filter is always destroyed.
 """
 
 from __future__ import annotations

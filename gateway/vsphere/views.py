@@ -1,18 +1,9 @@
 """Container views kept per vSphere session, so a sweep does not make and destroy one every time.
 
-A sweep reads its objects through a ContainerView of a root (the root folder, usually) and the types it
-sweeps. Making one costs the server a walk of the inventory under the root (in the simulator: 4 ms at
-3,000 VMs, 60 ms at 30,000), and destroying it one more round trip. A view follows the inventory as it
-changes (what is created, moved in or deleted appears in it or leaves it), so each session keeps the
-views it made and the next sweep over the same root and types reads through the same one:
-
-- at most ``LIMIT`` views per session; making one more destroys the one used least recently;
-- a view belongs to the vSphere session that made it: a new login of that session forgets them all
-  (``clear``), and a logout ends them on the server;
-- a view the server no longer knows (``ManagedObjectNotFound`` naming the view) is forgotten, and the
-  sweep is made once more through a new one (``collector.sweep``).
-
-A ``ViewCache`` is used by the one thread its session is lent to, like the session: no lock.
+Making a view costs the server a walk of the inventory, and a view follows the inventory as it
+changes, so each session keeps its views (at most ``LIMIT``, least recently used dropped). A new login
+forgets them; a view the server no longer knows is forgotten and the sweep retried once. No lock: a
+cache is used by the one thread its session is lent to.
 """
 
 from __future__ import annotations

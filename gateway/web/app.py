@@ -1,34 +1,9 @@
 """The approval page: static files and a small JSON API, mounted at /ui by ``gateway.server.edge.app``.
 
-Everything here goes through the same ``Gateway`` as MCP callers: reads are ``gateway.call`` (role
-checks, fan-out, audit rows with surface ``web``), approvals and denials are ``gateway.approve`` and
-``gateway.deny`` (the approve right, the proposal's state and expiry, audit rows naming the human).
-The page never creates or edits anything else.
-
-    GET  /                          the page (static HTML; script and style from /static, no inline code)
-    GET  /static/<file>             app.js, app.css, favicon.svg
-    GET  /api/session               who is signed in (and the CSRF token), or {"signed_in": false}
-    POST /api/sign-in               {"token": "gwt_..."} -> session cookie          (origin check)
-    POST /api/sign-out                                                                (origin + CSRF)
-    GET  /api/proposals             open and recently decided proposals on the viewer's targets
-    POST /api/proposals/<id>/approve   approve and execute                          (origin + CSRF)
-    POST /api/proposals/<id>/deny                                                    (origin + CSRF)
-    GET  /api/targets               list_targets plus each target's web-approval setting
-    GET  /api/inventory/<kind>      vms | hosts | clusters | datastores across the viewer's targets
-    GET  /api/audit                 a filtered tail of the audit log, as the role's ``audit`` right allows
-                                    (own: the viewer's own calls; all: rows of its targets; none: 403)
-    GET  /api/audit/verify          whether the hash chain verifies (403 for ``audit: none``)
-
-Every response carries a Content-Security-Policy without inline script and with
-``frame-ancestors 'none'``, ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and
-``Cache-Control: no-store``. Every POST needs a JSON body (an HTML form cannot send one cross-site)
-and passes ``gateway.web.session.origin_refusal``; every POST but sign-in also needs the CSRF token.
-Each request re-reads the session's token record: revoking a token, its expiry, a role change or
-its kind becoming an agent's applies from the next request.
-
-Only people sign in: an agent's token is refused at sign-in (audited, ``reason_code: agent_token``)
-with the command that makes a person's token. Which proposals a viewer sees, and may approve or
-deny, is ``guard.decision.proposal_rights``, the rule MCP and ``gateway pending`` use too.
+Everything goes through the same gateway as MCP callers (the same checks and audit rows, surface
+``web``); the page creates nothing but approvals and denials. Every POST needs a JSON body (no
+cross-site form), the origin check and, but sign-in, the CSRF token. Each request re-reads the token
+record. Only people sign in: an agent's token is refused at sign-in.
 """
 
 from __future__ import annotations
@@ -229,7 +204,7 @@ class WebApi:
             return []
         return SsoRoutes(self.sign_on, self.sessions, secure=self._secure, cookie_path=self._cookie_path,
                          audit=self._audit_event,
-                         role_known=lambda p: self.gateway.role_of(p) is not None).routes()
+                         role_known=lambda p: self.gateway.facts.role_of(p) is not None).routes()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -254,7 +229,7 @@ class WebApi:
             raise Unauthorized("you are not signed in, or your session ended; sign in with your token")
         person = sso_principal(session, SURFACE)
         if person is not None:  # signed in through the identity provider: the role mapped then
-            sso_role = self.gateway.role_of(person)
+            sso_role = self.gateway.facts.role_of(person)
             if sso_role is None:
                 self.sessions.end(sid)
                 raise Unauthorized(f"your role '{person.role}' is no longer defined on this gateway; sign in "
@@ -271,7 +246,7 @@ class WebApi:
             raise Unauthorized("your token is now an agent's, so your session ended: only people sign in to "
                                f"this page; sign in with a person's token ({PERSON_TOKEN})")
         principal = Principal(record.name, record.role, record.token_id, surface=SURFACE, kind=record.kind)
-        role = self.gateway.role_of(principal)
+        role = self.gateway.facts.role_of(principal)
         if role is None:
             self.sessions.end(sid)
             raise Unauthorized(f"your token's role '{record.role}' is not defined on this gateway; ask an "
@@ -393,7 +368,7 @@ class WebApi:
                 raise Forbidden("this is an agent's token, and only people sign in to the approval page (an "
                                 "agent never approves, not even its own proposals); sign in with your own "
                                 f"person's token: {PERSON_TOKEN}", reason_code="agent_token")
-            if self.gateway.role_of(principal) is None:
+            if self.gateway.facts.role_of(principal) is None:
                 raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask "
                                 "an administrator to fix roles.yaml or give your token another role")
             session = await anyio.to_thread.run_sync(self._new_session, request, principal)
@@ -401,7 +376,7 @@ class WebApi:
             return self._error(request, exc)
         viewer_principal = replace(principal, surface=SURFACE)
         await self._audit_event("web_sign_in", viewer_principal)
-        role = self.gateway.role_of(principal)
+        role = self.gateway.facts.role_of(principal)
         assert role is not None
         cookie = set_cookie_header(session.id, secure=self._secure(request), max_age=self.sessions.lifetime,
                                    path=self._cookie_path(request))
@@ -454,15 +429,15 @@ class WebApi:
 
     def _proposal(self, p: Proposal, viewer: Viewer, now: float) -> dict[str, Any]:
         """One card. Whether the viewer may deny or approve is the decision's own verdict
-        (``Gateway.decision_rights``), asked only for pending proposals; clicks are decided again."""
-        rights = self.gateway.decision_rights(p, viewer.principal) if p.state == "pending" else None
+        (``ProposalActions.decision_rights``), asked only for pending proposals; clicks are decided again."""
+        rights = self.gateway.actions.decision_rights(p, viewer.principal) if p.state == "pending" else None
         return proposal_card(p, now, mine=proposed_by(p, viewer.principal), rights=rights)
 
     def _proposals(self, viewer: Viewer) -> list[dict[str, Any]]:
         store, now = self.gateway.store, self.gateway.clock()
         found = [*store.list_proposals(OPEN_STATES, limit=OPEN_LIMIT),
                  *store.list_proposals(sorted(FINAL_STATES), limit=RECENT_LIMIT)]
-        party = self.gateway.party(viewer.principal)
+        party = self.gateway.facts.party(viewer.principal)
         return [self._proposal(p, viewer, now) for p in found if proposal_rights(party, Proposed.of(p)).see]
 
     async def proposals(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
@@ -481,22 +456,22 @@ class WebApi:
     async def approve(self, request: Request, viewer: Viewer) -> Answer:
         pid = proposal_id(request)
         reason = await self._reason(request, viewer, pid, "approve")
-        result = await self.gateway.approve_answer(pid, viewer.principal, reason=reason,
-                                                   correlation_id=correlation_id_var.get())
+        result = await self.gateway.actions.approve(pid, viewer.principal, reason=reason,
+                                                    correlation_id=correlation_id_var.get())
         return Answer.composed({"result": result})  # the approval's answer as sent, fingerprinted
 
     async def deny(self, request: Request, viewer: Viewer) -> dict[str, Any]:
         pid = proposal_id(request)
         reason = await self._reason(request, viewer, pid, "deny")
-        result = await self.gateway.deny(pid, viewer.principal, reason=reason,
-                                         correlation_id=correlation_id_var.get())
+        result = await self.gateway.actions.deny(pid, viewer.principal, reason=reason,
+                                                 correlation_id=correlation_id_var.get())
         return {"result": result}
 
     # ------------------------------------------------------------------ reads
 
     async def targets(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
-        listing = await self.gateway.call(viewer.principal, "list_targets", {},
-                                          correlation_id=correlation_id_var.get())
+        listing = await self.gateway.calls.call(viewer.principal, "list_targets", {},
+                                                correlation_id=correlation_id_var.get())
         for row in listing.get("targets", []):
             row["require_web_approval"] = self.gateway.policy.target_limits(row["name"]).require_web_approval
         return listing
@@ -506,8 +481,8 @@ class WebApi:
         tool = INVENTORY_TOOLS.get(kind)
         if tool is None:
             raise NotFound(f"no inventory kind '{kind}'; use one of {', '.join(INVENTORY_TOOLS)}")
-        results = await self.gateway.answer(viewer.principal, tool, {"target": "all"},
-                                            correlation_id=correlation_id_var.get())
+        results = await self.gateway.calls.answer(viewer.principal, tool, {"target": "all"},
+                                                  correlation_id=correlation_id_var.get())
         # the answer's text as it is, joined in a worker thread (a big inventory is megabytes)
         return await anyio.to_thread.run_sync(Answer.composed, {"kind": kind, "targets": results})
 

@@ -1,7 +1,7 @@
-"""What the approval page reads from a request, bounded and checked before anything is decided: a
-proposal id from the path, audit filters and counts from the query, an approval's or denial's reason and
-a sign-in token from the JSON body. A malformed value is an ``InvalidArgument`` (or ``NotFound`` for a
-proposal id that cannot exist) naming what to send instead."""
+"""What the approval page reads from a request, bounded and checked before anything is decided.
+
+A malformed value is an ``InvalidArgument`` (or ``NotFound``) naming what to send instead.
+"""
 
 from __future__ import annotations
 

@@ -1,24 +1,9 @@
 """Sign-in sessions of the approval page: an opaque cookie, a CSRF token, and the same-origin check.
 
-A human signs in by posting a bearer token once; the page then holds only a random session id in a
-cookie (``HttpOnly``, ``SameSite=Strict``; on HTTPS also ``Secure`` with the ``__Host-`` prefix, which
-pins it to this origin and path ``/``). The token itself is never stored in the browser.
-
-Contracts:
-- ``SessionStore(store=...)`` keeps sessions in the gateway's state store (``StateStore`` web-session
-  methods), so a person signed in through one replica stays signed in through every replica on the
-  same database, and across restarts. The store holds only the sha256 of each session id (a leaked
-  table cannot be replayed as cookies). Without a store, sessions live in this process only (a
-  restart signs everyone out): for tests and single-process embedding. A session ends at the first
-  of: its absolute ``lifetime``, ``idle`` seconds without a request, ``end()``. At most
-  ``max_sessions`` live at once; creating one more drops the oldest. Thread-safe; with a store every
-  method is a database round trip, so call it from a worker thread.
-- A session remembers the token's id, not its secret: every request re-reads the token record, so
-  a revoked or expired token, or a changed role, applies from the next request (see ``gateway.web.app``).
-- Every state-changing request must carry the session's CSRF token (``X-CSRF-Token``, compared in
-  constant time) and pass ``origin_refusal``: an ``Origin`` equal to the page's own origin, and a
-  ``Sec-Fetch-Site`` (when the browser sends one) of ``same-origin``. The sign-in POST has no session
-  yet, so the origin check is its only guard against cross-site posts.
+The browser holds only a random session id (``HttpOnly``, ``SameSite=Strict``, ``__Host-`` on HTTPS),
+never the token; the store keeps only its sha256, so sessions survive restarts and replicas. A session
+remembers the token's id, not its secret, so revocations apply from the next request. The sign-in POST
+has no session yet: the origin check is its only guard against cross-site posts.
 """
 
 from __future__ import annotations

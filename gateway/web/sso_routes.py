@@ -1,14 +1,6 @@
-"""The approval page's single sign-on routes (``gateway.identity.sso``), mounted with the page at /ui when
-identity.yaml has ``web_sign_in``:
+"""The approval page's single sign-on routes (``gateway.identity.sso``), mounted at /ui with ``web_sign_in``.
 
-    GET /sso/start       302 to the provider's login, with a short-lived ``SameSite=Lax`` binding cookie
-    GET /sso/callback    code + state -> the same session cookie as a token sign-in (lifetime, CSRF,
-                         ``__Host-`` on HTTPS), then 302 to the page; a refusal is audited and answered
-                         with the error (403: an identity mapped to no role)
-
-An SSO session remembers the person's name and the role mapped at sign-in (``SSO_SESSION`` + role
-in the session's token id field): it lasts the session's lifetime at most; signing in again picks up
-changed groups. Sign-out ends it like any session.
+An SSO session keeps the role mapped at sign-in for its lifetime; signing in again picks up new groups.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""What the approval page shows, assembled from plain values: a proposal's card (the shared proposal
-view, plus whether this viewer may deny or approve it, as the decision's verdicts say) and the audit
-chain's verification report. Pure: no store, no request, no I/O."""
+"""What the approval page shows, from plain values: a proposal's card and the chain's verification report."""
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ def proposed_by(p: Proposal, viewer: Any) -> bool:
 def proposal_card(p: Proposal, now: float, *, mine: bool,
                   rights: tuple[Verdict, Verdict] | None) -> dict[str, Any]:
     """One card. ``rights``: the verdicts of a deny and of an approval by the viewer now
-    (``Gateway.decision_rights``), asked only for a pending proposal; clicks are decided again."""
+    (``ProposalActions.decision_rights``), asked only for a pending proposal; clicks are decided again."""
     view = proposal_view(p, now)
     view.update({
         "gated": p.require_web_approval, "requested_via": p.surface, "decided_at": p.decided_at,

@@ -1,6 +1,6 @@
 // A second, independent check of the gateway's audit proofs and checkpoints with Go's
 // golang.org/x/mod/sumdb/tlog and sumdb/note (Debian: golang-golang-x-mod-dev), built with
-// GO111MODULE=off GOPATH=/usr/share/gocode by tests/test_audit_interop_go.py.
+// GO111MODULE=off GOPATH=/usr/share/gocode by tests/audit/test_interop_go.py.
 //
 // Reads one JSON object on stdin:
 //

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from httpserver import FAST_HASH, Command, https_argv, run_serve
-from lab_client import Lab
+from lab.lab_client import Lab
+from support.httpserver import FAST_HASH, Command, https_argv, run_serve
 
 from gateway.auth.tokens import create_token
 from gateway.config import load_targets

@@ -10,10 +10,10 @@ from typing import Any
 
 import anyio
 import httpx2
-from answers import answer_of
-from httpserver import Command
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from support.answers import answer_of
+from support.httpserver import Command
 
 
 class WriteRefused(AssertionError):

@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 import pytest
-from httpserver import GATEWAY_MAIN, REPO
-from lab_client import Lab, WriteRefused
+from lab.lab_client import Lab, WriteRefused
+from support.httpserver import GATEWAY_MAIN, REPO
 
 
 def per_target(lab: Lab, answer: dict[str, Any]) -> dict[str, Any]:

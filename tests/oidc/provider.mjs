@@ -2,7 +2,7 @@
 //
 //   node tests/oidc/provider.mjs CONFIG.json
 //
-// CONFIG.json (written by tests/oidc_provider.py): {"port": N (0: any), "resource": "<the gateway's
+// CONFIG.json (written by tests/support/oidc_provider.py): {"port": N (0: any), "resource": "<the gateway's
 // resource identifier>", "jwks": {"keys": [private JWKs; the first signs]}, "clients": [client
 // metadata], "users": {"<login>": {"email": "...", "groups": [...]}}, "client_groups": {"<client id>":
 // [...]}, "access_token_ttl": seconds}; a user may carry "extra" claims for its ID token (say "idtyp").

@@ -1,5 +1,4 @@
-"""``gateway policy show``: the effective policy per target as plain values, with the entries that name
-something that does not exist (or can never apply) marked."""
+"""``gateway policy show``: the effective policy per target as plain values, with dead entries marked."""
 
 from __future__ import annotations
 

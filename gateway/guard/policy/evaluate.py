@@ -1,22 +1,8 @@
 """Deciding one call: ``evaluate`` is a pure function of the call's facts, the policy and the clock.
 
-How ``evaluate`` decides, in this order:
-
-1. protected: a destructive call affecting a protected object is denied; so is a write call whose
-   risk reaches the entry's ``min_risk_level`` when one is set. ``override=true`` does not apply.
-2. bulk limit: a write or destructive call affecting more objects than the target's
-   ``max_bulk_objects`` is denied.
-3. rules: the first rule whose ``match`` fits decides (deny, allow or require_approval). A deny rule
-   with ``unless_override: true`` is skipped when the request carries ``override=true``, and the
-   evaluation goes on with the next rules and then step 4: an override removes that rule's
-   objection but never grants more than the rest of the policy does. The decision names it.
-4. per-target settings over defaults: the action for the call's category on its target.
-5. maintenance windows, on top of any allow: when windows are declared for the call's target and
-   risk level, the call must fall inside one of them, otherwise it is denied naming the next opening.
-
-An allowed destructive call on a target with ``require_web_approval`` needs a human's approval, as
-does any call allowed through a ``require_approval`` action (for a plain write, the pipeline turns it
-into a proposal that a human approves).
+The order: protected objects, the bulk limit, the first matching rule, per-target settings over
+defaults, then maintenance windows on top of any allow. ``override=true`` only skips a deny rule with
+``unless_override``: it never grants more than the rest of the policy does.
 """
 
 from __future__ import annotations

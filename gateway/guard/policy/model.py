@@ -1,37 +1,9 @@
-"""The policy model: what a parsed ``rules.yaml`` holds (rules, protected objects, windows, per-target
-settings) and how each entry matches a call. Deciding a call is ``gateway.guard.policy.evaluate``.
+"""The policy model: what a parsed ``rules.yaml`` holds and how each entry matches a call.
 
-Sections of the file, all optional (``rules.example.yaml`` shows each one):
-
-- ``defaults``: allow / deny / require_approval per category (read, write, destructive), flags
-  (require_web_approval, auto_snapshot_before_destroy, dry_run) and limits (max_bulk_objects,
-  max_calls_per_minute per caller and category, target_max_calls_per_minute for all callers together)
-  and ``confirm_by`` (tool | elicitation | either: who confirms a proposal) for every target.
-  Whatever it leaves out keeps the built-in strict value: destructive calls denied, reads and
-  writes allowed, no web approval, safety snapshots on, no dry run, 20 objects per bulk call, 30
-  writes and 10 destructive calls per minute per caller on each target, confirmation by the tool.
-- ``protected``: objects that destructive calls may never touch.
-- ``rules``: ordered; the first rule whose ``match`` fits a call decides it.
-- ``targets``: settings for one target (exact name) or several (glob), layered over ``defaults``.
-- ``maintenance_windows``: when calls of the listed risk levels may run.
-
-Matching: every pattern is a glob (``*``, ``?``, ``[...]``) compared case-insensitively. Fields of a
-``match`` are ANDed, the items of one field ORed, absent fields match anything. ``tools`` holds
-category names (read, write, destructive) or tool names. ``vm_patterns`` (names of affected VMs),
-``folders``, ``resource_pools`` and ``names`` (names or moids of affected objects of any type) look
-at the affected objects: for deny and require_approval rules one matching object is enough, so a
-bulk call touching one matching VM is caught; for allow rules every relevant object must match, so
-an allow never reaches a VM it does not name. On reads the objects are those the read would show:
-each is decided as if it were the call's one affected object (``gateway.guard.policy.read_filter``), and a
-denied one is withheld from a listing, or refuses a read about it.
-
-Effective settings of a target: built-in values, then ``defaults``, then every glob entry under
-``targets`` matching the name (in file order), then the entry naming it exactly. Each layer replaces
-only the keys it sets (``max_calls_per_minute`` per category).
-
-Parsing the file is ``gateway.guard.policy.parse``; following it on disk (a file that cannot be used
-refuses every call the policy decides) is ``gateway.guard.policy.store``; ``gateway policy show`` is
-``gateway.guard.policy.describe``.
+Whatever the file leaves out keeps the built-in strict value (``rules.example.yaml`` shows each
+section). Patterns are case-insensitive globs. A deny or require_approval rule needs one matching
+object; an allow rule needs every object to match, so an allow never reaches a VM it does not name.
+Target settings layer: built-ins, ``defaults``, matching globs in file order, then the exact name.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Reading a rules file strictly: every problem named with ``file:line:column`` and its fix, every
-section required (a file cut short is refused rather than read as fewer rules), and every name the
-file uses for a target, tool, role or tag noted for ``gateway.guard.names``."""
+"""Reading a rules file strictly: every problem named with ``file:line:column`` and its fix.
+
+Every section is required, so a file cut short is refused rather than read as fewer rules.
+"""
 
 from __future__ import annotations
 
@@ -52,7 +53,12 @@ def _kind(value: Any) -> str:
         return "nothing (null)"
     if isinstance(value, bool):
         return f"boolean {str(value).lower()} (YAML reads unquoted yes/no/on/off/true/false as booleans)"
-    return f"{type(value).__name__} {value!r}"
+    return f"{_builtin_name(value)} {value!r}"
+
+
+def _builtin_name(value: Any) -> str:
+    """The built-in type ``value`` is (``list``, ``dict``): the YAML loader's own subclasses unnamed."""
+    return next(t.__name__ for t in type(value).__mro__ if t.__module__ == "builtins")
 
 
 class _Reader:
@@ -264,8 +270,9 @@ def _parse_match(r: _Reader, value: Any, path: str) -> Match:
     entry = r.mapping(value, path, (*MATCH_FIELDS, "min_risk_level", "min_affected_objects"))
     fields = {k: r.strings(v, f"{path}.{k}") for k, v in entry.items() if k in MATCH_FIELDS}
     for key, kind in _MATCH_REFS.items():
-        items = fields.get(key, ())
-        r.ref(kind, [i for i in items if not (kind == "tool" and i in CATEGORY_NAMES)], f"{path}.{key}")
+        for index, item in enumerate(fields.get(key, ())):  # each name cited at its own index
+            if not (kind == "tool" and item in CATEGORY_NAMES):
+                r.ref(kind, (item,), f"{path}.{key}[{index}]", exact=True)
     risk = r.optional(entry, "min_risk_level", path, lambda v, p: r.choice(v, p, Risk), None)
     least = r.optional(entry, "min_affected_objects", path, _min_objects(r), None)
     return Match(MappingProxyType(fields), risk, least)

@@ -1,24 +1,8 @@
 """Read rules that bite: which objects a read may show, decided by the rules file, pure.
 
-A rule's object fields (``vm_patterns``, ``folders``, ``resource_pools``, ``names``) look at the
-objects a call affects. A read affects nothing, but it *shows* objects, so on reads each object an
-answer shows is decided on its own, as if it were the call's one affected object
-(``guard.policy.evaluate``, first matching rule wins as for any call):
-
-- a listing (``list_vms``, ``list_hosts``, ``list_clusters``, ``list_datastores``, the records of
-  ``get_events`` and ``get_tasks``, the VM names inside host and datastore details) leaves out every
-  object the rules deny and says how many it left out (``withheld``);
-- an answer about one object (``get_vm_details``, ``get_vm_performance``, ``list_snapshots``,
-  ``get_customization_status``, host / cluster / datastore details) of a denied object is refused
-  (``policy_denied``), naming the rule.
-
-The filter runs on the answer after the mirror or the sweep produced it, so a mirror's kept answers
-stay the same for every caller. To judge VMs by folder and resource pool, the caller hands in the
-target's VM facts (``VmFacts``: every VM's moid, name, folder path and pool), read by the server from
-the mirror or a sweep; without them a VM is judged by its name and moid only.
-
-``unreachable_rules`` finds rules whose object fields can never apply to the tools they name (VM
-fields on a tool that shows no VM): an error for ``gateway check``, a warning when the server loads.
+Each object an answer shows is judged as if it were the call's one affected object: a listing leaves
+out the denied ones and says how many (``withheld``); a read about a denied object is refused. The
+filter runs after the mirror or sweep answered, so the mirror's answers stay the same for every caller.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """The rules file in force: ``PolicyStore`` reads it on every call and re-parses it when its bytes change.
 
-A rules file can lose a gate without being "wrong": cut at a section boundary (a full disk, an editor
-killed mid-save, a bad copy) it still parses, with fewer protections. So:
-
-- **Every top-level section is required** (``gateway.guard.policy.parse.SECTIONS``), each with a
-  value: ``[]`` or ``{}`` for none. A missing section, one cut right after its ``key:``, or a file
-  holding no section at all is refused with the section named. (A missing *file* still means the
-  built-in strict defaults.)
-- **A file that cannot be used fails closed**, whether broken at start or by an edit after a good load:
-  no rules are in force (nothing falls back to the rules before), every call the policy decides is
-  refused with the file's problems (file, line, parse error), reads included, until the file is
-  fixed. ``broken`` says since when (``gateway policy show``, /readyz); the refusal is reported (a
-  WARNING, ``on_reload`` for the audit, ``gateway check``).
-
-``on_reload(RulesLoad)`` is called once for every new content of the file (the first load included):
-the server audits each, loaded or refused.
+A file cut at a section boundary still parses with fewer protections, so every section is required.
+A file that cannot be used fails closed: no rules are in force, nothing falls back to the previous
+ones, and every call the policy decides is refused until it is fixed (a missing file is the strict defaults).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What one guarded call carries from step to step (``CallContext``: who calls which tool, for audit rows
-and decisions), the helpers that shape a call's audit fields, and ``off_loop`` for blocking store calls."""
+"""What one guarded call carries from step to step (``CallContext``).
+
+Also the helpers that shape a call's audit fields, and ``off_loop`` for blocking store calls."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Facts now: the caller, the proposer, the role, the target and its tags, the rules and the time as
-the stores say at this moment, gathered into the inputs of ``gateway.guard.decision``."""
+"""The facts now: caller, proposer, role, target, rules and time, as the stores say at this moment.
+
+They are gathered into the inputs of ``gateway.guard.decision``; nothing here decides."""
 
 from __future__ import annotations
 

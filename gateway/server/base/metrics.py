@@ -1,35 +1,8 @@
-"""Process metrics through ``prometheus-client``, one ``CollectorRegistry`` per ``Metrics`` (so several
-gateways in one process never collide). Families::
+"""Process metrics through ``prometheus-client``, one registry per ``Metrics``.
 
-    gateway_tool_calls_total{tool,target,outcome}          counter
-    gateway_tool_call_duration_seconds{tool}               histogram
-    gateway_auth_failures_total{reason}                    counter
-    gateway_http_refusals_total{reason}                    counter (edge refusals: 413, 421, 503, ...)
-    gateway_target_queue_depth{target}                     gauge    (this and below: read from the
-    gateway_target_running{target}                         gauge     scheduler at scrape time, through
-    gateway_target_slots{target}                           gauge     a collector callback)
-    gateway_target_sessions{target}                        gauge
-    gateway_target_sessions_in_use{target}                 gauge
-    gateway_target_logins_total{target}                    counter
-    gateway_target_relogins_total{target}                  counter
-    gateway_target_circuit_open{target}                    gauge    (1 while the target fails fast)
-    gateway_target_consecutive_failures{target}            gauge
-    gateway_target_queue_wait_seconds{target}              histogram (time granted calls waited for a
-                                                                     slot, from the scheduler's lanes)
-    gateway_target_admissions_refused_total{target,reason} counter  (busy, queue_timeout, deadline,
-                                                                     circuit_open, shutting_down)
-    process_* python_* python_gc_*                         the library's process, platform and GC collectors
-    gateway_gc_pause_seconds{generation}                   histogram (``gateway serve`` only, added by
-    gateway_gc_frozen_objects, gateway_gc_threshold        gauges     gateway/server/edge/gc_tuning.py)
-
-Label values never come from a caller: a tool is a registered tool name, a target a configured target
-name (``-`` none given, ``all``, ``several`` for a list), outcomes and reasons come from fixed sets;
-anything else is counted as ``unknown``. So no request can add a series, however it names things.
-
-Others add families with ``add_collector(name, collect)``: ``collect()`` returns metric families
-(``gauge_family`` builds the common one-label gauge) and runs at every scrape; one that raises is
-logged and skipped, the scrape goes on.
-"""
+Label values never come from a caller: a tool is a registered name, a target a configured one
+(``-``, ``all``, ``several``), anything else ``unknown``, so no request can add a series. A collector
+added with ``add_collector`` that raises is logged and skipped."""
 
 from __future__ import annotations
 

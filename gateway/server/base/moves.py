@@ -1,6 +1,7 @@
-"""Proposal lifecycle moves: the one way a proposal changes state (``Moves.move``), the listeners told
-after each audited move, the expiry sweeper, settling claims of dead processes, recovering rows lost
-with a process, and the cancellations a token revocation cascades into."""
+"""Proposal lifecycle moves: the one way a proposal changes state (``Moves.move``).
+
+Also the listeners told after each audited move, the claim, the expiry sweeper, settling claims of dead
+processes, recovering rows lost with a process, and the cancellations a token revocation cascades into."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from gateway.audit.readers import AuditReader
 from gateway.auth.tokens import CallerKey, Principal, caller_fields
 from gateway.backends import InstanceLock, Leader
+from gateway.errors import AuditUnavailable, ConfirmationInvalid
 from gateway.guard.callers import same
 from gateway.guard.decision import TokenState
+from gateway.guard.policy.model import Decision
 from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
 from gateway.server.base.audit_trail import AuditTrail
-from gateway.server.base.context import GATEWAY_ACTOR, off_loop
+from gateway.server.base.context import GATEWAY_ACTOR, CallContext, off_loop, redact_args
 from gateway.server.base.facts import FactsNow
 from gateway.store.base import StateStore
 from gateway.tools.registry import Registry
@@ -38,7 +41,7 @@ class Moves:
 
     def __init__(self, store: StateStore, trail: AuditTrail, registry: Registry, facts: FactsNow, *,
                  instance: InstanceLock, reader: AuditReader, sweep_leader: Leader | None,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], listeners: Sequence[LifecycleListener] = ()) -> None:
         self.store = store
         self.trail = trail
         self.registry = registry
@@ -47,7 +50,7 @@ class Moves:
         self.reader = reader
         self.sweep_leader = sweep_leader
         self.clock = clock
-        self._listeners: list[LifecycleListener] = []
+        self._listeners: list[LifecycleListener] = list(listeners)
         self._token_generation = -1
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -332,6 +335,53 @@ class Moves:
             "result": shown,
         }
         return {k: v for k, v in row.items() if v is not None}
+
+    async def claim(self, ctx: CallContext, proposal: Proposal, decision: Decision) -> Proposal:
+        """Claim the proposal for this process (``executing``) by the store's compare-and-set, THEN write
+        the claim's row, the intent, durably before anything reaches vSphere. Of racing confirms only
+        the winner writes ``executing``; each loser writes one ``claim_lost`` row and is refused. If
+        the intent cannot be written the change is refused and the claimed proposal ends ``failed``
+        (nothing was sent to vSphere), its row waiting for the audit like any outcome."""
+        instance = await asyncio.to_thread(self.instance.acquire)
+        fields: dict[str, Any] = {"decided_at": self.clock(), "executor": instance}
+        row = self.transition_row(
+            proposal,
+            "executing",
+            actor=ctx.principal,
+            correlation_id=ctx.correlation_id,
+            executor=instance,
+            args=redact_args(ctx.spec, proposal.args),
+            decision=decision.to_dict(),
+        )
+        if not await off_loop(self.store.transition, proposal.id, ["pending", "approved"], "executing",
+                              **fields):
+            await self.lost(ctx, proposal, "another caller moved the proposal first; nothing was sent",
+                            executor=instance, args=row.get("args"), decision=row.get("decision"))
+        claimed = replace(proposal, state="executing", **fields)
+        try:
+            await self.trail.intent(row)
+        except AuditUnavailable as exc:
+            await self.move(
+                claimed,
+                ["executing"],
+                "failed",
+                actor=ctx.principal,
+                correlation_id=ctx.correlation_id,
+                outcome=exc.code,
+                error=exc.to_wire(),
+                reason="the intent row could not be written; nothing was sent to vSphere",
+            )
+            raise
+        self.notify("executing", claimed)
+        return claimed
+
+    async def lost(self, ctx: CallContext, proposal: Proposal, reason: str, **fields: Any) -> NoReturn:
+        """The one row of an attempt that lost a race for ``proposal`` (``claim_lost``), then its refusal."""
+        error = ConfirmationInvalid(f"proposal {proposal.id} was already confirmed, cancelled or expired")
+        row = self.transition_row(proposal, "claim_lost", actor=ctx.principal,
+                                  correlation_id=ctx.correlation_id, reason=reason, **fields)
+        await self.trail.record({**row, "error_code": error.code})
+        raise error
 
     def notify(self, event: str, proposal: Proposal) -> None:
         for listener in list(self._listeners):

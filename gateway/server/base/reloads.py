@@ -1,19 +1,8 @@
-"""Every load of a configuration file is an audit row: ``phase: config_reload``.
+"""Every load of a configuration file as one audit row, ``phase: config_reload``.
 
-rules.yaml and roles.yaml are re-read while the gateway runs (each new content is one row, the first
-load at start included); targets.yaml and notifications.yaml are read once, at start. A row names the
-file (``file``: rules, roles, targets, notifications; ``path``), the SHA-256 of the bytes read
-(``sha256``; null when there is no file), and either ``outcome: loaded`` with what the file holds
-(``counts``) and what changed since the content before (``changed``: per section, how many entries
-were added, removed or changed) or ``outcome: refused`` with the problems (``error``) and what stays
-in force (``effect``).
-
-The rows are built here by pure functions and written by the gateway through its one audit path
-(``Gateway.config_row``: a row the audit cannot take yet waits in memory; a roles.yaml load the audit
-cannot take does not apply, the roles before stay). A server writes a row for every load, its start
-included; a CLI run (``gateway pending``, ``token revoke``) only for a file whose content or outcome
-differs from its newest row (``already_audited``), so running commands does not fill the audit.
-"""
+A row names the file, the SHA-256 of the bytes read, and either ``loaded`` with counts and what changed,
+or ``refused`` with the problems and what stays in force. A roles.yaml load the audit cannot take does
+not apply; a CLI run writes only a load that is news to the audit (``already_audited``)."""
 
 from __future__ import annotations
 
@@ -22,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from gateway.audit.readers import AuditReader
 from gateway.config import Target
@@ -203,6 +192,30 @@ def unless_audited(reader: AuditReader, write: Callable[[dict[str, Any]], None],
             write(row)
 
     return maybe
+
+
+class RowWriter(Protocol):
+    """The audit trail's two ways to write a row (``server.base.audit_trail.AuditTrail``)."""
+
+    def write_now(self, row: Mapping[str, Any]) -> None: ...
+
+    def write_or_wait(self, row: Mapping[str, Any]) -> None: ...
+
+
+class ConfigRows:
+    """Writes the row of each configuration load through the audit trail (a CLI run: only the news)."""
+
+    def __init__(self, trail: RowWriter, reader: AuditReader, *, quiet: bool) -> None:
+        self.trail = trail
+        self.reader = reader
+        self.quiet = quiet
+
+    def write(self, row: Mapping[str, Any], *, strict: bool = False) -> None:
+        """One load's row; it waits in memory while the audit cannot take it, or with ``strict`` raises
+        ``AuditUnavailable`` (the load must not apply). Blocking: the stores call it from the thread that
+        read the file."""
+        write = self.trail.write_now if strict else self.trail.write_or_wait
+        unless_audited(self.reader, write, self.quiet)(dict(row))
 
 
 def with_servers_notifications(settings: Settings, reader: AuditReader) -> Settings:

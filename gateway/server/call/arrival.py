@@ -1,7 +1,7 @@
-"""A tool call from its arrival to the handler that answers it (``Reads``, ``Writes``, the proposal flow):
-unstorable text, the caller now, the gate's decision (``server.call.gate``), argument validation; every
-refusal audited by the gate, every call a metric, every vSphere call queued in its caller's share
-(``auth.fair_share``)."""
+"""A tool call from its arrival to the handler that answers it.
+
+Unstorable text first, then the caller now, the gate's decision, argument validation; every refusal is
+audited by the gate, every call is a metric, every vSphere call queues in its caller's share."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from gateway.answer import Answer
 from gateway.auth.fair_share import queue_for
 from gateway.auth.tokens import Principal
+from gateway.config import Target
 from gateway.errors import GatewayError, InvalidArgument, NotFound
 from gateway.guard import inputs
 from gateway.guard.decision import Entry, Party, TokenState
@@ -28,6 +29,7 @@ from gateway.server.base.context import (
     truncate,
     unknown_tool,
 )
+from gateway.server.base.facts import FactsNow
 from gateway.server.base.metrics import Metrics
 from gateway.server.call.gate import Gate
 from gateway.tools.spec import ToolSpec
@@ -40,24 +42,20 @@ _METRIC_DENIALS = frozenset({"policy_denied", "forbidden", "rate_limited"})
 class Calls:
     """Runs tool calls: the caller now, the gate, validation, then the handler the tool is routed to."""
 
-    def __init__(self, gate: Gate, *, metrics: Metrics) -> None:
+    def __init__(self, targets: Mapping[str, Target], *, facts: FactsNow, gate: Gate, metrics: Metrics,
+                 read: Handler, write: Handler, local: Mapping[str, Handler],
+                 around: Callable[[ToolSpec, Handler], Handler] | None = None) -> None:
+        self.targets = targets
+        self.facts = facts
         self.gate = gate
-        self.targets = gate.targets
-        self.facts = gate.facts
         self.metrics = metrics
-        #: calls refused as busy, audited once per burst (the gate's)
-        self.busy = gate.busy
-        #: what answers a tool past the gate: the tools the gateway answers itself (by name), else a
-        #: read or a write (``route``: the runtime wires ``Reads``, ``Writes`` and the proposal flow in)
-        self.local: dict[str, Handler] = {}
-        self._read: Handler | None = None
-        self._write: Handler | None = None
+        #: what answers a tool past the gate: the tools the gateway answers itself (by name), else the
+        #: read or the write handler
+        self.local = dict(local)
+        self.read = read
+        self.write = write
         #: what every handler is wrapped in (the idempotency keys of changes, ``server.call.idempotency``)
-        self.around: Callable[[ToolSpec, Handler], Handler] | None = None
-
-    def route(self, *, read: Handler, write: Handler, local: Mapping[str, Handler]) -> None:
-        self._read, self._write = read, write
-        self.local.update(local)
+        self.around = around
 
     async def answer(
         self,
@@ -124,6 +122,11 @@ class Calls:
                 label = "-" if target is None else target if known else "unknown"
                 self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
 
+    async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None,
+                   **options: Any) -> dict[str, Any]:
+        """``answer`` as plain JSON values (the web page, the benchmarks and the tests read these)."""
+        return (await self.answer(principal, name, args, **options)).value
+
     async def _refuse_unstorable(
         self,
         principal: Principal,
@@ -145,6 +148,5 @@ class Calls:
         await self.gate.refused(ctx, args, InvalidArgument(where, inputs.UNSTORABLE_MESSAGE))
 
     def _handler_for(self, spec: ToolSpec) -> Handler:
-        handler = self.local.get(spec.name) or (self._read if spec.kind is Category.READ else self._write)
-        assert handler is not None  # the runtime routes reads and writes before the first call
+        handler = self.local.get(spec.name) or (self.read if spec.kind is Category.READ else self.write)
         return self.around(spec, handler) if self.around is not None else handler

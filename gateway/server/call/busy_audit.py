@@ -1,13 +1,8 @@
-"""Calls refused as ``busy`` (a caller over its bound of calls waiting on a target), audited once per
-burst, the way refused tokens are (``gateway.server.edge.middleware.RefusalAudit``).
+"""Calls refused as ``busy``, audited once per burst instead of one row each.
 
-A burst is a caller's refusals on one target from its first one until ``interval`` seconds later: the
+A burst is one caller's refusals on one target from its first until ``interval`` seconds later: the
 first opens it, the rest only count (on the event loop, no I/O), and when it closes one ``busy`` row
-says who, where, how many, since when and through which tools. A row of an open burst is written at
-shutdown (``flush``). Rows go through ``AuditTrail.record_outcome``: a row the audit cannot take now
-waits in memory and is written once it can, so no refusal goes unaudited. At most ``max_bursts``
-bursts are open at once; past that, refusals are counted under the caller ``*`` of their target.
-"""
+says who, where, how many, since when and through which tools."""
 
 from __future__ import annotations
 

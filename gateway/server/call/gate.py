@@ -1,7 +1,7 @@
-"""The gate of the call path: where a call, a confirmation or an approval asks the decision
-(``guard.decision.authorize`` before anything is read, ``authorize_resolved`` on a resolved plan) and
-where its verdict is enforced; the limits a call passes (rate limits, the runaway breaker); every
-refusal one audit row (a burst of ``busy`` refusals one row, ``BusyAudit``)."""
+"""The gate: where the call path asks the decision and enforces its verdict.
+
+``authorize`` before anything is read, ``authorize_resolved`` on a resolved plan; the rate limits and the
+runaway breaker; every refusal one audit row."""
 
 from __future__ import annotations
 
@@ -42,16 +42,15 @@ _DENIAL_CODES = frozenset(
 class Gate:
     """Asks the decision, enforces its verdicts and the call limits; every refusal audited."""
 
-    def __init__(self, targets: Mapping[str, Target], *, facts: FactsNow, trail: AuditTrail,
-                 rate_limiter: RateLimiter, dry_run: bool, breaker: RunawayBreaker | None = None) -> None:
-        self.targets = targets
+    def __init__(self, *, facts: FactsNow, trail: AuditTrail, busy: BusyAudit, rate_limiter: RateLimiter,
+                 dry_run: bool, breaker: RunawayBreaker | None = None) -> None:
         self.facts = facts
         self.trail = trail
+        #: calls refused as busy, audited once per burst (not one row each)
+        self.busy = busy
         self.rate_limiter = rate_limiter
         self.dry_run = dry_run
         self.breaker = breaker
-        #: calls refused as busy, audited once per burst (not one row each)
-        self.busy = BusyAudit(trail)
 
     def decide(self, facts: Facts, tool: str) -> Verdict:
         """``authorize`` on facts gathered before anything is read from vSphere (traced)."""

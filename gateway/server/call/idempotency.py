@@ -1,16 +1,8 @@
-"""Idempotency keys on the call path: a write or destructive call with a key the caller used before
-returns the first call's outcome and never runs again (``gateway.guard.idempotency_rules`` decides what a key
-means; ``gateway.store.idempotency_keys`` keeps keys where every replica sees them).
+"""Idempotency keys on the call path: a repeated key gets the first call's outcome, never a second run.
 
-``Idempotency.wrap`` is put around the handler of every write and destructive tool (``Calls`` runs it
-past the gate and argument validation, so a retry is authorized again and its arguments checked again).
-The first call claims the key, then runs in a task of its own: a client that drops the connection does
-not cancel it, and its outcome is stored when it ends. A retry of a finished call is answered from the
-store (a row with phase ``retry``); a retry of a running call waits for that same execution, on this
-replica by awaiting it, on another by polling the store, and reports ``idempotency_in_progress`` if it is
-still running when the wait ends. The key travels in the tool's ``idempotency_key`` argument or, when
-that is absent, in the request's ``_meta["idempotency_key"]``; the argument wins.
-"""
+What a key means is ``guard.idempotency_rules``; where keys live, ``store.idempotency_keys``. The first
+call runs in a task of its own, so a dropped client does not cancel it; a retry of a running call waits
+for it (awaited here, polled on another replica)."""
 
 from __future__ import annotations
 
@@ -104,7 +96,7 @@ class Idempotency:
     async def _keyed(self, ctx: CallContext, secret: str, args: dict[str, Any],
                      progress: ProgressSink | None, handler: Handler) -> Answer:
         key = key_id(secret)
-        ctx.idempotency_key = key[:16]  # rows name the key by its digest: the key opens the kept outcome
+        ctx = replace(ctx, idempotency_key=key[:16])  # rows name the key by its digest: it opens the outcome
         seal = _Seal(secret)
         caller, tool = key_of(ctx.principal), ctx.spec.name  # keys are per caller key, never per name
         digest = confirm.args_digest(tool, str(args.get("target")), args)

@@ -1,6 +1,7 @@
-"""Reads: the targets a read goes to (each authorized and rate limited by the gate), the mirror or a
-live sweep, read rules, and the answer encoded once with its audit row (a fan-out composed of each
-target's encoded answer); ``list_targets`` too."""
+"""Reads: the targets a read goes to, the mirror or a live sweep, read rules, one encoded answer.
+
+Each target is authorized and rate limited by the gate; a fan-out's answer is composed of each
+target's encoded answer, with its audit row."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from gateway.errors import Busy, Forbidden, GatewayError, PolicyDenied, RateLimi
 from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
 from gateway.guard.policy.model import TargetPolicy
 from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
+from gateway.server.base.audit_trail import AuditTrail
 from gateway.server.base.context import ALL, CallContext, ProgressSink, off_loop, redact_args, target_label
+from gateway.server.base.facts import FactsNow
 from gateway.server.call.gate import Gate
 from gateway.server.call.read_rules import ReadRules, denial
 from gateway.tools.read import summarize_targets, target_about
@@ -27,12 +30,11 @@ from gateway.vsphere.scheduler import Scheduler
 class Reads:
     """Answers read tools on one target or many, through the gate (``server.call.gate``)."""
 
-    def __init__(self, gate: Gate, *, scheduler: Scheduler, mirrors: Mirrors, read_rules: ReadRules,
-                 fanout_timeout: float) -> None:
+    def __init__(self, *, gate: Gate, facts: FactsNow, trail: AuditTrail, scheduler: Scheduler,
+                 mirrors: Mirrors, read_rules: ReadRules, fanout_timeout: float) -> None:
         self.gate = gate
-        self.facts = gate.facts
-        self.targets = gate.targets
-        self.trail = gate.trail
+        self.facts = facts
+        self.trail = trail
         self.scheduler = scheduler
         self.mirrors = mirrors
         self.read_rules = read_rules
@@ -89,7 +91,7 @@ class Reads:
         hidden: Filtered | None = None
         try:
             if isinstance(ref, str) and ref != ALL:
-                target = self.targets[names[0]]
+                target = self.facts.targets[names[0]]
                 mirrored = await self.mirrors.answer(target.name, ctx.spec.name, wanted)
                 result = mirrored if mirrored is not None else await self.scheduler.run(
                     target.name, fn, deadline=target.timeout_seconds

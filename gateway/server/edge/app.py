@@ -471,9 +471,8 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """How ``gateway serve`` runs ``app``: h11 (so the header size limit applies) with a header deadline,
     our TLS context, no uvicorn access log (ours never logs query strings), proxy headers only from
-    trusted proxies, and uvloop's event loop where it is installed (a dependency on every platform it
-    supports; uvicorn's ``auto``): with its TLS and scheduling, list_vms on 3,000 VMs took 1.7 and 4.4 ms
-    less than on asyncio's own loop in two side-by-side runs."""
+    trusted proxies, and uvloop's event loop where it is installed (uvicorn's ``auto``; faster than
+    asyncio's own loop: bench/RESULTS.md)."""
     factory = None if ssl_context is None else (lambda _config, _default: ssl_context)
     metrics = getattr(getattr(app, "state", None), "metrics", None)
     on_timeout = None if metrics is None else (lambda: metrics.refusal("header_timeout"))

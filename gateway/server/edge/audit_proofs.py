@@ -1,22 +1,11 @@
-"""The audit log's Merkle tree over HTTPS, for callers whose role may read the audit
-(``guard.decision.audit_view``: ``audit: own`` or ``all``; a bearer token as for /mcp):
+"""The audit log's Merkle tree over HTTPS: the checkpoint and its proofs, for roles that read the audit.
 
-    GET /audit/checkpoint                           the newest signed checkpoint note, exactly
-                                                    (text/plain; C2SP tlog-checkpoint signed note)
-    GET /audit/proof/inclusion?seq=S[&tree_size=N]  {"index", "tree_size", "hashes": [base64, ...]}:
-                                                    row S (leaf S-1) in the tree of the newest
-                                                    checkpoint (or of N rows), audit path leaf to root
-    GET /audit/proof/consistency?old_size=M[&new_size=N]
-                                                    {"old_size", "new_size", "hashes": [...]}
+    GET /audit/checkpoint                                 the newest signed checkpoint note (C2SP)
+    GET /audit/proof/inclusion?seq=S[&tree_size=N]        row S's audit path, leaf to root
+    GET /audit/proof/consistency?old_size=M[&new_size=N]  the tree of M rows inside the tree of N
 
-Proofs reveal hashes, never a row's content, so ``audit: own`` may fetch them for any row (a row
-itself is read through the page or ``gateway audit log`` under the usual rights). A scope-limited
-token (an identity provider's JWT) also needs the scope ``vsphere:audit``
-(``gateway.server.edge.operator_access``): without it, 403 ``insufficient_scope`` with the step-up
-challenge. A refusal is a 403 with the error's code and audited (``phase: refused``); errors are
-the gateway's typed errors (404 ``not_found`` for a row no checkpoint covers yet, 400
-``invalid_argument``, 503 when the log cannot be read). Reads run in a worker thread.
-"""
+Proofs reveal hashes, never a row's content, so ``audit: own`` may fetch them for any row. A
+scope-limited token also needs ``vsphere:audit``; every refusal is a typed 403 and an audit row."""
 
 from __future__ import annotations
 
@@ -36,7 +25,7 @@ from gateway.guard.decision import audit_view
 from gateway.identity.service import IdentityService
 from gateway.role import Role
 from gateway.server.edge.middleware import correlation_id_var, current_principal
-from gateway.server.edge.operator_access import ScopeRefused, lacks_audit_scope, scope_refused
+from gateway.server.edge.operator_access import Roles, ScopeRefused, lacks_audit_scope, scope_refused
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +37,8 @@ _STATUS = {"not_found": 404, "invalid_argument": 400, "forbidden": 403, "unautho
 class ProofGateway(Protocol):
     """What the endpoints use of the gateway (``gateway.server.runtime.Gateway``)."""
 
-    def role_of(self, principal: Principal) -> Role | None: ...
+    @property
+    def facts(self) -> Roles: ...
 
     def audit_reader(self) -> TreeReader: ...
 
@@ -91,7 +81,7 @@ def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
         principal = current_principal()
         if principal is None:
             raise Unauthorized("a bearer token is required")
-        refusal = _refusal(gateway.role_of(principal), principal, identity, request.url.path)
+        refusal = _refusal(gateway.facts.role_of(principal), principal, identity, request.url.path)
         if refusal is not None:
             row = {"phase": "refused", "tool": "audit_proof", "caller": principal.name,
                    "role": principal.role, "surface": principal.surface,

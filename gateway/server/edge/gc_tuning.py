@@ -1,41 +1,9 @@
-"""The serving process's cyclic garbage collector: what it walks, how often, and its pauses in /metrics.
+"""The serving process's garbage collector and glibc heap: what is walked, how often, what is returned.
 
-A served gateway holds about 120,000 objects the collector tracks before its first call (modules,
-pyVmomi's type tables, the stores), and they live as long as the process. Python's full collection
-walks every one of them, and a large read makes the collector run often: decoding 3,000 VMs
-allocates tens of thousands of containers. Timed with ``gc.callbacks`` in ``gateway serve``
-answering list_vms on 3,000 VMs (mirror off), full collections of 17-83 ms fell inside calls, seven
-in thirteen calls; on 30,000 VMs, collections took about 100 ms of each call. Since: a few ms.
-
-``settle`` runs once, just before the process serves:
-
-- everything alive then is moved out of the collector's generations (``gc.freeze``): reference
-  counting still frees it, the collector no longer walks it (CPython's own advice for long-running
-  servers); a collection first, so no garbage is frozen with it;
-- the youngest generation is collected after ``YOUNG_THRESHOLD`` allocations instead of 700, so a
-  large answer's transient containers cost a few collections, not hundreds whose survivors promote
-  a full collection. Garbage in reference cycles waits at most that many allocations longer;
-- every collection's pause is timed and exposed: ``gateway_gc_pause_seconds{generation}`` (a
-  histogram), ``gateway_gc_frozen_objects`` and ``gateway_gc_threshold`` (gauges), beside the library's
-  ``python_gc_collections_total``. A latency spike that is the collector shows here.
-
-Tests never call ``settle``: freezing a test process's heap would keep every test's garbage cycles.
-
-``settle`` also starts the ``Trimmer``: a burst (a thousand TLS connections at once, each with its
-OpenSSL state and read buffers, or a large reply's decoded pages) leaves its freed memory inside
-glibc's arenas, fragmented between live blocks, so the process's RSS stays at the burst's peak and a
-second burst adds to it. Python's own objects do not grow (tracemalloc snapshots diffed around a
-flood of made-up tokens: bench/README.md, "Soak"). The trimmer watches glibc's free bytes
-(``mallinfo2``) from a daemon thread and calls ``malloc_trim(0)``, which hands the free pages of
-every arena back to the kernel, once the free bytes rose ``TRIM_FREE_BYTES`` above their lowest
-reading since the last trim. Nothing happens on other C libraries (musl has no ``mallinfo2``): the
-trimmer is then off.
-
-``settle`` also fixes glibc's mmap threshold at ``MMAP_THRESHOLD_BYTES`` (``mallopt``). glibc raises
-it by itself, up to 32 MiB, each time a large block is freed, after which a large reply's buffers and
-decoded text land in the arenas and fragment them; fixed, every block that large is mapped on its own
-and unmapped when freed (the figures: bench/README.md, "Soak").
-"""
+``settle`` runs once, just before the process serves: what is alive then is frozen out of the
+collector's generations, every pause is timed into ``gateway_gc_pause_seconds``, glibc's mmap threshold
+is fixed and the ``Trimmer`` starts (off without ``mallinfo2``, as on musl). Tests never call it: a
+frozen test heap would keep every test's garbage cycles."""
 
 from __future__ import annotations
 

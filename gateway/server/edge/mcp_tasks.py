@@ -1,24 +1,8 @@
-"""MCP tasks (the 2025-11-25 revision) for long vSphere work: clone, migrate, snapshots, and the
-execution of a confirmed proposal (a snapshot tree, a bulk action).
+"""MCP tasks (the 2025-11-25 revision) for long vSphere work: clone, migrate, snapshots, confirmed runs.
 
-The SDK (mcp 2.3) ships the task types only: it dispatches none of tasks/get, tasks/result, tasks/cancel
-or tasks/list, never answers a task-augmented tools/call with a task, and declares no ``tasks``
-capability. ``TaskRunner`` adds them to the low-level server:
-
-- ``initialize`` declares ``capabilities.tasks`` (list, cancel, tools/call); tools/list marks the tools
-  of ``TASK_TOOLS`` with ``execution.taskSupport: optional``;
-- a tools/call of such a tool carrying ``task`` (on a 2025-11-25 session) is answered at once with a
-  ``CreateTaskResult``; the call runs through the same path as a blocking one (``Gateway.answer``: gate,
-  decision, audit), its progress and outcome written to the store's ``mcp_tasks`` table, so any replica
-  answers tasks/get, tasks/result (which waits for the end) and tasks/list for the caller who made it;
-- tasks/cancel asks vSphere to cancel the running vSphere task (``vim.Task.CancelTask``); where vSphere
-  refuses (the task is not cancellable, or has not started yet) the answer says so and the task runs on.
-  Asked on another replica, the request is stored and the running replica acts on it within a second;
-- results are kept for the ``ttl`` the client asked (at most ``GATEWAY_TASK_KEEP_SECONDS``, default 1 h).
-
-A call without ``task`` (or on the 2026-07-28 revision, where tasks left the core protocol) stays the
-blocking call with progress notifications, unchanged.
-"""
+A task-augmented tools/call is answered at once and runs through the same path as a blocking one; its
+progress and outcome live in the store, so any replica answers tasks/get, tasks/result and tasks/list
+for its caller, and tasks/cancel asks vSphere to cancel (through the store on another replica)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The edge's side of identity provider tokens (``gateway.identity``), used by ``edge.BearerAuthMiddleware``
-only when identity.yaml exists.
+"""The edge's side of identity-provider tokens, used only when identity.yaml exists.
 
-``OAuthGate.check`` verifies a bearer token that is not a ``gwt_`` token and, for a POST to /mcp,
-reads the JSON-RPC body (already bounded and buffered by ``RequestSizeMiddleware``; parsed in a worker
-thread when large) to find each ``tools/call``: a tool whose category needs a scope the token lacks
-is refused with 403 and ``WWW-Authenticate: Bearer error="insufficient_scope", scope="..."``, so the
-client can step up. Scopes only narrow: the role decides afterwards as for any caller.
-"""
+``OAuthGate.check`` verifies a bearer token that is not a ``gwt_`` token and, for a POST to /mcp, finds
+each ``tools/call``: a tool whose category needs a scope the token lacks is refused with 403 and an
+``insufficient_scope`` challenge, so the client can step up. Scopes only narrow; the role decides after."""
 
 from __future__ import annotations
 

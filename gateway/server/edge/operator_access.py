@@ -45,10 +45,17 @@ class ScopeRefused(Forbidden):
         self.challenge = challenge
 
 
+class Roles(Protocol):
+    """A caller's role as the store says now (``gateway.server.base.facts.FactsNow``)."""
+
+    def role_of(self, principal: Principal) -> Role | None: ...
+
+
 class OperatorGateway(Protocol):
     """What these checks use of the gateway (``gateway.server.runtime.Gateway``)."""
 
-    def role_of(self, principal: Principal) -> Role | None: ...
+    @property
+    def facts(self) -> Roles: ...
 
 
 @runtime_checkable
@@ -107,7 +114,7 @@ async def metrics_denied(gateway: OperatorGateway, request: Request, identity: I
     if principal is None:  # the edge lets no request here without a token: fail closed anyway
         return JSONResponse({"error": {"code": "unauthorized", "message": "a bearer token is required"}},
                             status_code=401)
-    why = metrics_refusal(gateway.role_of(principal), principal)
+    why = metrics_refusal(gateway.facts.role_of(principal), principal)
     if why is None:
         return None
     path = request.url.path
@@ -175,7 +182,7 @@ def detail_allowed(gateway: OperatorGateway, principal: Principal | None) -> boo
     if principal is None:
         return False
     try:
-        role = gateway.role_of(principal)
+        role = gateway.facts.role_of(principal)
     except Exception:  # a gateway that cannot say: no detail
         log.exception("the role of a readiness caller could not be read")
         return False

@@ -1,11 +1,12 @@
-"""A human's approval of a proposal, between its re-planning and its claim: the proposal as re-read
-now against what its approvers were shown (a difference voids every approval and makes it ``stale``),
-the approval recorded and counted (N of M, ``guard.approvals.tally``), and the answer to an approval
-that is not yet the last. The proposal flow (``server.proposals.flow``) runs these steps in order."""
+"""A human's approval of a proposal, between its re-planning and its claim.
+
+The proposal is re-read against what its approvers were shown (a difference voids every approval and
+makes it ``stale``); the approval is recorded and counted (N of M, ``guard.approvals.tally``)."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from gateway.errors import Stale
 from gateway.guard.approvals import ApprovalRule, Tally, blast_changes, tally
@@ -20,22 +21,15 @@ from gateway.store.base import StateStore
 from gateway.vocabulary import Plan
 
 
-class Lost(Protocol):
-    """The one row of an attempt that lost a race for a proposal (``claim_lost``), then its refusal."""
-
-    async def __call__(self, ctx: CallContext, proposal: Proposal, reason: str,
-                       **fields: Any) -> NoReturn: ...
-
-
 class ApprovalSteps:
     """The steps of an approval that a confirmation does not take (see the module doc)."""
 
-    def __init__(self, *, moves: Moves, store: StateStore, trail: AuditTrail, lost: Lost) -> None:
+    def __init__(self, *, moves: Moves, store: StateStore, trail: AuditTrail,
+                 clock: Callable[[], float]) -> None:
         self.moves = moves
         self.store = store
         self.trail = trail
-        self.clock = moves.clock
-        self._lost = lost
+        self.clock = clock
 
     async def check_as_shown(self, ctx: CallContext, proposal: Proposal, plan: Plan) -> None:
         """The proposal as re-read now against what its approvers were shown (objects with moids and the
@@ -59,8 +53,8 @@ class ApprovalSteps:
             reason=truncate(f"changed since shown: {what}; approvals void: {voided(proposal)}", 512),
         )
         if moved is None:
-            await self._lost(ctx, proposal, f"found changed ({what}) after another caller had moved the "
-                             "proposal; nothing was sent")
+            await self.moves.lost(ctx, proposal, f"found changed ({what}) after another caller had moved "
+                                  "the proposal; nothing was sent")
         raise error
 
     async def record(self, ctx: CallContext, proposal: Proposal, decision: Decision,
@@ -74,8 +68,8 @@ class ApprovalSteps:
                             self.clock(), given, proposal.shown_digest or "",
                             approver_key=person_of(ctx.principal) or key_of(ctx.principal))
         if not await off_loop(self.store.add_approval, approval):
-            await self._lost(ctx, proposal, "the proposal was no longer pending, or this person's approval "
-                             "was already recorded; nothing was sent")
+            await self.moves.lost(ctx, proposal, "the proposal was no longer pending, or this person's "
+                                  "approval was already recorded; nothing was sent")
         fresh = await off_loop(self.store.get_proposal, proposal.id)
         counted = tally(rule, fresh.approvals if fresh else (approval,), proposal.shown_digest)
         row = self.moves.transition_row(proposal, "approval", actor=ctx.principal,

@@ -1,21 +1,9 @@
-"""Confirmation by the person at the MCP client (MCP elicitation), in-band.
+"""Confirmation by the person at the MCP client (MCP elicitation), in-band, for a fresh proposal.
 
-The MCP surface (``gateway.server.edge.mcp``) puts the client's ``Asker`` in ``asker_var`` for each tool
-call: what the client declared it can ask (form, URL) and how to ask it. When a destructive call makes a
-proposal, ``InBand.settle`` follows ``gateway.guard.elicitation.confirm_route``:
-
-- ASK_FORM: the person is shown the target (name and host), the summary and the affected objects.
-  ``accept`` confirms the proposal through the proposal flow's own confirm path (``execute_proposal``,
-  the same compare-and-set and rows as ``confirm_action``); ``decline`` cancels it; ``cancel`` or no
-  answer within the deadline leaves it to the token for ``confirm_by: either``, and cancels it for
-  ``confirm_by: elicitation`` (nobody else may confirm it).
-- ASK_URL: a gated proposal: the person is sent to its card (``/ui#proposal=<id>``) to approve it
-  there; the answer says where, too. LINK: the answer carries the card's URL.
-- TOKEN: today's answer, unchanged.
-
-Every answer of the person (accept, decline, cancel, timeout, or a client that failed to ask) is one
-``elicited`` audit row, written before anything follows from it.
-"""
+``InBand.settle`` follows ``guard.elicitation.confirm_route``: a form the person accepts (the proposal
+runs through the same confirm path as ``confirm_action``), declines (cancelled) or leaves (the token
+stays, unless ``confirm_by: elicitation``); a URL to the proposal's card; or the token alone. Every
+answer of the person is one ``elicited`` row, written before anything follows from it."""
 
 from __future__ import annotations
 
@@ -69,7 +57,7 @@ def card_url(base_url: str, proposal_id: str) -> str:
 
 
 class Confirmer(Protocol):
-    """The proposal flow's confirm path and moves (``gateway.server.proposals.flow.ProposalFlow``)."""
+    """Confirms or withdraws a fresh proposal (``gateway.server.proposals.actions.ProposalActions``)."""
 
     async def execute_proposal(self, proposal: Proposal, actor: Any, *, progress: ProgressSink | None = None,
                                correlation_id: str | None = None, approved: bool = False,

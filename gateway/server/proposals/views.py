@@ -1,7 +1,7 @@
-"""How a proposal is shown, redacted and bounded (pure): to the caller that made it (``pending_answer``),
-in lists, cards and ``gateway pending`` (``proposal_view``), and to its approvers (``as_shown``: the
-objects and blast radius their approvals bind to); a human's reason as kept (``clean_reason``); whether
-re-resolved objects still match the proposal's (``check_not_stale``)."""
+"""How a proposal is shown, redacted and bounded (pure).
+
+To its caller (``pending_answer``), in lists, cards and ``gateway pending`` (``proposal_view``), and to
+its approvers (``as_shown``: the objects and blast radius their approvals bind to)."""
 
 from __future__ import annotations
 

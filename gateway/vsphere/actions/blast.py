@@ -1,11 +1,7 @@
-"""The blast radius of a destructive proposal: what it will affect, read live from vSphere when it is
-planned (and planned again when an approval lands or it would run).
+"""The blast radius of a destructive proposal: what it will affect, read live when planned and re-planned.
 
-For one VM (``delete_vm``, ``unregister_vm``, ``remove_disk``): its power state, host and cluster, its
-snapshot count, and its disks with their sizes and datastores. For ``bulk_vm_action``: how many VMs,
-and each one's name, moid, power state and host. The facts are plain JSON values: the proposal shows
-them (card, listing, notifications) and its digest binds every approval to them
-(``gateway.guard.approvals.shown_digest``)."""
+Plain JSON facts the proposal shows and its digest binds every approval to (``shown_digest``).
+"""
 
 from __future__ import annotations
 

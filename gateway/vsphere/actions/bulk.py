@@ -1,5 +1,4 @@
-"""One destructive action over every VM whose whole name matches a pattern: delete them, delete all
-their snapshots, or revert each to its current snapshot."""
+"""One destructive action over every VM whose whole name matches a pattern."""
 
 from __future__ import annotations
 

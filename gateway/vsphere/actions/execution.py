@@ -1,5 +1,4 @@
-"""Running an execute: ``Execution`` carries the session, plan, progress and whether anything changed
-yet, starts each mutation and task, and translates faults once a change may have been made."""
+"""Running an execute: starting each mutation and task, and translating faults once a change may be made."""
 
 from __future__ import annotations
 

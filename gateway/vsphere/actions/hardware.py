@@ -1,5 +1,4 @@
-"""A VM's hardware: reconfigure (CPU, memory, one new disk, one new NIC), mount and unmount an ISO
-image, and remove a disk."""
+"""A VM's hardware: reconfigure it, mount and unmount an ISO image, and remove a disk."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Where a VM lives: migrate it (RelocateVM_Task) to another host, datastore or pool, or clone it, within
-one target (both need a vCenter)."""
+"""Where a VM lives: migrate it to another host, datastore or pool, or clone it (both need a vCenter)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What every plan function shares: resolving the VM and the objects an argument names, describing
-them for policy, and ``_state_after_policy``, which turns a VM's wrong state into ``Plan.unmet``."""
+"""What every plan function shares: resolving and describing objects, and ``_state_after_policy``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Safety snapshots: taken of every affected VM before a revert-type step when policy asks for them
-(``params["auto_snapshot"]``), all or nothing."""
+"""Safety snapshots of every affected VM before a revert-type step, when policy asks: all or nothing."""
 
 from __future__ import annotations
 

@@ -1,0 +1,80 @@
+"""``FactsNow``: the caller, the proposer, the role, the target and the rules as the stores say at the
+moment each is asked, over SQLite and plain values."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from support.server_parts import AGENT, READER, Parts, proposal_of
+
+from gateway.auth.tokens import Principal, create_token
+from gateway.guard.decision import Entry, TokenState
+from gateway.vocabulary import Category, Kind
+
+
+def test_a_caller_without_a_token_is_the_role_its_surface_gave_it(parts: Parts) -> None:
+    party = parts.facts.party(READER)
+    assert (party.name, party.token, party.role and party.role.name, party.kind) == \
+        ("watcher", TokenState.USABLE, "reader", Kind.AGENT)
+
+
+def test_a_token_caller_is_its_token_as_stored_now(parts: Parts) -> None:
+    _plain, record = create_token(parts.backends.store, "bot", "reader", expires_in=None, now=parts.clock())
+    caller = Principal(name="bot", role="admin", token_id=record.token_id, surface="test")  # a stale role
+    assert parts.facts.party(caller).role.name == "reader"  # type: ignore[union-attr]
+    parts.backends.store.update_token("bot", revoked=True)
+    assert parts.facts.party(caller).token is TokenState.REVOKED
+
+
+def test_a_token_the_store_does_not_know_has_no_role(parts: Parts) -> None:
+    party = parts.facts.party(Principal(name="ghost", role="admin", token_id="t-missing", surface="test"))
+    assert (party.token, party.role) == (TokenState.UNKNOWN, None)
+
+
+def test_an_expired_token_is_expired_by_the_facts_clock(parts: Parts) -> None:
+    _plain, record = create_token(parts.backends.store, "brief", "admin", expires_in=60, now=parts.clock())
+    caller = Principal(name="brief", role="admin", token_id=record.token_id, surface="test")
+    assert parts.facts.party(caller).token is TokenState.USABLE
+    parts.clock.now += 61
+    assert parts.facts.party(caller).token is TokenState.EXPIRED
+
+
+def test_a_proposal_stored_without_a_key_has_an_owner_nobody_matches(parts: Parts) -> None:
+    owner = parts.facts.owner(replace(proposal_of(parts), caller_key=None))
+    assert (owner.token, owner.role) == (TokenState.UNKNOWN, None)
+
+
+def test_a_proposal_owner_is_found_by_the_key_it_holds(parts: Parts) -> None:
+    owner = parts.facts.owner(proposal_of(parts, caller=AGENT))
+    assert (owner.name, owner.token) == ("agent-1", TokenState.USABLE)
+    assert owner.role is not None and owner.role.name == "admin"
+
+
+def test_tools_follow_the_role(parts: Parts) -> None:
+    readers = {spec.kind for spec in parts.facts.tools_for(READER)}
+    assert readers == {Category.READ}
+    assert len(parts.facts.tools_for(AGENT)) > len(parts.facts.tools_for(READER))
+    assert parts.facts.tools_for(Principal(name="x", role="no-such-role", surface="test")) == []
+
+
+def test_change_tools_are_the_changes_without_the_proposal_tools(parts: Parts) -> None:
+    names = {name for name, _kind in parts.facts.change_tools}
+    assert "delete_vm" in names and "power_off_vm" in names
+    assert not names & {"confirm_action", "cancel_action", "list_pending_actions", "get_vm_details"}
+
+
+def test_facts_name_the_target_its_tags_and_the_rules_read_now(parts: Parts) -> None:
+    spec = parts.registry.get("power_off_vm")
+    assert spec is not None
+    facts = parts.facts.facts(Entry.WRITE, parts.facts.party(AGENT), spec, {"target": "vc1"}, target="vc1")
+    assert (facts.target_known, facts.target_tags, facts.category) == (True, ("lab",), Category.WRITE)
+    assert facts.rules is not None and facts.rules_error is None
+    unknown = parts.facts.facts(Entry.WRITE, parts.facts.party(AGENT), spec, {}, target="vc9")
+    assert (unknown.target_known, unknown.target_tags) == (False, ())
+
+
+def test_facts_before_resolving_do_not_read_the_rules(parts: Parts) -> None:
+    spec = parts.registry.get("list_vms")
+    assert spec is not None
+    facts = parts.facts.facts(Entry.READ, parts.facts.party(READER), spec, {}, target="vc1", resolved=False)
+    assert (facts.rules, facts.resolved) == (None, False)

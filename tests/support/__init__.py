@@ -1,0 +1,2 @@
+"""Helpers the tests share (simulators, servers, PostgreSQL, browsers), imported as ``support.<module>``:
+``tests/`` is on pytest's ``pythonpath``."""
