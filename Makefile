@@ -32,15 +32,20 @@ OIDC := tests/oidc/node_modules/.package-lock.json
 $(OIDC): tests/oidc/package.json tests/oidc/package-lock.json | bootstrap
 	cd tests/oidc && npm ci --no-audit --no-fund --prefer-offline
 
+# the official MCP conformance suite and the Node it needs (tests/server/edge/test_conformance.py), pinned by
+# its lock file
+CONFORMANCE := tests/conformance/node_modules/.package-lock.json
+$(CONFORMANCE): tests/conformance/package.json tests/conformance/package-lock.json | bootstrap
+	cd tests/conformance && npm ci --no-audit --no-fund --prefer-offline
 
-test: bootstrap venv $(OIDC)
+test: bootstrap venv $(OIDC) $(CONFORMANCE)
 	@bash deploy/vcsim/build.sh || echo "vcsim launcher could not be built; simulator tests will skip (fail under CI=true)"
 	$(BIN)/python -m pytest
 
 # The fast tier: every test that needs no simulator, PostgreSQL, Chromium or Node and builds or soaks
 # nothing (the markers in pyproject.toml). TEST_TIER=fast makes any fixture or helper that would start one
 # fail the test, so a test missing its marker shows here instead of slipping in.
-FAST_TIER := not simulator and not postgres and not browser and not oidc and not slow
+FAST_TIER := not simulator and not postgres and not browser and not oidc and not node and not slow
 test-fast: bootstrap venv
 	TEST_TIER=fast $(BIN)/python -m pytest -p no:cacheprovider -m "$(FAST_TIER)"
 

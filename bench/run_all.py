@@ -34,6 +34,10 @@ https`` as a child process, the peer's server) and measures, in this order:
     side by side): agent B's get_vm_details alone against behind agent A's burst of 24 with
     per-caller queues (starts spread and not) and with strict FIFO, and the calls finished per second
     during the burst, fair against FIFO.
+11. The answer path (bench/answer_path.py): a bare HTTPS JSON POST, the MCP SDK's own no-op tool and the
+    gateway's cheapest call (list_pending_actions) on the 2026-07-28 revision and on the legacy
+    handshake, side by side; list_vms from the mirror over HTTPS on both against the raw sweep at
+    3,000 and 30,000 VMs.
 
 The table goes to stdout and, unless ``--quick``, into bench/RESULTS.md with the date and core count.
 """
@@ -66,6 +70,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(REPO), str(BENCH)]
 
+import answer_path  # noqa: E402
 import anyio  # noqa: E402
 import audit_append  # noqa: E402
 import event_loop  # noqa: E402
@@ -97,6 +102,8 @@ MIRROR_SCALE = [300, 3000, 30000]
 MIRROR_SCALE_QUICK = [300]
 SWEEP_SCALE = [3000, 30000]
 SWEEP_SCALE_QUICK = [300]
+ANSWER_SCALE = [3000, 30000]
+ANSWER_SCALE_QUICK = [300]
 PEER_PY = BENCH / ".peer-venv" / "bin" / "python"
 
 
@@ -638,6 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     for what, value, ratio in sweep_bench.run(SWEEP_SCALE_QUICK if args.quick else SWEEP_SCALE, runs):
         table.add(what, value, ratio)
     for what, value, ratio in fairness_bench.run(rounds=3 if args.quick else 5):
+        table.add(what, value, ratio)
+    for what, value, ratio in answer_path.run(100 if args.quick else 300, 3 if args.quick else 5,
+                                              ANSWER_SCALE_QUICK if args.quick else ANSWER_SCALE, runs):
         table.add(what, value, ratio)
     print("\n" + table.markdown())
     if not args.quick:

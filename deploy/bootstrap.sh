@@ -7,7 +7,8 @@
 #         sumdb/tlog and sumdb/note (the audit proofs' second implementation); headless Chromium for
 #         the web page tests; nginx and systemd for the deploy recipes; buildah and mmdebstrap for the
 #         container image; PostgreSQL for the store tests; rsyslog with its TLS driver for the syslog
-#         forwarder's tests; Node.js and npm for the identity tests' OpenID provider.
+#         forwarder's tests; Node.js and npm for the identity tests' OpenID provider; Prometheus for
+#         promtool, which checks the alert rules in deploy/prometheus/.
 #
 #   bash deploy/bootstrap.sh [run|test]           install what is missing (as root), or print the one
 #                                                 sudo line and stop
@@ -31,6 +32,7 @@ TEST_PACKAGES=(
     postgresql
     rsyslog rsyslog-gnutls
     nodejs
+    prometheus
 )
 
 usage() { echo "usage: bash deploy/bootstrap.sh [--check|--list] [run|test]" >&2; exit 2; }

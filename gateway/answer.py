@@ -8,9 +8,10 @@ the standard library's way and is re-read from the text, so ``value`` and ``text
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -51,6 +52,9 @@ class Answer:
 
     value: dict[str, Any]
     text: str
+    #: what is derived from ``text`` alone, made once and shared by the copies of this answer (a mirror's
+    #: kept answer is sent many times): its fingerprint, its encoding as a JSON string
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, value: dict[str, Any]) -> Answer:
@@ -72,8 +76,9 @@ class Answer:
         return cls.of(clean(answer.value))
 
     def copy(self) -> Answer:
-        """The same answer with a shallow copy of its value (the text is immutable)."""
-        return Answer(dict(self.value), self.text)
+        """The same answer with a shallow copy of its value (the text is immutable, and what is derived
+        from it shared)."""
+        return Answer(dict(self.value), self.text, self.derived)
 
     def with_field(self, key: str, item: Any) -> Answer:
         """This answer with one more top-level field, without encoding it again: the field's encoding is
@@ -95,3 +100,22 @@ class Answer:
     @property
     def data(self) -> bytes:
         return answer_bytes(self.text)
+
+    def fingerprint(self) -> tuple[str, int]:
+        """(sha256 hex, size in bytes) of ``data``, what an audit row keeps of this answer; computed once."""
+        found: tuple[str, int] | None = self.derived.get("fingerprint")
+        if found is None:
+            data = self.data
+            found = self.derived["fingerprint"] = (hashlib.sha256(data).hexdigest(), len(data))
+        return found
+
+    def json_string(self) -> bytes | None:
+        """``text`` as a JSON string (its quotes included, UTF-8), as a JSON message carrying this answer
+        as a text holds it; computed once. None for a text orjson cannot encode (a lone surrogate)."""
+        if "json_string" not in self.derived:
+            try:
+                self.derived["json_string"] = orjson.dumps(self.text)
+            except TypeError:  # orjson.JSONEncodeError
+                self.derived["json_string"] = None
+        encoded: bytes | None = self.derived["json_string"]
+        return encoded

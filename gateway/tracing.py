@@ -65,9 +65,20 @@ def configure(value: str | None) -> bool:
     return True
 
 
+def recording() -> bool:
+    """Whether a tracer provider is installed in this process (``configure``, or the API's own
+    ``set_tracer_provider``). Without one every span is the no-op tracer's, which carries its parent's
+    context and records nothing, so the hot path makes none."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 @contextmanager
 def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
-    """A child span of the current one; attributes with None values are left out."""
+    """A child span of the current one; attributes with None values are left out. Without a provider
+    (``recording``) the current span itself: a no-op child would be the same context."""
+    if not recording():
+        yield trace.get_current_span()
+        return
     with TRACER.start_as_current_span(
         name, attributes={k: v for k, v in attributes.items() if v is not None}
     ) as current:
@@ -84,6 +95,9 @@ def call_span(method: str, tool: str | None, meta: Mapping[str, Any] | None) -> 
         found = extract(carrier) if carrier else None
         if found is not None and trace.get_current_span(found).get_span_context().is_valid:
             parent = found
+    if parent is None and not recording():  # a no-op child of the current span: the same context
+        yield trace.get_current_span()
+        return
     attributes = {"mcp.method.name": method, **({"gen_ai.tool.name": tool} if tool else {})}
     with TRACER.start_as_current_span(f"{method} {tool}" if tool else method, context=parent,
                                       kind=SpanKind.SERVER, attributes=attributes) as current:
@@ -142,6 +156,9 @@ class TraceContextMiddleware:
             return
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                    if k in (b"traceparent", b"tracestate")}
+        if not carrier and not recording():  # no trace to carry and none to record: no span to make
+            await self.app(scope, receive, send)
+            return
         parent = extract(carrier) if carrier else None
         if parent is not None and not trace.get_current_span(parent).get_span_context().is_valid:
             parent = None

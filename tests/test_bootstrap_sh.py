@@ -44,7 +44,8 @@ def packages(*argv: str) -> list[str]:
 
 
 #: what only the tests need: never installed by `make run`
-TEST_ONLY = {"chromium", "buildah", "mmdebstrap", "postgresql", "rsyslog", "rsyslog-gnutls", "nodejs", "npm"}
+TEST_ONLY = {"chromium", "buildah", "mmdebstrap", "postgresql", "rsyslog", "rsyslog-gnutls", "nodejs", "npm",
+             "prometheus"}
 
 
 def test_the_readme_quick_start_is_two_make_commands_that_bootstrap_first() -> None:

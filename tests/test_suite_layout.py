@@ -14,7 +14,7 @@ from support import tier
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 #: folders with their own rules: the lab suite, the Go interop checker, the Node OpenID provider
-EXEMPT = ("lab", "interop_go", "oidc")
+EXEMPT = ("lab", "interop_go", "oidc", "conformance")
 MIRRORED_SHARE = 0.8
 MARK = re.compile(r"\bpytest\.mark\.([A-Za-z_]\w*)")
 NEEDS = re.compile(r"@needs\(([^)]*)\)")

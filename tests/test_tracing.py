@@ -216,3 +216,25 @@ def test_otlp_exports_to_the_endpoint_the_environment_names() -> None:
     assert "INSTALLED True" in out
     assert received and received[0][0] == "/v1/traces"
     assert bytes.fromhex(trace_id) in b"".join(body for _path, body in received)  # the protobuf's trace id
+
+
+_CALL_PROBE = """
+import sys
+from gateway import tracing
+print("RECORDING", tracing.recording())
+with tracing.call_span("tools/call", "list_vms", {"traceparent": sys.argv[1]}):
+    print("META", tracing.with_trace_id({"phase": "call"}).get("trace_id"))
+with tracing.call_span("tools/call", "list_vms", None), tracing.span("gateway.audit_append"):
+    print("NONE", tracing.with_trace_id({"phase": "call"}).get("trace_id"))
+"""
+
+
+def test_with_no_provider_a_calls_trace_from_meta_still_reaches_its_rows_and_none_is_made_up() -> None:
+    import os
+    import subprocess
+    import sys
+
+    trace_id = secrets.token_hex(16)
+    run = subprocess.run([sys.executable, "-c", _CALL_PROBE, f"00-{trace_id}-{secrets.token_hex(8)}-01"],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ), check=True)
+    assert run.stdout.split() == ["RECORDING", "False", "META", trace_id, "NONE", "None"]

@@ -8,6 +8,9 @@
   a file with rows younger than ``retain_seconds`` and logs each drop first.
 - A torn last line (a crash mid-write) is torn, not tampering: the next append repairs it and records
   ``audit_repaired``.
+- Group commit (``write_grouped``, for the rows of reads only): the row is in the file (written, its
+  chain stamped) when the call returns, and reaches the disk in the next group's ``fdatasync``, made
+  by a thread of the sink's own; see ``write_grouped`` for the exact promise.
 """
 
 from __future__ import annotations
@@ -170,6 +173,15 @@ class AuditSink:
         self._stats: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
         self._rotated_bytes = 0
+        #: rows in the file whose fdatasync is still to come (``write_grouped``): the group's size
+        self._unsynced = 0
+        #: set when rows wait for their group's fdatasync; the syncer thread waits on it
+        self._sync_wanted = threading.Event()
+        self._syncer: threading.Thread | None = None
+        self._syncer_pid = 0
+        self._syncer_lock = threading.Lock()
+        #: rows whose group's fdatasync failed (logged); the next durable write or group retries
+        self.group_sync_failures = 0
 
     @classmethod
     def for_settings(cls, settings: _SinkSettings, **options: Any) -> AuditSink:
@@ -187,7 +199,8 @@ class AuditSink:
         self.close()
 
     def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Redact, bound, stamp and append one row; return the row as written.
+        """Redact, bound, stamp and append one row; return the row as written (on the disk when
+        ``durable``).
 
         Raises ``AuditUnavailable`` (naming the path, the OS error and the fix) when the row could not
         be appended; nothing of it is left in the file then. Waiting is bounded: the sink's own lock
@@ -196,6 +209,24 @@ class AuditSink:
         cannot be interrupted: callers on an event loop run this in a worker thread under their own
         deadline (``asyncio.wait_for``).
         """
+        return self._write(event, timeout, sync=True)
+
+    def write_grouped(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """``write`` with the disk flush left to the next group commit: for the row of a read, whose
+        answer changes nothing.
+
+        The promise: when this returns, the row is in the file (``write(2)`` done, stamped into the
+        chain, so a crash of this process loses nothing and every later row chains after it), and it
+        is on the disk (``fdatasync``) once the sink's syncer thread has flushed its group: at once
+        when idle, else right after the flush in progress, one flush for every row written meanwhile.
+        Any ``write`` (a change's row) returns only after its own flush, which takes every grouped row
+        before it to the disk too; a checkpoint signs only rows on the disk; ``close`` flushes what
+        is left. What a crash of the machine itself (power, kernel) may lose is the grouped rows of
+        the last flush interval, the tail of the chain (never a row in its middle). Refusals are the
+        same as ``write``'s. Without ``durable`` it is ``write``."""
+        return self._write(event, timeout, sync=not self.durable)
+
+    def _write(self, event: Mapping[str, Any], timeout: float | None, *, sync: bool) -> dict[str, Any]:
         limit = self.lock_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         body = prepare_event(event)
@@ -210,16 +241,67 @@ class AuditSink:
                 lock_fd = self._ensure_lock_fd()
                 self._flock(lock_fd, deadline, limit)
                 try:
-                    row = self._append_locked(body, deadline, limit)
+                    row = self._append_locked(body, deadline, limit, sync=sync)
                 finally:
                     fcntl.flock(lock_fd, fcntl.LOCK_UN)
             except OSError as exc:
                 self._drop_fd()
                 raise _unavailable(self.path, exc) from exc
             self._count("rows_written")
-            return row
         finally:
             self._lock.release()
+        if not sync:
+            self._wake_syncer()
+        return row
+
+    # -- group commit ----------------------------------------------------------------------------------
+
+    def unsynced(self) -> int:
+        """Rows in the file whose group's fdatasync has not been made yet (0: all on the disk)."""
+        with self._lock:
+            return self._unsynced
+
+    def _wake_syncer(self) -> None:
+        """Ask the syncer thread for a flush (started on first use, again after a fork)."""
+        if self._syncer is None or self._syncer_pid != os.getpid() or not self._syncer.is_alive():
+            with self._syncer_lock:
+                if self._syncer is None or self._syncer_pid != os.getpid() or not self._syncer.is_alive():
+                    self._syncer_pid = os.getpid()
+                    self._syncer = threading.Thread(target=self._sync_groups, name="audit-group-commit",
+                                                    daemon=True)
+                    self._syncer.start()
+        self._sync_wanted.set()
+
+    def _sync_groups(self) -> None:
+        """The syncer thread: one fdatasync for every row grouped since the last one, outside the
+        sink's lock (on a duplicate of the log's descriptor, so appends go on meanwhile)."""
+        while True:
+            self._sync_wanted.wait()
+            self._sync_wanted.clear()
+            with self._lock:
+                if self._closed:
+                    return
+                if not self._unsynced or self._fd is None:
+                    continue
+                fd, group = os.dup(self._fd), self._unsynced
+                self._unsynced = 0
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                with self._lock:
+                    self._unsynced += group  # the next durable write or group tries again
+                    self.group_sync_failures += group
+                log.error("audit log %s: the disk flush of %d read rows failed (%s); they are in the file "
+                          "and the next flush tries again", self.path, group, exc)
+            finally:
+                os.close(fd)
+
+    def _sync_unsynced(self) -> None:
+        """Flush the grouped rows now (called with the lock, before a checkpoint signs them and before
+        the descriptor holding them is closed)."""
+        if self._unsynced and self._fd is not None:
+            os.fdatasync(self._fd)
+            self._unsynced = 0
 
     def _flock(self, lock_fd: int, deadline: float, limit: float) -> None:
         """Take the file lock exclusively, trying without blocking until ``deadline``."""
@@ -310,7 +392,10 @@ class AuditSink:
                 log.warning("could not write a closing checkpoint of the audit log %s: %s", self.path, exc)
         with self._lock:
             self._closed = True
-            self._drop_fd()
+            try:
+                self._drop_fd()
+            finally:
+                self._sync_wanted.set()  # the syncer thread ends
             self._tree.forget()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -335,6 +420,12 @@ class AuditSink:
 
     def _drop_fd(self) -> None:
         if self._fd is not None:
+            try:
+                self._sync_unsynced()
+            except OSError as exc:
+                log.error("audit log %s: the disk flush of %d read rows failed (%s) before its descriptor "
+                          "was closed", self.path, self._unsynced, exc)
+                self._unsynced = 0
             fd, self._fd = self._fd, None
             close_quietly(fd)
 
@@ -371,7 +462,8 @@ class AuditSink:
         finally:
             os.close(dir_fd)
 
-    def _append_locked(self, body: dict[str, Any], deadline: float, limit: float) -> dict[str, Any]:
+    def _append_locked(self, body: dict[str, Any], deadline: float, limit: float, *,
+                       sync: bool = True) -> dict[str, Any]:
         fd, size = self._open_log()
         tail, size, pending = self._current_tail(fd, size)
         self._tree.sync(tail.seq, lambda: last_line_in(fd, size))
@@ -386,7 +478,11 @@ class AuditSink:
             fd, size, dropped = self._rotate(tail)
             tail, size = self._emit(fd, size, tail, self._rotation_marker(dropped))
             row, line = self._stamp(body, tail)
-        self._append_line(fd, size, line)
+        self._append_line(fd, size, line, flush=sync and self.durable)
+        if sync:
+            self._unsynced = 0  # this row's fdatasync took the grouped rows before it too
+        else:
+            self._unsynced += 1
         self._tree.add(line[:-1])
         self._tail = _Tail(row["seq"], row["hash"], (*self._ident, size + len(line)))
         if self.key_file is not None and self._checkpoint_due(row["seq"]):
@@ -440,6 +536,7 @@ class AuditSink:
         assert self.key_file is not None
         if self._signer is None:
             self._signer = load_or_create_signing_key(self.key_file)
+        self._sync_unsynced()  # a checkpoint signs only rows on the disk
         head: dict[str, Any] = {"seq": tail.seq, "hash": tail.hash, "ts": format_ts(self._clock()),
                                 "log": self.path.name}
         frontier = self._tree.frontier
@@ -518,10 +615,11 @@ class AuditSink:
         self._tree.add(line[:-1])
         return _Tail(row["seq"], row["hash"]), size + len(line)
 
-    def _append_line(self, fd: int, size: int, line: bytes) -> None:
-        """Append all of ``line`` and flush it, or cut the file back to ``size`` bytes and raise."""
+    def _append_line(self, fd: int, size: int, line: bytes, *, flush: bool | None = None) -> None:
+        """Append all of ``line`` and flush it (``flush``, by default ``durable``), or cut the file back
+        to ``size`` bytes and raise."""
         try:
-            _write_all(fd, line, flush=self.durable)
+            _write_all(fd, line, flush=self.durable if flush is None else flush)
         except OSError:
             try:
                 os.ftruncate(fd, size)

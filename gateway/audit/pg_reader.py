@@ -155,6 +155,17 @@ class PgAuditReader:
         with self._snapshot() as conn:
             return read_hashes(conn, indexes)
 
+    def rows_after(self, seq: int | None, since: float) -> Iterator[dict[str, Any]]:
+        """The rows after ``seq`` (every row with None) no older than ``since`` (epoch seconds), oldest
+        first: by the primary key and the ``ts`` index, so the work is the rows returned. Rows of every
+        replica (one table; seqs are taken under the append lock, so they commit in order)."""
+        moment = format_ts(datetime.fromtimestamp(since, UTC))
+        with self._snapshot() as conn, conn.cursor(name="audit_rows_after") as cursor:
+            cursor.execute("SELECT body FROM audit_rows WHERE seq > %s AND ts >= %s ORDER BY seq",
+                           (-1 if seq is None else seq, moment))
+            for record in cursor:
+                yield json.loads(record["body"])
+
 
 def _problem(record: Mapping[str, Any], expected_seq: int | None, expected_prev: str,
              retained: int = 1) -> tuple[str, str] | None:

@@ -5,6 +5,8 @@ transaction-scoped advisory lock (``AUDIT_LOCK``) before reading the head, so re
 chain; ``write`` returns after the commit or raises ``AuditUnavailable`` (fail closed). A checkpoint
 is signed once across replicas (``CHECKPOINT_LOCK`` and a conditional insert); a failed one is logged
 and counted, never failing the row. No rotation (``pg_retention`` prunes) and no torn lines.
+``write_grouped`` (the rows of reads) commits without waiting for the WAL flush, which PostgreSQL then
+makes for a group of them (``synchronous_commit = off`` for that transaction alone).
 """
 
 from __future__ import annotations
@@ -99,7 +101,22 @@ class PgAuditSink:
         self.close()
 
     def write(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Redact, stamp and append one row in one transaction; return the row as written."""
+        """Redact, stamp and append one row in one transaction; return the row as written (committed,
+        its WAL on the server's disk)."""
+        return self._write(event, timeout, sync=True)
+
+    def write_grouped(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """``write`` for the row of a read: committed without waiting for its WAL flush.
+
+        The promise: when this returns the row is committed (every replica sees it, and every later
+        row chains after it); it is on the server's disk once PostgreSQL's WAL writer flushes it
+        (``wal_writer_delay``, 200 ms by default; at most three of them) or any later synchronous
+        commit does, a change's row among them: the WAL is flushed in order, so a change's row
+        never reaches the disk without the rows before it. A crash of the database server itself may
+        lose such rows of the last moments, the chain's tail only. Refusals are ``write``'s."""
+        return self._write(event, timeout, sync=False)
+
+    def _write(self, event: Mapping[str, Any], timeout: float | None, *, sync: bool) -> dict[str, Any]:
         body = prepare_event(event)
         limit = self.timeout if timeout is None else timeout
         if self._closed:
@@ -108,7 +125,7 @@ class PgAuditSink:
             raise AuditUnavailable(f"cannot append to {self.where}: other writes of this process held it for "
                                    f"{limit:g} s; the row was not written. fix: check PostgreSQL")
         try:
-            row = self._append(body, limit)
+            row = self._append(body, limit, sync=sync)
         finally:
             self._tree_lock.release()
         with self._lock:
@@ -118,13 +135,16 @@ class PgAuditSink:
             self._try_checkpoint(row["seq"], row["hash"], limit)
         return row
 
-    def _append(self, body: Mapping[str, Any], limit: float) -> dict[str, Any]:
-        """One row and its tree hashes in one transaction (called under ``_tree_lock``)."""
+    def _append(self, body: Mapping[str, Any], limit: float, *, sync: bool = True) -> dict[str, Any]:
+        """One row and its tree hashes in one transaction (called under ``_tree_lock``); without
+        ``sync`` its commit does not wait for the WAL flush."""
         try:
             with self.store.pool.connection(timeout=limit) as conn, conn.transaction():
                 ms = max(1, int(limit * 1000))
                 conn.execute(f"SET LOCAL lock_timeout = {ms}")
                 conn.execute(f"SET LOCAL statement_timeout = {ms}")
+                if not sync:
+                    conn.execute("SET LOCAL synchronous_commit = off")
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (AUDIT_LOCK,))
                 found = conn.execute("SELECT seq, hash FROM audit_rows ORDER BY seq DESC LIMIT 1").fetchone()
                 head = cast("dict[str, Any] | None", found)  # the pool's rows are dicts (dict_row)

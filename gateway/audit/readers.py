@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.audit.files import checkpoint_path
+from gateway.audit.agents import CLOCK_SLACK_SECONDS, row_epoch
+from gateway.audit.chain import parse_row
+from gateway.audit.files import checkpoint_path, reverse_lines, snapshot
 from gateway.audit.query import read_rows, stats
 from gateway.audit.tree_file import stored_reader
 from gateway.audit.verify import VerifyReport, parse_checkpoints, verify
@@ -31,6 +33,8 @@ class AuditReader(Protocol):
     def checkpoints(self) -> list[dict[str, Any]]: ...
 
     def read_hashes(self, indexes: Sequence[int]) -> list[bytes]: ...
+
+    def rows_after(self, seq: int | None, since: float) -> Iterator[dict[str, Any]]: ...
 
 
 class FileAuditReader:
@@ -65,3 +69,20 @@ class FileAuditReader:
     def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
         """Stored tree hashes (``LookupError`` when the tree file lacks one)."""
         return stored_reader(self.path)(indexes)
+
+    def rows_after(self, seq: int | None, since: float) -> Iterator[dict[str, Any]]:
+        """The rows after ``seq`` (every row with None) down to the first row older than ``since``
+        (epoch seconds) by more than ``CLOCK_SLACK_SECONDS``, newest first: read from the end of the
+        log, so the work is the rows returned, never the whole log (``gateway.audit.agents``)."""
+        with snapshot(self.path) as files:
+            for _, fd, size in reversed(files):
+                for _, line in reverse_lines(fd, size):
+                    row = parse_row(line)
+                    if row is None:
+                        continue
+                    if seq is not None and row["seq"] <= seq:
+                        return
+                    moment = row_epoch(row)
+                    if moment is not None and moment < since - CLOCK_SLACK_SECONDS:
+                        return
+                    yield row

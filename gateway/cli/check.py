@@ -18,7 +18,8 @@ from typing import Any
 from gateway import notify
 from gateway.audit import syslog_config
 from gateway.auth.roles import RoleBook
-from gateway.cli import add_path_flags, settings_from
+from gateway.cli import add_path_flags, policy, settings_from
+from gateway.cli.audit import parse_when
 from gateway.config import ConfigProblems, NameRef, Target, load_targets
 from gateway.errors import ConfigError
 from gateway.guard.names import KnownNames, unknown_names
@@ -44,6 +45,11 @@ def register(sub: Any) -> None:
                         help="a target's or channel's missing secret variable is a problem, not a warning "
                              "(what `serve` needs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (see the module doc)")
+    parser.add_argument("--replay", nargs="?", const=policy.DEFAULT_SINCE, type=parse_when, metavar="SINCE",
+                        help="also replay the audited calls since SINCE (default "
+                             f"{policy.DEFAULT_SINCE}) through the --rules file and the rules in force, as "
+                             "`gateway policy test` does (exit 2: the rules file is broken, 1: a problem or "
+                             "a call decided otherwise)")
     add_path_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -194,6 +200,8 @@ def survey(settings: Settings, strict: bool, strict_environment: bool = False) -
 
 def run(args: argparse.Namespace) -> int:
     report = survey(settings_from(args), bool(args.require_credentials), bool(args.strict))
+    if args.replay is not None:
+        return run_replay(args, report)
     if args.json:
         print(json.dumps({"ok": not report.problems, "problems": report.problems, "warnings": report.warnings,
                           "files": report.files}, indent=2))
@@ -240,3 +248,29 @@ def check_syslog(path: Path | None, report: Report) -> None:
         return
     if config is not None:
         report.file("syslog", path, "ok", f"syslog: audit rows forwarded to the {config.where}")
+
+
+def run_replay(args: argparse.Namespace, report: Report) -> int:
+    """``check --replay``: the check, then the replay of ``gateway policy test`` with the --rules file as
+    the candidate and the rules the gateway reads without the flag (GATEWAY_RULES_FILE, else
+    $GATEWAY_HOME/rules.yaml) in force. Exit 2 while the rules file is broken (nothing is replayed),
+    else 1 on a problem or a call decided otherwise."""
+    settings = settings_from(args)
+    in_force = settings_from(args, rules=None)  # the rules file the gateway reads without --rules
+    broken = any(entry["file"] == "rules" and entry["status"] == "error" for entry in report.files)
+    code, result = (policy.CANNOT_REPLAY, {"ok": False, "errors": ["the rules file has problems (above); "
+                                                                   "nothing was replayed"]}) if broken \
+        else policy.replay_files(settings, settings.rules_file, in_force.rules_file, since=args.replay)
+    if args.json:
+        print(json.dumps({"ok": not report.problems and code == 0, "problems": report.problems,
+                          "warnings": report.warnings, "files": report.files, "replay": result}, indent=2))
+    else:
+        for entry in report.files:
+            if entry["status"] != "error":
+                print(entry["summary"])
+        for line in [*report.warnings, *report.problems]:
+            print(line, file=sys.stderr)
+        policy.print_replay(result)
+    if code == policy.CANNOT_REPLAY:
+        return policy.CANNOT_REPLAY
+    return 1 if report.problems or code else 0

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 from gateway import tracing
 from gateway.cli import add_path_flags, settings_from
 from gateway.errors import ConfigError, InvalidArgument
+from gateway.server.base.ops_metrics import certificate_collector
 from gateway.server.edge import bootstrap_token, gc_tuning
 from gateway.server.edge.app import GatewayServer, build_app, self_check, uvicorn_config
 from gateway.server.edge.mcp import serve_stdio
@@ -204,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         require_token(gateway.store)
     config = edge_config(args)
     context = server_context(args.cert, args.key) if args.transport == "https" else None
+    if context is not None:  # the served certificate's dates (gateway_tls_certificate_*, the expiry alert)
+        gateway.metrics.add_collector("tls", certificate_collector(args.cert))
     app = build_app(gateway, config, version=_version(), web=_web_app(gateway) if settings.web_ui else None,
                     stateless=gateway.backends.engine.shared)  # replicas keep no MCP session
     anyio.run(self_check, app, config)

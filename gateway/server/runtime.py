@@ -29,7 +29,7 @@ from gateway.server.base.audit_trail import (
     start_checkpoints,
 )
 from gateway.server.base.facts import FactsNow
-from gateway.server.base.metrics import Metrics
+from gateway.server.base.ops_metrics import gateway_metrics, timed_sink
 from gateway.server.call_path import compose_call_path
 from gateway.settings import Settings
 from gateway.tools.registry import Registry, build_registry, tool_categories
@@ -74,7 +74,9 @@ class Gateway:
         self.checkpoint_timer: ScheduledCheckpoints | None = None
         now = lambda: self.clock()  # noqa: E731 (the tests set ``clock`` after building)
         self.authenticator = TokenVerifier(backends.store)
-        self.metrics = Metrics(targets=self.targets, tools=[spec.name for spec in registry])
+        # the call path's families, and those read off the trail's rows, its backlog and the signing key
+        self.metrics = gateway_metrics(targets=self.targets, tools=[spec.name for spec in registry],
+                                       trail=trail, key_file=getattr(backends.audit, "key_file", None))
         self.facts = FactsNow(registry, self.targets, policy, roles, backends.store, now)
         # identity.yaml: identity providers' tokens besides gateway tokens (None without the file)
         self.identity = reloads.load_identity(settings.identity_file, trail.write_or_wait, config_rows.write)
@@ -107,7 +109,8 @@ class Gateway:
         backends = open_backends(settings)
         if cli:  # a shell that names no notifications file of its own tells humans through the server's
             settings = reloads.with_servers_notifications(settings, backends.reader)
-        trail = AuditTrail(backends.audit, settings.audit_log)
+        appends = timed_sink(backends.audit)  # each append timed (gateway_audit_append_duration_seconds)
+        trail = AuditTrail(appends, settings.audit_log)
         forward_to_syslog(trail, settings.syslog_file)  # syslog.yaml: every row from here on
         # every configuration load is an audit row (gateway.server.base.reloads); targets.yaml is read
         # first, its row straight into the sink
@@ -136,6 +139,7 @@ class Gateway:
             trail=trail,
             config_rows=config_rows,
         )
+        gateway.metrics.add_collector("audit_appends", appends.families)
         if trail.forwarder is not None:
             gateway.metrics.add_collector("syslog", trail.forwarder.families)
         with contextlib.suppress(ConfigError):  # the rules are read now; roles.yaml on its first lookup

@@ -51,6 +51,7 @@ from gateway.store.base import (
     with_approvals,
 )
 from gateway.store.idempotency_keys import KEYS_MIGRATION
+from gateway.store.request_states import REQUEST_STATES_MIGRATION
 from gateway.store.task_records import TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
@@ -163,9 +164,11 @@ _V6: Final = (
 _V7: Final = approvals_migration("double precision")
 #: every caller's stable key beside its display name (``gateway.auth.principal.CallerKey``)
 _V8: Final = CALLER_KEYS_MIGRATION
+#: 2026-07-28 confirmation rounds: the sealing secret every replica shares, and the spent states
+_V9: Final = REQUEST_STATES_MIGRATION
 #: the schema's history, kept in ``schema_version``. Append, never edit.
 MIGRATIONS: Final[tuple[Migration, ...]] = (
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8)
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8), (9, _V9)
 )
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 

@@ -38,6 +38,10 @@ class Caller:
 NOBODY: Final = Caller("-")
 #: the caller of the tool call in progress (``gateway.server.call.arrival`` sets it for each call)
 caller_var: contextvars.ContextVar[Caller] = contextvars.ContextVar("queue_caller", default=NOBODY)
+#: seconds each vSphere call of the tool call in progress waited in its lane (``queue_as`` starts the
+#: list, ``Scheduler.run`` appends; the call's audit rows carry the sum as ``queue_wait_ms``)
+queue_waits_var: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("queue_waits",
+                                                                                    default=None)
 
 
 
@@ -47,11 +51,19 @@ def queue_as(key: str, weight: float | None = None) -> Iterator[Caller]:
     ``gateway.auth.fair_share.queue_for``; a caller without a role's ``queue_weight`` weighs
     ``DEFAULT_WEIGHT``)."""
     caller = Caller(key, DEFAULT_WEIGHT if weight is None else weight)
-    token = caller_var.set(caller)
+    token, waits = caller_var.set(caller), queue_waits_var.set([])
     try:
         yield caller
     finally:
+        queue_waits_var.reset(waits)
         caller_var.reset(token)
+
+
+def queue_wait_ms() -> float | None:
+    """How long the vSphere calls of the tool call in progress waited for a slot so far (ms), summed;
+    None when none queued (answered from the mirror, or refused first)."""
+    waits = queue_waits_var.get()
+    return round(sum(waits) * 1000, 2) if waits else None
 
 
 #: upper bounds (seconds) of the queue wait histogram's buckets

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from gateway import errors, tracing
 from gateway.config import Target
-from gateway.vsphere.lane import Caller, Lane, caller_var, shutting_down
+from gateway.vsphere.lane import Caller, Lane, caller_var, queue_waits_var, shutting_down
 from gateway.vsphere.pool import SessionPool, VSphereSession
 
 if TYPE_CHECKING:
@@ -272,6 +272,9 @@ class Scheduler:
         except errors.Unreachable:
             lane.count_refusal("shutting_down")
             raise
+        waits = queue_waits_var.get()
+        if waits is not None:  # the tool call's rows say how long it queued (``lane.queue_wait_ms``)
+            waits.append(time.monotonic() - started)
         if not granted:
             error = self._wait_error(lane, deadline)
             lane.count_refusal("deadline" if isinstance(error, errors.Timeout) else "queue_timeout")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.answer import Answer
+from gateway.audit.agents import WINDOWS, CallerSummary
 from gateway.auth.tokens import TOKEN_PREFIX, CallerKey, Principal, caller_fields
 from gateway.errors import (
     AuditUnavailable,
@@ -45,6 +47,7 @@ from gateway.vocabulary import Kind
 from gateway.web.requests import (
     MAX_TOKEN_CHARS,
     proposal_id,
+    query_choice,
     query_count,
     query_text,
     reason_from,
@@ -61,7 +64,7 @@ from gateway.web.session import (
     set_cookie_header,
 )
 from gateway.web.sso_routes import SsoRoutes, sign_on_for, sso_principal
-from gateway.web.views import proposal_card, proposed_by, verify_body
+from gateway.web.views import agents_body, proposal_card, proposed_by, verify_body
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,8 @@ AUDIT_MAX_ROWS: Final = 500
 #: rows read per row shown when a role sees only some targets (the rest are filtered out)
 AUDIT_SCAN_FACTOR: Final = 20
 AUDIT_FILTERS: Final = ("phase", "target", "tool", "caller")
+#: the Agents view's window when the page names none
+AGENTS_WINDOW: Final = "24h"
 #: how a person gets a token the page accepts
 PERSON_TOKEN: Final = "`gateway token create NAME --role ROLE --kind person`"
 #: HTTP status per error code; other vSphere errors are 502, anything else 400
@@ -115,6 +120,13 @@ class Viewer:
 
 def _audit_right(viewer: Viewer) -> None:
     audit_view(viewer.role).raise_if_refused()
+
+
+def _readable(viewer: Viewer) -> Callable[[Mapping[str, Any]], bool]:
+    """Which audit rows ``viewer`` may read (``guard.decision.may_read_audit_row``): the one predicate
+    of the Audit tab and the Agents view."""
+    name, key = viewer.principal.name, str(viewer.principal.key)
+    return lambda row: may_read_audit_row(viewer.role, name, row, viewer_key=key)
 
 
 def sign_in_role(roles: Mapping[str, Role]) -> str | None:
@@ -180,6 +192,8 @@ class WebApi:
         self.page_bytes, self.assets = _load_static()
         # single sign-on (identity.yaml's web_sign_in), None without it
         self.sign_on = sign_on_for(gateway.identity, gateway.settings.identity_env)
+        # the Agents view's per-caller counts, caught up from the audit log on each view
+        self.callers = CallerSummary()
 
     def routes(self) -> list[Route]:
         api = self._endpoint
@@ -196,6 +210,7 @@ class WebApi:
             Route("/api/inventory/{kind}", api(self.inventory), methods=["GET"]),
             Route("/api/audit", api(self.audit_tail), methods=["GET"]),
             Route("/api/audit/verify", api(self.audit_verify), methods=["GET"]),
+            Route("/api/agents", api(self.agents), methods=["GET"]),
             *self._sso_routes(),
         ]
 
@@ -501,10 +516,26 @@ class WebApi:
         read = functools.partial(reader.rows, last=scan,
                                  phase=filters["phase"], target=filters["target"], tool=filters["tool"],
                                  caller=name if own else filters["caller"])
-        mine = str(viewer.principal.key)
-        rows = [r for r in await anyio.to_thread.run_sync(read)
-                if may_read_audit_row(viewer.role, name, r, viewer_key=mine)]
+        readable = _readable(viewer)
+        rows = [r for r in await anyio.to_thread.run_sync(read) if readable(r)]
         return {"rows": rows[-last:], "filters": shown, "last": last}
+
+    async def agents(self, request: Request, viewer: Viewer) -> dict[str, Any]:
+        """Per caller, what the audit rows the viewer may read say of the chosen window (``window``: 1h,
+        24h or 7d): the Audit tab's visibility (``_readable``) over the summary of ``audit.agents``,
+        caught up with the rows appended since the last view (every replica's, on PostgreSQL)."""
+        _audit_right(viewer)
+        window = query_choice(request, "window", tuple(WINDOWS), AGENTS_WINDOW)
+        return await anyio.to_thread.run_sync(self._agents, viewer, window)
+
+    def _agents(self, viewer: Viewer, window: str) -> dict[str, Any]:
+        now = time.time()  # the audit's own clock: rows are stamped by the wall clock
+        self.callers.catch_up(self.gateway.backends.reader, now)
+        callers = self.callers.view(window, now, _readable(viewer))
+        party = self.gateway.facts.party(viewer.principal)
+        open_proposals = [p for p in self.gateway.store.list_proposals(OPEN_STATES, limit=OPEN_LIMIT)
+                          if proposal_rights(party, Proposed.of(p)).see]
+        return agents_body(callers, open_proposals, window=window, now=now)
 
     async def audit_verify(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
         _audit_right(viewer)

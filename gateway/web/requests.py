@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Final
 
 from starlette.requests import Request
@@ -42,6 +43,16 @@ def query_count(request: Request, name: str, default: int, maximum: int) -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= maximum:
         raise InvalidArgument(name, f"a whole number from 1 to {maximum}")
     return int(raw)
+
+
+def query_choice(request: Request, name: str, choices: Sequence[str], default: str) -> str:
+    """One of ``choices`` from the query string (``default`` when absent); another value is refused."""
+    raw = request.query_params.get(name, "").strip()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise InvalidArgument(name, f"one of {', '.join(choices)}")
+    return raw
 
 
 async def reason_from(request: Request) -> str:

@@ -1,9 +1,12 @@
-"""What the approval page shows, from plain values: a proposal's card and the chain's verification report."""
+"""What the approval page shows, from plain values: a proposal's card, the chain's check, the Agents view."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
+from gateway.audit.agents import WINDOWS
 from gateway.audit.verify import LineFault, VerifyReport
 from gateway.guard.callers import key_of, own_proposal, person_of
 from gateway.guard.decision import Verdict
@@ -51,3 +54,15 @@ def _fault(fault: LineFault | None) -> dict[str, Any] | None:
     if fault is None:
         return None
     return {"file": fault.file.name, "line": fault.line, "reason": fault.reason, "detail": fault.detail}
+
+
+def agents_body(callers: list[dict[str, Any]], open_proposals: Iterable[Proposal], *, window: str,
+                now: float) -> dict[str, Any]:
+    """The Agents view of one window: ``callers`` (``CallerSummary.view``), each with its number of
+    open proposals among ``open_proposals`` (those the viewer may see), matched by caller key."""
+    opened = Counter(p.caller_key or f"name:{p.caller}" for p in open_proposals)
+    for entry in callers:
+        entry["open_proposals"] = opened.get(entry["caller_key"] or f"name:{entry['caller']}", 0)
+    seconds, step = WINDOWS[window]
+    return {"window": window, "window_seconds": seconds, "slot_seconds": step, "now": now,
+            "callers": callers}

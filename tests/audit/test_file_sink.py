@@ -1124,3 +1124,126 @@ async def test_the_servers_metrics_show_the_audit_counters(sim_vc1: Any, tmp_pat
         assert "gateway_audit_files_dropped_total 0.0" in answer.text
     finally:
         running.stop()
+
+
+# -- group commit (write_grouped: the rows of reads) ---------------------------------------------------
+
+
+class FlushLog:
+    """Every ``os.fdatasync`` of this process, by the name of the thread that made it (the real call is
+    made: a spy, not a fake)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.threads: list[str] = []
+        real = os.fdatasync
+
+        def recorded(fd: int) -> None:
+            self.threads.append(threading.current_thread().name)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", recorded)
+
+    def by(self, name: str) -> int:
+        return sum(1 for t in self.threads if t == name)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def test_a_grouped_row_is_in_the_file_at_once_and_flushed_by_the_syncer_not_the_writer(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flushes = FlushLog(monkeypatch)
+    with AuditSink(path, durable=True) as sink:
+        sink.write({"phase": "call", "tool": "list_vms"})  # opens the log (its directory synced once)
+        me = threading.current_thread().name
+        mine = flushes.by(me)
+        row = sink.write_grouped({"phase": "call", "tool": "list_pending_actions"})
+        assert json.loads(lines_of(path)[-1])["hash"] == row["hash"], "in the file when write returns"
+        assert flushes.by(me) == mine, "the writer's thread made no flush for the grouped row"
+        wait_for(lambda: sink.unsynced() == 0, "the group's flush")
+        assert flushes.by("audit-group-commit") >= 1
+    assert verify(path).ok
+
+
+def test_a_durable_row_takes_the_grouped_rows_before_it_to_the_disk(path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    with AuditSink(path, durable=True) as sink:
+        # the syncer is held back (its flushes recorded, none made) so the rows stay unsynced until
+        # the change's row
+        held = threading.Event()
+        monkeypatch.setattr(sink, "_wake_syncer", held.set)
+        for i in range(5):
+            sink.write_grouped({"phase": "call", "tool": "list_vms", "n": i})
+        assert sink.unsynced() == 5 and held.is_set()
+        flushes = FlushLog(monkeypatch)
+        sink.write({"phase": "executing", "tool": "power_off_vm"})
+        assert sink.unsynced() == 0, "one fdatasync for the change's row and every row before it"
+        assert flushes.threads == [threading.current_thread().name]
+    assert [r["seq"] for r in map(json.loads, lines_of(path))] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_checkpoint_and_close_flush_the_grouped_rows_first(path: Path, key_file: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    sink = AuditSink(path, durable=True, key_file=key_file)
+    monkeypatch.setattr(sink, "_wake_syncer", lambda: None)  # no syncer: only checkpoint and close flush
+    sink.write_grouped({"phase": "call", "tool": "list_vms"})
+    assert sink.unsynced() == 1
+    assert sink.checkpoint() is not None
+    assert sink.unsynced() == 0, "a checkpoint signs only rows on the disk"
+    sink.write_grouped({"phase": "call", "tool": "list_vms"})
+    flushes = FlushLog(monkeypatch)
+    sink.close()
+    assert flushes.threads, "close flushed the grouped row"
+    assert sink.unsynced() == 0
+    assert verify(path).ok
+
+
+def test_grouped_rows_from_many_threads_chain_and_reach_the_disk(path: Path) -> None:
+    with AuditSink(path, durable=True) as sink:
+        def writer(k: int) -> None:
+            for i in range(25):
+                sink.write_grouped({"phase": "call", "tool": "list_vms", "w": k, "i": i})
+
+        threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wait_for(lambda: sink.unsynced() == 0, "every group flushed")
+    report = verify(path)
+    assert report.ok and report.rows == 100
+
+
+def test_a_failed_group_flush_is_counted_and_retried_by_the_next_durable_row(
+        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.fdatasync
+    failing = threading.Event()
+    failing.set()
+
+    def fake_eio_in_the_syncer(fd: int) -> None:  # a disk error no real part produces on demand
+        if failing.is_set() and threading.current_thread().name == "audit-group-commit":
+            failing.clear()
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fake_eio_in_the_syncer)
+    with AuditSink(path, durable=True) as sink:
+        sink.write_grouped({"phase": "call", "tool": "list_vms"})
+        wait_for(lambda: sink.group_sync_failures == 1, "the failed flush")
+        assert sink.unsynced() >= 1, "still owed a flush"
+        sink.write({"phase": "executing", "tool": "power_on_vm"})
+        assert sink.unsynced() == 0
+    assert verify(path).ok
+
+
+def test_without_durable_a_grouped_row_is_a_plain_row(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flushes = FlushLog(monkeypatch)
+    with AuditSink(path, durable=False) as sink:
+        sink.write_grouped({"phase": "call", "tool": "list_vms"})
+        assert sink.unsynced() == 0 and sink._syncer is None
+    assert flushes.threads == []

@@ -353,3 +353,26 @@ async def test_a_gateway_shutting_down_signs_the_head_on_postgres(pg_url: str, t
         head = conn.execute("SELECT max(seq) FROM audit_rows").fetchone()
     await gw.close()
     assert head is not None and _checkpoint_seqs(pg_url)[-1:] == [int(head[0])]
+
+
+def test_a_grouped_row_commits_without_waiting_for_its_wal_flush_and_chains_with_the_others(
+        store: PostgresStore, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    statements: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def spy(self: psycopg.Connection, query: object, *args: object, **kwargs: object) -> object:
+        statements.append(str(query))
+        return execute(self, query, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(psycopg.Connection, "execute", spy)
+    sink = PgAuditSink(store)
+    first = sink.write_grouped({"phase": "call", "tool": "list_vms", "caller": "ann"})
+    grouped = list(statements)
+    statements.clear()
+    second = sink.write({"phase": "executing", "tool": "power_off_vm", "caller": "ann"})
+    assert "SET LOCAL synchronous_commit = off" in grouped, "the read's commit does not wait for the flush"
+    assert not any("synchronous_commit" in s for s in statements), "a change's commit waits for it"
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # committed: another connection sees it
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM audit_rows ORDER BY seq").fetchall()]
+    assert seqs == [1, 2] and second["prev"] == first["hash"]
+    assert PgAuditReader(store).verify().ok

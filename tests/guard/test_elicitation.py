@@ -283,16 +283,17 @@ def test_policy_show_names_confirm_by_per_target_and_rule(tmp_path: Path) -> Non
     assert shown["rules"][0]["confirm_by"] == "either"
 
 
-async def test_a_stateless_revision_client_confirms_with_its_token(tmp_path: Path, sim: Simulator) -> None:
-    # 2026-07-28 has no server-to-client request on a call's stream: the person cannot be asked there
+async def test_a_stateless_revision_client_without_elicitation_confirms_with_its_token(
+    tmp_path: Path, sim: Simulator
+) -> None:
+    # 2026-07-28 asks the person in rounds (tests/server/edge/test_mcp_elicitation_2026.py); a client that
+    # declares no elicitation sees the plain flow there too
     vm, args = _delete_args(sim)
-    person = Person("accept")
     with _served(tmp_path, sim, _rules("either")) as served:
-        async with mcp_client(served, served.tokens["alice"], "2026-07-28",
-                              elicitation_callback=person) as client:
+        async with mcp_client(served, served.tokens["alice"], "2026-07-28") as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
             assert answer["state"] == "pending" and "person_answer" not in answer
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
-        assert done["state"] == "executed" and not person.asked
+        assert done["state"] == "executed"
         assert not _rows(served, "elicited")
     assert not vm_exists(sim, vm)

@@ -277,14 +277,18 @@ def test_pool_size_bounds_both_replicas_together(replicas: Replicas) -> None:
         while not done.is_set():
             seen.append(replicas.sim.control("/inflight")["calls"].get("RetrievePropertiesEx", 0))
 
+    refused: list[Any] = []
+
     async def agents() -> list[bool]:
         failures: list[bool] = []
 
         async def agent(index: int) -> None:
             for _ in range(2):
-                failed, _answer = await _call(_replica(replicas, index % 2), replicas.token, None, "list_vms",
-                                              {"target": "vc1"})
+                failed, answer = await _call(_replica(replicas, index % 2), replicas.token, None, "list_vms",
+                                             {"target": "vc1"})
                 failures.append(failed)
+                if failed:
+                    refused.append(answer)
 
         async with anyio.create_task_group() as group:
             for i in range(4):
@@ -298,7 +302,7 @@ def test_pool_size_bounds_both_replicas_together(replicas: Replicas) -> None:
     finally:
         done.set()
         watcher.join(30)
-    assert failures == [False] * 8
+    assert failures == [False] * 8, refused
     assert max(seen) == 1, "two calls ran on vc1 at once although its pool_size is 1"
     assert all(_served_mcp(log) > 0 for log in replicas.logs)
 

@@ -24,6 +24,7 @@ PARTS = {
     "postgres": "a PostgreSQL server",
     "browser": "headless Chromium",
     "oidc": "Node's oidc-provider",
+    "node": "Node and the MCP conformance suite (tests/conformance)",
     "slow": "a build or a soak (the container image, the man page, the wheel, a Go program)",
 }
 TIER_VARIABLE = "TEST_TIER"

@@ -22,6 +22,7 @@ from gateway.auth.tokens import Principal
 from gateway.errors import GatewayError
 from gateway.server.runtime import Gateway
 from gateway.store.slots import PgSlots
+from gateway.vsphere import lane
 from gateway.vsphere.lane import Caller
 from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler
@@ -226,3 +227,16 @@ def test_two_replicas_on_postgresql_keep_the_global_pool_size_and_both_progress(
     assert peak[0] == 2, "pool_size 2 across both replicas"
     last = max(i for i, label in enumerate(done) if label == "r2")
     assert last <= 12, f"replica 2's last call finished {last + 1}th of 20: {done}"
+
+
+def test_queue_wait_is_summed_inside_a_tool_call_and_absent_outside() -> None:
+    """``queue_as`` starts a tool call's list of waits, the scheduler appends to it, and its rows read the
+    sum in milliseconds (``queue_wait_ms``); outside a tool call, or with no wait, there is none."""
+    assert lane.queue_wait_ms() is None
+    with lane.queue_as("token:alice"):
+        assert lane.queue_wait_ms() is None
+        waits = lane.queue_waits_var.get()
+        assert waits is not None
+        waits.extend([0.0015, 0.0005])
+        assert lane.queue_wait_ms() == 2.0
+    assert lane.queue_wait_ms() is None

@@ -10,18 +10,27 @@ thread, never on the event loop. Two kinds of row, two promises:
   a row the sink cannot take now waits in memory, in order (the server reports unready), and is
   appended by ``flush_waiting`` once the sink is writable again. While ``MAX_WAITING_OUTCOMES`` rows
   wait, no new change runs (``intent``, ``refuse_unless_writable``).
+
+Reads' rows are committed in groups: the ``call`` row of a read tool's call (``reading`` is set for
+it by ``server.call.arrival``) goes through the sink's ``write_grouped`` when it has one, so its answer
+is sent once the row is in the log (appended and chained: a crash of the process loses nothing),
+without waiting for the disk flush, which the sink makes for a group of rows at once (the exact
+promise: ``AuditSink.write_grouped``, ``PgAuditSink.write_grouped``). Every other row (a change's,
+a refusal's, a proposal's move) is on the disk before ``record`` returns, and takes the grouped rows
+before it there too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 from gateway import tracing
 from gateway.answer import Answer
@@ -39,6 +48,17 @@ T = TypeVar("T")
 AUDIT_DEADLINE_SECONDS: Final = 5.0
 #: outcome rows kept in memory while the audit cannot take them; past this, new changes are refused
 MAX_WAITING_OUTCOMES: Final = 1000
+#: set while a read tool's call runs (``server.call.arrival``): its ``call`` row is committed in a group
+reading: contextvars.ContextVar[bool] = contextvars.ContextVar("gateway_reading", default=False)
+#: the phase of a call's own row (a read's, answered once it is written)
+CALL_PHASE: Final = "call"
+
+
+@runtime_checkable
+class GroupCommit(Protocol):
+    """A sink that can append a row now and flush it to the disk with a group (the two sinks)."""
+
+    def write_grouped(self, event: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]: ...
 
 
 class AuditTrail:
@@ -46,6 +66,8 @@ class AuditTrail:
 
     def __init__(self, audit: AuditWriter, where: Path | str) -> None:
         self.audit = audit
+        #: the sink's grouped append (``GroupCommit``), None when it has none: every row is flushed alone
+        self._grouped = audit.write_grouped if isinstance(audit, GroupCommit) else None
         #: the log named in refusals (the file, or the table's label)
         self.where = where
         self.waiting: collections.deque[dict[str, Any]] = collections.deque()
@@ -85,8 +107,12 @@ class AuditTrail:
         return await self._off_loop(encode_and_write)
 
     async def _off_loop(self, write: Callable[[], T]) -> T:
+        # ``asyncio.to_thread`` without its coroutine: the executor's future is awaited directly, so
+        # ``wait_for`` makes no task of its own (one hop less on every answer); the context goes along
+        # as ``to_thread`` takes it (the trace, ``reading``)
+        future = asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, write)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(write), AUDIT_DEADLINE_SECONDS + 1.0)
+            return await asyncio.wait_for(future, AUDIT_DEADLINE_SECONDS + 1.0)
         except TimeoutError:
             raise AuditUnavailable(
                 f"audit log {self.where} did not take the row within "
@@ -191,8 +217,11 @@ class AuditTrail:
         """Append one row now (``AuditUnavailable`` when it cannot be); return it as stored."""
         try:
             # the sink gives up on its locks first, so a refused row is never appended late
-            with tracing.span("gateway.audit_append", **{"audit.phase": row.get("phase")}):
-                stored = self.audit.write(tracing.with_trace_id(row), timeout=AUDIT_DEADLINE_SECONDS)
+            phase = row.get("phase")
+            append = self._grouped if phase == CALL_PHASE and self._grouped is not None and reading.get() \
+                else self.audit.write
+            with tracing.span("gateway.audit_append", **{"audit.phase": phase}):
+                stored = append(tracing.with_trace_id(row), timeout=AUDIT_DEADLINE_SECONDS)
         except AuditUnavailable:
             raise
         except Exception as exc:  # any failure to record is a refusal, never a silent pass

@@ -20,6 +20,7 @@ from gateway.role import Role
 from gateway.sanitize import clean
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category
+from gateway.vsphere.lane import queue_wait_ms
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class CallContext:
             "idempotency_key": self.idempotency_key,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 2),
         }
+        waited = queue_wait_ms()
+        if waited is not None:  # the time its vSphere calls waited in the fair queue (the Agents view)
+            base["queue_wait_ms"] = waited
         base.update({k: v for k, v in fields.items() if v is not None})
         return base
 

@@ -53,6 +53,8 @@ _TARGET_FAMILIES: Final = {
 }
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+#: (tool, target, outcome) triples whose metric children are kept (the labels are bounded anyway)
+_MAX_CALL_CHILDREN: Final = 4096
 
 Collect = Callable[[], Iterable[Metric]]
 
@@ -152,6 +154,9 @@ class Metrics:
                                       ("reason",), registry=self.registry)
         self._refusals = Counter("gateway_http_refusals", "Requests refused at the edge by reason.",
                                  ("reason",), registry=self.registry)
+        #: the call families' children by (tool, target, outcome) as given: one dict lookup per call
+        #: instead of two ``labels`` resolutions (bounded; emptied when the known names change)
+        self._call_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -166,6 +171,7 @@ class Metrics:
             self._targets = frozenset(targets)
         if tools is not None:
             self._tools = frozenset(tools)
+        self._call_children = {}
 
     def target_label(self, target: str) -> str:
         if target in self._targets or target in TARGET_WORDS:
@@ -182,9 +188,17 @@ class Metrics:
 
     def observe_call(self, tool: str, target: str, outcome: str, seconds: float) -> None:
         """Count one finished tool call (``outcome``: ok, error, denied) and its duration."""
-        tool = self.tool_label(tool)
-        self._calls.labels(tool, self.target_label(target), outcome if outcome in OUTCOMES else UNKNOWN).inc()
-        self._latency.labels(tool).observe(max(seconds, 0.0))
+        key = (tool, target, outcome)
+        children = self._call_children.get(key)
+        if children is None:
+            label = self.tool_label(tool)
+            children = (self._calls.labels(label, self.target_label(target),
+                                           outcome if outcome in OUTCOMES else UNKNOWN),
+                        self._latency.labels(label))
+            if len(self._call_children) < _MAX_CALL_CHILDREN:
+                self._call_children[key] = children
+        children[0].inc()
+        children[1].observe(max(seconds, 0.0))
 
     def auth_failure(self, reason: str) -> None:
         """Count one refused authentication (``reason`` from ``AUTH_REASONS``)."""

@@ -17,6 +17,7 @@ from gateway.config import Target
 from gateway.errors import GatewayError, InvalidArgument, NotFound
 from gateway.guard import inputs
 from gateway.guard.decision import Entry, Party, TokenState
+from gateway.server.base.audit_trail import reading
 from gateway.server.base.context import (
     ALL,
     CallContext,
@@ -110,7 +111,13 @@ class Calls:
                     valid = spec.validate(args)
                 except InvalidArgument as exc:
                     await self.gate.refused(ctx, args, exc)
-                result = await self._handler_for(spec)(ctx, valid, progress)
+                # a read's own row is committed in a group (``audit_trail``): its answer waits for the
+                # row to be in the log, not for the disk flush; a change's rows never are
+                was_reading = reading.set(spec.kind is Category.READ)
+                try:
+                    result = await self._handler_for(spec)(ctx, valid, progress)
+                finally:
+                    reading.reset(was_reading)
                 outcome = "ok"
                 return result if isinstance(result, Answer) else Answer.cleaned(result)
             except GatewayError as exc:

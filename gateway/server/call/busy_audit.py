@@ -46,9 +46,9 @@ class BusyAudit:
         burst = self._bursts.get(key)
         if burst is None:
             row = {k: v for k, v in ctx.row("busy").items()
-                   if k in ("phase", "caller", "kind", "role", "surface", "client")}
+                   if k in ("phase", "caller", "caller_key", "kind", "role", "surface", "client")}
             if key[0] == "*":
-                row.update(caller="*", kind=None, role=None, client=None)
+                row.update(caller="*", caller_key=None, kind=None, role=None, client=None)
             burst = self._bursts[key] = _Burst(row)
             asyncio.get_running_loop().call_later(self.interval, self._close, key, burst)
         burst.count += 1

@@ -12,6 +12,12 @@ in a worker thread, and the same bytes the audit row fingerprints), in three sha
 - anything else: ``isError`` with a generic message naming the correlation id; the traceback goes
   to the server log only.
 
+On the 2026-07-28 revision a call whose proposal needs the person at the client answers
+``input_required`` instead (an elicitation and a sealed ``requestState``), and the client's retry with
+the person's answer goes to ``Rounds`` (``gateway.server.proposals.request_state``); on the handshake
+revisions the person is asked by a request on the call's stream. Each request is served as its own
+revision says.
+
 No ``structuredContent`` block: the tools declare no output schema, so the protocol does not ask for
 one, and sending the JSON twice (as text for the model, as an object for programs) doubled every
 answer on both ends: at 3,000 VMs it made list_vms about twice as slow. Programs parse the text.
@@ -22,10 +28,12 @@ one JSON body: large results stay within what clients accept, and cost less on b
 
 from __future__ import annotations
 
+import contextvars
 import getpass
 import logging
 import os
 import re
+import secrets
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +56,9 @@ from gateway.server.base.context import client_of, mcp_client_var
 from gateway.server.call.idempotency import key_from_meta
 from gateway.server.edge.mcp_tasks import TASK_TOOLS, TaskRunner
 from gateway.server.edge.middleware import correlation_id_var
-from gateway.server.proposals.elicitation import asker_of, asker_var
+from gateway.server.proposals.elicitation import ROUND_KEY, Ask, asker_of, asker_var, is_stateless
+from gateway.server.proposals.request_state import Rounds
+from gateway.store.request_states import RequestStates
 from gateway.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -164,11 +174,40 @@ def internal_error_result(correlation_id: str) -> types.CallToolResult:
                          "correlation_id": correlation_id})
 
 
+def input_required(asked: Ask, request_state: str) -> types.InputRequiredResult:
+    """The first round's answer on 2026-07-28: the question for the person, and the sealed state."""
+    params: types.ElicitRequestParams
+    if asked.mode == "url" and asked.url is not None:
+        params = types.ElicitRequestURLParams(message=asked.message, url=asked.url)
+    else:
+        params = types.ElicitRequestFormParams(message=asked.message,
+                                               requested_schema=asked.schema or {"type": "object"})
+    return types.InputRequiredResult(input_requests={ROUND_KEY: types.ElicitRequest(params=params)},
+                                     request_state=request_state)
+
+
+def rounds_of(gateway: Any) -> Rounds | None:
+    """The confirmation rounds of the runtime's ``Gateway`` (its proposal flow and state store); None for a
+    gateway without them, whose 2026-07-28 clients then confirm with the token."""
+    flow, backends = getattr(gateway, "proposals", None), getattr(gateway, "backends", None)
+    if flow is None or backends is None:
+        return None
+    states = RequestStates(backends.store, placeholder=backends.engine.placeholder)
+    return Rounds(states, flow=flow, facts=gateway.facts)
+
+
+def _is_retry(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> bool:
+    """Whether a call is the retry of a round (2026-07-28: it carries a ``requestState`` or answers)."""
+    return is_stateless(ctx) and (params.request_state is not None or bool(params.input_responses))
+
+
 @dataclass
 class _Handlers:
     gateway: McpGateway
     principal_of: PrincipalSource
     in_flight: InFlightCalls
+    #: 2026-07-28 confirmation rounds (None: such clients confirm with the token)
+    rounds: Rounds | None = None
 
     def caller(self) -> Principal:
         principal = self.principal_of()
@@ -188,20 +227,32 @@ class _Handlers:
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         correlation_id = correlation_id_var.get() or uuid.uuid4().hex
         try:
             principal = self.caller()
         except Unauthorized as exc:
             return error_result(exc.to_wire())
         sink = _progress_sink(ctx) if _wants_progress(ctx) else None
-        mcp_client_var.set(client_of(ctx))  # the client's declared name/version, for the audit rows
-        asker_var.set(asker_of(ctx))  # whether (and how) the person at the client can be asked
+        client = client_of(ctx)
+        mcp_client_var.set(client)  # the client's declared name/version, for the audit rows
+        asker = asker_of(ctx, rounds=self.rounds is not None)
+        asker_var.set(asker)  # whether (and how) the person at the client can be asked
         with self.in_flight, tracing.call_span("tools/call", params.name, ctx.meta):
             try:
+                if self.rounds is not None and _is_retry(ctx, params):
+                    again = await self.rounds.answer(
+                        principal, params.name, params.arguments, params.request_state,
+                        params.input_responses, correlation_id=correlation_id, client=client, progress=sink,
+                        base_url=asker.base_url if asker is not None else "")
+                    return success_result(again if isinstance(again, Answer) else Answer.cleaned(again))
                 arguments = key_from_meta(ctx.meta, params.arguments or {})  # the argument wins
                 answer = await self.gateway.calls.answer(principal, params.name, arguments,
                                                          progress=sink, correlation_id=correlation_id)
+                asked = asker.rounds.asked if asker is not None and asker.rounds is not None else None
+                if asked is not None and self.rounds is not None:  # 2026-07-28: the person is asked now
+                    state = await self.rounds.seal(principal, params.name, params.arguments, asked)
+                    return input_required(asked, state)
                 return success_result(answer)
             except GatewayError as exc:
                 return error_result(exc.to_wire())
@@ -253,7 +304,7 @@ def build_mcp_server(
     in_flight: InFlightCalls | None = None,
 ) -> Server[Any]:
     """An MCP server whose tools/list and tools/call go through ``gateway`` for ``principal_of()``."""
-    handlers = _Handlers(gateway, principal_of, in_flight or InFlightCalls())
+    handlers = _Handlers(gateway, principal_of, in_flight or InFlightCalls(), rounds_of(gateway))
     server: Server[Any] = Server(
         SERVER_NAME, version=version, instructions=instructions_for(None),
         on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
@@ -306,7 +357,78 @@ class AnswerAsJson:
         if scope["type"] != "http" or scope["method"] != "POST" or not _accepts_json(scope):
             await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, _HeldStream(send).send)
+        splices = _Splices()
+        held = _spliced.set(splices)
+        try:
+            await self.app(scope, receive, _HeldStream(send, splices).send)
+        finally:
+            splices.close()
+            _spliced.reset(held)
+
+
+#: an answer at least this long is carried by the SDK as a placeholder and spliced into the body as
+#: the bytes it was encoded to once (``wire_text``)
+SPLICE_MIN_CHARS = 16 * 1024
+
+
+class _Splices:
+    """The answers one POST's body carries as placeholders (``wire_text``), and their encoded bytes.
+
+    A placeholder names a random 128-bit nonce of this request, so no caller's text can match one; it
+    is a plain ASCII string, which every JSON encoder writes as it is, between its quotes."""
+
+    def __init__(self) -> None:
+        self.nonce = secrets.token_hex(16)
+        self.parts: dict[bytes, bytes] = {}
+        self.open = True
+
+    def close(self) -> None:
+        """The request has answered: no placeholder is made any more (a task it started may go on)."""
+        self.open = False
+
+    def placeholder(self, answer: Answer) -> str | None:
+        encoded = answer.json_string()
+        if encoded is None or not self.open:
+            return None
+        key = f"gateway-answer-{self.nonce}-{len(self.parts)}"
+        self.parts[f'"{key}"'.encode("ascii")] = encoded
+        return key
+
+    def apply(self, body: bytes) -> bytes:
+        """``body`` with each placeholder (its quotes included) replaced by its answer's JSON string."""
+        return b"".join(self.pieces(body))
+
+    def pieces(self, body: bytes) -> list[bytes]:
+        """``apply``'s bytes as the pieces they are made of (the answers' own bytes, never copied: the
+        pieces are sent one after the other)."""
+        out = [body]
+        for key, encoded in self.parts.items():
+            spliced: list[bytes] = []
+            for piece in out:
+                if piece is encoded or key not in piece:
+                    spliced.append(piece)
+                    continue
+                head, *tails = piece.split(key)
+                spliced.append(head)
+                for tail in tails:
+                    spliced += [encoded, tail]
+            out = spliced
+        return [piece for piece in out if piece]
+
+
+_spliced: contextvars.ContextVar[_Splices | None] = contextvars.ContextVar("gateway_spliced", default=None)
+
+
+def wire_text(answer: Answer) -> str:
+    """The text a tool result carries for ``answer``: the answer's text, or, for a large answer inside
+    a POST to /mcp (``AnswerAsJson``), a placeholder that ``AnswerAsJson`` replaces in the body with
+    the answer's JSON string, encoded once (``Answer.json_string``: a mirror's kept answer is encoded
+    once per change of the inventory, never per call). The SDK then encodes a short string instead
+    of the whole answer; the client reads the same message either way."""
+    splices = _spliced.get()
+    if splices is None or len(answer.text) < SPLICE_MIN_CHARS:
+        return answer.text
+    return splices.placeholder(answer) or answer.text
 
 
 _SSE_ONLY_HEADERS = frozenset({b"content-type", b"content-length", b"transfer-encoding", b"connection",
@@ -373,25 +495,69 @@ def _lone_answer(stream: bytes) -> bytes | None:
 
 
 class _HeldStream:
-    """``send`` for one POST: holds an event stream's start until its first event decides its form."""
+    """``send`` for one POST: holds an event stream's start until its first event decides its form, and
+    puts the spliced answers (``_Splices``) into what it sends."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, splices: _Splices | None = None) -> None:
         self._send = send
+        self._splices = splices or _Splices()
         self._start: Message | None = None
         self._buffer = b""
-        self._mode = "undecided"  # then "stream" (sent on as is) or "answered" (sent as JSON)
+        # then "stream" (sent on as is, answers spliced in), "answered" (sent as JSON) or "body" (a
+        # JSON body held whole to splice its answer in and count its length again)
+        self._mode = "undecided"
 
     async def send(self, message: Message) -> None:
         if self._mode == "stream":
-            await self._send(message)
+            await self._send(self._spliced(message))
         elif self._mode == "undecided":
             await self._decide(message)
+        elif self._mode == "body":
+            await self._body(message)
         # "answered": what follows is the end of the stream that was not opened
+
+    def _spliced(self, message: Message) -> Message:
+        """An event of the stream with its answers spliced in (each event is one message, whole)."""
+        if not self._splices.parts or message["type"] != "http.response.body":
+            return message
+        return {**message, "body": self._splices.apply(message.get("body", b""))}
+
+    async def _body(self, message: Message) -> None:
+        """A JSON body held whole (its answers were registered before it started): sent once complete,
+        its answers spliced in and its length counted again."""
+        assert self._start is not None
+        if message["type"] != "http.response.body":
+            self._mode = "stream"
+            await self._send(self._start)
+            await self._send({"type": "http.response.body", "body": self._splices.apply(self._buffer),
+                              "more_body": True})
+            await self._send(message)
+            return
+        self._buffer += message.get("body", b"")
+        if message.get("more_body", False):
+            return
+        self._mode = "answered"
+        headers = [(k, v) for k, v in self._start.get("headers", ()) if k.lower() != b"content-length"]
+        await self._send_body(self._start, headers, self._splices.pieces(self._buffer))
+
+    async def _send_body(self, start: Message, headers: list[tuple[bytes, bytes]],
+                         pieces: list[bytes]) -> None:
+        """``start`` with ``headers`` and the length of ``pieces``, then the pieces, one message each."""
+        headers = [*headers, (b"content-length", str(sum(map(len, pieces))).encode())]
+        await self._send({**start, "headers": headers})
+        for index, piece in enumerate(pieces):
+            last = index == len(pieces) - 1
+            await self._send({"type": "http.response.body", "body": piece, "more_body": not last})
+        if not pieces:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _decide(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             if _is_event_stream(message):
                 self._start = message
+                return
+            if self._splices.parts:  # the answer is in this body: held whole (``_body``)
+                self._start, self._mode = message, "body"
                 return
             self._mode = "stream"
             await self._send(message)
@@ -410,11 +576,11 @@ class _HeldStream:
     async def _answer(self, start: Message, body: bytes) -> None:
         self._mode = "answered"
         headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in _SSE_ONLY_HEADERS]
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await self._send({**start, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        headers.append((b"content-type", b"application/json"))
+        await self._send_body(start, headers, self._splices.pieces(body))
 
     async def _open_stream(self, start: Message, more_body: bool) -> None:
         self._mode = "stream"
         await self._send(start)
-        await self._send({"type": "http.response.body", "body": self._buffer, "more_body": more_body})
+        await self._send({"type": "http.response.body", "body": self._splices.apply(self._buffer),
+                          "more_body": more_body})

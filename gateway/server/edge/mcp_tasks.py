@@ -1,8 +1,9 @@
-"""MCP tasks (the 2025-11-25 revision) for long vSphere work: clone, migrate, snapshots, confirmed runs.
+"""MCP tasks for long vSphere work (clone, migrate, snapshots, confirmed runs), on both revisions.
 
 A task-augmented tools/call is answered at once and runs through the same path as a blocking one; its
-progress and outcome live in the store, so any replica answers tasks/get, tasks/result and tasks/list
-for its caller, and tasks/cancel asks vSphere to cancel (through the store on another replica)."""
+progress and outcome live in the store, so any replica answers tasks/* for its caller (2025-11-25: get,
+result, list, cancel; 2026-07-28, the extension of ``mcp_tasks_2026``: get, update, cancel), and
+tasks/cancel asks vSphere to cancel (through the store on another replica)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import mcp_types as types
@@ -29,6 +29,8 @@ from gateway.guard.idempotency_rules import KEY_FIELD
 from gateway.server.base.audit_trail import AuditTrail
 from gateway.server.base.context import client_of, mcp_client_var, off_loop
 from gateway.server.call.idempotency import key_from_meta, key_id
+from gateway.server.edge import mcp_tasks_2026 as extension
+from gateway.server.edge.mcp_tasks_2026 import POLL_MS, iso
 from gateway.server.edge.middleware import correlation_id_var
 from gateway.store.task_records import TaskRecord, TaskTable
 from gateway.vsphere.task_waiter import cancel_task
@@ -39,10 +41,11 @@ log = logging.getLogger(__name__)
 TASK_TOOLS: Final = frozenset({"clone_vm", "migrate_vm", "create_snapshot", "confirm_action"})
 TASKS_REVISION: Final = "2025-11-25"
 CAPABILITY: Final[dict[str, Any]] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
-POLL_MS: Final = 500
 #: how many tasks start between two sweeps of tasks past their keeping time
 SWEEP_EVERY: Final = 64
 RELATED: Final = "io.modelcontextprotocol/related-task"
+#: why a task could not be cancelled yet: its call has started no vSphere task (queued or planning)
+NOT_STARTED: Final = "the vSphere task has not started yet (the call is queued or planning); ask again"
 
 AnswerFn = Callable[..., Awaitable[Answer]]
 
@@ -53,14 +56,10 @@ class Instances(Protocol):
     def alive(self, instance_id: str) -> bool: ...
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
-
-
 def task_wire(rec: TaskRecord) -> dict[str, Any]:
     """A task as the protocol shows it (``Task``)."""
-    wire: dict[str, Any] = {"taskId": rec.task_id, "status": rec.status, "createdAt": _iso(rec.created_at),
-                            "lastUpdatedAt": _iso(rec.updated_at),
+    wire: dict[str, Any] = {"taskId": rec.task_id, "status": rec.status, "createdAt": iso(rec.created_at),
+                            "lastUpdatedAt": iso(rec.updated_at),
                             "ttl": round((rec.keep_until - rec.created_at) * 1000), "pollInterval": POLL_MS}
     message = rec.status_message  # while working, the last progress message ("...: 40%")
     if message is None and rec.status == "working" and rec.progress is not None:
@@ -95,12 +94,13 @@ class _Progress:
             self.started.append((task, target))
 
     async def cancel(self) -> str | None:
-        """Cancel the vSphere task running now; None when vSphere accepted, else why not."""
-        self.cancel_asked = True
+        """Cancel the vSphere task running now; None when vSphere accepted, else why not (``NOT_STARTED``:
+        none runs yet, and nothing is asked of vSphere)."""
         with self.lock:
             current = self.started[-1] if self.started else None
         if current is None:
-            return "the vSphere task has not started yet (the call is queued or planning); ask again"
+            return NOT_STARTED
+        self.cancel_asked = True
         return await asyncio.to_thread(cancel_task, *current)
 
 
@@ -115,13 +115,18 @@ class TaskRunner:
         self.keep_seconds, self.clock = keep_seconds, clock
         self._started = 0
         self._local: dict[str, tuple[asyncio.Task[None], _Progress]] = {}
+        self._server_info: Callable[[], dict[str, Any]] = dict
 
     def install(self, server: Server[Any]) -> None:
+        """The tasks/* methods of both revisions (each refuses what its revision lacks) and the middleware
+        that offers tasks and starts them."""
         server.add_request_handler("tasks/get", types.GetTaskRequestParams, self.get)
         server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self.result)
         server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self.cancel)
         server.add_request_handler("tasks/list", types.PaginatedRequestParams, self.list)
+        server.add_request_handler("tasks/update", extension.UpdateTaskParams, self.update)
         server.middleware.append(self.middleware)
+        self._server_info = lambda: server.server_info_stamp
 
     async def middleware(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method == "initialize":
@@ -129,20 +134,31 @@ class TaskRunner:
             if isinstance(result, dict) and isinstance(result.get("capabilities"), dict):
                 result["capabilities"]["tasks"] = CAPABILITY
             return result
+        if ctx.method == "server/discover":
+            return extension.advertise(await call_next(ctx))
         params = ctx.params
-        if (ctx.method != "tools/call" or not isinstance(params, Mapping) or params.get("task") is None
-                or ctx.protocol_version != TASKS_REVISION or params.get("name") not in TASK_TOOLS):
+        if (ctx.method != "tools/call" or not isinstance(params, Mapping)
+                or params.get("name") not in TASK_TOOLS):
+            return await call_next(ctx)
+        if extension.modern(ctx):  # the server decides; only for a request declaring the extension
+            if not extension.declares(ctx) or extension.asks_for_input(params):
+                return await call_next(ctx)
+        elif params.get("task") is None or ctx.protocol_version != TASKS_REVISION:
             return await call_next(ctx)
         principal = self.principal_of()
         if principal is None:
             return await call_next(ctx)  # refused there, as any call without a caller
-        return {"task": task_wire(await self._start(ctx, principal, params))}
-
-    async def _start(self, ctx: ServerRequestContext[Any, Any], principal: Principal,
-                     params: Mapping[str, Any]) -> TaskRecord:
-        now = self.clock()
+        if extension.modern(ctx):
+            return extension.created(await self._start(ctx, principal, params, None), self._server_info())
         asked = params.get("task")
         ttl = asked.get("ttl") if isinstance(asked, dict) else None
+        return {"task": task_wire(await self._start(ctx, principal, params, ttl))}
+
+    async def _start(self, ctx: ServerRequestContext[Any, Any], principal: Principal,
+                     params: Mapping[str, Any], ttl: Any) -> TaskRecord:
+        """Record the task and start its call; ``ttl``: how long the client asks its result be kept (ms;
+        2025-11-25 only: on 2026-07-28 the server says)."""
+        now = self.clock()
         keep = self.keep_seconds
         if isinstance(ttl, int | float) and ttl > 0:
             keep = min(ttl / 1000, keep)
@@ -207,7 +223,8 @@ class TaskRunner:
                                  "correlation_id": correlation_id_var.get()})
 
     async def _watch_cancel(self, task_id: str, sink: _Progress) -> None:
-        """Act on a cancellation asked through another replica (stored in the task's row)."""
+        """Act on a cancellation stored in the task's row: asked through another replica, or (2026-07-28)
+        before vSphere ran the task, done once it runs."""
         while not sink.cancel_asked:
             await asyncio.sleep(1.0)
             try:
@@ -216,11 +233,12 @@ class TaskRunner:
                 continue
             if rec is not None and rec.cancel_requested and not sink.cancel_asked:
                 why = await sink.cancel()
-                await self._audit_cancel(rec, "refused" if why else "cancelled", why)
+                if why != NOT_STARTED:  # else asked again on the next look
+                    await self._audit_cancel(rec, "refused" if why else "cancelled", why)
 
-    async def _mine(self, task_id: str, request: str) -> TaskRecord:
+    async def _mine(self, task_id: str, request: str, *, modern: bool = False) -> TaskRecord:
         """The caller's task ``task_id`` (``callers.same`` on its key); any other answer is refused, and
-        the refusal is a row (``request``: tasks/get, tasks/result, tasks/cancel)."""
+        the refusal is a row (``request``: tasks/get, tasks/result, tasks/cancel, tasks/update)."""
         principal = self.principal_of()
         rec = await off_loop(self.table.get, task_id, self.clock())
         if principal is None or rec is None or not same(rec.caller_key, key_of(principal)):
@@ -228,8 +246,9 @@ class TaskRunner:
             await self.trail.record({"phase": "refused", "tool": request, **who, "task_id": task_id[:64],
                                      "error_code": "not_found", "reason_code": "not_your_task",
                                      "outcome": "refused", "correlation_id": correlation_id_var.get()})
+            where = "its ttlMs is how long it is kept" if modern else "call tasks/list"
             raise MCPError(code=types.INVALID_PARAMS, message=f"no task '{task_id[:64]}' of yours (never "
-                           "made, someone else's, or its results expired); call tasks/list")
+                           f"made, someone else's, or its results expired); {where}")
         if (rec.status == "working" and rec.task_id not in self._local and rec.owner is not None
                 and not await off_loop(self.instance.alive, rec.owner)):
             return await self._orphaned(rec)
@@ -245,10 +264,28 @@ class TaskRunner:
         return found or rec
 
     async def get(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
+        if extension.modern(ctx):
+            extension.require_declared(ctx)
+            extension.check_routing(ctx, params.task_id)
+            return extension.detailed(await self._mine(params.task_id, "tasks/get", modern=True))
         return task_wire(await self._mine(params.task_id, "tasks/get"))
+
+    async def update(self, ctx: ServerRequestContext[Any],
+                     params: extension.UpdateTaskParams) -> dict[str, Any]:
+        """2026-07-28: answers to a task's input requests. This gateway's tasks never ask (confirmation is
+        asked before a task is made), so every answer is for a request never made: ignored, as the
+        extension says, once the task is known to be the caller's."""
+        if not extension.modern(ctx):
+            raise extension.not_on_this_revision("tasks/update", ctx.protocol_version)
+        extension.require_declared(ctx)
+        extension.check_routing(ctx, params.task_id)
+        await self._mine(params.task_id, "tasks/update", modern=True)
+        return {}
 
     async def list(self, ctx: ServerRequestContext[Any],
                    params: types.PaginatedRequestParams) -> dict[str, Any]:
+        if extension.modern(ctx):  # the extension has none: no caller learns of another's tasks
+            raise extension.not_on_this_revision("tasks/list", ctx.protocol_version)
         principal = self.principal_of()
         if principal is None:
             raise MCPError(code=types.INVALID_REQUEST, message="this request carries no authenticated caller")
@@ -258,6 +295,8 @@ class TaskRunner:
     async def result(self, ctx: ServerRequestContext[Any],
                      params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         """The tool's result once the task ended (waits for it)."""
+        if extension.modern(ctx):  # tasks/get carries the result there
+            raise extension.not_on_this_revision("tasks/result", ctx.protocol_version)
         rec = await self._mine(params.task_id, "tasks/result")
         while not rec.terminal:
             local = self._local.get(rec.task_id)
@@ -271,18 +310,37 @@ class TaskRunner:
 
     async def cancel(self, ctx: ServerRequestContext[Any],
                      params: types.CancelTaskRequestParams) -> dict[str, Any]:
-        rec = await self._mine(params.task_id, "tasks/cancel")
+        """Ask vSphere to cancel the task's running vSphere task (or the replica running it, through the
+        store). 2025-11-25 answers with the task once it ended; 2026-07-28 with the extension's empty
+        acknowledgement (the status follows on tasks/get), also for a task that already ended (the
+        extension keeps -32602 for an unknown task) and for one whose vSphere task has not started yet
+        (cancelled once it has). A refusal by vSphere is an error on both."""
+        modern = extension.modern(ctx)
+        if modern:
+            extension.require_declared(ctx)
+            extension.check_routing(ctx, params.task_id)
+        rec = await self._mine(params.task_id, "tasks/cancel", modern=modern)
+        if rec.terminal and modern:
+            await self._audit_cancel(rec, "ended_already", None)
+            return {}
         if rec.terminal:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"task {rec.task_id} is {rec.status} already")
+            status = extension.status_of(rec) if modern else rec.status
+            raise MCPError(code=types.INVALID_PARAMS, message=f"task {rec.task_id} is {status} already")
         local = self._local.get(rec.task_id)
         if local is None:
             await off_loop(self.table.request_cancel, rec.task_id, self.clock())
             await self._audit_cancel(rec, "passed_on", None)
-            return task_wire(rec)
+            return {} if modern else task_wire(rec)
         why = await local[1].cancel()
+        if why == NOT_STARTED and modern:  # acknowledged; the watcher cancels once vSphere runs it
+            await off_loop(self.table.request_cancel, rec.task_id, self.clock())
+            await self._audit_cancel(rec, "deferred", None)
+            return {}
         await self._audit_cancel(rec, "refused" if why else "cancelled", why)
         if why is not None:
             raise MCPError(code=types.INVALID_PARAMS,
                            message=f"{why}; the task runs on: poll it with tasks/get")
+        if modern:
+            return {}
         await asyncio.wait({local[0]}, timeout=10)
         return task_wire(await self._mine(rec.task_id, "tasks/cancel"))

@@ -6,7 +6,7 @@
 
 (() => {
   const POLL_MS = 2000;
-  const TABS = ["pending", "targets", "inventory", "audit"];
+  const TABS = ["pending", "targets", "inventory", "agents", "audit"];
   const STATE_LABELS = {
     pending: "Pending", approved: "Approved", executing: "Running", executed: "Executed",
     failed: "Failed", denied: "Denied", expired: "Expired", cancelled: "Cancelled",
@@ -17,6 +17,7 @@
   const state = {
     me: null, csrf: null, tab: null, pollTimer: null, tickTimer: null, busy: new Set(),
     inventoryKind: "vms", inventory: null, cards: new Map(), focus: null, focusShown: false,
+    agentsWindow: "24h",
   };
 
   const $ = (id) => document.getElementById(id);
@@ -170,7 +171,8 @@
       else link.removeAttribute("aria-current");
     }
     showOnly("view-" + tab);
-    const loaders = { pending: loadProposals, targets: loadTargets, inventory: loadInventory, audit: loadAudit };
+    const loaders = { pending: loadProposals, targets: loadTargets, inventory: loadInventory, agents: loadAgents,
+      audit: loadAudit };
     loaders[tab]();
   }
 
@@ -723,6 +725,91 @@
     }
   }
 
+  // ---------------------------------------------------------------- agents
+
+  const WINDOW_LABELS = { "1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days" };
+
+  // Calls per slot as a small line chart: the page's own SVG template, its points set here from the
+  // API's numbers (no library, nothing parsed; the caller's name goes in as text only).
+  function callChart(entry, slotSeconds) {
+    const series = entry.series || [];
+    const width = Math.max(1, series.length - 1);
+    const height = 24;
+    const top = Math.max(1, ...series);
+    const points = series.map((count, i) => i + "," + (height - (count / top) * (height - 2) - 1).toFixed(2)).join(" ");
+    const minutes = Math.round(slotSeconds / 60);
+    const step = minutes >= 60 ? (minutes / 60) + " h" : minutes + " min";
+    const label = entry.calls + " calls by " + entry.caller + ", per " + step + "; at most " + top + " in one";
+    const chart = $("chart-template").content.firstElementChild.cloneNode(true);
+    chart.setAttribute("viewBox", "0 0 " + width + " " + height);
+    chart.setAttribute("aria-label", label);
+    chart.setAttribute("data-points", String(series.length));
+    chart.querySelector("title").textContent = label;
+    chart.querySelector("polygon").setAttribute("points", "0," + height + " " + points + " " + width + "," + height);
+    chart.querySelector("polyline").setAttribute("points", points);
+    return chart;
+  }
+
+  function refusalText(entry) {
+    const codes = Object.entries(entry.refusals || {});
+    if (!codes.length) return "0";
+    return codes.map(([code, count]) => code + " " + count).join(", ");
+  }
+
+  function waitText(entry) {
+    if (entry.queue_wait_p50_ms === null || entry.queue_wait_p50_ms === undefined) return "—";
+    // the API's percentiles are histogram bounds: the wait was at most this long
+    return "≤" + entry.queue_wait_p50_ms + " / ≤" + entry.queue_wait_p95_ms + " ms";
+  }
+
+  // A caller's name opens the Audit tab filtered to that caller.
+  function callerLink(entry) {
+    const button = el("button", { type: "button", class: "link caller-link", text: entry.caller,
+      title: "Show " + entry.caller + "'s rows in the Audit tab", "data-caller": entry.caller });
+    button.addEventListener("click", () => {
+      const form = $("audit-filters");
+      for (const name of ["phase", "target", "tool"]) form.elements[name].value = "";
+      form.elements.caller.value = entry.caller;
+      location.hash = "#audit";
+    });
+    return el("span", { class: "caller-cell" }, button,
+      entry.kind ? el("span", { class: "pill kind", text: entry.kind }) : null);
+  }
+
+  async function loadAgents() {
+    const chosen = state.agentsWindow;
+    for (const button of document.querySelectorAll("#agents-windows button")) {
+      button.classList.toggle("active", button.dataset.window === chosen);
+      button.setAttribute("aria-pressed", button.dataset.window === chosen ? "true" : "false");
+    }
+    const body = $("agents-body");
+    clear(body).append(el("p", { class: "muted", text: "Counting…" }));
+    try {
+      const data = await api("api/agents?window=" + encodeURIComponent(chosen));
+      if (state.tab !== "agents" || state.agentsWindow !== chosen) return;
+      const callers = data.callers || [];
+      const columns = [
+        { title: "Caller", value: callerLink },
+        { title: "Calls", num: true, value: (e) => e.calls },
+        { title: "Calls over time", cls: "chart-cell", value: (e) => callChart(e, data.slot_seconds) },
+        { title: "Refused", value: (e) => el("span", { class: e.refused ? "bad" : undefined, text: refusalText(e) }) },
+        { title: "Errors", num: true, value: (e) => e.errors },
+        { title: "Rate-limited", num: true, value: (e) => e.rate_limited },
+        { title: "Busy", num: true, value: (e) => e.busy },
+        { title: "Queue wait p50 / p95", value: waitText },
+        { title: "Open proposals", num: true, value: (e) => e.open_proposals },
+        { title: "Last call", value: (e) => when(e.last_call) },
+      ];
+      const wrap = table(columns, callers);
+      wrap.classList.add("agents-table");
+      wrap.querySelectorAll("tbody tr").forEach((tr, index) => tr.setAttribute("data-caller", callers[index].caller));
+      clear(body).append(wrap);
+      if (!callers.length) body.append(el("p", { class: "empty", text: "No calls in " + WINDOW_LABELS[chosen] + "." }));
+    } catch (error) {
+      clear(body).append(errorLine(error));
+    }
+  }
+
   // ---------------------------------------------------------------- start
 
   async function boot() {
@@ -734,6 +821,9 @@
     $("inventory-filter").addEventListener("input", renderInventory);
     for (const button of document.querySelectorAll("#inventory-kinds button")) {
       button.addEventListener("click", () => { state.inventoryKind = button.dataset.kind; loadInventory(); });
+    }
+    for (const button of document.querySelectorAll("#agents-windows button")) {
+      button.addEventListener("click", () => { state.agentsWindow = button.dataset.window; loadAgents(); });
     }
     window.addEventListener("hashchange", route);
     try {

@@ -51,3 +51,15 @@ def test_a_collector_added_again_under_its_name_replaces_the_first() -> None:
     metrics.add_collector("q", lambda: [GaugeMetricFamily("gateway_test_b", "b", value=2.0)])
     text = metrics.render()
     assert "gateway_test_b 2.0" in text and "gateway_test_a" not in text
+
+
+def test_a_call_counted_again_after_a_reload_takes_the_names_known_now() -> None:
+    metrics = Metrics(targets=["vc1"], tools=["list_vms"])
+    metrics.observe_call("list_vms", "vc2", "ok", 0.01)  # vc2 is not configured yet: unknown
+    metrics.known(targets=["vc1", "vc2"])
+    metrics.observe_call("list_vms", "vc2", "ok", 0.01)
+    metrics.observe_call("list_vms", "vc2", "ok", 0.01)
+    text = metrics.render()
+    assert 'gateway_tool_calls_total{outcome="ok",target="unknown",tool="list_vms"} 1.0' in text
+    assert 'gateway_tool_calls_total{outcome="ok",target="vc2",tool="list_vms"} 2.0' in text
+    assert 'gateway_tool_call_duration_seconds_count{tool="list_vms"} 3.0' in text

@@ -13,6 +13,7 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal, create_token
 from gateway.errors import InvalidArgument, NotFound
 from gateway.guard.limits import RateLimiter
+from gateway.server.base.audit_trail import reading
 from gateway.server.base.context import CallContext, Handler, ProgressSink
 from gateway.server.base.metrics import Metrics
 from gateway.server.call.arrival import Calls
@@ -120,3 +121,24 @@ async def test_every_call_is_one_metric_by_outcome(parts: Parts) -> None:
     text = metrics.render()
     assert 'gateway_tool_calls_total{outcome="ok",target="vc1",tool="get_vm_details"} 1.0' in text
     assert 'gateway_tool_calls_total{outcome="error",target="vc1",tool="power_off_vm"} 1.0' in text
+
+
+async def test_a_read_tools_call_runs_as_a_read_for_the_audit_and_a_change_does_not(parts: Parts) -> None:
+    seen: dict[str, bool] = {}
+
+    def noting(name: str) -> Handler:
+        async def handle(ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None) -> dict[str, Any]:
+            seen[ctx.spec.name] = reading.get()
+            return {"answered_by": name}
+
+        return handle
+
+    gate = Gate(facts=parts.facts, trail=parts.trail, busy=BusyAudit(parts.trail), rate_limiter=RateLimiter(),
+                dry_run=False)
+    calls = Calls(parts.targets, facts=parts.facts, gate=gate, metrics=Metrics(targets=["vc1"]),
+                  read=noting("read"), write=noting("write"), local={"list_pending_actions": noting("local")})
+    await calls.answer(AGENT, "get_vm_details", {"target": "vc1", "vm": "web-1"})
+    await calls.answer(AGENT, "list_pending_actions", {})
+    await calls.answer(AGENT, "power_off_vm", {"target": "vc1", "vm": "web-1"})
+    assert seen == {"get_vm_details": True, "list_pending_actions": True, "power_off_vm": False}
+    assert reading.get() is False, "reset once the call is answered"

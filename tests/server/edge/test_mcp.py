@@ -8,6 +8,7 @@ limit, driven through httpx2's ASGI transport.
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from gateway.server.edge.mcp import (
     build_mcp_server,
     error_result,
     success_result,
+    wire_text,
 )
 from gateway.tools.spec import TARGETS, ToolSpec
 from gateway.vocabulary import Category, Risk
@@ -252,3 +254,76 @@ _RESULT = b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
 ])
 def test_only_a_stream_of_exactly_one_answer_becomes_a_json_body(stream: bytes, answer: bytes | None) -> None:
     assert _lone_answer(stream) == answer
+
+
+# ---------------------------------------------------------------------------- answers spliced in
+
+
+BIG = Answer.of({"vms": [{"name": f'vm-{i} "quoted" \\ é', "n": i} for i in range(2000)], "count": 2000})
+
+
+class Carrying:
+    """An app that answers with a tool result holding ``wire_text(BIG)``, encoded as the SDK's modern
+    transport does (``json.dumps``, a JSON body with its length) or as one event of a stream."""
+
+    def __init__(self, form: str) -> None:
+        self.form, self.texts = form, list[str]()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        text = wire_text(BIG)
+        self.texts.append(text)
+        result = {"content": [{"type": "text", "text": text}]}
+        body = json.dumps({"jsonrpc": "2.0", "id": 3, "result": result}, separators=(",", ":")).encode()
+        if self.form == "json":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        if self.form == "progress-first":
+            await send({"type": "http.response.body", "body": event(PROGRESS), "more_body": True})
+        await send({"type": "http.response.body", "body": event(body), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.mark.parametrize("form", ["json", "sse", "progress-first"])
+async def test_a_large_answer_is_spliced_in_as_encoded_once_and_reads_the_same(form: str) -> None:
+    app = Carrying(form)
+    response = await post(AnswerAsJson(app))
+    assert app.texts[0] != BIG.text and len(app.texts[0]) < 100, "the SDK encoded a placeholder"
+    if form == "progress-first":
+        lines = response.content.split(b"\r\n")
+        events = [line[len(b"data: "):] for line in lines if line.startswith(b"data: ")]
+        message = json.loads(events[-1])
+    else:
+        assert response.headers["content-type"] == "application/json"
+        assert int(response.headers["content-length"]) == len(response.content)
+        message = json.loads(response.content)
+    assert message["result"]["content"][0]["text"] == BIG.text
+    assert BIG.json_string() is BIG.json_string(), "encoded once"
+
+
+async def test_no_placeholder_outside_a_post_or_after_its_answer() -> None:
+    assert wire_text(BIG) == BIG.text, "no request in progress: the text itself"
+    small = Answer.of({"count": 0})
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(wire_text(small))  # a small answer is left to the SDK
+        await Scripted([event(ANSWER)])(scope, receive, send)
+
+    await post(AnswerAsJson(app))
+    assert seen == [small.text]
+    assert wire_text(BIG) == BIG.text
+
+
+async def test_a_placeholder_is_never_made_once_its_request_has_answered() -> None:
+    held: list[Any] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        held.append(contextvars.copy_context())  # what a task started by the call would inherit
+        await Scripted([event(ANSWER)])(scope, receive, send)
+
+    await post(AnswerAsJson(app))
+    assert held[0].run(wire_text, BIG) == BIG.text

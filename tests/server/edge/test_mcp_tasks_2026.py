@@ -1,0 +1,381 @@
+"""MCP tasks on 2026-07-28 (the ``io.modelcontextprotocol/tasks`` extension) over HTTPS with the SDK's client.
+
+The real client in its default mode, the real server and the simulator: a clone made a task is polled to
+completion from a new client session; another is cancelled in vSphere (the launcher's slow tasks honour
+CancelTask); other callers can neither see, answer nor cancel a task, and a task showing its caller's name
+under another key is not its caller's; each revision keeps its own task methods; another replica answers
+and passes a cancellation on. The installed SDK declares extensions but ships no tasks extension, so its
+wire shapes (from the extension's schema) are written here as the SDK's ``ClientExtension`` and models."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.shared.exceptions import MCPError
+from pydantic import Field
+from support.httpserver import Served, audit_rows, build_gateway, mcp_client, serve
+from support.simulator import MakeSimulator, count_vms_named, pyvmomi_connect
+
+from gateway.auth.principal import CallerKey
+from gateway.store.task_records import TaskRecord
+
+pytestmark = pytest.mark.anyio
+SOURCE = "DC0_C0_RP0_VM0"
+EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class CreateTaskResult(types.Result):
+    """A tools/call answered with a task handle (``resultType: "task"``)."""
+
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+
+
+class TaskParams(types.RequestParams):
+    task_id: str
+
+
+class UpdateParams(TaskParams):
+    input_responses: dict[str, Any] = Field(default_factory=dict)
+
+
+class GetTask(types.Request[TaskParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"  # the extension's Mcp-Name header, for routing to the task's replica
+    params: TaskParams
+
+
+class CancelTask(types.Request[TaskParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"  # the extension's Mcp-Name header, for routing to the task's replica
+    params: TaskParams
+
+
+class UpdateTask(types.Request[UpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    name_param = "taskId"  # the extension's Mcp-Name header, for routing to the task's replica
+    params: UpdateParams
+
+
+class ResultOf(types.Request[TaskParams, Literal["tasks/result"]]):
+    method: Literal["tasks/result"] = "tasks/result"
+    name_param = "taskId"  # the extension's Mcp-Name header, for routing to the task's replica
+    params: TaskParams
+
+
+class ListTasks(types.Request[types.PaginatedRequestParams, Literal["tasks/list"]]):
+    method: Literal["tasks/list"] = "tasks/list"
+    params: types.PaginatedRequestParams
+
+
+class GetTaskResult(types.Result):
+    result_type: str
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+async def _not_resolved(created: CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:
+    raise AssertionError("these tests take the task handle themselves (allow_claimed)")
+
+
+class Tasks(ClientExtension):
+    """The client side of the extension: declared on every request, and the ``task`` result claimed."""
+
+    identifier = EXTENSION
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=_not_resolved),)
+
+
+def tasks_client(served: Served, token: str, mode: str = "auto") -> Any:
+    return mcp_client(served, token, mode, extensions=[Tasks()])
+
+
+async def start_clone(client: Client, name: str, **more: Any) -> CreateTaskResult:
+    arguments = {"target": "vc1", "vm": SOURCE, "name": name, **more}
+    created = await client.session.call_tool("clone_vm", arguments, allow_claimed=True)
+    assert isinstance(created, CreateTaskResult), created
+    return created
+
+
+async def get(client: Client, task_id: str) -> GetTaskResult:
+    return await client.session.send_request(GetTask(params=TaskParams(task_id=task_id)), GetTaskResult)
+
+
+async def poll(client: Client, task_id: str, done: Any, timeout: float = 60) -> GetTaskResult:
+    deadline = time.monotonic() + timeout
+    while True:
+        task = await get(client, task_id)
+        if done(task):
+            return task
+        assert time.monotonic() < deadline, f"task never reached the state wanted: {task}"
+        await asyncio.sleep(0.1)
+
+
+async def refused(call: Any) -> MCPError:
+    with pytest.raises(MCPError) as caught:
+        await call
+    return caught.value
+
+
+async def test_a_task_is_polled_to_completion_after_the_client_reconnects(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 3, "count": 1})
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    try:
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            version, offered = client.protocol_version, client.server_capabilities.extensions
+            created = await start_clone(client, "task-clone", idempotency_key="task-key")
+        async with tasks_client(served, served.tokens["alice"]) as client:  # a new session, the same token
+            again = await start_clone(client, "task-clone", idempotency_key="task-key")  # a retry
+            done = await poll(client, created.task_id, lambda t: t.status != "working")
+    finally:
+        served.stop()
+        await gateway.close()
+    assert version == "2026-07-28" and offered is not None and EXTENSION in offered
+    assert (created.status, created.ttl_ms, created.poll_interval_ms) == ("working", 3_600_000, 500)
+    assert again.task_id == created.task_id
+    assert done.status == "completed" and done.result is not None, done
+    assert done.result["isError"] is False and "task-clone" in done.result["content"][0]["text"], done
+    assert count_vms_named(pyvmomi_connect(sim), "task-clone") == 1  # made once
+
+
+async def test_the_wire_shapes_are_the_extensions_and_a_late_cancel_is_acknowledged(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """What the conformance suite's tasks scenarios check on their fixture tools, on clone_vm: the handle
+    and tasks/get carry ``ttlMs``/``pollIntervalMs`` (no 2025-11-25 ``ttl``/``pollInterval``), no
+    ``requestState``, and the inlined result no ``related-task`` _meta; a tasks/cancel of a task that
+    already ended is the same empty acknowledgement (-32602 is for an unknown task only), and a row; a
+    tasks/get whose Mcp-Name header is not its taskId is refused as a header mismatch (-32020)."""
+    sim = make_simulator(vms=1)
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    try:
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            created = await start_clone(client, "shaped-clone")
+            working = await get(client, created.task_id)
+            done = await poll(client, created.task_id, lambda t: t.status != "working")
+            late = await client.session.send_request(CancelTask(params=TaskParams(task_id=created.task_id)),
+                                                     types.EmptyResult)
+            after = await get(client, created.task_id)
+            meta = {types.PROTOCOL_VERSION_META_KEY: client.protocol_version,
+                    types.CLIENT_CAPABILITIES_META_KEY: {"extensions": {EXTENSION: {}}}}
+        async with served.http(served.tokens["alice"]) as http:
+            mismatched = await http.post("/mcp", json={
+                "jsonrpc": "2.0", "id": 7, "method": "tasks/get",
+                "params": {"taskId": created.task_id, "_meta": meta}}, headers={
+                "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+                "Mcp-Method": "tasks/get", "Mcp-Name": "another-task"})
+        rows = audit_rows(gateway)
+    finally:
+        served.stop()
+        await gateway.close()
+    for shown in (created, working, done):
+        extra = shown.model_extra or {}
+        assert not {"ttl", "pollInterval", "requestState", "task"} & set(extra), extra
+        assert isinstance(shown.ttl_ms, int) and shown.ttl_ms > 0 and shown.poll_interval_ms == 500
+    assert created.created_at.endswith("Z") and created.last_updated_at.endswith("Z")
+    assert done.status == "completed" and done.result is not None and done.result["isError"] is False
+    assert "io.modelcontextprotocol/related-task" not in (done.result.get("_meta") or {}), done.result
+    assert late.result_type == "complete" and not (late.model_extra or {}), late
+    assert after.status == "completed"  # nothing changed
+    (row,) = [r for r in rows if r.get("phase") == "task_cancel"]
+    assert (row["task_id"], row["outcome"], row["caller"]) == (created.task_id, "ended_already", "alice")
+    assert mismatched.json()["error"]["code"] == -32020, mismatched.text
+
+
+async def test_a_task_is_cancelled_in_vsphere(tmp_path: Path, make_simulator: MakeSimulator) -> None:
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 5, "count": 1})
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    try:
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            created = await start_clone(client, "cancelled-clone")
+            await poll(client, created.task_id, lambda t: "%" in (t.status_message or ""))  # vSphere runs it
+            ack = await client.session.send_request(CancelTask(params=TaskParams(task_id=created.task_id)),
+                                                    types.EmptyResult)
+            ended = await poll(client, created.task_id, lambda t: t.status != "working")
+        rows = audit_rows(gateway)
+    finally:
+        served.stop()
+        await gateway.close()
+    assert ack.result_type == "complete"
+    assert ended.status == "cancelled" and ended.result is None, ended
+    assert count_vms_named(pyvmomi_connect(sim), "cancelled-clone") == 0  # vSphere never made it
+    (row,) = [r for r in rows if r.get("phase") == "task_cancel"]
+    assert (row["task_id"], row["outcome"], row["caller"]) == (created.task_id, "cancelled", "alice")
+
+
+async def test_a_cancel_before_vsphere_runs_the_task_is_acknowledged_and_done_once_it_runs(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """tasks/cancel while vSphere has not yet answered the clone with its task (the simulator delays
+    CloneVM_Task): the extension's empty acknowledgement (not a refusal to ask again), a ``deferred``
+    row, and the clone is cancelled in vSphere once its vSphere task runs."""
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 5, "count": 1})
+    sim.control("/delay", {"method_delay": {"CloneVM_Task": 2000}})  # vSphere answers the clone late
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    try:
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            created = await start_clone(client, "early-cancelled")
+            first = await get(client, created.task_id)
+            ack = await client.session.send_request(CancelTask(params=TaskParams(task_id=created.task_id)),
+                                                    types.EmptyResult)
+            ended = await poll(client, created.task_id, lambda t: t.status != "working")
+        rows = audit_rows(gateway)
+    finally:
+        served.stop()
+        await gateway.close()
+    assert first.status == "working" and "%" not in (first.status_message or ""), first
+    assert ack.result_type == "complete"
+    assert ended.status == "cancelled", ended
+    assert count_vms_named(pyvmomi_connect(sim), "early-cancelled") == 0
+    outcomes = [r["outcome"] for r in rows if r.get("phase") == "task_cancel"]
+    assert outcomes[0] == "deferred" and outcomes[-1] == "cancelled", outcomes
+
+
+async def test_another_caller_cannot_see_answer_or_cancel_a_task(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 3, "count": 1})
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    # a task another caller showing alice's name started (a person "alice" at an identity provider): it
+    # is written to the store as the runner writes one, so alice's own requests meet it
+    now = time.time()
+    namesake = TaskRecord(uuid.uuid4().hex, "alice", "clone_vm", "vc1", "working", now, now, now + 600,
+                          caller_key=str(CallerKey.person("https://idp.example", "alice")))
+    gateway.backends.tasks.add(namesake)
+    try:
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            created = await start_clone(client, "owned-clone")
+            not_hers = await refused(client.session.send_request(
+                GetTask(params=TaskParams(task_id=namesake.task_id)), GetTaskResult))
+        task = TaskParams(task_id=created.task_id)
+        errors: list[MCPError] = []
+        for name in ("bob", "carol"):
+            async with tasks_client(served, served.tokens[name]) as other:
+                errors.append(await refused(other.session.send_request(GetTask(params=task), GetTaskResult)))
+                errors.append(await refused(other.session.send_request(
+                    UpdateTask(params=UpdateParams(task_id=created.task_id)), types.EmptyResult)))
+                errors.append(await refused(other.session.send_request(CancelTask(params=task),
+                                                                       types.EmptyResult)))
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            done = await poll(client, created.task_id, lambda t: t.status != "working")
+        rows = audit_rows(gateway)
+    finally:
+        served.stop()
+        await gateway.close()
+    assert [e.error.code for e in [not_hers, *errors]] == [types.INVALID_PARAMS] * 7, errors
+    assert all("of yours" in e.error.message for e in [not_hers, *errors])
+    assert done.status == "completed" and done.result is not None and done.result["isError"] is False, done
+    assert count_vms_named(pyvmomi_connect(sim), "owned-clone") == 1  # nobody else cancelled it
+    refusals = [(r["tool"], r["caller"], r["task_id"]) for r in rows
+                if r.get("reason_code") == "not_your_task"]
+    assert sorted(refusals) == sorted([("tasks/get", "alice", namesake.task_id)] + [
+        (method, name, created.task_id) for method in ("tasks/get", "tasks/update", "tasks/cancel")
+        for name in ("bob", "carol")])
+    assert not [r for r in rows if r.get("phase") == "task_cancel"]
+
+
+async def test_each_revision_keeps_its_own_task_methods(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    sim = make_simulator(vms=1)
+    gateway = build_gateway(tmp_path, sim)
+    served = serve(tmp_path, gateway)
+    arguments = {"target": "vc1", "vm": SOURCE, "name": "plain-clone"}
+    try:
+        async with mcp_client(served, served.tokens["alice"], "auto") as plain:  # no extension declared
+            blocking = await plain.call_tool("clone_vm", arguments)
+            undeclared = await refused(plain.session.send_request(GetTask(params=TaskParams(task_id="x")),
+                                                                  GetTaskResult))
+        async with tasks_client(served, served.tokens["alice"]) as client:
+            created = await start_clone(client, "extension-clone")
+            task = TaskParams(task_id=created.task_id)
+            no_result = await refused(client.session.send_request(ResultOf(params=task), types.EmptyResult))
+            no_list = await refused(client.session.send_request(
+                ListTasks(params=types.PaginatedRequestParams()), types.EmptyResult))
+            update = await client.session.send_request(
+                UpdateTask(params=UpdateParams(task_id=created.task_id, input_responses={"never-asked": {}})),
+                types.EmptyResult)
+            await poll(client, created.task_id, lambda t: t.status != "working")
+        async with mcp_client(served, served.tokens["alice"], "legacy") as legacy:
+            legacy_caps = legacy.server_capabilities
+            no_update = await refused(legacy.session._dispatcher.send_raw_request(
+                "tasks/update", {"taskId": created.task_id, "inputResponses": {}}, {}))
+            old_get = await legacy.session._dispatcher.send_raw_request(
+                "tasks/get", {"taskId": created.task_id}, {})
+    finally:
+        served.stop()
+        await gateway.close()
+    text = blocking.content[0]
+    assert blocking.is_error is False and isinstance(text, types.TextContent) and "plain-clone" in text.text
+    assert undeclared.error.code == types.MISSING_REQUIRED_CLIENT_CAPABILITY
+    assert undeclared.error.data == {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
+    assert (no_result.error.code, no_list.error.code) == (types.METHOD_NOT_FOUND,) * 2
+    assert update.result_type == "complete"
+    assert legacy_caps.tasks is not None and not (legacy_caps.extensions or {}).get(EXTENSION)
+    assert no_update.error.code == types.METHOD_NOT_FOUND
+    assert old_get["status"] == "completed" and "ttl" in old_get and "result" not in old_get  # the old shape
+
+
+async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
+    tmp_path: Path, make_simulator: MakeSimulator, pg_url: str
+) -> None:
+    sim = make_simulator(vms=1)
+    sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 5, "count": 1})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    replica_a = build_gateway(tmp_path / "a", sim, database_url=pg_url)
+    replica_b = build_gateway(tmp_path / "b", sim, database_url=pg_url)
+    served_a = serve(tmp_path / "a", replica_a)
+    served_b = serve(tmp_path / "b", replica_b, tokens=served_a.tokens)
+    try:
+        async with tasks_client(served_a, served_a.tokens["alice"]) as on_a:
+            created = await start_clone(on_a, "replica-cancelled")
+        async with tasks_client(served_b, served_b.tokens["alice"]) as on_b:
+            await poll(on_b, created.task_id, lambda t: "%" in (t.status_message or ""))
+            await on_b.session.send_request(CancelTask(params=TaskParams(task_id=created.task_id)),
+                                            types.EmptyResult)  # stored; replica A cancels in vSphere
+            ended = await poll(on_b, created.task_id, lambda t: t.status != "working")
+        rows = audit_rows(replica_a)
+    finally:
+        served_a.stop()
+        served_b.stop()
+        await replica_a.close()
+        await replica_b.close()
+    assert ended.status == "cancelled", ended
+    assert count_vms_named(pyvmomi_connect(sim), "replica-cancelled") == 0
+    outcomes = sorted(r["outcome"] for r in rows if r.get("phase") == "task_cancel")
+    assert outcomes == ["cancelled", "passed_on"]  # asked on B, done on A
