@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,15 +40,28 @@ def load_or_create_signing_key(key_file: Path) -> Ed25519PrivateKey:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     make_private_dirs(key_file.parent)
-    try:
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
+    if key_file.exists():
         return _read_signing_key(key_file)
+    # written whole under a private name, then linked into place: a process that finds the name finds
+    # a complete key (an exclusive create of the name itself would show others an empty file)
+    partial = key_file.with_name(f".{key_file.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, pem)
         os.fsync(fd)
     finally:
         os.close(fd)
+    try:
+        os.link(partial, key_file)  # fails when another process linked its key first
+    except FileExistsError:
+        return _read_signing_key(key_file)
+    finally:
+        partial.unlink()
+    dir_fd = os.open(key_file.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     log.info("created the audit signing key %s; its public key (pin it off this host): %s",
                 key_file, public_key_text(key.public_key()))
     return key

@@ -4,6 +4,7 @@ and signing and checking one checkpoint entry."""
 from __future__ import annotations
 
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,36 @@ def test_a_missing_or_malformed_signature_does_not_check(sig: object) -> None:
     else:
         entry["sig"] = sig
     assert not checkpoint_signature_ok(entry, KEY.public_key())
+
+
+def _race(key_file: Path, creators: int) -> tuple[list[str], list[BaseException]]:
+    """``creators`` threads released at once, each loading or creating ``key_file``."""
+    start = threading.Barrier(creators)
+    keys: list[str] = []
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        start.wait()
+        try:
+            keys.append(public_key_text(load_or_create_signing_key(key_file).public_key()))
+        except BaseException as exc:  # the assertion names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(creators)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return keys, errors
+
+
+def test_processes_starting_at_once_all_read_the_one_complete_key(tmp_path: Path) -> None:
+    """Many creators racing on one missing key file end up with one key, and none of them ever reads a
+    half-written file (a creator that made the name first and wrote into it after showed others an empty
+    file: "cannot be read as a private key")."""
+    for round_ in range(50):
+        key_file = tmp_path / str(round_) / "audit-signing.key"
+        keys, errors = _race(key_file, 12)
+        assert errors == []
+        assert len(set(keys)) == 1 and len(keys) == 12
+        assert sorted(p.name for p in key_file.parent.iterdir()) == ["audit-signing.key"]

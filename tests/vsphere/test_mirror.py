@@ -547,7 +547,9 @@ def test_a_mirror_over_more_vms_than_one_part_answers_only_after_its_last_part(
         assert answer(built, "vc1", "list_vms") is None, "answered between the first sync's parts"
         assert built.lookup("vc1") is None and built.stats()["vc1"].state != "synced"
         sim.control("/delay", {"method_delay": {}})
-        wait_until(lambda: mirror_synced(built, "vc1"), timeout=30, what="mirror synced")
+        # one WaitForUpdatesEx round per object update: a loaded machine needs more than the usual 30 s
+        wait_until(lambda: mirror_synced(built, "vc1"), timeout=120,
+                   what="mirror synced")
         pool = open_pool("vc1", sim)
         try:
             swept = pool.run(lambda s: listings.list_vms(s, listings.VmQuery(fields=tuple(ALL_VM_FIELDS))))

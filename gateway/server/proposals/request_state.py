@@ -40,7 +40,7 @@ from gateway.auth.fair_share import queue_for
 from gateway.auth.tokens import Principal
 from gateway.errors import ConfirmationExpired, ConfirmationInvalid, GatewayError
 from gateway.guard.approvals import ApprovalRule
-from gateway.guard.callers import key_of
+from gateway.guard.callers import key_of, same
 from gateway.guard.policy.model import Decision
 from gateway.proposals import Proposal
 from gateway.server.base.context import CallContext, ProgressSink, off_loop, unknown_tool
@@ -250,7 +250,7 @@ class Rounds:
             await gate.refused(ctx, args, spent_refusal(state), proposal_id=state.proposal_id)
         await self._sweep(now)
         proposal = await off_loop(self.flow.store.get_proposal, state.proposal_id)
-        if proposal is None or proposal.caller_key != state.caller:
+        if proposal is None or not same(proposal.caller_key, state.caller):
             await gate.refused(ctx, args, invalid("the proposal this requestState answers is gone",
                                                   "request_state_invalid"), proposal_id=state.proposal_id)
         assert proposal is not None

@@ -160,6 +160,7 @@ async def test_bogus_target_names_never_become_metric_labels(served: Served) -> 
             mcp_client(served, served.tokens["bob"], "2026-07-28") as client:
         await client.call_tool("list_vms", {"target": "vc1"})  # every series the bogus calls could touch
         await client.call_tool("list_vms", {"target": "nowhere"})
+        await client.call_tool("list_vms", {"target": "y" * 1100})  # a refused argument: its caller series
         before = (await scrape(reader)).text
         for i in range(60):
             result = await client.call_tool("list_vms", {"target": f"{i:04d}" + "x" * 1020})
