@@ -45,6 +45,11 @@ class YamlList(list[Any]):
     marks: list[Mark]
 
 
+def builtin_name(value: object) -> str:
+    """The built-in type of ``value`` (``list``, ``dict``), not the loader's ``YamlList``/``YamlMap``."""
+    return next(t.__name__ for t in type(value).__mro__ if t.__module__ == "builtins")
+
+
 def position(container: Any, key: Any = None) -> Mark | None:
     """Where ``key`` of ``container`` (or ``container`` itself, with no key) stood in its file; None
     for values that did not come from ``load_yaml``."""

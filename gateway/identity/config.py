@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from gateway.config import ConfigProblems, load_yaml, located
+from gateway.config import ConfigProblems, builtin_name, load_yaml, located
 
 TOP_KEYS: Final = {"resource", "issuers", "web_sign_in"}
 ISSUER_KEYS: Final = {"issuer", "audience", "ca_file", "principal_claim", "roles_claim", "roles",
@@ -107,7 +107,7 @@ class _Reader:
     def keys(self, entry: Any, where: Any, key: Any, allowed: set[str], required: tuple[str, ...],
              what: str) -> bool:
         if not isinstance(entry, dict):
-            self.problem(where, key, f"{what} must be a mapping, got {_builtin_name(entry)}")
+            self.problem(where, key, f"{what} must be a mapping, got {builtin_name(entry)}")
             return False
         for extra in sorted(set(entry) - allowed, key=str):
             self.problem(entry, extra,
@@ -234,8 +234,3 @@ def _web(r: _Reader, doc: Any, issuers: list[IssuerConfig]) -> WebSignIn | None:
         scope = "openid"
     return WebSignIn(issuer=str(issuer), client_id=str(client_id), client_secret_env=str(env),
                      token_sign_in=r.switch(entry, "token_sign_in", True, what), scope=scope)
-
-
-def _builtin_name(value: object) -> str:
-    """The built-in type ``value`` is (``list``, ``str``): the YAML loader's own subclasses unnamed."""
-    return next(t.__name__ for t in type(value).__mro__ if t.__module__ == "builtins")

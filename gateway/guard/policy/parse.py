@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gateway.config import ConfigProblems, NameKind, NameRef, load_yaml, located, position
+from gateway.config import ConfigProblems, NameKind, NameRef, builtin_name, load_yaml, located, position
 from gateway.guard.policy.model import (
     ALL_DAYS,
     APPROVAL_KEYS,
@@ -53,12 +53,8 @@ def _kind(value: Any) -> str:
         return "nothing (null)"
     if isinstance(value, bool):
         return f"boolean {str(value).lower()} (YAML reads unquoted yes/no/on/off/true/false as booleans)"
-    return f"{_builtin_name(value)} {value!r}"
+    return f"{builtin_name(value)} {value!r}"
 
-
-def _builtin_name(value: Any) -> str:
-    """The built-in type ``value`` is (``list``, ``dict``): the YAML loader's own subclasses unnamed."""
-    return next(t.__name__ for t in type(value).__mro__ if t.__module__ == "builtins")
 
 
 class _Reader:
