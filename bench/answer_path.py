@@ -2,7 +2,7 @@
 the mirror against the raw sweep, on both protocol revisions.
 
     python bench/answer_path.py [--calls 300] [--rounds 5] [--scale 3000,30000] [--runs 7] [--no-mirror]
-                                [--before REF]
+                                [--no-calls] [--before REF]
 
 Calls (one run, side by side, rounds interleaved with the order rotating, ``--calls`` sequential calls
 per column per round, p50 of every sample): a bare HTTPS JSON POST (uvicorn and starlette returning a
@@ -11,6 +11,8 @@ connection), the MCP SDK's own no-op tool (``bench/mcp_floor.py``'s server) on t
 (the SDK client's default ``mode="auto"``: ``server/discover``, then one POST per call) and on the legacy
 handshake (``mode="legacy"``: ``initialize``, a session, the event-stream framing), and the gateway's
 cheapest call, ``list_pending_actions`` with no proposal pending, on both. Ratios to the bare POST.
+Beside them, the floor of the client: the SDK's client against a canned answer (``CANNED_SERVER``, no
+server work at all), its own share of any MCP call.
 
 list_vms from the mirror (per size of ``--scale``; its own simulator and ``gateway serve --transport
 https``, as in ``bench/mirror.py``): the raw RetrievePropertiesEx floor (the gateway's request over the
@@ -83,21 +85,73 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
 """
 
 
-def serve_bare(stack: contextlib.ExitStack, cert: Path) -> str:
-    """Start the bare JSON server with ``cert`` (stopped by ``stack``); its URL."""
+#: an MCP server with no server in it: a raw ASGI app answering the three requests the SDK's client
+#: sends on 2026-07-28 (discover, the call, one tools/list for the output schema) with fixed bytes, so
+#: the column measures the client's own share (its SDK, TLS, HTTP) of any MCP call
+CANNED_SERVER = """
+import json
+import logging
+import sys
+
+import uvicorn
+
+logging.disable(logging.INFO)
+META = {"io.modelcontextprotocol/serverInfo": {"name": "canned", "version": ""}}
+RESULTS = {
+    "server/discover": {"cacheScope": "private", "capabilities": {"tools": {}}, "resultType": "complete",
+                        "supportedVersions": ["2026-07-28"], "ttlMs": 0, "_meta": META},
+    "tools/list": {"cacheScope": "private", "resultType": "complete", "ttlMs": 0, "_meta": META,
+                   "tools": [{"name": "noop", "description": "", "inputSchema": {"type": "object"}}]},
+    "tools/call": {"content": [{"type": "text", "text": "{}"}], "isError": False, "resultType": "complete",
+                   "_meta": META},
+}
+HEADERS = [(b"content-type", b"application/json")]
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    request = json.loads(body) if body else {}
+    if "id" not in request:
+        await send({"type": "http.response.start", "status": 202 if body else 200, "headers": HEADERS})
+        await send({"type": "http.response.body", "body": b"{}" if not body else b""})
+        return
+    out = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": RESULTS[request["method"]]}).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [*HEADERS, (b"content-length", str(len(out)).encode())]})
+    await send({"type": "http.response.body", "body": out})
+
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            ssl_certfile=sys.argv[2], ssl_keyfile=sys.argv[3])
+"""
+
+
+def serve_bare(stack: contextlib.ExitStack, cert: Path, server: str = BARE_SERVER, path: str = "/rpc") -> str:
+    """Start the bare JSON server (or ``server``, another script of the same arguments) with ``cert``
+    (stopped by ``stack``); its URL."""
     port = mirror_bench.free_port()
-    argv = [sys.executable, "-c", BARE_SERVER, str(port), str(cert), str(cert.with_name("key.pem"))]
+    argv = [sys.executable, "-c", server, str(port), str(cert), str(cert.with_name("key.pem"))]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     stack.callback(mirror_bench.stop_process, process)
-    url = f"https://localhost:{port}/rpc"
+    url = f"https://localhost:{port}{path}"
     context = ssl.create_default_context(cafile=str(cert))
 
     def listening() -> bool:
         if process.poll() is not None:
             raise SystemExit(f"the bare JSON server exited with {process.returncode}")
         with contextlib.suppress(OSError, httpx2.TransportError), httpx2.Client(verify=context) as http:
-            return http.post(url, json={"id": 0}).status_code == 200
+            return http.post(url, json={"id": 0, "method": "tools/call"}).status_code == 200
         return False
 
     wait_until(listening, timeout=60, interval=0.1, what=url)
@@ -141,7 +195,8 @@ def _checked(result: Any, what: str) -> None:
 
 
 async def call_samples(bare: str, noop: str, gateways: dict[str, mirror_bench.Served], cert: Path,
-                       calls: int, count: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+                       calls: int, count: int,
+                       canned: str | None = None) -> tuple[dict[str, list[float]], dict[str, str]]:
     """The call columns' samples, and the protocol version each MCP column spoke."""
     spoken: dict[str, str] = {}
     verify = ssl.create_default_context(cafile=str(cert))
@@ -155,6 +210,14 @@ async def call_samples(bare: str, noop: str, gateways: dict[str, mirror_bench.Se
             answer.json()
 
         columns: dict[str, Column] = {"bare": post}
+        if canned is not None:
+            client = await stack.enter_async_context(mcp_client(canned, cert, "auto"))
+            spoken["canned"] = client.protocol_version
+
+            async def canned_call(client: Client = client) -> None:
+                _checked(await client.call_tool("noop", {}), "the canned answer")
+
+            columns["canned"] = canned_call
         for revision, mode in REVISIONS.items():
             sdk = await stack.enter_async_context(mcp_client(noop, cert, mode))
             spoken[f"noop {revision}"] = sdk.protocol_version
@@ -206,17 +269,20 @@ def call_rows(calls: int, count: int, before: str | None = None) -> list[tuple[s
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-answer-path-")))
         noop, cert = mcp_floor.serve(stack, tmp)
         bare = serve_bare(stack, cert)
+        canned = serve_bare(stack, cert, CANNED_SERVER, "/mcp")
         sim = start_simulator(binary=build_simulator(), vms=2)
         stack.callback(sim.stop)
         gateways = servers(stack, tmp / "gateway", sim, {"sweep": sim.port}, before)
-        samples, spoken = asyncio.run(call_samples(bare, noop, gateways, cert, calls, count))
+        samples, spoken = asyncio.run(call_samples(bare, noop, gateways, cert, calls, count, canned))
     p50 = {name: statistics.median(values) for name, values in samples.items()}
     n = len(samples["bare"])
     out = [(f"answer path: bare HTTPS JSON POST (uvicorn + starlette, same TLS), p50 of {n}",
-            f"{p50['bare'] * 1000:.2f} ms", "1.00x")]
+            f"{p50['bare'] * 1000:.2f} ms", "1.00x"),
+           (f"answer path: the MCP SDK's client alone, 2026-07-28 (a canned answer, no server work; spoke "
+            f"{spoken['canned']})", f"{p50['canned'] * 1000:.2f} ms", f"{p50['canned'] / p50['bare']:.2f}x")]
     cheapest = "the gateway's cheapest call (list_pending_actions)"
     for name in sorted(p50, key=lambda n: (n.startswith("gateway"), "legacy" in n, "before" not in n)):
-        if name == "bare":
+        if name in ("bare", "canned"):
             continue
         what = cheapest if name.startswith("gateway") else "the MCP SDK's own no-op tool"
         label = "legacy handshake" if "legacy" in name else "2026-07-28 revision"
@@ -318,8 +384,9 @@ def mirror_rows(scale: list[int], runs: int, before: str | None = None) -> list[
 
 def run(calls: int, count: int, scale: list[int], runs: int,
         before: str | None = None) -> list[tuple[str, str, str]]:
-    """Every row of this benchmark (``bench/run_all.py`` adds them to its table)."""
-    return [*call_rows(calls, count, before), *mirror_rows(scale, runs, before)]
+    """Every row of this benchmark (``bench/run_all.py`` adds them to its table); ``calls`` 0: the
+    list_vms rows alone."""
+    return [*(call_rows(calls, count, before) if calls else []), *mirror_rows(scale, runs, before)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,11 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="3000,30000", help="VM counts of the list_vms rows")
     parser.add_argument("--runs", type=int, default=7, help="timed list_vms calls per column, median")
     parser.add_argument("--no-mirror", action="store_true", help="the call rows only")
+    parser.add_argument("--no-calls", action="store_true", help="the list_vms rows only")
     parser.add_argument("--before", help="a git commit (or a folder holding a gateway package) measured "
                                          "beside this checkout")
     args = parser.parse_args(argv)
     scale = [] if args.no_mirror else [int(n) for n in args.scale.split(",") if n]
-    table = run(args.calls, args.rounds, scale, args.runs, args.before)
+    table = run(0 if args.no_calls else args.calls, args.rounds, scale, args.runs, args.before)
     command = " ".join(argv or sys.argv[1:])
     print(f"\n{datetime.now():%Y-%m-%d %H:%M} `python bench/answer_path.py {command}`\n")
     print("| what | value | ratio |\n| --- | --- | --- |")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 from urllib.parse import quote, unquote
 
+from gateway.store.base import TokenRecord
 from gateway.vocabulary import Kind
 
 __all__ = ["SPACES", "CallerKey", "Principal", "caller_fields", "parse_key"]
@@ -69,7 +70,9 @@ class Principal:
     ``key`` defaults from the token id when there is one, else to the ``system`` namespace (the gateway's
     own callers); a principal from an identity provider always carries its ``person``/``client`` key.
     ``acting_for``/``acting_for_key``: the person whose subject an agent's token carries (that person never
-    approves what the agent proposes); ``scopes`` narrow what the role allows (None: not scope-limited)."""
+    approves what the agent proposes); ``scopes`` narrow what the role allows (None: not scope-limited).
+    ``as_read``: the token's record as the edge read it for this request (``read_at``, monotonic), so the
+    call's first look at its caller needs no second read of the store (``FactsNow.party_known``)."""
 
     name: str
     role: str
@@ -80,6 +83,8 @@ class Principal:
     scopes: frozenset[str] | None = None
     key: CallerKey = field(default=None)  # type: ignore[assignment]  # filled by __post_init__
     acting_for_key: CallerKey | None = None
+    as_read: TokenRecord | None = field(default=None, compare=False, repr=False)
+    read_at: float = field(default=0.0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.key is None:

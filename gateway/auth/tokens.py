@@ -274,7 +274,7 @@ class TokenAuthenticator:
         if proven:
             self._touch(record, now)
             return Verdict(Principal(name=record.name, role=record.role, token_id=record.token_id,
-                                     kind=record.kind))
+                                     kind=record.kind, as_read=record, read_at=time.monotonic()))
         wait = self._throttle_wait((client, token_id))
         if wait is not None:
             return Verdict(None, "throttled", wait)

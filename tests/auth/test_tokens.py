@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -150,6 +151,19 @@ def test_verify_returns_the_principal_and_caches(auth: TokenAuthenticator, store
     for _ in range(5):
         assert auth.verify(token, "10.0.0.1") == Principal(name="ci", role="reader", token_id=rec.token_id)
     assert hasher.verifications == 1
+
+
+def test_the_principal_carries_the_record_as_read_for_its_request(auth: TokenAuthenticator,
+                                                                   store: StateStore) -> None:
+    token = make(store)
+    auth.verify(token, "10.0.0.1")  # proven once; the next verify is the cached path the edge takes
+    before = time.monotonic()
+    principal = auth.verify(token, "10.0.0.1")
+    stored = store.token_by_name("ci")
+    assert principal is not None and principal.as_read is not None and stored is not None
+    read = principal.as_read
+    assert (read.token_id, read.role, read.kind, read.revoked) == (stored.token_id, "reader", stored.kind, False)
+    assert before <= principal.read_at <= time.monotonic()
 
 
 @pytest.mark.parametrize("bad", [

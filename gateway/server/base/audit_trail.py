@@ -107,12 +107,13 @@ class AuditTrail:
         return await self._off_loop(encode_and_write)
 
     async def _off_loop(self, write: Callable[[], T]) -> T:
-        # ``asyncio.to_thread`` without its coroutine: the executor's future is awaited directly, so
-        # ``wait_for`` makes no task of its own (one hop less on every answer); the context goes along
+        # ``asyncio.to_thread`` without its coroutine: the executor's future is awaited directly under a
+        # timeout scope, with no task of its own (one hop less on every answer); the context goes along
         # as ``to_thread`` takes it (the trace, ``reading``)
         future = asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, write)
         try:
-            return await asyncio.wait_for(future, AUDIT_DEADLINE_SECONDS + 1.0)
+            async with asyncio.timeout(AUDIT_DEADLINE_SECONDS + 1.0):
+                return await future
         except TimeoutError:
             raise AuditUnavailable(
                 f"audit log {self.where} did not take the row within "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -39,8 +40,14 @@ GATEWAY_ACTOR: Final = Principal(name="gateway", role="-", surface="server")
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a blocking call (state store, audit) in a worker thread with a deadline."""
+    # the executor's future awaited under a timeout scope: ``wait_for(to_thread(...))`` would make a
+    # task for the coroutine and another for the wait on every hop; the context goes along as
+    # ``to_thread`` takes it (the trace, ``reading``)
+    future = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(contextvars.copy_context().run, fn, *args, **kwargs))
     try:
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), STORE_DEADLINE_SECONDS)
+        async with asyncio.timeout(STORE_DEADLINE_SECONDS):
+            return await future
     except TimeoutError:
         log.error("%s did not answer within %gs", getattr(fn, "__qualname__", fn), STORE_DEADLINE_SECONDS)
         raise StateUnavailable(

@@ -4,10 +4,12 @@ They are gathered into the inputs of ``gateway.guard.decision``; nothing here de
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from gateway.auth.principal import parse_key
 from gateway.auth.roles import RoleBook
@@ -28,10 +30,13 @@ from gateway.guard.decision import (
 from gateway.guard.policy.store import PolicyStore
 from gateway.proposals import Proposal
 from gateway.role import Role
-from gateway.store.base import StateStore
+from gateway.store.base import StateStore, TokenRecord
 from gateway.tools.registry import Registry
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category, Kind, Plan
+
+#: how long the edge's read of a token (``Principal.as_read``) stands for the store's, within one request
+EDGE_READ_SECONDS: Final = 1.0
 
 
 class FactsNow:
@@ -49,8 +54,9 @@ class FactsNow:
     def role_of(self, principal: Principal) -> Role | None:
         return self.roles.get(principal.role)
 
-    @property
+    @functools.cached_property
     def change_tools(self) -> tuple[tuple[str, Category], ...]:
+        """The tools that change something, proposal tools aside (the registry is fixed at start)."""
         return tuple(
             (s.name, s.kind)
             for s in self.registry
@@ -80,10 +86,27 @@ class FactsNow:
         record = self.store.token_by_id(principal.token_id)
         if record is None:
             return Party(principal.name, TokenState.UNKNOWN, None, key=key, person_key=person_key)
+        return self._party_of(principal, record)
+
+    def _party_of(self, principal: Principal, record: TokenRecord) -> Party:
+        key, person_key = key_of(principal), person_of(principal)
         state = token_state(record, self.clock())
         person = key if record.kind is Kind.PERSON else person_key
         return Party(principal.name, state, self.roles.get(record.role), record.kind, key=key,
                      person_key=person)
+
+    def party_known(self, principal: Principal) -> Party | None:
+        """``party`` when it needs no read of the store: a principal without a token, or one whose record
+        the edge read for this request (``Principal.as_read``, at most ``EDGE_READ_SECONDS`` ago; the
+        edge reads the store's token generation on every request, so a change made before the request
+        arrived is in it). None: ask ``party``, off the event loop."""
+        if principal.token_id is None:
+            return self.party(principal)
+        record = principal.as_read
+        if record is None or record.token_id != principal.token_id \
+                or not 0 <= time.monotonic() - principal.read_at <= EDGE_READ_SECONDS:
+            return None
+        return self._party_of(principal, record)
 
     def owner(self, p: Proposal) -> Party:
         """The proposer as they are now: for a token, its current state and role, found by the token id

@@ -75,8 +75,10 @@ class Calls:
         client = client or mcp_client_var.get()
         await self._refuse_unstorable(principal, name, args, correlation_id, client)
         spec = self.facts.registry.get(name)
-        actor = await off_loop(self.facts.party, principal)
-        principal = replace(principal, kind=actor.kind)  # rows name the kind the store has now
+        edge_read = self.facts.party_known(principal)  # the edge read the token for this request
+        actor = edge_read if edge_read is not None else await off_loop(self.facts.party, principal)
+        if principal.kind is not actor.kind:
+            principal = replace(principal, kind=actor.kind)  # rows name the kind the store has now
         if spec is None:
             ctx = CallContext(principal, actor, unknown_tool(name), correlation_id, client)
             await self.gate.refused(

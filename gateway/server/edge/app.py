@@ -44,16 +44,18 @@ import anyio.to_thread
 import h11
 import httpx2
 import uvicorn
+from mcp.server._streamable_http_modern import handle_modern_request
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from prometheus_client.core import Metric
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway import tracing
@@ -63,7 +65,7 @@ from gateway.identity.service import PRM_PATH, IdentityService
 from gateway.server.base.metrics import Metrics, target_families
 from gateway.server.edge import middleware
 from gateway.server.edge.audit_proofs import ProofGateway, audit_proof_routes
-from gateway.server.edge.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server
+from gateway.server.edge.mcp import AnswerAsJson, InFlightCalls, McpGateway, build_mcp_server, may_stream
 from gateway.server.edge.middleware import DrainGate, EdgeConfig, RefusalAudit
 from gateway.server.edge.oauth import OAuthGate
 from gateway.server.edge.operator_access import ProbeCaller, detail_allowed, metrics_denied
@@ -273,12 +275,31 @@ class BoundedSessionManager(StreamableHTTPSessionManager):
     the longest; at the total limit, the session idle the longest of the token holding the most
     sessions is closed. A session serving a request is never closed: when nothing can be closed
     the new session is refused with 503 (the SDK's answer), so one token can only ever crowd itself.
+
+    A 2026-07-28 POST is served by the SDK's single-exchange entry in its JSON mode unless ``streams``
+    says the request may need the event stream (``edge.mcp.may_stream``): an answer with nothing to
+    stream before it is one JSON body either way, and the JSON mode runs it in the request's own task,
+    with no task group, stream or watcher around it.
     """
 
-    def __init__(self, *args: Any, max_per_token: int, metrics: Metrics, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, max_per_token: int, metrics: Metrics,
+                 streams: Callable[[bytes], bool] = lambda _body: True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.max_per_token = max_per_token
         self.metrics = metrics
+        self.streams = streams
+
+    async def _handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        version = next((v for k, v in scope["headers"] if k == b"mcp-protocol-version"), None)
+        if scope["method"] != "POST" or version is None or self._task_group is None \
+                or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS:
+            await super()._handle_request(scope, receive, send)
+            return
+        body, ended = await _whole_body(receive)
+        if not ended:  # the client went before its body did: nothing to answer
+            return
+        await handle_modern_request(self.app, self.security_settings, not self.streams(body),
+                                    self._lifespan_state, scope, _replayed(body, receive), send)
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         owner = _owner(requestor)
@@ -315,6 +336,32 @@ class BoundedSessionManager(StreamableHTTPSessionManager):
         return True
 
 
+async def _whole_body(receive: Receive) -> tuple[bytes, bool]:
+    """The request's body (its size is bounded by the edge) and whether it arrived whole."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"", False
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts), True
+
+
+def _replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` that first hands out ``body`` again, then what the connection says next."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
 def build_app(
     gateway: AppGateway, config: EdgeConfig, *, version: str = "", web: ASGIApp | None = None,
     audit: AuditWriter | None = None, stateless: bool = False,
@@ -341,7 +388,7 @@ def build_app(
         app=server, json_response=False, stateless=stateless, security_settings=config.transport_security(),
         session_idle_timeout=config.session_idle_seconds, max_sessions=config.max_sessions,
         max_request_body_size=config.max_body_bytes, max_per_token=config.max_sessions_per_token,
-        metrics=gateway.metrics,
+        metrics=gateway.metrics, streams=lambda body: may_stream(gateway, body),
     )
 
     @contextlib.asynccontextmanager

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextvars
 import getpass
+import json
 import logging
 import os
 import re
@@ -44,6 +45,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import tracing
@@ -60,6 +62,7 @@ from gateway.server.proposals.elicitation import ROUND_KEY, Ask, asker_of, asker
 from gateway.server.proposals.request_state import Rounds
 from gateway.store.request_states import RequestStates
 from gateway.tools.spec import ToolSpec
+from gateway.vocabulary import Category
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,15 @@ class RoleLike(Protocol):
     def all_targets(self) -> bool: ...
 
 
+class Registry(Protocol):
+    def get(self, name: str) -> ToolSpec | None: ...
+
+
 class CallerFacts(Protocol):
     """What the MCP surface asks about its caller (``gateway.server.base.facts.FactsNow``)."""
+
+    @property
+    def registry(self) -> Registry: ...
 
     def tools_for(self, principal: Principal) -> list[ToolSpec]: ...
 
@@ -122,6 +132,24 @@ class InFlightCalls:
         self.count -= 1
 
 
+def may_stream(gateway: McpGateway, body: bytes) -> bool:
+    """Whether a 2026-07-28 request may need its answer's event stream: it asks for progress, or it is
+    a call of a tool that changes something (closing that stream cancels the call, as the revision says).
+    Anything this cannot read is left to the SDK's event-stream mode, as before."""
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return True
+    if not isinstance(request, dict) or not isinstance(params := request.get("params") or {}, dict):
+        return True
+    if progress_token_from_params(params) is not None:
+        return True
+    if request.get("method") != "tools/call":
+        return False
+    spec = gateway.facts.registry.get(name) if isinstance(name := params.get("name"), str) else None
+    return spec is None or spec.kind is not Category.READ
+
+
 def stdio_principal() -> Principal:
     """The caller over stdio: the local OS user, who already holds the configuration and credentials."""
     try:
@@ -160,7 +188,7 @@ def tool_of(spec: ToolSpec) -> types.Tool:
 
 
 def success_result(answer: Answer) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=answer.text)])
+    return types.CallToolResult(content=[types.TextContent(text=wire_text(answer))])
 
 
 def error_result(wire: dict[str, Any]) -> types.CallToolResult:
@@ -261,6 +289,15 @@ class _Handlers:
                               correlation_id)
                 return internal_error_result(correlation_id)
 
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The inputSchema tools/list offers this caller for ``name`` (the SDK checks Mcp-Param headers
+        against it on 2026-07-28), None when it is not offered (the call is then refused as unknown)."""
+        principal = self.principal_of()
+        if principal is None:
+            return None
+        spec = next((s for s in self.gateway.facts.tools_for(principal) if s.name == name), None)
+        return spec.input_schema() if spec is not None else None
+
     def instructions(self) -> str:
         principal = self.principal_of()
         role = self.gateway.facts.role_of(principal) if principal is not None else None
@@ -308,6 +345,7 @@ def build_mcp_server(
     server: Server[Any] = Server(
         SERVER_NAME, version=version, instructions=instructions_for(None),
         on_list_tools=handlers.list_tools, on_call_tool=handlers.call_tool,
+        get_tool_input_schema=handlers.input_schema,
     )
     # the SDK's own span per message is replaced by ``tracing.call_span`` (the same name, nested in the
     # HTTP request's span, its traceparent header first)
@@ -378,7 +416,7 @@ class _Splices:
     is a plain ASCII string, which every JSON encoder writes as it is, between its quotes."""
 
     def __init__(self) -> None:
-        self.nonce = secrets.token_hex(16)
+        self.nonce = ""  # drawn with the first placeholder: most answers are too short to need one
         self.parts: dict[bytes, bytes] = {}
         self.open = True
 
@@ -390,6 +428,7 @@ class _Splices:
         encoded = answer.json_string()
         if encoded is None or not self.open:
             return None
+        self.nonce = self.nonce or secrets.token_hex(16)
         key = f"gateway-answer-{self.nonce}-{len(self.parts)}"
         self.parts[f'"{key}"'.encode("ascii")] = encoded
         return key

@@ -127,14 +127,18 @@ class ProposalFlow:
     async def _list_pending(
         self, ctx: CallContext, _a: dict[str, Any], _p: ProgressSink | None
     ) -> dict[str, Any]:
-        await off_loop(self.moves.expire_due)
-        proposals = await off_loop(self.store.list_proposals, ["pending"])
-        seen = [p for p in proposals if proposal_rights(ctx.party, Proposed.of(p)).see]
-        now = self.clock()  # the views are redacted (regexes): in a worker thread, never on the loop
-        rows = await off_loop(lambda: [proposal_view(p, now) for p in seen])
-        await self.trail.record(
-            ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows])
-        )
+        def pending() -> list[dict[str, Any]]:
+            """In one worker thread (the store, the redacting views, the row): one hop off the loop."""
+            self.moves.expire_due()
+            proposals = self.store.list_proposals(["pending"])
+            seen = [p for p in proposals if proposal_rights(ctx.party, Proposed.of(p)).see]
+            now = self.clock()
+            rows = [proposal_view(p, now) for p in seen]
+            self.trail.write_row(
+                ctx.row("call", outcome="ok", count=len(rows), proposal_ids=[r["proposal_id"] for r in rows]))
+            return rows
+
+        rows = await off_loop(pending)
         return {"pending": rows, "count": len(rows)}
 
     async def _by_token(self, ctx: CallContext, args: dict[str, Any]) -> Proposal:

@@ -3,12 +3,14 @@ moment each is asked, over SQLite and plain values."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from support.server_parts import AGENT, READER, Parts, proposal_of
 
 from gateway.auth.tokens import Principal, create_token
 from gateway.guard.decision import Entry, TokenState
+from gateway.server.base.facts import EDGE_READ_SECONDS
 from gateway.vocabulary import Category, Kind
 
 
@@ -24,6 +26,28 @@ def test_a_token_caller_is_its_token_as_stored_now(parts: Parts) -> None:
     assert parts.facts.party(caller).role.name == "reader"  # type: ignore[union-attr]
     parts.backends.store.update_token("bot", revoked=True)
     assert parts.facts.party(caller).token is TokenState.REVOKED
+
+
+def test_the_edge_read_of_a_token_stands_for_the_store_within_its_request(parts: Parts) -> None:
+    _plain, record = create_token(parts.backends.store, "bot", "reader", expires_in=None, now=parts.clock())
+    caller = Principal(name="bot", role="admin", token_id=record.token_id, surface="test", as_read=record,
+                       read_at=time.monotonic())
+    parts.backends.store.update_token("bot", revoked=True)  # after the edge read it: the next request sees it
+    known = parts.facts.party_known(caller)
+    assert known is not None and known.token is TokenState.USABLE and known.role is not None
+    assert known.role.name == "reader" and known.key == parts.facts.party(caller).key
+    assert parts.facts.party(caller).token is TokenState.REVOKED
+
+
+def test_an_old_or_foreign_edge_read_is_not_used(parts: Parts) -> None:
+    _plain, record = create_token(parts.backends.store, "bot", "reader", expires_in=None, now=parts.clock())
+    old = Principal(name="bot", role="reader", token_id=record.token_id, surface="test", as_read=record,
+                    read_at=time.monotonic() - EDGE_READ_SECONDS - 1)
+    other = Principal(name="bot", role="reader", token_id="t-other", surface="test", as_read=record,
+                      read_at=time.monotonic())
+    unread = Principal(name="bot", role="reader", token_id=record.token_id, surface="test")
+    assert [parts.facts.party_known(p) for p in (old, other, unread)] == [None, None, None]
+    assert parts.facts.party_known(READER) == parts.facts.party(READER)  # no token: nothing to read
 
 
 def test_a_token_the_store_does_not_know_has_no_role(parts: Parts) -> None:

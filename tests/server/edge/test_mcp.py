@@ -32,6 +32,7 @@ from gateway.server.edge.mcp import (
     _lone_answer,
     build_mcp_server,
     error_result,
+    may_stream,
     success_result,
     wire_text,
 )
@@ -327,3 +328,71 @@ async def test_a_placeholder_is_never_made_once_its_request_has_answered() -> No
 
     await post(AnswerAsJson(app))
     assert held[0].run(wire_text, BIG) == BIG.text
+
+
+async def test_a_tool_result_carries_a_large_answer_as_a_placeholder_inside_a_post() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(success_result(BIG).content[0].text)  # type: ignore[union-attr]
+        await Scripted([event(ANSWER)])(scope, receive, send)
+
+    await post(AnswerAsJson(app))
+    assert seen[0] != BIG.text and seen[0].startswith("gateway-answer-")
+    assert success_result(BIG).content[0].text == BIG.text  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------- which 2026-07-28 requests stream
+
+LISTING = ToolSpec("list_vms", "List VMs.", Category.READ, Risk.LOW, params=(TARGETS,), target_mode="fanout")
+CHANGE = ToolSpec("power_off_vm", "Power off.", Category.WRITE, Risk.MEDIUM, params=(TARGETS,))
+
+
+class ToolsByName:
+    """The part of the gateway ``may_stream`` and the input schemas read: its tools, by name."""
+
+    def __init__(self, *specs: ToolSpec) -> None:
+        self.registry = {spec.name: spec for spec in specs}
+
+    @property
+    def facts(self) -> ToolsByName:
+        return self
+
+    def tools_for(self, principal: Principal) -> list[ToolSpec]:
+        return [self.registry["list_vms"]] if principal.role == "reader" else []
+
+
+def _call(name: object, meta: dict[str, Any] | None = None) -> bytes:
+    params: dict[str, Any] = {"name": name, "arguments": {}}
+    if meta is not None:
+        params["_meta"] = meta
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).encode()
+
+
+@pytest.mark.parametrize(("body", "streams"), [
+    (_call("list_vms"), False),  # a read: one JSON answer, nothing before it
+    (_call("list_vms", {"progressToken": "p"}), True),  # progress travels on the stream
+    (_call("list_vms", {"progressToken": 7}), True),
+    (_call("power_off_vm"), True),  # a change: closing its stream cancels it
+    (_call("no_such_tool"), True),
+    (_call(["list_vms"]), True),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}', False),
+    (b'{"jsonrpc":"2.0","id":1,"method":"server/discover"}', False),
+    (b"not json", True),  # what it cannot read is the SDK's to refuse, as before
+    (b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', True),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":[1]}', True),
+])
+def test_only_a_request_that_may_send_something_first_keeps_its_event_stream(body: bytes,
+                                                                             streams: bool) -> None:
+    assert may_stream(ToolsByName(LISTING, CHANGE), body) is streams  # type: ignore[arg-type]
+
+
+def test_the_sdk_takes_each_tools_input_schema_from_what_the_caller_is_offered() -> None:
+    reader = Principal(name="r", role="reader", surface="https")
+    caller: list[Principal] = [reader]
+    server = build_mcp_server(ToolsByName(LISTING, CHANGE), lambda: caller[0])  # type: ignore[arg-type]
+    assert server.get_tool_input_schema is not None
+    assert server.get_tool_input_schema("list_vms") == LISTING.input_schema()
+    assert server.get_tool_input_schema("power_off_vm") is None  # not offered to this caller
+    caller[0] = Principal(name="w", role="writer", surface="https")
+    assert server.get_tool_input_schema("list_vms") is None

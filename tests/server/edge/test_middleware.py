@@ -79,6 +79,10 @@ class StandInGateway:
     def calls(self) -> StandInGateway:  # where tool calls are answered: this stand-in too
         return self
 
+    @property
+    def registry(self) -> dict[str, ToolSpec]:  # the tools by name (which may stream their answer)
+        return {}
+
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
         return []
 
