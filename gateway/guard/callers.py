@@ -100,7 +100,8 @@ DECISIONS: Final[Mapping[str, str]] = {
     "confirmation_binding": "the confirming caller's key against the proposal's caller_key",
     "proposal_owner": "the proposer's token looked up by the token id in caller_key, never by name",
     "idempotency_scope": "idempotency rows keyed by the caller's key text",
-    "task_ownership": "tasks/get, tasks/result, tasks/list, tasks/cancel: the task's caller_key",
+    "task_ownership": "tasks/get, tasks/result, tasks/list, tasks/cancel, the task ids a "
+                      "subscriptions/listen follows: the task's caller_key",
     "rate_limit": "rate-limit counters scoped by the caller's key text",
     "runaway_breaker": "breaker counters scoped by the caller's key text",
     "busy_audit": "the busy-row throttle scoped by (key text, target)",

@@ -56,6 +56,7 @@ from gateway.errors import GatewayError, Unauthorized
 from gateway.guard.decision import sees_target_addresses
 from gateway.server.base.context import client_of, mcp_client_var
 from gateway.server.call.idempotency import key_from_meta
+from gateway.server.edge.mcp_task_notices import TaskNotices
 from gateway.server.edge.mcp_tasks import TASK_TOOLS, TaskRunner
 from gateway.server.edge.middleware import correlation_id_var
 from gateway.server.proposals.elicitation import ROUND_KEY, Ask, asker_of, asker_var, is_stateless
@@ -332,8 +333,21 @@ class _PerCallerInstructions:
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         result = await call_next(ctx)
         if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
-            return {**result, "instructions": self._handlers.instructions()}
+            return {**_no_list_changes(result), "instructions": self._handlers.instructions()}
         return result
+
+
+def _no_list_changes(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` saying the tool list never changes during a session: the SDK derives ``listChanged``
+    on 2026-07-28 from serving ``subscriptions/listen``, which this gateway serves for task notices
+    only (``mcp_task_notices``); it sends no list changes."""
+    capabilities = result.get("capabilities")
+    if not isinstance(capabilities, dict):
+        return result
+    tools = capabilities.get("tools")
+    if not isinstance(tools, dict) or not tools.get("listChanged"):
+        return result
+    return {**result, "capabilities": {**capabilities, "tools": {**tools, "listChanged": False}}}
 
 
 def build_mcp_server(
@@ -356,6 +370,10 @@ def build_mcp_server(
     if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
         TaskRunner(gateway.calls.answer, backends.tasks, principal_of, instance=backends.instance,
                    trail=trail, keep_seconds=settings.task_keep_seconds).install(server)
+        # 2026-07-28: task status notifications on a listen stream (the handshake revisions have no such
+        # method: the SDK answers it method-not-found there)
+        server.add_request_handler("subscriptions/listen", types.SubscriptionsListenRequestParams,
+                                   TaskNotices(backends.tasks, principal_of, trail).listen)
     return server
 
 
