@@ -15,6 +15,7 @@ from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 from gateway.errors import ConfigError
+from gateway.private_files import UnsafeFile, read_private
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,45 @@ def audit_origin(raw: str | None) -> str:
     return origin
 
 
+#: the fewest bytes the request-state secret may hold (``openssl rand -hex 32`` makes 64)
+REQUEST_STATE_SECRET_BYTES: Final = 32
+_MAKE_ONE: Final = "make one with `openssl rand -hex 32`"
+
+
+def request_state_secret(value: str | None, file: str | None) -> bytes | None:
+    """The operator's secret mixed into the key that seals 2026-07-28 ``requestState``s
+    (``gateway.server.proposals.request_state``): GATEWAY_REQUEST_STATE_SECRET, or the file
+    GATEWAY_REQUEST_STATE_SECRET_FILE names (read as every secret file is, ``private_files.read_private``);
+    None when neither is set. Whitespace around it is dropped (a file's last newline), so either way one
+    secret gives one key. ``ConfigError`` naming the fix, never the value: both set, a file that is
+    missing, unsafe or unreadable, a secret shorter than ``REQUEST_STATE_SECRET_BYTES``."""
+    if value is not None and file:
+        raise ConfigError("GATEWAY_REQUEST_STATE_SECRET and GATEWAY_REQUEST_STATE_SECRET_FILE are both set; "
+                          "set one of them")
+    if file:
+        path, what = Path(file).expanduser(), "GATEWAY_REQUEST_STATE_SECRET_FILE"
+        try:
+            data = read_private(path, what)
+        except UnsafeFile as exc:
+            raise ConfigError(f"{exc}; or unset {what}") from None
+        except OSError as exc:
+            raise ConfigError(f"{what} {path} cannot be read ({exc.strerror}); fix: make it readable by the "
+                              f"gateway's user (chmod 600), or unset {what}") from None
+        if data is None:
+            raise ConfigError(f"{what} {path} does not exist; put the secret there ({_MAKE_ONE}, mode 600), "
+                              f"or unset {what}")
+        where = f"{what} {path}"
+    elif value is not None:
+        data, where = value.encode("utf-8", "surrogateescape"), "GATEWAY_REQUEST_STATE_SECRET"
+    else:
+        return None
+    secret = data.strip()
+    if len(secret) < REQUEST_STATE_SECRET_BYTES:
+        raise ConfigError(f"{where} holds {len(secret)} bytes; the request-state secret must hold at least "
+                          f"{REQUEST_STATE_SECRET_BYTES} ({_MAKE_ONE}), and the same on every replica")
+    return secret
+
+
 #: the seed's variables this gateway reads under another name: (the seed's name as a pattern, ours)
 SEED_VARIABLES: Final = (
     ("ENABLE_DESTRUCTIVE", "GATEWAY_ENABLE_DESTRUCTIVE"),
@@ -104,6 +144,10 @@ def allow_write_list(raw: str | None) -> tuple[str, ...]:
     """``"a, b,"`` as ``("a", "b")`` (order kept, repeats dropped); unchecked (``serve`` checks the names
     against the write tools, ``gateway.tools.exposure``). Pure."""
     return tuple(dict.fromkeys(n.strip() for n in (raw or "").split(",") if n.strip()))
+
+
+#: variables no notification channel or identity provider may name as its secret
+_NOT_FOR_CHANNELS: Final = frozenset({"GATEWAY_DATABASE_URL", "GATEWAY_REQUEST_STATE_SECRET"})
 
 
 @dataclass(frozen=True)
@@ -169,6 +213,10 @@ class Settings:
     #: defaulted under ``home``: a missing one is a mistake, never "no file" (``missing_named_files``;
     #: a missing targets file is refused whatever named it)
     named_files: tuple[Path, ...] = ()
+    #: the operator's secret mixed into the key sealing 2026-07-28 ``requestState``s
+    #: (``request_state_secret``: GATEWAY_REQUEST_STATE_SECRET or GATEWAY_REQUEST_STATE_SECRET_FILE); None:
+    #: the store's secret alone. Every replica on one database holds the same one. Never shown.
+    request_state_secret: bytes | None = field(default=None, repr=False)
     #: OTEL_TRACES_EXPORTER: otlp, console or none (the default); see ``gateway.tracing``
     traces_exporter: str = "none"
 
@@ -240,11 +288,12 @@ class Settings:
             credentials={k: v for k, v in environ.items() if k.endswith(("_USER", "_PASSWORD"))},
             notifications_file=path("notifications", "GATEWAY_NOTIFICATIONS_FILE", "notifications.yaml"),
             notify_env={k: v for k, v in environ.items()
-                        if k.endswith(("_SECRET", "_URL")) and k != "GATEWAY_DATABASE_URL"},
+                        if k.endswith(("_SECRET", "_URL")) and k not in _NOT_FOR_CHANNELS},
             audit_signing_key_file=path("audit_signing_key_file", "GATEWAY_AUDIT_SIGNING_KEY_FILE",
                                         "audit-signing.key"),
             identity_file=path("identity", "GATEWAY_IDENTITY_FILE", "identity.yaml"),
-            identity_env={k: v for k, v in environ.items() if k.endswith("_SECRET")},
+            identity_env={k: v for k, v in environ.items()
+                          if k.endswith("_SECRET") and k not in _NOT_FOR_CHANNELS},
             bootstrap_token_file=(Path(environ["GATEWAY_BOOTSTRAP_TOKEN_FILE"]).expanduser()
                                   if environ.get("GATEWAY_BOOTSTRAP_TOKEN_FILE") else None),
             audit_origin=audit_origin(environ.get("GATEWAY_AUDIT_ORIGIN")),
@@ -252,6 +301,8 @@ class Settings:
             if environ.get("GATEWAY_AUDIT_WITNESS_DIR") else None,
             syslog_file=path("syslog", "GATEWAY_SYSLOG_FILE", "syslog.yaml"),
             traces_exporter=environ.get("OTEL_TRACES_EXPORTER", "none"),
+            request_state_secret=request_state_secret(environ.get("GATEWAY_REQUEST_STATE_SECRET"),
+                                                      environ.get("GATEWAY_REQUEST_STATE_SECRET_FILE")),
             named_files=tuple(named),  # last: every path() above has run
         )
         overrides = {

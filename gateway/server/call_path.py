@@ -52,7 +52,7 @@ def compose_call_path(settings: Settings, facts: FactsNow, *, scheduler: Schedul
     reading = compose_reads(settings, facts, gate=gate, trail=trail, scheduler=scheduler, metrics=metrics)
     execution = Execution(trail=trail, scheduler=scheduler, moves=moves)
     proposing = compose_proposals(settings, facts, gate=gate, trail=trail, moves=moves, store=backends.store,
-                                  execution=execution)
+                                  execution=execution, placeholder=backends.engine.placeholder)
     writes = Writes(facts.targets, gate=gate, breaker=backends.breaker, execution=execution,
                     proposer=proposing.flow)
     keys = Idempotency(backends.keys, trail, backends.instance, window=settings.idempotency_window_seconds)

@@ -91,6 +91,7 @@ class Gateway:
                                       listeners=[self.notifier.on_event] if self.notifier else [])
         self.moves, self.calls = self.path.moves, self.path.calls
         self.proposals, self.actions = self.path.proposing.flow, self.path.proposing.actions
+        self.rounds = self.path.proposing.rounds
         self.mirrors, self.read_rules = self.path.reading.mirrors, self.path.reading.read_rules
 
     # ----------------------------------------------------------------- lifecycle

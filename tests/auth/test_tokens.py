@@ -162,7 +162,8 @@ def test_the_principal_carries_the_record_as_read_for_its_request(auth: TokenAut
     stored = store.token_by_name("ci")
     assert principal is not None and principal.as_read is not None and stored is not None
     read = principal.as_read
-    assert (read.token_id, read.role, read.kind, read.revoked) == (stored.token_id, "reader", stored.kind, False)
+    assert (read.token_id, read.role, read.kind, read.revoked) == \
+        (stored.token_id, "reader", stored.kind, False)
     assert before <= principal.read_at <= time.monotonic()
 
 

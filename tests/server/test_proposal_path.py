@@ -20,8 +20,10 @@ def test_the_flow_and_its_actions_share_what_they_are_handed(parts: Parts) -> No
                   sweep_leader=None, clock=parts.clock)
     execution = StandInExecution(plan_of("web-1"))
     path = compose_proposals(parts.settings, parts.facts, gate=gate, trail=parts.trail, moves=moves,
-                             store=b.store, execution=execution)  # type: ignore[arg-type]
+                             store=b.store, execution=execution,  # type: ignore[arg-type]
+                             placeholder=b.engine.placeholder)
     assert path.flow.actions is path.actions and path.actions.execution is execution
     assert path.flow.gate is path.actions.gate is gate and path.flow.moves is path.actions.moves is moves
     assert path.actions.approvals.moves is moves
     assert path.flow.confirm_ttl_seconds == parts.settings.confirm_ttl_seconds
+    assert path.rounds.flow is path.flow  # the 2026-07-28 rounds confirm through the same flow

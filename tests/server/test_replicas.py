@@ -533,6 +533,7 @@ def test_kubernetes_replicas_recipe_is_what_the_gateway_accepts(tmp_path: Path) 
     assert settings.database_url is not None
     assert display_url(settings.database_url) in settings.database_url, "no password inside the URL"
     assert "PGPASSWORD" in secret, "the password comes from the environment"
+    assert settings.request_state_secret is not None, "one request-state secret for every replica"
     args = build_parser().parse_args(container["args"])
     assert args.command == "serve" and args.database_url is None  # never on the command line
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):

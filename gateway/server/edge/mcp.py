@@ -58,10 +58,10 @@ from gateway.server.base.context import client_of, mcp_client_var
 from gateway.server.call.idempotency import key_from_meta
 from gateway.server.edge.mcp_task_notices import TaskNotices
 from gateway.server.edge.mcp_tasks import TASK_TOOLS, TaskRunner
+from gateway.server.edge.mcp_tasks_2026 import input_required
 from gateway.server.edge.middleware import correlation_id_var
-from gateway.server.proposals.elicitation import ROUND_KEY, Ask, asker_of, asker_var, is_stateless
+from gateway.server.proposals.elicitation import asker_of, asker_var, is_stateless
 from gateway.server.proposals.request_state import Rounds
-from gateway.store.request_states import RequestStates
 from gateway.tools.spec import ToolSpec
 from gateway.vocabulary import Category
 
@@ -134,8 +134,10 @@ class InFlightCalls:
 
 
 def may_stream(gateway: McpGateway, body: bytes) -> bool:
-    """Whether a 2026-07-28 request may need its answer's event stream: it asks for progress, or it is
-    a call of a tool that changes something (closing that stream cancels the call, as the revision says).
+    """Whether a 2026-07-28 request may need its answer's event stream: it asks for progress, or it is a
+    call of a tool that reaches vSphere (a slow answer is kept alive behind a proxy by the stream's pings)
+    or changes something (closing that stream cancels the call, as the revision says). Only the reads
+    the gateway answers itself (``target_mode: none``) and the other methods answer as one JSON body.
     Anything this cannot read is left to the SDK's event-stream mode, as before."""
     try:
         request = json.loads(body)
@@ -148,7 +150,7 @@ def may_stream(gateway: McpGateway, body: bytes) -> bool:
     if request.get("method") != "tools/call":
         return False
     spec = gateway.facts.registry.get(name) if isinstance(name := params.get("name"), str) else None
-    return spec is None or spec.kind is not Category.READ
+    return spec is None or spec.kind is not Category.READ or spec.target_mode != "none"
 
 
 def stdio_principal() -> Principal:
@@ -203,26 +205,11 @@ def internal_error_result(correlation_id: str) -> types.CallToolResult:
                          "correlation_id": correlation_id})
 
 
-def input_required(asked: Ask, request_state: str) -> types.InputRequiredResult:
-    """The first round's answer on 2026-07-28: the question for the person, and the sealed state."""
-    params: types.ElicitRequestParams
-    if asked.mode == "url" and asked.url is not None:
-        params = types.ElicitRequestURLParams(message=asked.message, url=asked.url)
-    else:
-        params = types.ElicitRequestFormParams(message=asked.message,
-                                               requested_schema=asked.schema or {"type": "object"})
-    return types.InputRequiredResult(input_requests={ROUND_KEY: types.ElicitRequest(params=params)},
-                                     request_state=request_state)
-
-
 def rounds_of(gateway: Any) -> Rounds | None:
-    """The confirmation rounds of the runtime's ``Gateway`` (its proposal flow and state store); None for a
-    gateway without them, whose 2026-07-28 clients then confirm with the token."""
-    flow, backends = getattr(gateway, "proposals", None), getattr(gateway, "backends", None)
-    if flow is None or backends is None:
-        return None
-    states = RequestStates(backends.store, placeholder=backends.engine.placeholder)
-    return Rounds(states, flow=flow, facts=gateway.facts)
+    """The 2026-07-28 confirmation rounds of the runtime's ``Gateway`` (``ProposalPath.rounds``); None for
+    a gateway without them, whose 2026-07-28 clients then confirm with the token."""
+    rounds = getattr(gateway, "rounds", None)
+    return rounds if isinstance(rounds, Rounds) else None
 
 
 def _is_retry(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> bool:
@@ -369,7 +356,8 @@ def build_mcp_server(
     trail = getattr(gateway, "trail", None)
     if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
         TaskRunner(gateway.calls.answer, backends.tasks, principal_of, instance=backends.instance,
-                   trail=trail, keep_seconds=settings.task_keep_seconds).install(server)
+                   trail=trail, keep_seconds=settings.task_keep_seconds,
+                   rounds=handlers.rounds).install(server)
         # 2026-07-28: task status notifications on a listen stream (the handshake revisions have no such
         # method: the SDK answers it method-not-found there)
         server.add_request_handler("subscriptions/listen", types.SubscriptionsListenRequestParams,

@@ -3,11 +3,19 @@
 A task-augmented tools/call is answered at once and runs through the same path as a blocking one; its
 progress and outcome live in the store, so any replica answers tasks/* for its caller (2025-11-25: get,
 result, list, cancel; 2026-07-28, the extension of ``mcp_tasks_2026``: get, update, cancel), and
-tasks/cancel asks vSphere to cancel (through the store on another replica)."""
+tasks/cancel asks vSphere to cancel (through the store on another replica).
+
+On 2026-07-28 the person at the client is asked before a task is made. A call from a client that can be
+asked (it declares elicitation) runs until it asks (then its answer is ``input_required``, and no task
+exists), ends, or starts its vSphere work (then it is a task from there on: the handle comes once vSphere
+has the task, not at once). The retry carrying the person's accepting answer is the task: a confirmed
+proposal runs in it, and a gated one (the person was sent to its card) is followed until it is decided
+and run, or denied, or expires. Any other retry is answered in the call."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -32,6 +40,8 @@ from gateway.server.call.idempotency import key_from_meta, key_id
 from gateway.server.edge import mcp_tasks_2026 as extension
 from gateway.server.edge.mcp_tasks_2026 import POLL_MS, iso
 from gateway.server.edge.middleware import correlation_id_var
+from gateway.server.proposals.elicitation import Asker, asker_of, asker_var, person_action
+from gateway.server.proposals.request_state import Rounds, RoundState
 from gateway.store.task_records import TaskRecord, TaskTable
 from gateway.vsphere.task_waiter import cancel_task
 
@@ -47,7 +57,13 @@ RELATED: Final = "io.modelcontextprotocol/related-task"
 #: why a task could not be cancelled yet: its call has started no vSphere task (queued or planning)
 NOT_STARTED: Final = "the vSphere task has not started yet (the call is queued or planning); ask again"
 
+#: why a followed proposal's task stopped when cancelled (the proposal itself stays as it is)
+STOPPED_FOLLOWING: Final = ("stopped following the proposal; it still waits for its approval: "
+                            "cancel_action withdraws it")
+
 AnswerFn = Callable[..., Awaitable[Answer]]
+#: (status, the result's text, whether it is an error, the status message)
+Outcome = tuple[str, str, bool, str | None]
 
 
 class Instances(Protocol):
@@ -72,30 +88,60 @@ def task_wire(rec: TaskRecord) -> dict[str, Any]:
 class _Progress:
     """The progress sink of one task: its row's progress, and the vSphere tasks it started (to cancel)."""
 
-    def __init__(self, runner: TaskRunner, task_id: str) -> None:
+    def __init__(self, runner: TaskRunner, task_id: str, *, stored: bool = True) -> None:
         self.runner, self.task_id = runner, task_id
         self.started: list[tuple[Any, str]] = []
         self.lock = threading.Lock()
         self.cancel_asked = False
+        #: whether the task's row exists (a call that may still ask its person has none yet)
+        self.stored = stored
+        #: set once the call's vSphere work has begun (progress, or a vSphere task started)
+        self.began = asyncio.Event()
+        #: the task follows a gated proposal decided elsewhere (it runs no vSphere work of its own)
+        self.following = False
+        self._loop = asyncio.get_running_loop()
         self._last = -1.0
+        self._unstored: tuple[float, str] | None = None
 
     async def __call__(self, fraction: float, message: str) -> None:
+        self.began.set()
         if fraction < 1.0 and fraction - self._last < 0.05:
             return
         self._last = fraction
+        if not self.stored:  # written once the row is (``store``)
+            self._unstored = (fraction, message)
+            return
+        await self._write(fraction, message)
+
+    async def _write(self, fraction: float, message: str) -> None:
         try:
             await off_loop(self.runner.table.progress, self.task_id, fraction, message, self.runner.clock())
         except GatewayError:
             log.warning("progress of task %s not recorded", self.task_id)
 
+    async def store(self, rec: TaskRecord) -> None:
+        """The task's row, made now, with the progress reported before it existed."""
+        await off_loop(self.runner.table.add, rec)
+        self.stored = True
+        if self._unstored is not None:
+            await self._write(*self._unstored)
+
+    def follow_proposal(self) -> None:
+        """From now on the task follows a proposal decided elsewhere: a cancel stops following."""
+        self.following = True
+
     def task_started(self, task: Any, target: str) -> None:
         """Called in the worker thread for each vSphere task the call starts."""
         with self.lock:
             self.started.append((task, target))
+        self._loop.call_soon_threadsafe(self.began.set)
 
     async def cancel(self) -> str | None:
         """Cancel the vSphere task running now; None when vSphere accepted, else why not (``NOT_STARTED``:
-        none runs yet, and nothing is asked of vSphere)."""
+        none runs yet, and nothing is asked of vSphere). A task following a proposal stops following."""
+        if self.following:
+            self.cancel_asked = True
+            return None
         with self.lock:
             current = self.started[-1] if self.started else None
         if current is None:
@@ -109,10 +155,12 @@ class TaskRunner:
 
     def __init__(self, answer: AnswerFn, table: TaskTable, principal_of: Callable[[], Principal | None], *,
                  instance: Instances, trail: AuditTrail, keep_seconds: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, rounds: Rounds | None = None) -> None:
         self.answer, self.table, self.principal_of = answer, table, principal_of
         self.instance, self.trail = instance, trail
         self.keep_seconds, self.clock = keep_seconds, clock
+        #: 2026-07-28 confirmation rounds (None: such a client's person is never asked before a task)
+        self.rounds = rounds
         self._started = 0
         self._local: dict[str, tuple[asyncio.Task[None], _Progress]] = {}
         self._server_info: Callable[[], dict[str, Any]] = dict
@@ -141,27 +189,91 @@ class TaskRunner:
                 or params.get("name") not in TASK_TOOLS):
             return await call_next(ctx)
         if extension.modern(ctx):  # the server decides; only for a request declaring the extension
-            if not extension.declares(ctx) or extension.asks_for_input(params):
+            if not extension.declares(ctx):
                 return await call_next(ctx)
         elif params.get("task") is None or ctx.protocol_version != TASKS_REVISION:
             return await call_next(ctx)
         principal = self.principal_of()
         if principal is None:
             return await call_next(ctx)  # refused there, as any call without a caller
-        if extension.modern(ctx):
-            return extension.created(await self._start(ctx, principal, params, None), self._server_info())
-        asked = params.get("task")
-        ttl = asked.get("ttl") if isinstance(asked, dict) else None
-        return {"task": task_wire(await self._start(ctx, principal, params, ttl))}
+        if not extension.modern(ctx):
+            asked = params.get("task")
+            ttl = asked.get("ttl") if isinstance(asked, dict) else None
+            return {"task": task_wire(await self._start(ctx, principal, params, ttl))}
+        return await self._modern_call(ctx, call_next, principal, params)
+
+    async def _modern_call(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext,
+                           principal: Principal, params: Mapping[str, Any]) -> HandlerResult:
+        """A 2026-07-28 call of a task tool declaring the extension: a task, or first its person's round."""
+        if extension.asks_for_input(params):  # a round's retry: a task only for an accepting answer
+            state = await self._accepted(principal, params)
+            if state is None:
+                return await call_next(ctx)  # answered (or refused and audited) in the call
+            return extension.created(await self._start(ctx, principal, params, None, accepted=state),
+                                     self._server_info())
+        asker = asker_of(ctx, rounds=self.rounds is not None)
+        if asker is not None and asker.rounds is not None:  # its person may be asked first
+            return await self._start_or_ask(ctx, principal, params, asker)
+        return extension.created(await self._start(ctx, principal, params, None), self._server_info())
+
+    async def _accepted(self, principal: Principal, params: Mapping[str, Any]) -> RoundState | None:
+        """The state of a retry whose person accepted, when ``Rounds.answer`` would take it; else None."""
+        if self.rounds is None or person_action(params.get("inputResponses")) != "accept":
+            return None
+        arguments = params.get("arguments")
+        return await self.rounds.peek(principal, str(params["name"]),
+                                      arguments if isinstance(arguments, Mapping) else None,
+                                      params.get("requestState"))
+
+    async def _start_or_ask(self, ctx: ServerRequestContext[Any, Any], principal: Principal,
+                            params: Mapping[str, Any], asker: Asker) -> dict[str, Any]:
+        """Run a call whose person may be asked: ``input_required`` (and no task) when it asks, else a task
+        from the moment its vSphere work begins (or it ends)."""
+        rec, sink, call = await self._begin(ctx, principal, params, None, asker=asker)
+        if isinstance(call, TaskRecord):  # a retry with the idempotency key: the task its first call made
+            return extension.created(call, self._server_info())
+        began = asyncio.ensure_future(sink.began.wait())
+        try:
+            await asyncio.wait({call, began}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the request went away before a task was made: as a blocking call
+            call.cancel()
+            raise
+        finally:
+            began.cancel()
+        question = asker.rounds.asked if asker.rounds is not None else None
+        if call.done() and question is not None and self.rounds is not None:
+            arguments = params.get("arguments")
+            state = await self.rounds.seal(principal, rec.tool,
+                                           arguments if isinstance(arguments, Mapping) else None, question)
+            return extension.asked(question, state, self._server_info())
+        await sink.store(rec)
+        self._track(rec, sink, call)
+        return extension.created(rec, self._server_info())
 
     async def _start(self, ctx: ServerRequestContext[Any, Any], principal: Principal,
-                     params: Mapping[str, Any], ttl: Any) -> TaskRecord:
-        """Record the task and start its call; ``ttl``: how long the client asks its result be kept (ms;
-        2025-11-25 only: on 2026-07-28 the server says)."""
+                     params: Mapping[str, Any], ttl: Any, *,
+                     accepted: RoundState | None = None) -> TaskRecord:
+        """Record the task and start its call (``accepted``: the retry of a round, its person's accepting
+        answer); ``ttl``: how long the client asks its result be kept (ms; 2025-11-25 only: on 2026-07-28
+        the server says)."""
+        rec, sink, call = await self._begin(ctx, principal, params, ttl, accepted=accepted)
+        if isinstance(call, TaskRecord):
+            return call
+        self._track(rec, sink, call)
+        return rec
+
+    async def _begin(self, ctx: ServerRequestContext[Any, Any], principal: Principal,
+                     params: Mapping[str, Any], ttl: Any, *, asker: Asker | None = None,
+                     accepted: RoundState | None = None,
+                     ) -> tuple[TaskRecord, _Progress, asyncio.Task[Outcome] | TaskRecord]:
+        """The task's record (stored at once unless the call may still ask its person: ``asker``) and its
+        call, started; or the task a first call with the same idempotency key made."""
         now = self.clock()
         keep = self.keep_seconds
         if isinstance(ttl, int | float) and ttl > 0:
             keep = min(ttl / 1000, keep)
+        if accepted is not None:  # a followed proposal may wait until it expires: kept that long, and after
+            keep = max(keep, accepted.expires_at - now + self.keep_seconds)
         given = params.get("arguments")
         arguments: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
         target = arguments.get("target") if isinstance(arguments.get("target"), str) else None
@@ -177,37 +289,87 @@ class TaskRunner:
             digest = confirm.args_digest(tool, str(target), plain)
             again = await off_loop(self.table.by_key, key_of(principal), key, digest, now)
             if again is not None:
-                return again
+                return again, _Progress(self, again.task_id), again
         owner = await off_loop(self.instance.acquire)
         rec = TaskRecord(uuid.uuid4().hex, principal.name, tool, target, "working", now, now, now + keep,
                          owner=owner, idempotency_key=key, digest=digest, caller_key=key_of(principal))
-        await off_loop(self.table.add, rec)
-        sink = _Progress(self, rec.task_id)
-        mcp_client_var.set(client_of(ctx))
+        sink = _Progress(self, rec.task_id, stored=asker is None)
+        if asker is None:
+            await off_loop(self.table.add, rec)
         correlation_id = correlation_id_var.get() or uuid.uuid4().hex
-        job = asyncio.get_running_loop().create_task(self._run(
-            rec, principal, arguments, sink, correlation_id))
+        context = contextvars.copy_context()  # the call's own: its client, and how its person is asked
+        context.run(mcp_client_var.set, client_of(ctx))
+        context.run(asker_var.set, asker)
+        if accepted is not None:
+            base_url = str(getattr(ctx.request, "base_url", "") or "")
+            work = self._round(principal, params, accepted, sink, correlation_id, base_url)
+        else:
+            work = self._call(principal, rec.tool, arguments, sink, correlation_id)
+        call = asyncio.get_running_loop().create_task(self._outcome(rec, work, sink, correlation_id),
+                                                      context=context)
+        return rec, sink, call
+
+    def _track(self, rec: TaskRecord, sink: _Progress, call: asyncio.Task[Outcome]) -> None:
+        """Record ``call``'s outcome in the task's (stored) row when it ends; cancellations act on it."""
+        job = asyncio.get_running_loop().create_task(self._run(rec, sink, call))
         self._local[rec.task_id] = (job, sink)
         job.add_done_callback(lambda _job: self._local.pop(rec.task_id, None))
-        return rec
 
-    async def _run(self, rec: TaskRecord, principal: Principal, arguments: dict[str, Any], sink: _Progress,
-                   correlation_id: str) -> None:
+    async def _call(self, principal: Principal, tool: str, arguments: dict[str, Any], sink: _Progress,
+                    correlation_id: str) -> tuple[Answer, bool]:
+        answer = await self.answer(principal, tool, arguments, progress=sink, correlation_id=correlation_id)
+        return answer, False
+
+    async def _round(self, principal: Principal, params: Mapping[str, Any], state: RoundState,
+                     sink: _Progress, correlation_id: str, base_url: str) -> tuple[Answer, bool]:
+        """A round's accepting retry: answered as the call would answer it (``Rounds.answer``: spent,
+        audited, a confirmed proposal run); a person sent to a gated proposal's card is then followed
+        until the proposal is decided."""
+        assert self.rounds is not None
+        arguments = params.get("arguments")
+        answer = await self.rounds.answer(
+            principal, str(params["name"]), arguments if isinstance(arguments, Mapping) else None,
+            params.get("requestState"), params.get("inputResponses"), correlation_id=correlation_id,
+            client=mcp_client_var.get(), progress=sink, base_url=base_url)
+        if state.mode != "url":
+            return (answer if isinstance(answer, Answer) else await off_loop(Answer.cleaned, answer)), False
+        return await self._follow(state.proposal_id, sink)
+
+    async def _follow(self, proposal_id: str, sink: _Progress) -> tuple[Answer, bool]:
+        """Follow a gated proposal until a human decides it (``mcp_tasks_2026.follow``), its wait shown as
+        the task's status message."""
+        assert self.rounds is not None
+        sink.follow_proposal()
+
+        async def waiting(message: str) -> None:
+            if sink.stored:
+                await off_loop(self.table.progress, sink.task_id, 0.0, message, self.clock())
+
+        return await extension.follow(self.rounds.flow.store, proposal_id, clock=self.clock,
+                                      stopped=lambda: sink.cancel_asked, waiting=waiting,
+                                      note=STOPPED_FOLLOWING)
+
+    async def _outcome(self, rec: TaskRecord, work: Awaitable[tuple[Answer, bool]], sink: _Progress,
+                       correlation_id: str) -> Outcome:
+        """What the task's call came to, as its row records it (errors are the tool's result)."""
+        try:
+            answer, failed = await work
+            if sink.following and sink.cancel_asked:
+                return "cancelled", answer.text, False, STOPPED_FOLLOWING
+            return "completed", answer.text, failed, None
+        except GatewayError as exc:
+            status = "cancelled" if sink.cancel_asked else "failed"
+            return status, Answer.of({"error": exc.to_wire()}).text, True, exc.message[:512]
+        except Exception:
+            log.exception("task %s (%s) failed (correlation id %s)", rec.task_id, rec.tool, correlation_id)
+            message = f"internal error (see server log, correlation id {correlation_id})"
+            text = Answer.of({"error": {"code": "internal", "message": message}}).text
+            return "failed", text, True, message
+
+    async def _run(self, rec: TaskRecord, sink: _Progress, call: asyncio.Task[Outcome]) -> None:
         watcher = asyncio.get_running_loop().create_task(self._watch_cancel(rec.task_id, sink))
         try:
-            try:
-                answer = await self.answer(principal, rec.tool, arguments, progress=sink,
-                                           correlation_id=correlation_id)
-                status, text, failed, message = "completed", answer.text, False, None
-            except GatewayError as exc:
-                status = "cancelled" if sink.cancel_asked else "failed"
-                text, failed, message = Answer.of({"error": exc.to_wire()}).text, True, exc.message[:512]
-            except Exception:
-                log.exception("task %s (%s) failed (correlation id %s)", rec.task_id, rec.tool,
-                              correlation_id)
-                message = f"internal error (see server log, correlation id {correlation_id})"
-                text = Answer.of({"error": {"code": "internal", "message": message}}).text
-                status, failed = "failed", True
+            status, text, failed, message = await call
             await off_loop(self.table.finish, rec.task_id, status, text, failed=failed, message=message,
                            now=self.clock())
         finally:

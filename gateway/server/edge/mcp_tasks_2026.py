@@ -4,13 +4,21 @@ A client that declares the extension on a request may get a task handle (``resul
 the call; ``tasks/get`` shows it, with the tool's result once it ended; ``tasks/cancel`` stops it and
 ``tasks/update`` answers its input requests (this gateway's tasks never ask). No ``tasks/result`` or
 ``tasks/list``. ``mcp_tasks.TaskRunner`` serves both revisions from one store; this is what differs.
+
+A call that must ask the person at the client asks before any task is made, as the extension composes
+the multi-round-trip pattern with tasks: its first answer is ``input_required`` (``asked``: an
+elicitation and the sealed ``requestState``, never a ``taskId``), and only the retry carrying the
+person's accepting answer is made a task (``resultType: "task"``, never a ``requestState``): a confirmed
+proposal runs in it, and a gated one, whose person was sent to its card, is followed (``follow``) until a
+human decides it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import mcp_types as types
 from mcp.server.context import HandlerResult, ServerRequestContext
@@ -18,6 +26,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
+from gateway.answer import Answer
+from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
+from gateway.server.base.context import off_loop
+from gateway.server.proposals.elicitation import ROUND_KEY, Ask
+from gateway.server.proposals.views import proposal_view
 from gateway.store.task_records import TaskRecord
 
 EXTENSION: Final = "io.modelcontextprotocol/tasks"
@@ -118,3 +131,56 @@ def detailed(rec: TaskRecord) -> dict[str, Any]:
     if wire["status"] == "completed":
         wire["result"] = {"content": [{"type": "text", "text": rec.result or "{}"}], "isError": rec.failed}
     return wire
+
+
+def input_required(asked: Ask, request_state: str) -> types.InputRequiredResult:
+    """The first round's answer on 2026-07-28: the question for the person, and the sealed state."""
+    params: types.ElicitRequestParams
+    if asked.mode == "url" and asked.url is not None:
+        params = types.ElicitRequestURLParams(message=asked.message, url=asked.url)
+    else:
+        params = types.ElicitRequestFormParams(message=asked.message,
+                                               requested_schema=asked.schema or {"type": "object"})
+    return types.InputRequiredResult(input_requests={ROUND_KEY: types.ElicitRequest(params=params)},
+                                     request_state=request_state)
+
+
+def asked(question: Ask, request_state: str, server_info: dict[str, Any]) -> dict[str, Any]:
+    """``input_required`` as the answer of a task tool's call (the edge's middleware answers it, so it is
+    stamped here, as the SDK stamps every 2026-07-28 result)."""
+    wire = input_required(question, request_state).model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {**wire, "_meta": {types.SERVER_INFO_META_KEY: server_info}}
+
+
+class Proposals(Protocol):
+    """Where a followed proposal is read (the state store)."""
+
+    def get_proposal(self, proposal_id: str) -> Proposal | None: ...
+
+
+async def follow(store: Proposals, proposal_id: str, *, clock: Callable[[], float],
+                 stopped: Callable[[], bool], waiting: Callable[[str], Awaitable[None]],
+                 note: str) -> tuple[Answer, bool]:
+    """The end of a gated proposal a human decides on its card (through any replica), read from the store
+    every ``POLL_MS``: the proposal as shown (run, denied, expired, ...) and whether it is an error
+    (its run failed, or its outcome is unknown); or, once ``stopped()``, as it is then, with ``note``.
+    ``waiting`` is told each new state it waits in."""
+    shown = ""
+    while True:
+        proposal = await off_loop(store.get_proposal, proposal_id)
+        now = clock()
+        if proposal is None:
+            gone = {"error": {"code": "not_found", "message": f"proposal {proposal_id} is gone"}}
+            return await off_loop(Answer.of, gone), True
+        overdue = proposal.state in OPEN_STATES and now >= proposal.expires_at
+        if proposal.state in FINAL_STATES or overdue or stopped():
+            break
+        message = f"proposal {proposal_id} is {proposal.state}: waiting for its approval on its card"
+        if message != shown:
+            shown = message
+            await waiting(message)
+        await asyncio.sleep(POLL_MS / 1000)
+    view = await off_loop(proposal_view, proposal, now)  # redacted: regexes, never on the loop
+    if proposal.state not in FINAL_STATES:
+        view.update({"state": "expired"} if overdue else {"note": note})  # the sweeper moves it so soon
+    return await off_loop(Answer.cleaned, view), proposal.state in ("failed", "outcome_unknown")

@@ -6,8 +6,11 @@ state. The state (``RoundState``) names the proposal, the caller's stable key, t
 call's arguments as sent, the elicitation's mode, its expiry (the proposal's) and, where the person's
 answer may hand the agent its token, the token. The client can neither read nor change it: it is
 sealed with AES-256-GCM under a key derived (HKDF-SHA256) from the secret the state store keeps for every
-replica (``gateway.store.request_states``), so any replica opens what another sealed; an operator's
-own secret may be mixed in (``pepper``), so that reading the store is not enough to seal one.
+replica (``gateway.store.request_states``), so any replica opens what another sealed. The operator's own
+secret (``pepper``: GATEWAY_REQUEST_STATE_SECRET or its _FILE, ``Settings.request_state_secret``) is
+mixed in as HKDF's salt, so reading the store is not enough to seal one; a state sealed under another
+pepper (a replica set otherwise) is refused as changed (``request_state_invalid``). The pepper lives in
+the process only: never in the store, a row, a log line, an answer or an error.
 
 ``open_state`` and ``check_state`` refuse with typed errors (``confirmation_invalid`` or
 ``confirmation_expired``, and a ``reason_code``): a state that is not one of ours or was changed
@@ -55,6 +58,7 @@ from gateway.server.proposals.elicitation import (
     without_token,
 )
 from gateway.server.proposals.views import pending_answer
+from gateway.settings import REQUEST_STATE_SECRET_BYTES
 from gateway.store.base import StateStore
 from gateway.store.request_states import RequestStates
 
@@ -123,6 +127,9 @@ class Sealer:
     def __init__(self, secret: bytes, *, pepper: bytes | None = None) -> None:
         if len(secret) < 32:
             raise ValueError("the request-state secret must be at least 32 bytes")
+        if pepper is not None and len(pepper) < REQUEST_STATE_SECRET_BYTES:  # ``Settings`` refuses it first
+            raise ValueError(f"the operator's request-state secret must be at least "
+                             f"{REQUEST_STATE_SECRET_BYTES} bytes")
         key = HKDF(algorithm=SHA256(), length=32, salt=pepper, info=_INFO).derive(secret)
         self._kid = hashlib.sha256(b"kid:" + key).digest()[:_KID_LEN]
         self._aead = AESGCM(key)
@@ -201,8 +208,9 @@ class Rounds:
         self.states = states
         self.flow = flow
         self.facts = facts
-        #: an operator's secret mixed into the key (None: the store's secret alone)
-        self.pepper = pepper
+        #: the operator's secret mixed into the key (``Settings.request_state_secret``; None: the store's
+        #: secret alone); kept out of ``repr`` and never written anywhere
+        self._pepper = pepper
         #: the proposals' clock: a state expires with its proposal
         self.clock = clock or facts.clock
         self._sealer: Sealer | None = None
@@ -212,7 +220,7 @@ class Rounds:
         """The sealer under the store's shared secret (read once, off the loop)."""
         if self._sealer is None:
             secret = await off_loop(self.states.secret, self.clock())
-            self._sealer = Sealer(secret, pepper=self.pepper)
+            self._sealer = Sealer(secret, pepper=self._pepper)
         return self._sealer
 
     async def seal(self, principal: Principal, tool: str, arguments: Mapping[str, Any] | None,
@@ -222,6 +230,19 @@ class Rounds:
                            wire_digest(tool, arguments), asked.mode, asked.proposal.expires_at,
                            asked.confirm_by, asked.token, asked.dry_run)
         return (await self.sealer()).seal(state)
+
+    async def peek(self, principal: Principal, tool: str, arguments: Mapping[str, Any] | None,
+                   wire: object) -> RoundState | None:
+        """The state a retry carries, opened and checked as ``answer`` checks it but neither spent nor
+        audited (the edge decides from it whether the answer becomes a task); None for any state
+        ``answer`` would refuse, which it then refuses and audits."""
+        try:
+            state = (await self.sealer()).open(wire)
+            check_state(state, caller=key_of(principal), tool=tool, args_digest=wire_digest(tool, arguments),
+                        now=self.clock())
+        except GatewayError:
+            return None
+        return state
 
     async def answer(self, principal: Principal, tool: str, arguments: Mapping[str, Any] | None,
                      wire: str | None, responses: Mapping[str, Any] | None, *, correlation_id: str | None,

@@ -4,26 +4,35 @@ The real client in its default mode, the real server and the simulator: a clone 
 completion from a new client session; another is cancelled in vSphere (the launcher's slow tasks honour
 CancelTask); other callers can neither see, answer nor cancel a task, and a task showing its caller's name
 under another key is not its caller's; each revision keeps its own task methods; another replica answers
-and passes a cancellation on. The installed SDK declares extensions but ships no tasks extension, so its
-wire shapes (from the extension's schema) are written here as the SDK's ``ClientExtension`` and models."""
+and passes a cancellation on. The person at the client is asked before any task is made: a clone on a
+gated ``confirm_by: elicitation`` target sends the client's person to the card first (the person approves
+there, on the real page), and only the accepting retry becomes a task, which ends once the clone ran; a
+declined one runs nothing and leaves no task; a client that can be asked still gets a task where nobody
+need be. The installed SDK declares extensions but ships no tasks extension, so its wire shapes (from the
+extension's schema) are written here as the SDK's ``ClientExtension`` and models."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 from support.httpserver import Served, audit_rows, build_gateway, mcp_client, serve
 from support.simulator import MakeSimulator, count_vms_named, pyvmomi_connect
+from support.webserver import WebServer, decide, signed_in, web_server
 
 from gateway.auth.principal import CallerKey
 from gateway.store.task_records import TaskRecord
@@ -109,8 +118,90 @@ class Tasks(ClientExtension):
         return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=_not_resolved),)
 
 
-def tasks_client(served: Served, token: str, mode: str = "auto") -> Any:
-    return mcp_client(served, token, mode, extensions=[Tasks()])
+def tasks_client(served: Served, token: str, mode: str = "auto", **options: Any) -> Any:
+    return mcp_client(served, token, mode, extensions=[Tasks()], **options)
+
+
+class PollingTasks(ClientExtension):
+    """The extension as a client running in its default mode uses it: a task handle is polled with
+    tasks/get until it ends, and the call answers with the task's result (``made`` keeps each handle)."""
+
+    identifier = EXTENSION
+
+    def __init__(self) -> None:
+        self.made: list[CreateTaskResult] = []
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=self._resolve),)
+
+    async def _resolve(self, created: CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:
+        self.made.append(created)
+        deadline = time.monotonic() + 60
+        while True:
+            task = await ctx.session.send_request(GetTask(params=TaskParams(task_id=created.task_id)),
+                                                  GetTaskResult)
+            if task.status != "working":
+                assert task.result is not None, task
+                return types.CallToolResult.model_validate(task.result)
+            assert time.monotonic() < deadline, f"the task never ended: {task}"
+            await asyncio.sleep(0.1)
+
+
+class CardPerson:
+    """The person at the client, sent to the proposal's card: approves it there on the real page (as
+    ``approver``) and answers ``accept``, or declines without opening it. ``tasks_when_asked``: how many
+    tasks existed when they were asked."""
+
+    def __init__(self, web: WebServer, *, approver: str | None) -> None:
+        self.web, self.approver = web, approver
+        self.asked: list[types.ElicitRequestParams] = []
+        self.tasks_when_asked: list[int] = []
+
+    async def __call__(self, _ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params)
+        self.tasks_when_asked.append(task_count(self.web))
+        if self.approver is None or not isinstance(params, types.ElicitRequestURLParams):
+            return types.ElicitResult(action="decline")
+        proposal_id = params.url.split("#proposal=", 1)[1]
+        async with signed_in(self.web, self.approver) as (page, csrf):
+            approved = await decide(page, self.web, csrf, proposal_id, "approve")
+        assert approved.status_code == 200, approved.text
+        return types.ElicitResult(action="accept")
+
+
+def task_count(web: WebServer) -> int:
+    """How many MCP tasks the gateway's store holds (any caller's)."""
+    rows = web.gateway.backends.tasks.store._read("count tasks", "SELECT COUNT(*) AS n FROM mcp_tasks")
+    return int(rows[0]["n"])
+
+
+#: the approval page's rules, with lab-vc gated for writes and confirmed by the person at the client
+GATED_LAB = """\
+defaults:
+  destructive: allow
+  max_calls_per_minute:
+    write: null
+    destructive: null
+targets:
+  "lab-vc":
+    write: require_approval
+    confirm_by: elicitation
+protected: []
+rules: []
+maintenance_windows: []
+"""
+
+
+@asynccontextmanager
+async def web_client(web: WebServer, who: str, extension: ClientExtension,
+                     person: Any) -> AsyncIterator[Client]:
+    """``who``'s SDK client in its default mode, with the tasks extension and an elicitation callback."""
+    token = {"Authorization": f"Bearer {web.tokens[who]}"}
+    http = httpx2.AsyncClient(verify=web.tls(), timeout=60, headers=token)
+    transport = streamable_http_client(f"{web.origin}/mcp", http_client=http)
+    options = {"extensions": [extension], "elicitation_callback": person}
+    async with http, Client(transport, mode="auto", **options) as client:
+        yield client
 
 
 async def start_clone(client: Client, name: str, **more: Any) -> CreateTaskResult:
@@ -379,3 +470,138 @@ async def test_any_replica_answers_for_a_task_and_passes_its_cancellation_on(
     assert count_vms_named(pyvmomi_connect(sim), "replica-cancelled") == 0
     outcomes = sorted(r["outcome"] for r in rows if r.get("phase") == "task_cancel")
     assert outcomes == ["cancelled", "passed_on"]  # asked on B, done on A
+
+
+async def test_the_person_is_asked_before_a_task_and_only_the_accepting_retry_is_the_task(
+    tmp_path: Path, vcsim_bin: Path
+) -> None:
+    """A clone on a gated ``confirm_by: elicitation`` target: the client's elicitation callback is asked
+    first (the URL of the proposal's card, while no task exists); the person approves on the page and
+    accepts; the retry is the task, which ends with the proposal run: the clone exists once."""
+    with web_server(tmp_path, vcsim_bin, rules=GATED_LAB) as web:
+        lab = web.sims["lab"]
+        arguments = {"target": "lab-vc", "vm": lab.vm_names()[0], "name": "asked-clone"}
+        person, tasks = CardPerson(web, approver="alice"), PollingTasks()
+        async with web_client(web, "adam", tasks, person) as client:
+            result = await client.call_tool("clone_vm", arguments)
+            version = client.protocol_version
+        rows = web.audit_rows()
+        (made,) = tasks.made
+        kept = task_count(web)
+        clones = count_vms_named(pyvmomi_connect(lab), "asked-clone")
+    assert version == "2026-07-28"
+    (asked,) = person.asked
+    assert isinstance(asked, types.ElicitRequestURLParams) and "/ui#proposal=" in asked.url
+    assert person.tasks_when_asked == [0]  # asked before any task was made
+    assert (made.status, kept) == ("working", 1) and not (made.model_extra or {}).get("requestState")
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert result.is_error is False and answer["state"] == "executed", answer
+    assert answer["proposal_id"] == asked.url.split("#proposal=", 1)[1]
+    assert clones == 1  # run once, by the approval
+    assert [r["answer"] for r in rows if r.get("phase") == "elicited"] == ["accept"]
+    assert len([r for r in rows if r.get("phase") == "executed"]) == 1
+
+
+async def test_a_declined_round_runs_nothing_and_leaves_no_task(tmp_path: Path, vcsim_bin: Path) -> None:
+    with web_server(tmp_path, vcsim_bin, rules=GATED_LAB) as web:
+        lab = web.sims["lab"]
+        arguments = {"target": "lab-vc", "vm": lab.vm_names()[0], "name": "declined-clone"}
+        person, tasks = CardPerson(web, approver=None), PollingTasks()
+        async with web_client(web, "adam", tasks, person) as client:
+            result = await client.call_tool("clone_vm", arguments)
+        rows = web.audit_rows()
+        kept = task_count(web)
+        clones = count_vms_named(pyvmomi_connect(lab), "declined-clone")
+    assert len(person.asked) == 1 and tasks.made == [] and kept == 0
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer["state"] == "pending" and answer["person_asked"] == "decline", answer
+    assert clones == 0
+    assert [r["answer"] for r in rows if r.get("phase") == "elicited"] == ["decline"]
+    assert not [r for r in rows if r.get("phase") in ("executing", "approved")]
+
+
+async def test_a_client_that_can_be_asked_gets_a_task_where_nobody_need_be(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    sim = make_simulator(vms=1)
+    rules = {"defaults": {"read": "allow", "write": "allow", "destructive": "allow",
+                          "confirm_by": "elicitation"}}
+    gateway = build_gateway(tmp_path, sim, rules)
+    served = serve(tmp_path, gateway)
+    asked: list[Any] = []
+
+    async def person(_ctx: Any, params: Any) -> types.ElicitResult:
+        asked.append(params)
+        return types.ElicitResult(action="decline")
+
+    try:
+        async with tasks_client(served, served.tokens["alice"], elicitation_callback=person) as client:
+            created = await start_clone(client, "unasked-clone")
+            done = await poll(client, created.task_id, lambda t: t.status != "working")
+    finally:
+        served.stop()
+        await gateway.close()
+    assert asked == [] and created.status == "working"
+    assert done.status == "completed" and done.result is not None and done.result["isError"] is False, done
+    assert count_vms_named(pyvmomi_connect(sim), "unasked-clone") == 1
+
+
+async def _never_asked(_ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    raise AssertionError("these tests answer the round themselves")
+
+
+async def _accepted_task(client: Client, arguments: dict[str, Any]) -> tuple[str, CreateTaskResult]:
+    """The rounds of a gated clone driven by hand: the card's URL, then the accepting retry's task."""
+    first = await client.session.call_tool("clone_vm", arguments, allow_input_required=True)
+    assert isinstance(first, types.InputRequiredResult) and first.request_state is not None, first
+    request = (first.input_requests or {})["confirm"]
+    assert isinstance(request, types.ElicitRequest)
+    assert isinstance(request.params, types.ElicitRequestURLParams)
+    accept: dict[str, types.InputResponse] = {"confirm": types.ElicitResult(action="accept")}
+    created = await client.session.call_tool("clone_vm", arguments, input_responses=accept,
+                                             request_state=first.request_state, allow_claimed=True)
+    assert isinstance(created, CreateTaskResult), created
+    return request.params.url.split("#proposal=", 1)[1], created
+
+
+async def test_a_task_follows_its_proposal_until_a_human_approves_it(tmp_path: Path, vcsim_bin: Path) -> None:
+    with web_server(tmp_path, vcsim_bin, rules=GATED_LAB) as web:
+        lab = web.sims["lab"]
+        arguments = {"target": "lab-vc", "vm": lab.vm_names()[0], "name": "approved-later"}
+        async with web_client(web, "adam", Tasks(), _never_asked) as client:
+            proposal_id, created = await _accepted_task(client, arguments)
+            waiting = await poll(client, created.task_id, lambda t: "waiting" in (t.status_message or ""))
+            assert count_vms_named(pyvmomi_connect(lab), "approved-later") == 0  # nothing ran yet
+            async with signed_in(web, "alice") as (page, csrf):
+                approved = await decide(page, web, csrf, proposal_id, "approve")
+            done = await poll(client, created.task_id, lambda t: t.status != "working")
+        clones = count_vms_named(pyvmomi_connect(lab), "approved-later")
+    assert approved.status_code == 200, approved.text
+    assert waiting.status == "working" and proposal_id in (waiting.status_message or "")
+    assert created.ttl_ms is not None and created.ttl_ms > 3_600_000  # kept past the proposal's expiry
+    assert done.status == "completed" and done.result is not None and done.result["isError"] is False, done
+    shown = json.loads(done.result["content"][0]["text"])
+    assert (shown["state"], shown["proposal_id"], shown["approved_by"]) == ("executed", proposal_id, "alice")
+    assert clones == 1
+
+
+async def test_cancelling_a_task_that_follows_a_proposal_stops_following_and_runs_nothing(
+    tmp_path: Path, vcsim_bin: Path
+) -> None:
+    with web_server(tmp_path, vcsim_bin, rules=GATED_LAB) as web:
+        lab = web.sims["lab"]
+        arguments = {"target": "lab-vc", "vm": lab.vm_names()[0], "name": "unfollowed"}
+        async with web_client(web, "adam", Tasks(), _never_asked) as client:
+            proposal_id, created = await _accepted_task(client, arguments)
+            await poll(client, created.task_id, lambda t: "waiting" in (t.status_message or ""))
+            ack = await client.session.send_request(CancelTask(params=TaskParams(task_id=created.task_id)),
+                                                    types.EmptyResult)
+            ended = await poll(client, created.task_id, lambda t: t.status != "working")
+        state = web.proposal_state(proposal_id)
+        rows = web.audit_rows()
+        clones = count_vms_named(pyvmomi_connect(lab), "unfollowed")
+    assert ack.result_type == "complete"
+    assert ended.status == "cancelled" and "cancel_action" in (ended.status_message or ""), ended
+    assert state == "pending" and clones == 0  # the proposal waits on, nothing ran
+    (row,) = [r for r in rows if r.get("phase") == "task_cancel"]
+    assert (row["task_id"], row["outcome"]) == (created.task_id, "cancelled")
