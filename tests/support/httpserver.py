@@ -136,6 +136,19 @@ def build_gateway(
     return Gateway.build(replace(base, **{"enable_destructive": True, **settings}))
 
 
+@asynccontextmanager
+async def served_gateway(tmp: Path, sim: Any, rules: Mapping[str, Any] | None = None,
+                         **settings: Any) -> AsyncIterator[Served]:
+    """``build_gateway`` over ``sim`` served over HTTPS, stopped and closed on the way out."""
+    gateway = build_gateway(tmp, sim, rules, **settings)
+    served = serve(tmp, gateway)
+    try:
+        yield served
+    finally:
+        served.stop()
+        await gateway.close()
+
+
 READER_ROLES = """roles:
   vc1-reader: {tools: read, allow_write: [], allow_destructive: [], targets: [vc1], approve: none}
 """

@@ -20,7 +20,7 @@ import httpx2
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
-from support.httpserver import audit_rows, build_gateway, serve
+from support.httpserver import audit_rows, served_gateway
 from support.simulator import MakeSimulator, count_vms_named, pyvmomi_connect
 
 from gateway.server.edge.mcp_task_notices import notice_of, requested_ids
@@ -78,24 +78,19 @@ async def test_a_listen_follows_the_callers_task_to_its_result_and_then_ends(
 ) -> None:
     sim = make_simulator(vms=1)
     sim.control("/slow-task", {"method": "CloneVM_Task", "seconds": 2, "count": 1})
-    gateway = build_gateway(tmp_path, sim)
-    served = serve(tmp_path, gateway)
     seen: list[dict[str, Any]] = []
-    try:
-        async with served.http() as http:
-            alice, bob = served.tokens["alice"], served.tokens["bob"]
-            task_id = await start_clone(http, alice, "noticed-clone")
-            started = time.monotonic()
-            async with listen(http, alice, [task_id, "no-such-task"]) as answer:
-                content_type = answer.headers["content-type"]
-                async for message in messages(answer):
-                    seen.append(message)
-                    assert time.monotonic() - started < 60, seen
-            async with listen(http, bob, [task_id]) as other:  # another caller names alice's task
-                theirs = [message async for message in messages(other)]
-    finally:
-        served.stop()
-        await gateway.close()
+    async with served_gateway(tmp_path, sim) as served, served.http() as http:
+        alice, bob = served.tokens["alice"], served.tokens["bob"]
+        task_id = await start_clone(http, alice, "noticed-clone")
+        started = time.monotonic()
+        async with listen(http, alice, [task_id, "no-such-task"]) as answer:
+            content_type = answer.headers["content-type"]
+            async for message in messages(answer):
+                seen.append(message)
+                assert time.monotonic() - started < 60, seen
+        async with listen(http, bob, [task_id]) as other:  # another caller names alice's task
+            theirs = [message async for message in messages(other)]
+        rows = audit_rows(served.gateway)
     assert content_type.startswith("text/event-stream")
     ack, *notices, end = seen
     assert ack["method"] == "notifications/subscriptions/acknowledged", ack
@@ -111,7 +106,7 @@ async def test_a_listen_follows_the_callers_task_to_its_result_and_then_ends(
     assert count_vms_named(pyvmomi_connect(sim), "noticed-clone") == 1
     their_ack, their_end = theirs  # nothing of alice's task is shown to bob, and the stream ends
     assert their_ack["params"]["notifications"] == {"taskIds": []} and "result" in their_end
-    refusals = [r for r in audit_rows(gateway) if r.get("tool") == "subscriptions/listen"]
+    refusals = [r for r in rows if r.get("tool") == "subscriptions/listen"]
     assert [(r["caller"], r["reason_code"], r["task_ids"]) for r in refusals] == \
         [("alice", "not_your_task", 1), ("bob", "not_your_task", 1)]
 
@@ -119,19 +114,12 @@ async def test_a_listen_follows_the_callers_task_to_its_result_and_then_ends(
 async def test_a_listen_for_tasks_without_the_extension_is_refused(
     tmp_path: Path, make_simulator: MakeSimulator
 ) -> None:
-    sim = make_simulator(vms=1)
-    gateway = build_gateway(tmp_path, sim)
-    served = serve(tmp_path, gateway)
-    try:
-        async with served.http() as http:
-            async with listen(http, served.tokens["alice"], ["any"], extension=False) as answer:
-                status, body = answer.status_code, json.loads(await answer.aread())
-            discovered = await http.post("/mcp", headers=headers(served.tokens["alice"], "server/discover"),
-                                         json={"jsonrpc": "2.0", "id": 2, "method": "server/discover",
-                                               "params": {"_meta": envelope(True)}})
-    finally:
-        served.stop()
-        await gateway.close()
+    async with served_gateway(tmp_path, make_simulator(vms=1)) as served, served.http() as http:
+        async with listen(http, served.tokens["alice"], ["any"], extension=False) as answer:
+            status, body = answer.status_code, json.loads(await answer.aread())
+        discovered = await http.post("/mcp", headers=headers(served.tokens["alice"], "server/discover"),
+                                     json={"jsonrpc": "2.0", "id": 2, "method": "server/discover",
+                                           "params": {"_meta": envelope(True)}})
     assert status in (200, 400) and body["error"]["code"] == -32021, body
     assert body["error"]["data"] == {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
     tools = discovered.json()["result"]["capabilities"]["tools"]
