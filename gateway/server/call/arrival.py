@@ -5,8 +5,9 @@ audited by the gate, every call is a metric, every vSphere call queues in its ca
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -89,47 +90,55 @@ class Calls:
             )
         assert spec is not None
         ctx = CallContext(principal, actor, spec, correlation_id, client)
-        outcome, target = "error", target_label(args)
         # every vSphere call this tool call makes queues in this caller's share (its key, or with
         # ``fair_share: person`` the person it acts for), on every target it reaches
-        with queue_for(principal, actor.role):
+        with queue_for(principal, actor.role), self.observed(spec.name, args, ctx.started):
+            # the gate, once: a change names its one target here (reads decide per target once resolved)
+            ref = (args or {}).get("target")
+            single = spec.kind is not Category.READ and isinstance(ref, str) and ref != ALL
+            at_gate = self.facts.facts(
+                Entry.LOCAL if spec.target_mode == "none" else entry_of(spec),
+                actor,
+                spec,
+                args or {},
+                target=ref if single else None,
+                resolved=False,
+            )
+            verdict = self.gate.decide(at_gate, spec.name)
+            if not verdict.allowed and single:
+                await self.gate.count_refused_change(ctx, str(ref), args)
+            await self.gate.enforce(ctx, verdict, at_gate, args)
             try:
-                # the gate, once: a change names its one target here (reads decide per target once resolved)
-                ref = (args or {}).get("target")
-                single = spec.kind is not Category.READ and isinstance(ref, str) and ref != ALL
-                at_gate = self.facts.facts(
-                    Entry.LOCAL if spec.target_mode == "none" else entry_of(spec),
-                    actor,
-                    spec,
-                    args or {},
-                    target=ref if single else None,
-                    resolved=False,
-                )
-                verdict = self.gate.decide(at_gate, spec.name)
-                if not verdict.allowed and single:
-                    await self.gate.count_refused_change(ctx, str(ref), args)
-                await self.gate.enforce(ctx, verdict, at_gate, args)
-                try:
-                    valid = spec.validate(args)
-                except InvalidArgument as exc:
-                    await self.gate.refused(ctx, args, exc)
-                # a read's own row is committed in a group (``audit_trail``): its answer waits for the
-                # row to be in the log, not for the disk flush; a change's rows never are
-                was_reading = reading.set(spec.kind is Category.READ)
-                try:
-                    result = await self._handler_for(spec)(ctx, valid, progress)
-                finally:
-                    reading.reset(was_reading)
-                outcome = "ok"
-                return result if isinstance(result, Answer) else Answer.cleaned(result)
-            except GatewayError as exc:
-                outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
-                raise
+                valid = spec.validate(args)
+            except InvalidArgument as exc:
+                await self.gate.refused(ctx, args, exc)
+            # a read's own row is committed in a group (``audit_trail``): its answer waits for the
+            # row to be in the log, not for the disk flush; a change's rows never are
+            was_reading = reading.set(spec.kind is Category.READ)
+            try:
+                result = await self._handler_for(spec)(ctx, valid, progress)
             finally:
-                # metric labels only from configured names: raw caller input never becomes a label value
-                known = target in self.targets or target == ALL
-                label = "-" if target is None else target if known else "unknown"
-                self.metrics.observe_call(spec.name, label, outcome, time.monotonic() - ctx.started)
+                reading.reset(was_reading)
+            return result if isinstance(result, Answer) else Answer.cleaned(result)
+
+    @contextlib.contextmanager
+    def observed(self, tool: str, args: Mapping[str, Any] | None,
+                 started: float | None = None) -> Iterator[None]:
+        """Count what runs inside as one call of ``tool`` in the call metric: ``ok``, ``denied`` (a refusal
+        by policy, role or rate) or ``error``, and how long it took (from ``started``, monotonic). The
+        metric's labels come only from configured names: raw caller input never becomes a label value."""
+        began = time.monotonic() if started is None else started
+        outcome, target = "error", target_label(args)
+        try:
+            yield
+            outcome = "ok"
+        except GatewayError as exc:
+            outcome = "denied" if exc.code in _METRIC_DENIALS else "error"
+            raise
+        finally:
+            known = target in self.targets or target == ALL
+            label = "-" if target is None else target if known else "unknown"
+            self.metrics.observe_call(tool, label, outcome, time.monotonic() - began)
 
     async def call(self, principal: Principal, name: str, args: Mapping[str, Any] | None,
                    **options: Any) -> dict[str, Any]:

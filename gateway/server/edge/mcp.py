@@ -37,6 +37,7 @@ import re
 import secrets
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -102,6 +103,8 @@ class Answers(Protocol):
         self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
         progress: ProgressSink | None = None, correlation_id: str | None = None,
     ) -> Answer: ...
+
+    def observed(self, tool: str, args: Mapping[str, Any] | None) -> AbstractContextManager[None]: ...
 
 
 class McpGateway(Protocol):
@@ -257,10 +260,11 @@ class _Handlers:
         with self.in_flight, tracing.call_span("tools/call", params.name, ctx.meta):
             try:
                 if self.rounds is not None and _is_retry(ctx, params):
-                    again = await self.rounds.answer(
-                        principal, params.name, params.arguments, params.request_state,
-                        params.input_responses, correlation_id=correlation_id, client=client, progress=sink,
-                        base_url=asker.base_url if asker is not None else "")
+                    with self.gateway.calls.observed(params.name, params.arguments):  # the call's 2nd round
+                        again = await self.rounds.answer(
+                            principal, params.name, params.arguments, params.request_state,
+                            params.input_responses, correlation_id=correlation_id, client=client,
+                            progress=sink, base_url=asker.base_url if asker is not None else "")
                     return success_result(again if isinstance(again, Answer) else Answer.cleaned(again))
                 arguments = key_from_meta(ctx.meta, params.arguments or {})  # the argument wins
                 answer = await self.gateway.calls.answer(principal, params.name, arguments,

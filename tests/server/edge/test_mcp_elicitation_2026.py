@@ -123,7 +123,9 @@ async def test_the_person_confirms_a_delete_in_a_round(tmp_path: Path, sim: Simu
         assert (executing["proposal_id"], executing["caller"]) == (proposed["proposal_id"], "alice")
         assert len(_rows(served, "executed")) == 1
         assert not _rows(served, "denied")
+        calls = served.gateway.metrics.render()  # the first round and its retry: two rounds of one call
     assert not vm_exists(sim, vm)
+    assert 'gateway_tool_calls_total{outcome="ok",target="vc1",tool="delete_vm"} 2.0' in calls
 
 
 async def test_the_person_declines_a_delete_in_a_round(tmp_path: Path, sim: Simulator) -> None:
