@@ -306,18 +306,18 @@ async def list_vms(client: Client, target: str) -> float:
 
 def mirror_medians(size: int, runs: int, before: str | None = None) -> tuple[int, dict[str, float]]:
     """(raw reply bytes, median seconds per column) at ``size`` VMs."""
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-answer-mirror-")))
+    with contextlib.ExitStack() as outer:
+        tmp = Path(outer.enter_context(tempfile.TemporaryDirectory(prefix="bench-answer-mirror-")))
         started = time.perf_counter()
         sim = start_simulator(binary=build_simulator(), hosts_per_cluster=3, standalone_hosts=1,
                               vms=max(1, size // 2), startup_timeout=3600)
-        stack.callback(sim.stop)
+        outer.callback(sim.stop)
         print(f"{size} VMs: simulator up in {time.perf_counter() - started:.0f}s", flush=True)
-        gateways = servers(stack, tmp, sim, {"mirror": sim.port, "stale": sim.port}, before)
+        gateways = servers(outer, tmp, sim, {"mirror": sim.port, "stale": sim.port}, before)
         target = Target(name="floor", host=sim.host, port=sim.port, insecure=True, timeout_seconds=600,
                         credential_env_prefix="FLOOR")
         pool = SessionPool(target, Credentials(sim.user, sim.password))
-        stack.callback(pool.close)
+        outer.callback(pool.close)
         reply_bytes = pool.run(lambda s: mirror_bench._with_view(s, mirror_bench.raw_floor))
         sync_timeout = 60 + size / 20
 
@@ -338,10 +338,23 @@ def mirror_medians(size: int, runs: int, before: str | None = None) -> tuple[int
                 def raw() -> int:
                     return pool.run(lambda s: mirror_bench._with_view(s, mirror_bench.raw_floor))
 
+                # the client's floor for this answer: the same bytes from a server that does nothing
+                listing = await clients["2026-07-28"].call_tool("list_vms", {"target": "mirror"})
+                _checked(listing, "list_vms on mirror")
+                canned_url = await asyncio.to_thread(serve_canned, outer, tmp, gateways[""].cert,
+                                                     listing.content[0].text)  # type: ignore[union-attr]
+                canned = await stack.enter_async_context(mcp_client(canned_url, gateways[""].cert, "auto"))
+
+                async def canned_call() -> float:
+                    started = time.perf_counter()
+                    _checked(await canned.call_tool("noop", {}), "the canned listing")
+                    return time.perf_counter() - started
+
                 columns: dict[str, Callable[[], Any]] = {
                     "raw floor": raw,
                     **{f"{name} {revision}": over_https(revision, name)
                        for revision in clients for name in ("mirror", "stale")},
+                    "canned": lambda: asyncio.run_coroutine_threadsafe(canned_call(), loop).result(),
                 }
                 return await asyncio.to_thread(mirror_bench.interleaved, columns, runs,
                                                lambda: sim.control("/gc"))
@@ -351,6 +364,58 @@ def mirror_medians(size: int, runs: int, before: str | None = None) -> tuple[int
             return reply_bytes, loop.run_until_complete(medians())
         finally:
             loop.close()
+
+
+#: ``CANNED_SERVER``'s answers with tools/call's text read from the file ``sys.argv[4]`` names, each
+#: encoded once at start (only a request's id is written per answer): the client's floor for that answer
+CANNED_LISTING_SERVER = """
+import json
+import logging
+import sys
+
+import uvicorn
+
+logging.disable(logging.INFO)
+exec(sys.argv[5])  # CANNED_SERVER's RESULTS and HEADERS (its own app is not used)
+RESULTS["tools/call"]["content"][0]["text"] = open(sys.argv[4], encoding="utf-8").read()
+ENCODED = {method: json.dumps(result, separators=(",", ":")).encode() for method, result in RESULTS.items()}
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    request = json.loads(body) if body else {}
+    if "id" not in request:
+        await send({"type": "http.response.start", "status": 202 if body else 200, "headers": HEADERS})
+        await send({"type": "http.response.body", "body": b"{}" if not body else b""})
+        return
+    out = b'{"jsonrpc":"2.0","id":%s,"result":%s}' % (json.dumps(request["id"]).encode(),
+                                                     ENCODED[request["method"]])
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [*HEADERS, (b"content-length", str(len(out)).encode())]})
+    await send({"type": "http.response.body", "body": out})
+
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            ssl_certfile=sys.argv[2], ssl_keyfile=sys.argv[3])
+"""
+
+
+def serve_canned(stack: contextlib.ExitStack, tmp: Path, cert: Path, text: str) -> str:
+    """``CANNED_LISTING_SERVER`` answering every tools/call with ``text`` (stopped by ``stack``); its URL."""
+    (tmp / "canned.json").write_text(text, encoding="utf-8")
+    tables = CANNED_SERVER[CANNED_SERVER.index("META = "):CANNED_SERVER.index("async def app")]
+    given = f"import sys\nsys.argv += {[str(tmp / 'canned.json'), tables]!r}\n"  # its argv[4] and [5]
+    return serve_bare(stack, cert, given + CANNED_LISTING_SERVER, "/mcp")
 
 
 #: the targets of the issue: list_vms from the mirror at most this share of the raw sweep
@@ -379,6 +444,9 @@ def mirror_rows(scale: list[int], runs: int, before: str | None = None) -> list[
                 value = medians[f"{name} {revision}"]
                 out.append((f"{label} {what}, {spoken}{when}{goal if name == 'mirror' and not when else ''}",
                             mirror_bench.ms(value), f"{value / raw:.2f}x"))
+        out.append((f"{label} the same answer's bytes to the SDK's client from a canned server (no server "
+                    "work: the client's floor), 2026-07-28", mirror_bench.ms(medians["canned"]),
+                    f"{medians['canned'] / raw:.2f}x"))
     return out
 
 

@@ -85,8 +85,11 @@ class Answer:
         appended to the text. ``key`` and ``item`` are the gateway's own (a name, a number)."""
         if key in self.value or not self.value or not self.text.endswith("}"):
             return Answer.cleaned({**self.value, key: item})
-        text, _ = encode_json({key: item})
-        return Answer({**self.value, key: item}, f"{self.text[:-1]},{text[1:]}")
+        tail = f",{encode_json({key: item})[0][1:]}"
+        # what is derived from the new text is derived from this answer's (its hash before the closing
+        # brace, its JSON string) and the short tail: a kept answer is hashed and encoded once however
+        # many answers are made of it
+        return Answer({**self.value, key: item}, f"{self.text[:-1]}{tail}", {_HEAD: self, _TAIL: tail})
 
     @classmethod
     def composed(cls, fields: Mapping[str, Any]) -> Answer:
@@ -102,20 +105,62 @@ class Answer:
         return answer_bytes(self.text)
 
     def fingerprint(self) -> tuple[str, int]:
-        """(sha256 hex, size in bytes) of ``data``, what an audit row keeps of this answer; computed once."""
+        """(sha256 hex, size in bytes) of ``data``, what an audit row keeps of this answer; computed once
+        (for an answer ``with_field`` made, from its head's hash and its tail)."""
         found: tuple[str, int] | None = self.derived.get("fingerprint")
         if found is None:
-            data = self.data
-            found = self.derived["fingerprint"] = (hashlib.sha256(data).hexdigest(), len(data))
+            head: Answer | None = self.derived.get(_HEAD)
+            if head is not None:
+                digest, size = head._open_digest()
+                tail = answer_bytes(self.derived[_TAIL])
+                digest.update(tail)
+                found = (digest.hexdigest(), size + len(tail))
+            elif self.text.endswith("}"):
+                digest, size = self._open_digest()
+                digest.update(b"}")
+                found = (digest.hexdigest(), size + 1)
+            else:
+                data = self.data
+                found = (hashlib.sha256(data).hexdigest(), len(data))
+            self.derived["fingerprint"] = found
         return found
+
+    def _open_digest(self) -> tuple[Any, int]:
+        """A sha256 of ``data`` without its closing brace, left open (a copy: the one kept is hashed
+        once), and that byte count. Only for a text ending in ``}``."""
+        found: tuple[Any, int] | None = self.derived.get(_OPEN)
+        if found is None:
+            data = memoryview(self.data)[:-1]
+            found = self.derived[_OPEN] = (hashlib.sha256(data), len(data))
+        return found[0].copy(), found[1]
 
     def json_string(self) -> bytes | None:
         """``text`` as a JSON string (its quotes included, UTF-8), as a JSON message carrying this answer
-        as a text holds it; computed once. None for a text orjson cannot encode (a lone surrogate)."""
+        as a text holds it; computed once. None for a text orjson cannot encode (a lone surrogate).
+
+        For an answer ``with_field`` made: its head's JSON string without the closing brace and quote,
+        then its tail's (a JSON string escapes each character on its own, so the pieces' escapes are
+        the whole's)."""
         if "json_string" not in self.derived:
+            head: Answer | None = self.derived.get(_HEAD)
+            encoded: bytes | None = None
             try:
-                self.derived["json_string"] = orjson.dumps(self.text)
+                if head is None:
+                    encoded = orjson.dumps(self.text)
+                else:
+                    start = head.json_string()
+                    if start is not None:  # one copy of the head's bytes, not a slice and a copy
+                        tail = orjson.dumps(self.derived[_TAIL])
+                        encoded = b"".join((memoryview(start)[:-2], memoryview(tail)[1:]))
             except TypeError:  # orjson.JSONEncodeError
-                self.derived["json_string"] = None
-        encoded: bytes | None = self.derived["json_string"]
-        return encoded
+                encoded = None
+            self.derived["json_string"] = encoded
+        found: bytes | None = self.derived["json_string"]
+        return found
+
+
+#: ``derived`` keys of an answer ``with_field`` made: the answer it extends and the text it appended
+_HEAD: Final = "head"
+_TAIL: Final = "tail"
+#: ``derived`` key of a text's open digest (``Answer._open_digest``)
+_OPEN: Final = "open_digest"

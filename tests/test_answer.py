@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 
+import orjson
 import pytest
 
 from gateway.answer import Answer, encode_json
@@ -61,3 +63,42 @@ def test_a_composed_answer_keeps_each_parts_text_and_its_text_is_its_values_enco
     assert part.text in whole.text  # the part's text as it is: not decoded, not encoded again
     assert whole.text == encode_json(whole.value)[0]
     assert whole.value == {"kind": "vms", "targets": part.value}
+
+
+@pytest.mark.parametrize("value", [{"vms": [{"name": "wéb"}], "count": 1}, {"name": "\ud800 lone"}])
+def test_an_answers_fingerprint_and_json_string_are_of_its_text(value: dict[str, object]) -> None:
+    answer = Answer.of(value)
+    data = answer.text.encode("utf-8", "surrogatepass")
+    assert answer.fingerprint() == (hashlib.sha256(data).hexdigest(), len(data))
+    try:
+        expected: bytes | None = orjson.dumps(answer.text)
+    except TypeError:
+        expected = None
+    assert answer.json_string() == expected
+
+
+@pytest.mark.parametrize("text", ["plain", "quote \" and \\ and \n", "wéb", "\ud800 lone surrogate"])
+def test_a_field_added_has_the_fingerprint_and_json_string_of_its_whole_text(text: str) -> None:
+    base = Answer.of({"vms": [{"name": text}], "count": 1})
+    for item in (0.125, 3.5):
+        added = base.copy().with_field("mirror_age_seconds", item)
+        data = added.text.encode("utf-8", "surrogatepass")
+        assert added.fingerprint() == (hashlib.sha256(data).hexdigest(), len(data))
+        try:
+            expected: bytes | None = orjson.dumps(added.text)
+        except TypeError:
+            expected = None
+        assert added.json_string() == expected
+        assert json.loads(added.json_string() or b'""') == (added.text if expected else "")
+
+
+def test_answers_made_of_a_kept_answer_hash_its_text_once() -> None:
+    """A mirror's kept answer is sent with a new ``mirror_age_seconds`` each time: the kept text is hashed
+    once (its digest before the closing brace, kept with it and its copies), each answer hashes only its
+    own tail."""
+    kept = Answer.of({"vms": [{"name": "a"}] * 100, "count": 100})
+    kept.copy().with_field("mirror_age_seconds", 0.5).fingerprint()
+    open_digest = kept.derived.get("open_digest")
+    assert open_digest is not None, "the kept answer's digest is kept with it"
+    kept.copy().with_field("mirror_age_seconds", 0.75).fingerprint()
+    assert kept.derived["open_digest"] is open_digest, "and not made again"

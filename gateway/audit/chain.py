@@ -49,11 +49,12 @@ def row_line(row: Mapping[str, Any]) -> bytes:
 
 def result_fingerprint(result: Any) -> tuple[str, int]:
     """(sha256 hex, size in bytes) of a tool result's answer text (``gateway.answer``): what the log
-    keeps of it. ``result`` may be the ``Answer`` the caller was sent, or its bytes."""
+    keeps of it. ``result`` may be the ``Answer`` the caller was sent (its own fingerprint, made once
+    for it and its copies: a mirror's kept answer is not hashed again per call), or its bytes."""
+    if isinstance(result, Answer):
+        return result.fingerprint()
     if isinstance(result, bytes | bytearray):
         data = bytes(result)
-    elif isinstance(result, Answer):
-        data = result.data
     else:
         try:
             data = answer_bytes(encode_json(result)[0])

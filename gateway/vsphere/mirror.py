@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyVmomi import vim, vmodl
+from pyVmomi.SoapAdapter import SoapResponseDeserializer
 
-from gateway import errors
+from gateway import errors, tracing
 from gateway.answer import Answer
 from gateway.config import Target
-from gateway.vsphere import details, listings, mirror_check, soap_scan
+from gateway.vsphere import collector, details, listings, mirror_check, soap_scan
 from gateway.vsphere.mirror_check import CONTROL_TYPES, Marker, Schedule
 from gateway.vsphere.pool import SessionPool, VSphereSession
 from gateway.vsphere.soap_scan import ObjectProps
@@ -37,6 +38,7 @@ from gateway.vsphere.soap_scan import ObjectProps
 log = logging.getLogger(__name__)
 
 PC: Any = vmodl.query.PropertyCollector
+_Deserializer: Any = SoapResponseDeserializer
 
 LONG_WAIT_SECONDS = 10
 """The background wait for changes; a read interrupts it, so it only bounds idle round trips."""
@@ -47,6 +49,11 @@ applied and dropped before the next is asked; the mirror answers only after the 
 
 SYNC_DEADLINE_SECONDS = 5.0
 """How long a read waits for its zero-wait poll before it gives up on the mirror and sweeps."""
+
+LINGER_SECONDS = 1.0
+"""After a read's poll, how long the loop waits for the next read's request before a long wait: reads
+this close are one zero-wait poll each, no cancel of a long wait first. Each read still polls after it
+came; only the lag /metrics shows may grow by this much."""
 
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Back-off between attempts after an error (the last value repeats)."""
@@ -103,6 +110,8 @@ class MirrorStats:
     """Resyncs that repaired a divergence (equal to ``divergences`` once the mirror is synced again)."""
     checks: dict[str, int] = field(default_factory=dict)
     """Comparison rounds done, by kind (rolling, full)."""
+    interrupts: int = 0
+    """Long waits cancelled for a read's poll (reads close together find the loop lingering instead)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,8 @@ class Mirror:
         self._requested = 0
         self._polled = 0
         self._long_wait = False
+        self._linger_until = 0.0  # until when the loop waits for reads, not changes (LINGER_SECONDS)
+        self._interrupts = 0
         self._session: VSphereSession | None = None
         self._session_key: str | None = None
         self._filters: list[Any] = []
@@ -292,7 +303,7 @@ class Mirror:
             lag = None if self._heard_at is None else max(0.0, self._clock() - self._heard_at)
             return MirrorStats(state, len(self._objects), self._version, lag, self._resyncs, self._updates,
                                self._served, self._swept, self._last_error, self._lookups,
-                               self._divergences, self._repairs, dict(self._checks))
+                               self._divergences, self._repairs, dict(self._checks), self._interrupts)
 
     # ---------------------------------------------------------------- reads
 
@@ -317,8 +328,10 @@ class Mirror:
                 return False
             self._requested += 1
             wanted = self._requested
-            self._lock.notify_all()
-        self._kick.set()
+            self._lock.notify_all()  # a loop lingering for this request polls now
+            waiting = self._long_wait
+        if waiting:  # a loop in a long wait is interrupted (no long wait starts after this request)
+            self._kick.set()
         with self._lock:
             while self._polled < wanted:
                 if not (self._synced and self._healthy) or self._stop.is_set():
@@ -340,6 +353,7 @@ class Mirror:
                 return
             with self._lock:
                 pending = self._requested > self._polled and self._long_wait
+                self._interrupts += pending
             if pending:
                 self._cancel_wait()
 
@@ -386,7 +400,8 @@ class Mirror:
 
     def _step(self, session: VSphereSession) -> None:
         """One round: (re)build the filter and resync if the session changed or the mirror diverged;
-        else a proven zero-wait poll a read asked for, a comparison round that is due, or one wait."""
+        else a proven zero-wait poll a read asked for, a comparison round that is due, or one wait: for
+        the next read's request while reads come (``LINGER_SECONDS``), else for changes."""
         self._session = session
         if self._session_key != session.key or not self._filters or self._resync_wanted:
             self._resync(session)
@@ -396,13 +411,17 @@ class Mirror:
             zero = wanted > self._polled
         if zero:
             if self._poll(session, prove=self._proof_due()):
-                with self._lock:
-                    self._polled = max(self._polled, wanted)
-                    self._lock.notify_all()
+                self._linger_until = self._clock() + LINGER_SECONDS
             return
         due = self._schedule.due(self._clock())
         if due is not None:
             self._check(session, due)
+            return
+        now = self._clock()
+        if now < self._linger_until:  # reads came lately: the next one polls without a cancel
+            with self._lock:
+                self._lock.wait_for(lambda: self._requested > wanted or self._stop.is_set(),
+                                    min(self._linger_until - now, self._schedule.wait(now)))
             return
         wait = min(LONG_WAIT_SECONDS, max(1, int(self.target.timeout_seconds / 2)),
                    max(1, math.ceil(self._schedule.wait(self._clock()))))
@@ -413,9 +432,12 @@ class Mirror:
 
     def _poll(self, session: VSphereSession, *, prove: bool, wait: int = 0) -> bool:
         """One ``WaitForUpdatesEx`` applied, and what it names read live; False when it was cancelled
-        or, with ``prove``, when it did not bring back the marker's change (the mirror diverged)."""
+        or, with ``prove``, when it did not bring back the marker's change (the mirror diverged). Done,
+        it is the poll of every read that asked before it began (a comparison round's, too)."""
         marker = self._marker
         assert marker is not None
+        with self._lock:
+            wanted = self._requested
         if prove:
             marker.change()
         applied = self._wait(session, wait)
@@ -435,6 +457,9 @@ class Mirror:
         if prove:
             self._proved_at = self._clock()
         self._recheck(session)
+        with self._lock:
+            self._polled = max(self._polled, wanted)
+            self._lock.notify_all()
         return True
 
     def _proof_due(self) -> bool:
@@ -449,7 +474,8 @@ class Mirror:
         while True:
             options = PC.WaitOptions(maxWaitSeconds=seconds, maxObjectUpdates=MAX_OBJECT_UPDATES)
             try:
-                update = session.content.propertyCollector.WaitForUpdatesEx(self._version, options)
+                update = (session.content.propertyCollector.WaitForUpdatesEx(self._version, options)
+                          if seconds else self._poll_once(session, options))
             except vmodl.fault.RequestCanceled:
                 return None  # a cancel meant for a long wait hit this one: the next round polls
             finally:
@@ -460,6 +486,17 @@ class Mirror:
                 return applied
             del update  # dropped before the next part is asked
             seconds = 0
+
+    def _poll_once(self, session: VSphereSession, options: Any) -> Any:
+        """One zero-wait ``WaitForUpdatesEx`` (update set or None; faults raise as pyVmomi's): a reply
+        with no ``returnval`` (nothing changed) is not decoded, half the poll's time."""
+        pc: Any = session.content.propertyCollector
+        with tracing.span("vsphere WaitForUpdatesEx", **{"vsphere.method": "WaitForUpdatesEx",
+                                                         "vsphere.target": self.target.name}):
+            body = collector.soap_call(session.si._stub, pc, "WaitForUpdatesEx", [self._version, options])
+        if b"<WaitForUpdatesExResponse" in body and b"returnval" not in body:  # nothing changed
+            return None
+        return _Deserializer(session.si._stub).Deserialize(body, pc._GetMethodInfo("WaitForUpdatesEx").result)
 
     def _recheck(self, session: VSphereSession) -> None:
         """Read live what applied update sets left in doubt: objects that entered and left in one
@@ -856,5 +893,6 @@ class Mirrors:
                 except errors.ConfigError:
                     return None  # the sweep reports the missing credentials
                 own = dataclasses.replace(target, pool_size=1)
-                mirror = self._mirrors[name] = Mirror(target, SessionPool(own, credentials))
+                # two connections: a read's cancel of the long wait needs no new one (a TLS handshake)
+                mirror = self._mirrors[name] = Mirror(target, SessionPool(own, credentials, connections=2))
             return mirror

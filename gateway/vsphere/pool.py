@@ -124,9 +124,12 @@ def _about(content: vim.ServiceInstanceContent) -> dict[str, Any]:
 class SessionPool:
     """Sessions for one target: lazy login, at most ``pool_size``, one re-login on expiry, bounded close."""
 
-    def __init__(self, target: Target, credentials: Credentials) -> None:
+    def __init__(self, target: Target, credentials: Credentials, *, connections: int = 1) -> None:
         self.target = target
         self._credentials = credentials
+        #: HTTP connections each session keeps open for reuse (a mirror's session has a long wait on
+        #: one while a read's cancel of it goes on another)
+        self._connections = connections
         self._cond = threading.Condition()
         self._idle: list[VSphereSession] = []
         self._size = 0
@@ -252,7 +255,8 @@ class SessionPool:
     def _login(self) -> VSphereSession:
         started = time.monotonic()
         stub: Any = SoapStubAdapter(  # type: ignore[no-untyped-call]
-            host=self.target.host, port=self.target.port, version=self._negotiated_version(), poolSize=1,
+            host=self.target.host, port=self.target.port, version=self._negotiated_version(),
+            poolSize=self._connections,
             sslContext=self._tls_context(), httpConnectionTimeout=self.target.timeout_seconds,
             connectionPoolTimeout=IDLE_CONNECTION_SECONDS)
         tracing.trace_soap(stub, self.target.name)

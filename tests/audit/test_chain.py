@@ -145,6 +145,14 @@ def test_result_fingerprint_of_an_answer_is_of_its_text() -> None:
     assert result_fingerprint(answer) == (hashlib.sha256(b'{"a":1}').hexdigest(), 7)
 
 
+def test_result_fingerprint_of_an_answer_is_the_one_it_and_its_copies_keep() -> None:
+    """A mirror's kept answer is sent (as copies) to many calls: the audit hashes its text once."""
+    kept = Answer.of({"vms": [{"name": "a"}], "count": 1})
+    first = result_fingerprint(kept.copy())
+    assert kept.derived.get("fingerprint") == first == (hashlib.sha256(kept.data).hexdigest(), len(kept.data))
+    assert result_fingerprint(kept.copy()) is kept.derived["fingerprint"]
+
+
 @pytest.mark.parametrize("data", [b"raw bytes", bytearray(b"raw bytes")])
 def test_result_fingerprint_of_bytes_is_of_those_bytes(data: bytes | bytearray) -> None:
     assert result_fingerprint(data) == (hashlib.sha256(b"raw bytes").hexdigest(), 9)

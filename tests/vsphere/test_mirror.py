@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import anyio
 import pytest
 from pyVmomi import vim, vmodl
 from support.answers import answer_of
-from support.httpserver import mcp_client, serve
+from support.httpserver import audit_rows, mcp_client, serve
 from support.simulator import (
     MakeSimulator,
     Relay,
@@ -36,6 +37,7 @@ from gateway import errors
 from gateway.answer import Answer
 from gateway.auth.tokens import Principal
 from gateway.config import ConfigProblems, Credentials, parse_targets
+from gateway.server.edge.mcp import SPLICE_MIN_CHARS
 from gateway.server.runtime import Gateway
 from gateway.settings import Settings
 from gateway.tools.read import MIRROR_READS, READ_TOOLS
@@ -160,6 +162,21 @@ def test_power_and_rename_show_in_the_next_read(mirrors: Mirrors, si: Any) -> No
     after = mirrored(mirrors, "vc1", "list_vms")
     assert "renamed-vm" in names(after) and "DC0_H0_VM0" not in names(after)
     assert mirrored(mirrors, "vc1", "list_vms", power_state="poweredOff")["vms"][0]["name"] == "renamed-vm"
+
+
+def test_reads_close_together_poll_without_interrupting_a_long_wait(mirrors: Mirrors, si: Any) -> None:
+    """After a read's poll the mirror waits for the next read (``LINGER_SECONDS``) rather than in a long
+    wait, so a read soon after is one zero-wait poll, no cancel; and what vSphere changed meanwhile
+    still shows in that read."""
+    mirrored(mirrors, "vc1", "list_vms")  # may interrupt a long wait: the mirror was idle
+    before = mirrors.stats()["vc1"].interrupts
+    for _ in range(10):
+        mirrored(mirrors, "vc1", "list_vms")
+    # at most one: a comparison round that happened to outlast the linger
+    assert mirrors.stats()["vc1"].interrupts - before <= 1
+    _wait_task(find_vm(si, "DC0_H0_VM0").PowerOffVM_Task())
+    rows = {r["name"]: r for r in mirrored(mirrors, "vc1", "list_vms")["vms"]}
+    assert rows["DC0_H0_VM0"]["power_state"] == "poweredOff"
 
 
 def test_a_listing_is_shaped_once_per_change_of_the_inventory(sim: Simulator, si: Any) -> None:
@@ -315,6 +332,41 @@ async def test_a_change_made_in_vsphere_shows_in_the_next_list_vms_over_https(
 
 
 # ------------------------------------------------------------------------------ names resolved by the mirror
+
+
+@pytest.mark.anyio
+async def test_answers_made_of_a_kept_answer_are_the_bytes_the_audit_fingerprints_over_https(
+    make_simulator: MakeSimulator, tmp_path: Path,
+) -> None:
+    """With ``max_staleness_seconds`` each answer is the kept one plus its own ``mirror_age_seconds``: its
+    fingerprint and its JSON string are derived from the kept one's (hashed and encoded once). Over HTTPS
+    on 2026-07-28, large enough to be spliced into the body, each text received is the one the audit
+    row fingerprints, and the same listing but for its age."""
+    sim = make_simulator(clusters=1, hosts_per_cluster=2, standalone_hosts=1, vms=40)
+    env = write_targets(tmp_path / "targets.yaml", {"vc1": sim}, {"vc1": {"max_staleness_seconds": 3600}})
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    served = serve(tmp_path, Gateway.build(Settings.from_env(env, home=str(home),
+                                                             targets=str(tmp_path / "targets.yaml"))))
+    gateway = served.gateway
+    listing = {"target": "vc1", "fields": ALL_VM_FIELDS}
+    try:
+        async with mcp_client(served, served.tokens["alice"], "auto") as client:
+            assert not (await client.call_tool("list_vms", listing)).is_error  # swept; starts the mirror
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: mirror_synced(gateway.mirrors, "vc1"), timeout=30, what="synced"))
+            results = [await client.call_tool("list_vms", listing) for _ in range(3)]
+    finally:
+        served.stop()
+        await gateway.close()
+    received = [r.content[0].text.encode() for r in results]  # type: ignore[union-attr]
+    assert len(received[0]) >= SPLICE_MIN_CHARS, "large enough to be spliced into the body"
+    rows = [r for r in audit_rows(gateway) if r.get("tool") == "list_vms" and r.get("phase") == "call"]
+    assert [(r["result_digest"], r["result_size"]) for r in rows[-3:]] == [
+        (hashlib.sha256(data).hexdigest(), len(data)) for data in received]
+    answers = [json.loads(data) for data in received]
+    assert all(a.pop("mirror_age_seconds") >= 0 for a in answers)
+    assert answers[0] == answers[1] == answers[2] and answers[0]["count"] == len(answers[0]["vms"])
 
 
 def test_a_name_hint_is_checked_live_and_a_wrong_one_falls_back_to_the_search(

@@ -60,6 +60,18 @@ def test_login_is_lazy(sim_vc1: Simulator) -> None:
         pool.close()
 
 
+def test_a_session_keeps_as_many_connections_as_its_pool_is_given(sim_vc1: Simulator) -> None:
+    """One HTTP connection per session by default; a mirror's pool keeps two (its long wait holds one
+    while a read's cancel of it goes on the other, with no new TLS handshake)."""
+    target = sim_target("vc1", sim_vc1)
+    for given, kept in (({}, 1), ({"connections": 2}, 2)):
+        pool = SessionPool(target, credentials(sim_vc1), **given)
+        try:
+            assert pool.run(lambda s: s._stub.poolSize) == kept
+        finally:
+            pool.close()
+
+
 def test_about_is_cached_from_login(sim_vc1: Simulator, sim_esx: Simulator) -> None:
     vc = SessionPool(sim_target("vc1", sim_vc1), credentials(sim_vc1))
     esx = SessionPool(sim_target("esx", sim_esx, standalone_host=True), credentials(sim_esx))
