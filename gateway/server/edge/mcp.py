@@ -361,7 +361,7 @@ def build_mcp_server(
     if backends is not None and settings is not None and trail is not None:  # the runtime's Gateway
         TaskRunner(gateway.calls.answer, backends.tasks, principal_of, instance=backends.instance,
                    trail=trail, keep_seconds=settings.task_keep_seconds,
-                   rounds=handlers.rounds).install(server)
+                   rounds=handlers.rounds, observed=gateway.calls.observed).install(server)
         # 2026-07-28: task status notifications on a listen stream (the handshake revisions have no such
         # method: the SDK answers it method-not-found there)
         server.add_request_handler("subscriptions/listen", types.SubscriptionsListenRequestParams,

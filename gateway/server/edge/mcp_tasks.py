@@ -15,6 +15,7 @@ and run, or denied, or expires. Any other retry is answered in the call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import threading
@@ -62,6 +63,8 @@ STOPPED_FOLLOWING: Final = ("stopped following the proposal; it still waits for 
                             "cancel_action withdraws it")
 
 AnswerFn = Callable[..., Awaitable[Answer]]
+#: ``Calls.observed``: counts what runs inside as one call of a tool in the call metric
+Observed = Callable[[str, Mapping[str, Any] | None], contextlib.AbstractContextManager[None]]
 #: (status, the result's text, whether it is an error, the status message)
 Outcome = tuple[str, str, bool, str | None]
 
@@ -155,8 +158,11 @@ class TaskRunner:
 
     def __init__(self, answer: AnswerFn, table: TaskTable, principal_of: Callable[[], Principal | None], *,
                  instance: Instances, trail: AuditTrail, keep_seconds: float,
-                 clock: Callable[[], float] = time.time, rounds: Rounds | None = None) -> None:
+                 clock: Callable[[], float] = time.time, rounds: Rounds | None = None,
+                 observed: Observed | None = None) -> None:
         self.answer, self.table, self.principal_of = answer, table, principal_of
+        #: how a round's retry counts in the call metric (``Calls.observed``, as the edge's retry counts)
+        self.observed: Observed = observed or (lambda _tool, _args: contextlib.nullcontext())
         self.instance, self.trail = instance, trail
         self.keep_seconds, self.clock = keep_seconds, clock
         #: 2026-07-28 confirmation rounds (None: such a client's person is never asked before a task)
@@ -326,11 +332,13 @@ class TaskRunner:
         audited, a confirmed proposal run); a person sent to a gated proposal's card is then followed
         until the proposal is decided."""
         assert self.rounds is not None
-        arguments = params.get("arguments")
-        answer = await self.rounds.answer(
-            principal, str(params["name"]), arguments if isinstance(arguments, Mapping) else None,
-            params.get("requestState"), params.get("inputResponses"), correlation_id=correlation_id,
-            client=mcp_client_var.get(), progress=sink, base_url=base_url)
+        given = params.get("arguments")
+        arguments = given if isinstance(given, Mapping) else None
+        with self.observed(str(params["name"]), arguments):  # the call's second round
+            answer = await self.rounds.answer(
+                principal, str(params["name"]), arguments, params.get("requestState"),
+                params.get("inputResponses"), correlation_id=correlation_id, client=mcp_client_var.get(),
+                progress=sink, base_url=base_url)
         if state.mode != "url":
             return (answer if isinstance(answer, Answer) else await off_loop(Answer.cleaned, answer)), False
         return await self._follow(state.proposal_id, sink)

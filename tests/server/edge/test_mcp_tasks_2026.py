@@ -489,7 +489,10 @@ async def test_the_person_is_asked_before_a_task_and_only_the_accepting_retry_is
         (made,) = tasks.made
         kept = task_count(web)
         clones = count_vms_named(pyvmomi_connect(lab), "asked-clone")
+        calls = web.gateway.metrics.render()
     assert version == "2026-07-28"
+    # the first round and the task's retry: two rounds of one call, both counted
+    assert 'gateway_tool_calls_total{outcome="ok",target="lab-vc",tool="clone_vm"} 2.0' in calls
     (asked,) = person.asked
     assert isinstance(asked, types.ElicitRequestURLParams) and "/ui#proposal=" in asked.url
     assert person.tasks_when_asked == [0]  # asked before any task was made
