@@ -105,6 +105,9 @@ RESULTS = {
     "tools/call": {"content": [{"type": "text", "text": "{}"}], "isError": False, "resultType": "complete",
                    "_meta": META},
 }
+if len(sys.argv) > 4:  # tools/call's text from this file (a listing's bytes), else "{}"
+    RESULTS["tools/call"]["content"][0]["text"] = open(sys.argv[4], encoding="utf-8").read()
+ENCODED = {method: json.dumps(result, separators=(",", ":")).encode() for method, result in RESULTS.items()}
 HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -125,7 +128,8 @@ async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 202 if body else 200, "headers": HEADERS})
         await send({"type": "http.response.body", "body": b"{}" if not body else b""})
         return
-    out = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": RESULTS[request["method"]]}).encode()
+    out = b'{"jsonrpc":"2.0","id":%s,"result":%s}' % (json.dumps(request["id"]).encode(),
+                                                     ENCODED[request["method"]])
     await send({"type": "http.response.start", "status": 200,
                 "headers": [*HEADERS, (b"content-length", str(len(out)).encode())]})
     await send({"type": "http.response.body", "body": out})
@@ -136,11 +140,12 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
 """
 
 
-def serve_bare(stack: contextlib.ExitStack, cert: Path, server: str = BARE_SERVER, path: str = "/rpc") -> str:
-    """Start the bare JSON server (or ``server``, another script of the same arguments) with ``cert``
-    (stopped by ``stack``); its URL."""
+def serve_bare(stack: contextlib.ExitStack, cert: Path, server: str = BARE_SERVER, path: str = "/rpc",
+               *more: str) -> str:
+    """Start the bare JSON server (or ``server``, another script of the same arguments, then ``more``)
+    with ``cert`` (stopped by ``stack``); its URL."""
     port = mirror_bench.free_port()
-    argv = [sys.executable, "-c", server, str(port), str(cert), str(cert.with_name("key.pem"))]
+    argv = [sys.executable, "-c", server, str(port), str(cert), str(cert.with_name("key.pem")), *more]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     stack.callback(mirror_bench.stop_process, process)
@@ -366,56 +371,10 @@ def mirror_medians(size: int, runs: int, before: str | None = None) -> tuple[int
             loop.close()
 
 
-#: ``CANNED_SERVER``'s answers with tools/call's text read from the file ``sys.argv[4]`` names, each
-#: encoded once at start (only a request's id is written per answer): the client's floor for that answer
-CANNED_LISTING_SERVER = """
-import json
-import logging
-import sys
-
-import uvicorn
-
-logging.disable(logging.INFO)
-exec(sys.argv[5])  # CANNED_SERVER's RESULTS and HEADERS (its own app is not used)
-RESULTS["tools/call"]["content"][0]["text"] = open(sys.argv[4], encoding="utf-8").read()
-ENCODED = {method: json.dumps(result, separators=(",", ":")).encode() for method, result in RESULTS.items()}
-
-
-async def app(scope, receive, send):
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    request = json.loads(body) if body else {}
-    if "id" not in request:
-        await send({"type": "http.response.start", "status": 202 if body else 200, "headers": HEADERS})
-        await send({"type": "http.response.body", "body": b"{}" if not body else b""})
-        return
-    out = b'{"jsonrpc":"2.0","id":%s,"result":%s}' % (json.dumps(request["id"]).encode(),
-                                                     ENCODED[request["method"]])
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [*HEADERS, (b"content-length", str(len(out)).encode())]})
-    await send({"type": "http.response.body", "body": out})
-
-
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            ssl_certfile=sys.argv[2], ssl_keyfile=sys.argv[3])
-"""
-
-
 def serve_canned(stack: contextlib.ExitStack, tmp: Path, cert: Path, text: str) -> str:
-    """``CANNED_LISTING_SERVER`` answering every tools/call with ``text`` (stopped by ``stack``); its URL."""
+    """``CANNED_SERVER`` answering every tools/call with ``text`` (stopped by ``stack``); its URL."""
     (tmp / "canned.json").write_text(text, encoding="utf-8")
-    tables = CANNED_SERVER[CANNED_SERVER.index("META = "):CANNED_SERVER.index("async def app")]
-    given = f"import sys\nsys.argv += {[str(tmp / 'canned.json'), tables]!r}\n"  # its argv[4] and [5]
-    return serve_bare(stack, cert, given + CANNED_LISTING_SERVER, "/mcp")
+    return serve_bare(stack, cert, CANNED_SERVER, "/mcp", str(tmp / "canned.json"))
 
 
 #: the targets of the issue: list_vms from the mirror at most this share of the raw sweep

@@ -5,8 +5,6 @@ and declined in-band (checked with pyVmomi), a gated target's card URL, a client
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,8 @@ import anyio
 import mcp_types as types
 import pytest
 from support.answers import answer_of
-from support.httpserver import Served, audit_rows, build_gateway, mcp_client, serve
+from support.elicitation import Person, asking, confirm_rules, delete_args, rows_of, served_with
+from support.httpserver import mcp_client
 from support.simulator import MakeSimulator, Simulator, complete_rules_text, vm_exists
 
 from gateway.config import ConfigProblems
@@ -100,58 +99,16 @@ def test_a_bad_confirm_by_is_named_with_file_and_line() -> None:
 # ---------------------------------------------------------------------------- over HTTPS with the SDK client
 
 
-def _rules(confirm_by: str, *, approval: bool = False) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"read": "allow", "write": "allow", "destructive": "allow",
-                                "confirm_by": confirm_by, "require_web_approval": approval}
-    return {"defaults": defaults}
-
-
 @pytest.fixture
 def sim(make_simulator: MakeSimulator) -> Simulator:
     return make_simulator()
 
 
-@contextmanager
-def _served(tmp: Path, sim: Simulator, rules: dict[str, Any]) -> Iterator[Served]:
-    running = serve(tmp, build_gateway(tmp, sim, rules))
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-class Person:
-    """The person at the client: answers every elicitation with ``action`` and remembers what was asked."""
-
-    def __init__(self, action: str) -> None:
-        self.action = action
-        self.asked: list[types.ElicitRequestParams] = []
-
-    async def __call__(self, _ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        self.asked.append(params)
-        content = {} if self.action == "accept" and params.mode == "form" else None
-        return types.ElicitResult(action=self.action, content=content)  # type: ignore[arg-type]
-
-
-def asking(served: Served, person: Person) -> Any:
-    """alice's SDK client (2025-11-25) declaring elicitation, its person answering as ``person``."""
-    return mcp_client(served, served.tokens["alice"], "legacy", elicitation_callback=person)
-
-
-def _delete_args(sim: Simulator) -> tuple[str, dict[str, Any]]:
-    vm = sim.vm_names()[0]
-    return vm, {"target": "vc1", "vm": vm, "force_power_off": True}
-
-
-def _rows(served: Served, phase: str) -> list[dict[str, Any]]:
-    return [r for r in audit_rows(served.gateway) if r.get("phase") == phase]
-
-
 async def test_the_person_confirms_a_delete_in_band(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete_args(sim)
+    vm, args = delete_args(sim)
     person = Person("accept")
-    with _served(tmp_path, sim, _rules("either")) as served:
-        async with asking(served, person) as client:
+    with served_with(tmp_path, sim, confirm_rules("either")) as served:
+        async with asking(served, person, mode="legacy") as client:
             result = await client.call_tool("delete_vm", args)
         answer = answer_of(result)
         assert not result.is_error, answer
@@ -160,65 +117,65 @@ async def test_the_person_confirms_a_delete_in_band(tmp_path: Path, sim: Simulat
         assert asked.mode == "form"
         assert "'vc1'" in asked.message and sim.host in asked.message and vm in asked.message
         assert "token" not in json.dumps(answer)
-        (elicited,) = _rows(served, "elicited")
+        (elicited,) = rows_of(served, "elicited")
         assert (elicited["answer"], elicited["mode"], elicited["caller"]) == ("accept", "form", "alice")
-        executing = _rows(served, "executing")
+        executing = rows_of(served, "executing")
         assert len(executing) == 1 and executing[0]["proposal_id"] == elicited["proposal_id"]
-        assert len(_rows(served, "executed")) == 1
+        assert len(rows_of(served, "executed")) == 1
     assert not vm_exists(sim, vm)
 
 
 async def test_the_person_declines_a_delete_in_band(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete_args(sim)
+    vm, args = delete_args(sim)
     person = Person("decline")
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
-        async with asking(served, person) as client:
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
+        async with asking(served, person, mode="legacy") as client:
             result = await client.call_tool("delete_vm", args)
         answer = answer_of(result)
         assert answer["state"] == "cancelled" and answer["person_answer"] == "decline"
         assert "token" not in answer
-        (elicited,) = _rows(served, "elicited")
+        (elicited,) = rows_of(served, "elicited")
         assert elicited["answer"] == "decline"
-        assert [r["proposal_id"] for r in _rows(served, "cancelled")] == [elicited["proposal_id"]]
-        assert not _rows(served, "executing")
+        assert [r["proposal_id"] for r in rows_of(served, "cancelled")] == [elicited["proposal_id"]]
+        assert not rows_of(served, "executing")
     assert vm_exists(sim, vm)
 
 
 async def test_a_cancelled_form_leaves_the_token_when_either_may_confirm(
     tmp_path: Path, sim: Simulator
 ) -> None:
-    vm, args = _delete_args(sim)
-    with _served(tmp_path, sim, _rules("either")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("either")) as served:
         async with mcp_client(served, served.tokens["alice"], "legacy",
                               elicitation_callback=Person("cancel")) as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
             assert answer["state"] == "pending" and answer["person_answer"] == "cancel"
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"
-        assert [r["answer"] for r in _rows(served, "elicited")] == ["cancel"]
+        assert [r["answer"] for r in rows_of(served, "elicited")] == ["cancel"]
     assert not vm_exists(sim, vm)
 
 
 async def test_a_gated_targets_elicitation_carries_the_cards_url(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete_args(sim)
+    vm, args = delete_args(sim)
     person = Person("accept")
-    with _served(tmp_path, sim, _rules("either", approval=True)) as served:
-        async with asking(served, person) as client:
+    with served_with(tmp_path, sim, confirm_rules("either", approval=True)) as served:
+        async with asking(served, person, mode="legacy") as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
         proposal = answer["proposal_id"]
         (asked,) = person.asked
         assert isinstance(asked, types.ElicitRequestURLParams)
         assert asked.url == f"{served.base}/ui#proposal={proposal}" == answer["card_url"]
         assert answer["state"] == "pending" and answer["requires_human_approval"] is True
-        (elicited,) = _rows(served, "elicited")
+        (elicited,) = rows_of(served, "elicited")
         assert (elicited["mode"], elicited["answer"]) == ("url", "accept")
-        assert not _rows(served, "executing")  # an accepted URL is no approval
+        assert not rows_of(served, "executing")  # an accepted URL is no approval
     assert vm_exists(sim, vm)
 
 
 async def test_a_client_without_elicitation_sees_todays_flow(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete_args(sim)
-    with _served(tmp_path, sim, _rules("either")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("either")) as served:
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
             assert set(answer) == {"state", "proposal_id", "target", "target_host", "tool", "summary",
@@ -227,19 +184,19 @@ async def test_a_client_without_elicitation_sees_todays_flow(tmp_path: Path, sim
             assert answer["confirm_with"].startswith("confirm_action(token=")
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"
-        assert not _rows(served, "elicited")
+        assert not rows_of(served, "elicited")
     assert not vm_exists(sim, vm)
 
 
 async def test_elicitation_required_refuses_a_client_that_cannot_ask(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete_args(sim)
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with mcp_client(served, served.tokens["alice"], "legacy") as client:
             result = await client.call_tool("delete_vm", args)
         assert result.is_error and answer_of(result)["error"]["code"] == "policy_denied"
-        (denied,) = [r for r in _rows(served, "denied") if r["tool"] == "delete_vm"]
+        (denied,) = [r for r in rows_of(served, "denied") if r["tool"] == "delete_vm"]
         assert denied["reason_code"] == "elicitation_unavailable"
-        assert not _rows(served, "proposed")
+        assert not rows_of(served, "proposed")
     assert vm_exists(sim, vm)
 
 
@@ -255,14 +212,14 @@ class SlowPerson(Person):
 async def test_no_answer_in_time_is_audited_and_cancels_a_person_only_proposal(
     tmp_path: Path, sim: Simulator
 ) -> None:
-    vm, args = _delete_args(sim)
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         served.gateway.proposals.in_band.timeout_seconds = 0.5
-        async with asking(served, SlowPerson("accept")) as client:
+        async with asking(served, SlowPerson("accept"), mode="legacy") as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
         assert answer["state"] == "cancelled" and answer["person_answer"] == "timeout"
-        assert [r["answer"] for r in _rows(served, "elicited")] == ["timeout"]
-        assert not _rows(served, "executing")
+        assert [r["answer"] for r in rows_of(served, "elicited")] == ["timeout"]
+        assert not rows_of(served, "executing")
     assert vm_exists(sim, vm)
 
 
@@ -288,12 +245,12 @@ async def test_a_stateless_revision_client_without_elicitation_confirms_with_its
 ) -> None:
     # 2026-07-28 asks the person in rounds (tests/server/edge/test_mcp_elicitation_2026.py); a client that
     # declares no elicitation sees the plain flow there too
-    vm, args = _delete_args(sim)
-    with _served(tmp_path, sim, _rules("either")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("either")) as served:
         async with mcp_client(served, served.tokens["alice"], "2026-07-28") as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
             assert answer["state"] == "pending" and "person_answer" not in answer
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"
-        assert not _rows(served, "elicited")
+        assert not rows_of(served, "elicited")
     assert not vm_exists(sim, vm)

@@ -24,7 +24,7 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from pydantic import BaseModel
 
 from gateway.auth.tokens import Principal, caller_fields
-from gateway.guard.callers import key_of, same
+from gateway.guard.callers import key_of
 from gateway.server.base.context import off_loop
 from gateway.server.edge import mcp_tasks_2026 as extension
 from gateway.server.edge.middleware import correlation_id_var
@@ -120,7 +120,7 @@ class TaskNotices:
         meta = {SUBSCRIPTION_ID_META_KEY: subscription}
         found = await off_loop(self._read, wanted[:MAX_TASK_IDS])
         honored = [task_id for task_id, rec in found.items()
-                   if rec is not None and self._mine(rec, principal)]
+                   if rec is not None and extension.owned_by(rec, principal)]
         if len(honored) < len(wanted):
             await self.trail.record({"phase": "refused", "tool": "subscriptions/listen",
                                      **caller_fields(principal), "task_ids": len(wanted) - len(honored),
@@ -152,8 +152,3 @@ class TaskNotices:
     def _read(self, task_ids: list[str]) -> dict[str, TaskRecord | None]:
         now = self.clock()
         return {task_id: self.table.get(task_id, now) for task_id in task_ids}
-
-    @staticmethod
-    def _mine(rec: TaskRecord, principal: Principal) -> bool:
-        """Whether ``rec`` is ``principal``'s, as ``tasks/get`` decides (by key, never by name)."""
-        return same(rec.caller_key, key_of(principal))

@@ -33,7 +33,7 @@ from gateway.answer import Answer
 from gateway.auth.tokens import Principal, caller_fields
 from gateway.errors import GatewayError, OutcomeUnknown
 from gateway.guard import confirm
-from gateway.guard.callers import key_of, same
+from gateway.guard.callers import key_of
 from gateway.guard.idempotency_rules import KEY_FIELD
 from gateway.server.base.audit_trail import AuditTrail
 from gateway.server.base.context import client_of, mcp_client_var, off_loop
@@ -411,7 +411,7 @@ class TaskRunner:
         the refusal is a row (``request``: tasks/get, tasks/result, tasks/cancel, tasks/update)."""
         principal = self.principal_of()
         rec = await off_loop(self.table.get, task_id, self.clock())
-        if principal is None or rec is None or not same(rec.caller_key, key_of(principal)):
+        if principal is None or rec is None or not extension.owned_by(rec, principal):
             who = caller_fields(principal) if principal else {"caller": "-"}
             await self.trail.record({"phase": "refused", "tool": request, **who, "task_id": task_id[:64],
                                      "error_code": "not_found", "reason_code": "not_your_task",

@@ -27,6 +27,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from gateway.answer import Answer
+from gateway.auth.principal import Principal
+from gateway.guard.callers import key_of, same
 from gateway.proposals import FINAL_STATES, OPEN_STATES, Proposal
 from gateway.server.base.context import off_loop
 from gateway.server.proposals.elicitation import ROUND_KEY, Ask
@@ -98,6 +100,11 @@ def asks_for_input(params: Mapping[str, Any]) -> bool:
     """A multi-round-trip retry (``inputResponses``, ``requestState``): answered in the call, never as a
     task (the extension resolves those rounds before a task is made)."""
     return params.get("inputResponses") is not None or params.get("requestState") is not None
+
+
+def owned_by(rec: TaskRecord, principal: Principal) -> bool:
+    """Whether ``rec`` is ``principal``'s task: by key (``callers.same``), never by the name it shows."""
+    return same(rec.caller_key, key_of(principal))
 
 
 def status_of(rec: TaskRecord) -> str:

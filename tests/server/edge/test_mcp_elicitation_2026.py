@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,8 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from support.answers import answer_of
-from support.httpserver import Served, audit_rows, build_gateway, mcp_client, serve
+from support.elicitation import Person, asking, confirm_rules, delete_args, rows_of, served_with
+from support.httpserver import Served, audit_rows, build_gateway, serve
 from support.simulator import MakeSimulator, Simulator, vm_exists
 
 pytestmark = pytest.mark.anyio
@@ -28,54 +27,13 @@ MODERN = "2026-07-28"
 ACCEPT: dict[str, types.InputResponse] = {"confirm": types.ElicitResult(action="accept", content={})}
 
 
-def _rules(confirm_by: str, *, approval: bool = False) -> dict[str, Any]:
-    return {"defaults": {"read": "allow", "write": "allow", "destructive": "allow",
-                         "confirm_by": confirm_by, "require_web_approval": approval}}
-
-
 @pytest.fixture
 def sim(make_simulator: MakeSimulator) -> Simulator:
     return make_simulator()
 
 
-@contextmanager
-def _served(tmp: Path, sim: Simulator, rules: dict[str, Any]) -> Iterator[Served]:
-    running = serve(tmp, build_gateway(tmp, sim, rules))
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-class Person:
-    """The person at the client: answers every elicitation with ``action`` and remembers what was asked."""
-
-    def __init__(self, action: str) -> None:
-        self.action = action
-        self.asked: list[types.ElicitRequestParams] = []
-
-    async def __call__(self, _ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        self.asked.append(params)
-        content = {} if self.action == "accept" and params.mode == "form" else None
-        return types.ElicitResult(action=self.action, content=content)  # type: ignore[arg-type]
-
-
-def asking(served: Served, person: Person, who: str = "alice", mode: str = "auto") -> Any:
-    """``who``'s SDK client in its default mode, declaring elicitation; its person answers as ``person``."""
-    return mcp_client(served, served.tokens[who], mode, elicitation_callback=person)
-
-
-def _delete(sim: Simulator, index: int = 0) -> tuple[str, dict[str, Any]]:
-    vm = sim.vm_names()[index]
-    return vm, {"target": "vc1", "vm": vm, "force_power_off": True}
-
-
-def _rows(served: Served, phase: str) -> list[dict[str, Any]]:
-    return [r for r in audit_rows(served.gateway) if r.get("phase") == phase]
-
-
 def _refusals(served: Served) -> list[tuple[str, str, str]]:
-    return [(r["caller"], r["error_code"], r["reason_code"]) for r in _rows(served, "denied")
+    return [(r["caller"], r["error_code"], r["reason_code"]) for r in rows_of(served, "denied")
             if str(r.get("reason_code", "")).startswith("request_state")]
 
 
@@ -101,9 +59,9 @@ def _changed(state: str) -> str:
 
 
 async def test_the_person_confirms_a_delete_in_a_round(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete(sim)
+    vm, args = delete_args(sim)
     person = Person("accept")
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with asking(served, person) as client:
             result = await client.call_tool("delete_vm", args)
             assert client.protocol_version == MODERN
@@ -115,50 +73,50 @@ async def test_the_person_confirms_a_delete_in_a_round(tmp_path: Path, sim: Simu
         assert "'vc1'" in asked.message and sim.host in asked.message and vm in asked.message
         assert "Blast radius:" in asked.message and "disks" in asked.message
         assert "token" not in json.dumps(answer)
-        (proposed,) = _rows(served, "proposed")
-        (elicited,) = _rows(served, "elicited")
+        (proposed,) = rows_of(served, "proposed")
+        (elicited,) = rows_of(served, "elicited")
         assert (elicited["answer"], elicited["mode"], elicited["caller"]) == ("accept", "form", "alice")
         assert elicited["proposal_id"] == proposed["proposal_id"]
-        (executing,) = _rows(served, "executing")
+        (executing,) = rows_of(served, "executing")
         assert (executing["proposal_id"], executing["caller"]) == (proposed["proposal_id"], "alice")
-        assert len(_rows(served, "executed")) == 1
-        assert not _rows(served, "denied")
+        assert len(rows_of(served, "executed")) == 1
+        assert not rows_of(served, "denied")
         calls = served.gateway.metrics.render()  # the first round and its retry: two rounds of one call
     assert not vm_exists(sim, vm)
     assert 'gateway_tool_calls_total{outcome="ok",target="vc1",tool="delete_vm"} 2.0' in calls
 
 
 async def test_the_person_declines_a_delete_in_a_round(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete(sim)
+    vm, args = delete_args(sim)
     person = Person("decline")
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with asking(served, person) as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
         assert answer["state"] == "cancelled" and answer["person_answer"] == "decline"
         assert "token" not in answer and len(person.asked) == 1
-        (elicited,) = _rows(served, "elicited")
+        (elicited,) = rows_of(served, "elicited")
         assert elicited["answer"] == "decline"
-        assert [r["proposal_id"] for r in _rows(served, "cancelled")] == [elicited["proposal_id"]]
-        assert not _rows(served, "executing")
+        assert [r["proposal_id"] for r in rows_of(served, "cancelled")] == [elicited["proposal_id"]]
+        assert not rows_of(served, "executing")
     assert vm_exists(sim, vm)
 
 
 async def test_a_cancel_leaves_the_token_when_either_may_confirm(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete(sim)
-    with _served(tmp_path, sim, _rules("either")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("either")) as served:
         async with asking(served, Person("cancel")) as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
             assert answer["state"] == "pending" and answer["person_answer"] == "cancel"
             done = answer_of(await client.call_tool("confirm_action", {"token": answer["token"]}))
         assert done["state"] == "executed"
-        assert [r["answer"] for r in _rows(served, "elicited")] == ["cancel"]
+        assert [r["answer"] for r in rows_of(served, "elicited")] == ["cancel"]
     assert not vm_exists(sim, vm)
 
 
 async def test_a_gated_target_sends_the_person_to_the_card(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete(sim)
+    vm, args = delete_args(sim)
     person = Person("accept")
-    with _served(tmp_path, sim, _rules("elicitation", approval=True)) as served:
+    with served_with(tmp_path, sim, confirm_rules("elicitation", approval=True)) as served:
         async with asking(served, person) as client:
             answer = answer_of(await client.call_tool("delete_vm", args))
         (asked,) = person.asked
@@ -166,17 +124,17 @@ async def test_a_gated_target_sends_the_person_to_the_card(tmp_path: Path, sim: 
         assert asked.url == f"{served.base}/ui#proposal={answer['proposal_id']}" == answer["card_url"]
         assert answer["state"] == "pending" and answer["requires_human_approval"] is True
         assert answer["person_asked"] == "accept"
-        (elicited,) = _rows(served, "elicited")
+        (elicited,) = rows_of(served, "elicited")
         assert (elicited["mode"], elicited["answer"]) == ("url", "accept")
-        assert not _rows(served, "executing")  # an accepted URL is no approval
+        assert not rows_of(served, "executing")  # an accepted URL is no approval
     assert vm_exists(sim, vm)
 
 
 async def test_a_changed_replayed_or_other_calls_state_is_refused_and_audited(
     tmp_path: Path, sim: Simulator
 ) -> None:
-    vm, args = _delete(sim)
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with asking(served, Person("accept")) as client:
             first = await _first_round(client, args)
             state = first.request_state
@@ -200,15 +158,15 @@ async def test_a_changed_replayed_or_other_calls_state_is_refused_and_audited(
             ("alice", "confirmation_invalid", "request_state_mismatch"),
             ("alice", "confirmation_invalid", "request_state_spent"),
         ]
-        assert len(_rows(served, "executing")) == len(_rows(served, "executed")) == 1
-        assert [r["answer"] for r in _rows(served, "elicited")] == ["accept"]
+        assert len(rows_of(served, "executing")) == len(rows_of(served, "executed")) == 1
+        assert [r["answer"] for r in rows_of(served, "elicited")] == ["accept"]
         assert all(state not in json.dumps(r) for r in audit_rows(served.gateway))  # never written
     assert not vm_exists(sim, vm)
 
 
 async def test_another_callers_state_is_refused_and_audited(tmp_path: Path, sim: Simulator) -> None:
-    vm, args = _delete(sim)
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with asking(served, Person("accept")) as alice:
             first = await _first_round(alice, args)
             assert first.request_state is not None
@@ -221,15 +179,15 @@ async def test_another_callers_state_is_refused_and_audited(tmp_path: Path, sim:
                                     {"confirm": types.ElicitResult(action="decline")})
         assert declined["state"] == "cancelled"  # bob's attempt did not spend alice's state
         assert _refusals(served) == [("bob", "confirmation_invalid", "request_state_not_yours")]
-        assert not _rows(served, "executing")
+        assert not rows_of(served, "executing")
     assert vm_exists(sim, vm)
 
 
 async def test_a_state_past_its_proposals_expiry_is_refused_and_audited(
     tmp_path: Path, sim: Simulator
 ) -> None:
-    vm, args = _delete(sim)
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    vm, args = delete_args(sim)
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with asking(served, Person("accept")) as client:
             first = await _first_round(client, args)
             assert first.request_state is not None
@@ -239,21 +197,21 @@ async def test_a_state_past_its_proposals_expiry_is_refused_and_audited(
         assert (expired["error"]["code"], expired["error"]["reason_code"]) == (
             "confirmation_expired", "request_state_expired")
         assert _refusals(served) == [("alice", "confirmation_expired", "request_state_expired")]
-        assert not _rows(served, "executing") and not _rows(served, "elicited")
+        assert not rows_of(served, "executing") and not rows_of(served, "elicited")
     assert vm_exists(sim, vm)
 
 
 async def test_both_revisions_are_served_side_by_side(tmp_path: Path, sim: Simulator) -> None:
-    (old_vm, old_args), (new_vm, new_args) = _delete(sim, 0), _delete(sim, 1)
+    (old_vm, old_args), (new_vm, new_args) = delete_args(sim, 0), delete_args(sim, 1)
     old_person, new_person = Person("accept"), Person("accept")
-    with _served(tmp_path, sim, _rules("elicitation")) as served:
+    with served_with(tmp_path, sim, confirm_rules("elicitation")) as served:
         async with asking(served, old_person, mode="legacy") as old, asking(served, new_person) as new:
             assert old.protocol_version != MODERN and new.protocol_version == MODERN
             old_done = answer_of(await old.call_tool("delete_vm", old_args))
             new_done = answer_of(await new.call_tool("delete_vm", new_args))
         assert old_done["state"] == new_done["state"] == "executed"
         assert len(old_person.asked) == len(new_person.asked) == 1
-        assert [r["answer"] for r in _rows(served, "elicited")] == ["accept", "accept"]
+        assert [r["answer"] for r in rows_of(served, "elicited")] == ["accept", "accept"]
     assert not vm_exists(sim, old_vm) and not vm_exists(sim, new_vm)
 
 
@@ -261,11 +219,11 @@ async def test_any_replica_opens_a_state_and_spends_it_for_all(
     tmp_path: Path, make_simulator: MakeSimulator, pg_url: str
 ) -> None:
     sim = make_simulator()
-    vm, args = _delete(sim)
+    vm, args = delete_args(sim)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    replica_a = build_gateway(tmp_path / "a", sim, _rules("elicitation"), database_url=pg_url)
-    replica_b = build_gateway(tmp_path / "b", sim, _rules("elicitation"), database_url=pg_url)
+    replica_a = build_gateway(tmp_path / "a", sim, confirm_rules("elicitation"), database_url=pg_url)
+    replica_b = build_gateway(tmp_path / "b", sim, confirm_rules("elicitation"), database_url=pg_url)
     served_a = serve(tmp_path / "a", replica_a)
     served_b = serve(tmp_path / "b", replica_b, tokens=served_a.tokens)
     try:
