@@ -248,6 +248,7 @@ def _root_logger_restored() -> Iterator[None]:
     for handler in list(root.handlers):
         if handler not in saved[0]:
             root.removeHandler(handler)
+            handler.close()  # a LogWriter's thread stops with it
     for handler in saved[0]:
         if handler not in root.handlers:
             root.addHandler(handler)

@@ -9,13 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.logs import cli_log_level, configure_logging, parse_level
+from gateway.logs import LogWriter, cli_log_level, configure_logging, flush_logs, parse_level
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "gwt_abcdefghijkl_" + "S3cr3t" * 7 + "x"
@@ -33,12 +34,15 @@ def captured() -> Iterator[io.StringIO]:
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
+            if handler not in saved[0]:
+                handler.close()
         for handler in saved[0]:
             root.addHandler(handler)
         root.setLevel(saved[1])
 
 
 def lines(buffer: io.StringIO) -> list[str]:
+    assert flush_logs(), "the log writer wrote what was logged"
     return buffer.getvalue().splitlines()
 
 
@@ -61,6 +65,7 @@ def test_json_lines_never_carry_secrets(captured: io.StringIO) -> None:
         raise ValueError(f"login failed with password=hunter2-pw and {TOKEN}")
     except ValueError:
         log.exception("call failed")
+    assert flush_logs()
     output = captured.getvalue()
     assert "hunter2-pw" not in output and "S3cr3t" not in output
     first, second = (json.loads(line) for line in lines(captured))
@@ -131,4 +136,44 @@ def test_cli_commands_log_only_when_asked(command: str, verbose: bool, environ: 
 def test_no_level_logs_nothing(captured: io.StringIO) -> None:
     configure_logging("text", None, stream=captured)
     logging.getLogger("gateway.test").critical("not shown")
+    assert flush_logs()
     assert captured.getvalue() == ""
+
+
+def test_a_stalled_stream_never_blocks_a_logging_call_and_every_record_is_written_or_counted() -> None:
+    """The stream is a pipe nobody reads: the calls return at once; once the writer's queue is full
+    records are dropped and counted, and when the pipe is read again the writer says how many."""
+    read_end, write_end = os.pipe()
+    stream = os.fdopen(write_end, "w", encoding="utf-8")
+    target = logging.StreamHandler(stream)
+    target.setFormatter(logging.Formatter("%(message)s"))
+    writer = LogWriter(target, capacity=10)
+    log = logging.getLogger("gateway.test.stalled")
+    log.addHandler(writer)
+    log.propagate = False
+    chunks: list[bytes] = []
+    try:
+        def flood() -> None:
+            for i in range(3000):
+                log.warning("record %d %s", i, "x" * 100)
+
+        caller = threading.Thread(target=flood)
+        caller.start()
+        caller.join(30)
+        assert not caller.is_alive(), "a logging call waited on the stalled stream"
+        drain = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")))
+        drain.start()
+        assert writer.flush(), "the writer caught up once the pipe was read"
+        log.warning("after")
+        writer.close()  # writes what waits, stops the thread
+        stream.close()  # the reader sees its end
+        drain.join(30)
+        assert not drain.is_alive()
+    finally:
+        log.removeHandler(writer)
+        os.close(read_end)
+    out = b"".join(chunks).decode().splitlines()
+    written = [line for line in out if line.startswith("record ")]
+    said = [int(m.group(1)) for line in out if (m := re.match(r"(\d+) log records were dropped", line))]
+    assert said and sum(said) + len(written) == 3000, (said, len(written))
+    assert out[-1] == "after"

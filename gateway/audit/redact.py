@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Final
 
 from gateway.audit import phrasing
 from gateway.guard.inputs import storable_text
@@ -43,6 +43,7 @@ _PLAIN, _WORD, _STRONG = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # mapping keys are a small set of names, seen in every row
 def _key_strength(key: str) -> int:
     norm = _KEY_SEPARATORS.sub("_", key.lower())
     if norm.endswith(_SAFE_KEY_SUFFIXES):
@@ -223,6 +224,14 @@ _SHAPE_RULES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
 _SHORTEST_SHAPE = 20
 
 
+#: short texts already seen to need no masking: the names, states and ids every row repeats are looked
+#: up, not searched again. Only texts left whole are kept (never one that held a secret), at most
+#: ``_CLEAN_TEXTS_MAX`` of them (then the set starts over), so memory stays bounded whatever callers send
+_CLEAN_TEXTS: dict[str, None] = {}
+_CLEAN_TEXT_LEN: Final = 200
+_CLEAN_TEXTS_MAX: Final = 4096
+
+
 def redact_text(text: str) -> str:
     """Mask credential-shaped pieces of free text: ``password=...``, ``Bearer ...``, gateway tokens
     ``gwt_<id>_<secret>`` (the id stays) and ``gwc_`` confirmation tokens, URL passwords, PEM private
@@ -232,6 +241,18 @@ def redact_text(text: str) -> str:
     ``text``."""
     if len(text) < 4:
         return text
+    short = len(text) <= _CLEAN_TEXT_LEN
+    if short and text in _CLEAN_TEXTS:
+        return text
+    masked = _redact_text(text)
+    if short and masked == text:
+        if len(_CLEAN_TEXTS) >= _CLEAN_TEXTS_MAX:
+            _CLEAN_TEXTS.clear()
+        _CLEAN_TEXTS[text] = None
+    return masked
+
+
+def _redact_text(text: str) -> str:
     if not _mentions(text, _CORRELATION_NEEDLE, _CORRELATION_NEEDLES):
         return _redact_piece(text)
     pieces: list[str] = []

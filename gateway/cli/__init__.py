@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gateway.cli.output import quiet_on_broken_pipe
 from gateway.errors import GatewayError
-from gateway.logs import cli_log_level, configure_logging
+from gateway.logs import cli_log_level, configure_logging, flush_logs
 from gateway.settings import Settings, logging_options
 
 #: command modules, in the order ``gateway --help`` lists them
@@ -84,10 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(log_format, cli_log_level(args.command, bool(args.verbose), os.environ))
         return quiet_on_broken_pipe(lambda: int(args.handler(args) or 0))
     except GatewayError as exc:
+        flush_logs()  # the command's log lines before its last word
         print(f"gateway: {exc.code}: {exc.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        flush_logs()  # a command's log lines are written when it returns (a thread writes them)
 
 
 if __name__ == "__main__":

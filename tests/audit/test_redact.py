@@ -41,7 +41,7 @@ from gateway import notify
 from gateway.audit.redact import MASK, displayable, displayable_text, is_secret_key, redact, redact_text
 from gateway.auth.principal import CallerKey
 from gateway.auth.tokens import create_token
-from gateway.logs import configure_logging
+from gateway.logs import configure_logging, flush_logs
 from gateway.proposals import Proposal
 from gateway.server.edge.tls import create_certificate
 from gateway.server.proposals.views import proposal_view
@@ -159,6 +159,22 @@ def test_redaction_of_long_adversarial_phrasing_completes(shape: str) -> None:
     assert redact_text(shape) == shape
 
 
+def test_texts_seen_clean_are_remembered_and_a_secret_never_is() -> None:
+    """A short text once found clean is looked up the next time; a text that held a secret is masked
+    every time and never kept, and the set of clean texts stays bounded whatever is sent."""
+    from gateway.audit import redact as module
+
+    secret = "login with password=Hunter2-for-the-memo"
+    assert redact_text(secret) == redact_text(secret) == "login with password=***"
+    assert secret not in module._CLEAN_TEXTS
+    assert redact_text("DC0_H0_VM_memo") == "DC0_H0_VM_memo" and "DC0_H0_VM_memo" in module._CLEAN_TEXTS
+    for n in range(module._CLEAN_TEXTS_MAX + 10):
+        assert redact_text(f"vm-name-{n}") == f"vm-name-{n}"
+    assert 0 < len(module._CLEAN_TEXTS) <= module._CLEAN_TEXTS_MAX
+    long_clean = "x" * (module._CLEAN_TEXT_LEN + 1)
+    assert redact_text(long_clean) == long_clean and long_clean not in module._CLEAN_TEXTS
+
+
 def test_a_long_run_of_open_quotes_is_masked_in_linear_time() -> None:
     masked = redact_text('password is "' * 30_000)
     assert masked.startswith('password is "***"') and len(masked) < 30_000 * 13
@@ -205,6 +221,7 @@ def test_the_http_clients_request_lines_never_carry_a_url(tmp_path: Path) -> Non
             assert client.post(url, content=b"{}").status_code == 200
         logging.getLogger("gateway.notify").info("delivered to %s", url)  # a line of our own naming it
         assert receiver.received, "the request reached the receiver"
+    assert flush_logs()
     written = stream.getvalue()
     assert HOOK_PART not in written and TOKEN_PART not in written, written
     assert "IncomingWebhook" not in written, written

@@ -22,7 +22,7 @@ import pytest
 from gateway.audit.file_sink import AuditSink
 from gateway.audit.readers import FileAuditReader
 from gateway.audit.redact import displayable, displayable_text, redact, redact_text
-from gateway.logs import configure_logging
+from gateway.logs import configure_logging, flush_logs
 
 #: phrasings: ``{s}`` is the secret, ``{pin}`` a PIN's digits
 PHRASED = [
@@ -192,6 +192,9 @@ def captured() -> Iterator[io.StringIO]:
     before = (root.level, list(root.handlers))
     yield stream
     root.setLevel(before[0])
+    for handler in root.handlers:
+        if handler not in before[1]:
+            handler.close()  # a LogWriter's thread stops with it
     root.handlers[:] = before[1]
 
 
@@ -202,6 +205,7 @@ def test_log_lines_mask_phrased_secrets(form: str, cases: list[tuple[str, str]],
     log = logging.getLogger("gateway.test_redact_corpus")
     for text, _ in cases:
         log.info("operator note: %s", text)
+    assert flush_logs()
     out = captured.getvalue()
     assert len(out.splitlines()) == len(cases)
     leaked = [text for text, secret in cases if secret in out or json.dumps(secret)[1:-1] in out]

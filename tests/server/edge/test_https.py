@@ -7,12 +7,17 @@ cue (progress relay, an orderly stop around a call in progress) use a stand-in p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -28,6 +33,8 @@ from mcp.client.streamable_http import streamable_http_client
 from support.answers import answer_of
 from support.httpserver import (
     FAST_HASH,
+    GATEWAY_MAIN,
+    REPO,
     Served,
     audit_rows,
     build_gateway,
@@ -37,7 +44,7 @@ from support.httpserver import (
     run_serve,
     serve,
 )
-from support.processes import unavailable
+from support.processes import free_port, unavailable
 from support.simulator import MakeSimulator, Simulator, wait_until, write_targets
 
 from gateway.answer import Answer
@@ -519,6 +526,54 @@ async def test_serve_https_end_to_end_and_stop_on_sigterm(
     assert code == 0, command.output()
     assert "stopping: readiness fails from now" in command.output()
     assert token not in command.output()
+
+
+def test_a_log_reader_that_stops_reading_never_stalls_the_server(
+    vc1_home: tuple[dict[str, str], Path], tmp_path: Path,
+) -> None:
+    """The server's stderr is a pipe its reader stops draining (a stuck log shipper): once the pipe is
+    full only the log writer waits; the server answers every request meanwhile, and when the reader
+    comes back the lines are there and the server stops cleanly."""
+    env, home = vc1_home
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    home.mkdir(mode=0o700)
+    with SqliteStore(home / "state.db") as store:
+        create_token(store, "ops", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)
+    port = free_port()
+    argv = [*https_argv(cert)[:-4], "--port", str(port), "--grace-seconds", "10"]
+    assert https_argv(cert)[-4:-2] == ["--port", "0"]
+    process = subprocess.Popen([sys.executable, "-c", GATEWAY_MAIN, "serve", *argv], cwd=REPO,
+                               env={**env, "GATEWAY_LOG_LEVEL": "DEBUG", "PYTHONPATH": str(REPO),
+                                    "PATH": os.environ.get("PATH", "")},
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(process.stdout.read()),  # type: ignore[union-attr]
+                              daemon=True)
+    try:
+        with httpx2.Client(base_url=f"https://localhost:{port}", timeout=10,
+                           verify=ssl.create_default_context(cafile=str(cert.cert))) as http:
+            def answering() -> bool:
+                assert process.poll() is None, "gateway serve exited"
+                with contextlib.suppress(httpx2.TransportError):
+                    return http.get("/healthz").status_code == 200
+                return False
+
+            wait_until(answering, timeout=60, what="gateway serve to listen")
+            # a debug line per probe: far more than the pipe holds (64 KiB), nobody reading it
+            for _ in range(1500):
+                assert http.get("/healthz").status_code == 200
+            reader.start()
+            assert http.get("/healthz").status_code == 200
+    finally:
+        if reader.ident is None:
+            reader.start()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(60)
+    reader.join(30)
+    output = b"".join(read).decode(errors="replace")
+    assert code == 0, output[-4000:]
+    assert output.count("GET /healthz 200") > 100, output[-4000:]
+    assert "stopping: readiness fails from now" in output, output[-4000:]
 
 
 def test_serve_refuses_to_start_without_a_token(
