@@ -36,7 +36,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from support.httpserver import FAST_HASH, GATEWAY_MAIN
 from support.processes import NGINX_MAIN, free_port, local_nginx_recipe, need, stop, wait_for_port
-from support.simulator import MakeSimulator, Simulator, write_targets
+from support.simulator import MakeSimulator, Simulator, wait_until, write_targets
 
 from gateway.auth.roles import load_roles
 from gateway.auth.tokens import create_token
@@ -236,7 +236,9 @@ async def edge_through_the_proxy(proxied: Proxied) -> dict[str, int]:
 def test_host_checks_and_forwarded_addresses_work_behind_nginx(proxied: Proxied) -> None:
     statuses = anyio.run(edge_through_the_proxy, proxied)
     assert statuses == {"wrong_host": 421, "bad": 429, "good_after": 200}
-    assert "127.0.0.2 GET /metrics 401" in proxied.serve_log.read_text(), "the forwarded client address"
+    # the forwarded client address, in the access line (a thread writes the log lines)
+    wait_until(lambda: "127.0.0.2 GET /metrics 401" in proxied.serve_log.read_text(), timeout=30,
+               what="the access line naming the forwarded client address")
 
 
 # ------------------------------------------------------------------------------------------ container

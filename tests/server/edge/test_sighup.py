@@ -56,7 +56,8 @@ def test_sighup_reloads_rules_and_roles_and_the_gateway_keeps_serving(
         assert command.process.poll() is None, command.output()
         tls = ssl.create_default_context(cafile=str(cert.cert))
         assert httpx2.get(f"{base}/healthz", verify=tls, timeout=30).status_code == 200
-        assert "SIGHUP: re-reading rules.yaml and roles.yaml" in command.output()
+        wait_until(lambda: "SIGHUP: re-reading rules.yaml and roles.yaml" in command.output(), timeout=30,
+                   what="the SIGHUP line in the server's log (a thread writes the log lines)")
     finally:
         code = command.stop()
     assert code == 0, command.output()
