@@ -51,6 +51,7 @@ from mcp.server.auth.middleware.auth_context import auth_context_var, get_access
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import PrivateAttr
 from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -502,6 +503,23 @@ class DrainMiddleware:
 # ---------------------------------------------------------------------------- authentication
 
 
+class EdgeAccessToken(AccessToken):
+    """The SDK's view of a caller that also holds the edge's own ``Principal`` of this request, so the
+    call reads the caller as the edge found it (``Principal.as_read``: the token's record the edge read
+    for this request) instead of rebuilding a poorer copy from the claims. The principal is private:
+    never serialized, never compared."""
+
+    _principal: Principal | None = PrivateAttr(default=None)
+
+    def __init__(self, principal: Principal, **fields: Any) -> None:
+        super().__init__(**fields)
+        self._principal = principal
+
+    @property
+    def principal(self) -> Principal | None:
+        return self._principal
+
+
 def access_token_for(principal: Principal, *, idp: bool = False) -> AccessToken:
     """The SDK's view of a caller. ``subject`` is the token id, so a session opened with one token
     cannot be continued with another token of the same name (the SDK compares both); a caller from an
@@ -510,14 +528,18 @@ def access_token_for(principal: Principal, *, idp: bool = False) -> AccessToken:
     claims: dict[str, Any] = {"gateway_role": principal.role, "gateway_surface": principal.surface}
     if idp:
         claims.update(claims_of(principal))
-        return AccessToken(token=str(principal.key), client_id=principal.name,
-                           scopes=sorted(principal.scopes or ()), subject=f"idp:{principal.key}",
-                           claims=claims)
-    return AccessToken(token=principal.token_id or principal.name, client_id=principal.name, scopes=[],
-                       subject=principal.token_id, claims=claims)
+        return EdgeAccessToken(principal, token=str(principal.key), client_id=principal.name,
+                               scopes=sorted(principal.scopes or ()), subject=f"idp:{principal.key}",
+                               claims=claims)
+    return EdgeAccessToken(principal, token=principal.token_id or principal.name, client_id=principal.name,
+                           scopes=[], subject=principal.token_id, claims=claims)
 
 
 def principal_of(access: AccessToken) -> Principal | None:
+    """The caller ``access`` stands for: the edge's own principal when it made ``access``, else (an
+    access token from elsewhere) the one its claims describe."""
+    if isinstance(access, EdgeAccessToken) and access.principal is not None:
+        return access.principal
     claims = access.claims or {}
     role, surface = claims.get("gateway_role"), claims.get("gateway_surface")
     if not isinstance(role, str) or not isinstance(surface, str):

@@ -178,6 +178,28 @@ async def test_client_lists_and_calls_in_both_protocol_revisions(
     assert (mine[-1]["caller"], mine[-1]["surface"]) == ("alice", "https")
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_call_takes_the_caller_as_the_edge_read_it_for_the_request(
+    served: Served, mode: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The edge reads the token's record for every request; the call behind it uses that read (no
+    second read of the store, no second trip off the event loop) on both revisions."""
+    facts = served.gateway.facts
+    read_again: list[str] = []
+    store_read = facts.party
+
+    def party(principal: Principal) -> Any:
+        read_again.append(principal.name)
+        return store_read(principal)
+
+    monkeypatch.setattr(facts, "party", party)
+    async with mcp_client(served, served.tokens["alice"], mode) as client:
+        for tool, args in (("list_targets", {}), ("list_vms", {"target": "vc1"}), ("list_targets", {})):
+            result = await client.call_tool(tool, args)
+            assert not result.is_error, result.content
+    assert read_again == []
+
+
 async def test_a_reader_is_offered_read_tools_only(served: Served) -> None:
     async with mcp_client(served, served.tokens["bob"], "legacy") as reader:
         tools = (await reader.list_tools()).tools
