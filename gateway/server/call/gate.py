@@ -139,13 +139,23 @@ class Gate:
         already read the target's settings off the loop."""
         if limits is None:
             limits = await off_loop(self.facts.policy.target_limits, target)
+        limited = await off_loop(self.over_rate, ctx, target, kind, limits)
+        if limited is not None:
+            await self.refused(ctx, args, limited, target=target)
+
+    def over_rate(self, ctx: CallContext, target: str, kind: Category,
+                  limits: TargetPolicy) -> RateLimited | None:
+        """The refusal of a call of ``ctx``'s caller on ``target`` over its rate limit for ``kind``, None
+        when it is within it (and now counted). Blocking (PostgreSQL: a DB call): run it off the loop,
+        as ``rate_limit`` does, or in the worker trip that read the call's facts (``Reads``)."""
         per_minute, ceiling = limits.rate_limit(kind), limits.target_rate_limit(kind)
         try:
-            await off_loop(self.rate_limiter.check, target, kind, per_minute, time.monotonic(),
-                                caller=scope_of(ctx.principal), target_limit=ceiling,
-                                shown=ctx.principal.name)  # PostgreSQL: a DB call
+            self.rate_limiter.check(target, kind, per_minute, time.monotonic(),
+                                    caller=scope_of(ctx.principal), target_limit=ceiling,
+                                    shown=ctx.principal.name)
         except RateLimited as exc:
-            await self.refused(ctx, args, exc, target=target)
+            return exc
+        return None
 
     async def authorize_plan(
         self,

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.answer import Answer
 from gateway.errors import Busy, Forbidden, GatewayError, PolicyDenied, RateLimited
-from gateway.guard.decision import Entry, Facts, read_rules, sees_target_addresses
-from gateway.guard.policy.model import TargetPolicy
+from gateway.guard.decision import Entry, Facts, Verdict, read_rules, sees_target_addresses
 from gateway.guard.policy.read_filter import Filtered, ReadFilter, read_args
 from gateway.server.base.audit_trail import AuditTrail
 from gateway.server.base.context import ALL, CallContext, ProgressSink, off_loop, redact_args, target_label
@@ -25,6 +25,16 @@ from gateway.vocabulary import Category
 from gateway.vsphere.mirror import Mirrors
 from gateway.vsphere.pool import VSphereSession
 from gateway.vsphere.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class _TargetRead:
+    """What a read learned of one target in its worker trip (``Reads._read_facts``)."""
+
+    facts: Facts
+    verdict: Verdict
+    #: the rate limit's refusal (None: within it, and counted; or the verdict refused first)
+    limited: RateLimited | None
 
 
 class Reads:
@@ -59,11 +69,12 @@ class Reads:
         refused: dict[str, dict[str, Any]] = {}
         filters: dict[str, ReadFilter | None] = {}
         for name in names:
-            facts, limits = await off_loop(self._read_facts, ctx, args, name)
-            filters[name] = read_rules(facts)
+            read = await off_loop(self._read_facts, ctx, args, name)
+            filters[name] = read_rules(read.facts)
             try:
-                await self.gate.check(ctx, facts, args, target=name)
-                await self.gate.rate_limit(ctx, args, name, Category.READ, limits)
+                await self.gate.enforce(ctx, read.verdict, read.facts, args, target=name)
+                if read.limited is not None:
+                    await self.gate.refused(ctx, args, read.limited, target=name)
             except (PolicyDenied, RateLimited) as exc:
                 if single:
                     raise
@@ -72,12 +83,16 @@ class Reads:
             raise PolicyDenied(f"the policy refuses this read on every target named: {', '.join(refused)}")
         return names, refused, filters
 
-    def _read_facts(
-        self, ctx: CallContext, args: Mapping[str, Any], target: str
-    ) -> tuple[Facts, TargetPolicy]:
-        """A read's facts on ``target`` and the target's limits: one trip off the event loop for both."""
+    def _read_facts(self, ctx: CallContext, args: Mapping[str, Any], target: str) -> _TargetRead:
+        """A read's facts on ``target``, the gate's decision on them and, when it allows the read, the
+        target's rate limit counted: one trip off the event loop for the three (the refusals are
+        audited on the loop, by the gate)."""
         facts = self.facts.facts(Entry.READ, ctx.party, ctx.spec, args, target=target)
-        return facts, self.facts.policy.target_limits(target)
+        verdict = self.gate.decide(facts, ctx.spec.name)
+        limited = None
+        if verdict.allowed:
+            limited = self.gate.over_rate(ctx, target, Category.READ, self.facts.policy.target_limits(target))
+        return _TargetRead(facts, verdict, limited)
 
     async def read(
         self, ctx: CallContext, args: dict[str, Any], _p: ProgressSink | None
