@@ -311,6 +311,16 @@ class RoleBook:
         with self._lock:
             return self._builtins.get(name) or self._custom.get(name)
 
+    def get_loaded(self, name: str) -> tuple[bool, Role | None]:
+        """``get`` for an event loop: never reads or reloads the file (one ``stat``). (True, the role)
+        when the roles in memory are the file as it is now; (False, None) when the file changed since
+        (or was just written): ``get`` it off the loop, which reloads it."""
+        signature = self._stat()
+        with self._lock:
+            if not self._loaded or signature != self._signature or self._racy:
+                return False, None
+            return True, self._builtins.get(name) or self._custom.get(name)
+
     def roles(self) -> dict[str, Role]:
         """Every role in force: the built-ins, then the custom roles."""
         self.refresh()

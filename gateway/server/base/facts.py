@@ -79,34 +79,40 @@ class FactsNow:
         """The caller as the store says it is now: a token's current state, role and kind (a principal
         without a token, from stdio or the CLI, is the role and kind its surface gave it), with its
         keys (``guard.callers``)."""
-        key, person_key = key_of(principal), person_of(principal)
         if principal.token_id is None:
-            return Party(principal.name, TokenState.USABLE, self.roles.get(principal.role), principal.kind,
-                         key=key, person_key=person_key)
+            return self._tokenless(principal, self.roles.get(principal.role))
         record = self.store.token_by_id(principal.token_id)
         if record is None:
-            return Party(principal.name, TokenState.UNKNOWN, None, key=key, person_key=person_key)
-        return self._party_of(principal, record)
+            return Party(principal.name, TokenState.UNKNOWN, None, key=key_of(principal),
+                         person_key=person_of(principal))
+        return self._party_of(principal, record, self.roles.get(record.role))
 
-    def _party_of(self, principal: Principal, record: TokenRecord) -> Party:
+    @staticmethod
+    def _tokenless(principal: Principal, role: Role | None) -> Party:
+        return Party(principal.name, TokenState.USABLE, role, principal.kind, key=key_of(principal),
+                     person_key=person_of(principal))
+
+    def _party_of(self, principal: Principal, record: TokenRecord, role: Role | None) -> Party:
         key, person_key = key_of(principal), person_of(principal)
         state = token_state(record, self.clock())
         person = key if record.kind is Kind.PERSON else person_key
-        return Party(principal.name, state, self.roles.get(record.role), record.kind, key=key,
-                     person_key=person)
+        return Party(principal.name, state, role, record.kind, key=key, person_key=person)
 
     def party_known(self, principal: Principal) -> Party | None:
         """``party`` when it needs no read of the store: a principal without a token, or one whose record
         the edge read for this request (``Principal.as_read``, at most ``EDGE_READ_SECONDS`` ago; the
         edge reads the store's token generation on every request, so a change made before the request
-        arrived is in it). None: ask ``party``, off the event loop."""
-        if principal.token_id is None:
-            return self.party(principal)
+        arrived is in it). The roles file is never read here (``RoleBook.get_loaded``): edited since it was
+        loaded, it is reloaded by ``party``. None: ask ``party``, off the event loop."""
         record = principal.as_read
-        if record is None or record.token_id != principal.token_id \
-                or not 0 <= time.monotonic() - principal.read_at <= EDGE_READ_SECONDS:
+        if principal.token_id is not None and (
+                record is None or record.token_id != principal.token_id
+                or not 0 <= time.monotonic() - principal.read_at <= EDGE_READ_SECONDS):
             return None
-        return self._party_of(principal, record)
+        current, role = self.roles.get_loaded(principal.role if record is None else record.role)
+        if not current:
+            return None
+        return self._tokenless(principal, role) if record is None else self._party_of(principal, record, role)
 
     def owner(self, p: Proposal) -> Party:
         """The proposer as they are now: for a token, its current state and role, found by the token id

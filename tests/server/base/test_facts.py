@@ -3,9 +3,11 @@ moment each is asked, over SQLite and plain values."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
+from support.gateway_env import role, write_roles
 from support.server_parts import AGENT, READER, Parts, proposal_of
 
 from gateway.auth.tokens import Principal, create_token
@@ -33,6 +35,7 @@ def test_the_edge_read_of_a_token_stands_for_the_store_within_its_request(parts:
     caller = Principal(name="bot", role="admin", token_id=record.token_id, surface="test", as_read=record,
                        read_at=time.monotonic())
     parts.backends.store.update_token("bot", revoked=True)  # after the edge read it: the next request sees it
+    parts.roles.roles()  # loaded, as a server's are from its start
     known = parts.facts.party_known(caller)
     assert known is not None and known.token is TokenState.USABLE and known.role is not None
     assert known.role.name == "reader" and known.key == parts.facts.party(caller).key
@@ -46,8 +49,34 @@ def test_an_old_or_foreign_edge_read_is_not_used(parts: Parts) -> None:
     other = Principal(name="bot", role="reader", token_id="t-other", surface="test", as_read=record,
                       read_at=time.monotonic())
     unread = Principal(name="bot", role="reader", token_id=record.token_id, surface="test")
+    parts.roles.roles()  # loaded, as a server's are from its start
     assert [parts.facts.party_known(p) for p in (old, other, unread)] == [None, None, None]
     assert parts.facts.party_known(READER) == parts.facts.party(READER)  # no token: nothing to read
+
+
+def test_the_edge_read_never_reloads_the_roles_file_on_the_event_loop(parts: Parts) -> None:
+    """``party_known`` runs on the event loop: the roles file as loaded is used; edited since, it is not
+    read there (None: ``party``, off the loop, reloads it), and after that reload the edge read is used
+    again."""
+    def roles_file(allowed: tuple[str, ...]) -> None:
+        write_roles(parts.tmp, {"ops": role(write=allowed)})
+        past = time.time() - 60  # not a file written this instant, which is always read again
+        os.utime(parts.tmp / "roles.yaml", (past, past))
+
+    roles_file(())
+    _plain, record = create_token(parts.backends.store, "bot", "ops", expires_in=None, now=parts.clock())
+    caller = Principal(name="bot", role="ops", token_id=record.token_id, surface="test", as_read=record,
+                       read_at=time.monotonic())
+    assert parts.roles.get("ops") is not None  # loaded
+    known = parts.facts.party_known(caller)
+    assert known is not None and known.role is not None and known.role.allow_write == frozenset()
+    roles_file(("power_on_vm",))
+    assert parts.facts.party_known(caller) is None  # edited: not read on the loop
+    assert parts.roles.get_loaded("ops") == (False, None)  # ... nor reloaded
+    reloaded = parts.facts.party(caller).role
+    assert reloaded is not None and "power_on_vm" in reloaded.allow_write
+    again = parts.facts.party_known(caller)
+    assert again is not None and again.role == reloaded
 
 
 def test_a_token_the_store_does_not_know_has_no_role(parts: Parts) -> None:

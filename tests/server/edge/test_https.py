@@ -185,6 +185,9 @@ async def test_a_call_takes_the_caller_as_the_edge_read_it_for_the_request(
     """The edge reads the token's record for every request; the call behind it uses that read (no
     second read of the store, no second trip off the event loop) on both revisions."""
     facts = served.gateway.facts
+    past = time.time() - 60  # a roles file not written this instant (one just written is always read again)
+    os.utime(served.gateway.settings.roles_file, (past, past))
+    facts.roles.get("admin")  # loaded again: the roles in memory are the file as it is now
     read_again: list[str] = []
     store_read = facts.party
 
