@@ -43,7 +43,6 @@ _PLAIN, _WORD, _STRONG = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=1024)  # mapping keys are a small set of names, seen in every row
 def _key_strength(key: str) -> int:
     norm = _KEY_SEPARATORS.sub("_", key.lower())
     if norm.endswith(_SAFE_KEY_SUFFIXES):
