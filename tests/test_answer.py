@@ -65,15 +65,22 @@ def test_a_composed_answer_keeps_each_parts_text_and_its_text_is_its_values_enco
     assert whole.value == {"kind": "vms", "targets": part.value}
 
 
+def _of_text(text: str) -> tuple[tuple[str, int], bytes | None]:
+    """What an answer of ``text`` must give: its fingerprint (sha256 and length of its bytes) and its
+    JSON string (None for text orjson cannot encode, a lone surrogate)."""
+    data = text.encode("utf-8", "surrogatepass")
+    try:
+        encoded: bytes | None = orjson.dumps(text)
+    except TypeError:
+        encoded = None
+    return (hashlib.sha256(data).hexdigest(), len(data)), encoded
+
+
 @pytest.mark.parametrize("value", [{"vms": [{"name": "wéb"}], "count": 1}, {"name": "\ud800 lone"}])
 def test_an_answers_fingerprint_and_json_string_are_of_its_text(value: dict[str, object]) -> None:
     answer = Answer.of(value)
-    data = answer.text.encode("utf-8", "surrogatepass")
-    assert answer.fingerprint() == (hashlib.sha256(data).hexdigest(), len(data))
-    try:
-        expected: bytes | None = orjson.dumps(answer.text)
-    except TypeError:
-        expected = None
+    fingerprint, expected = _of_text(answer.text)
+    assert answer.fingerprint() == fingerprint
     assert answer.json_string() == expected
 
 
@@ -82,12 +89,8 @@ def test_a_field_added_has_the_fingerprint_and_json_string_of_its_whole_text(tex
     base = Answer.of({"vms": [{"name": text}], "count": 1})
     for item in (0.125, 3.5):
         added = base.copy().with_field("mirror_age_seconds", item)
-        data = added.text.encode("utf-8", "surrogatepass")
-        assert added.fingerprint() == (hashlib.sha256(data).hexdigest(), len(data))
-        try:
-            expected: bytes | None = orjson.dumps(added.text)
-        except TypeError:
-            expected = None
+        fingerprint, expected = _of_text(added.text)
+        assert added.fingerprint() == fingerprint
         assert added.json_string() == expected
         assert json.loads(added.json_string() or b'""') == (added.text if expected else "")
 
