@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 from pyVim.connect import Disconnect
-from support import tier
+from support import loop_reads, tier
 from support.browser import launched_chromium
 from support.gateway_env import Env
 from support.postgres import PgServer, PostgresError, discard, start_postgres
@@ -87,6 +87,17 @@ def _parts_marked() -> Iterator[None]:
     if tier.unmarked:
         found, tier.unmarked[:] = "\n".join(tier.unmarked), []
         pytest.fail(found, pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_config_read_on_a_serving_loop() -> Iterator[None]:
+    """Fail a test whose server read rules.yaml or roles.yaml on its event loop while serving a request
+    (tests/support/loop_reads.py)."""
+    loop_reads.install()
+    loop_reads.found()
+    yield
+    if found := loop_reads.found():
+        pytest.fail("\n".join(found), pytrace=False)
 
 
 @pytest.fixture(scope="module")

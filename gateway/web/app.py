@@ -219,7 +219,10 @@ class WebApi:
             return []
         return SsoRoutes(self.sign_on, self.sessions, secure=self._secure, cookie_path=self._cookie_path,
                          audit=self._audit_event,
-                         role_known=lambda p: self.gateway.facts.role_of(p) is not None).routes()
+                         role_known=self._role_known).routes()
+
+    async def _role_known(self, principal: Principal) -> bool:
+        return await self.gateway.facts.role_now(principal) is not None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -323,9 +326,11 @@ class WebApi:
         except AuditUnavailable:
             log.warning("could not audit %s of %r: the audit log is not writable", phase, principal.name)
 
-    def _signed_out(self) -> dict[str, Any]:
-        """The signed-out answer, with a role that exists and may approve for the page's sign-in hint."""
-        body: dict[str, Any] = {"signed_in": False, "sign_in_role": sign_in_role(self.gateway.roles.roles())}
+    async def _signed_out(self) -> dict[str, Any]:
+        """The signed-out answer, with a role that exists and may approve for the page's sign-in hint (the
+        roles as the file says now: read off the loop)."""
+        roles = await anyio.to_thread.run_sync(self.gateway.roles.roles)
+        body: dict[str, Any] = {"signed_in": False, "sign_in_role": sign_in_role(roles)}
         if self.sign_on is not None:  # single sign-on configured: how people sign in here
             body.update({"sso": True, "token_sign_in": self.sign_on.token_sign_in})
         return body
@@ -354,7 +359,7 @@ class WebApi:
             viewer = await anyio.to_thread.run_sync(self._viewer, request)
         except Unauthorized:
             stale = self._session_id(request) is not None
-            return _json(self._signed_out(), headers=self._clear_cookie(request) if stale else None)
+            return _json(await self._signed_out(), headers=self._clear_cookie(request) if stale else None)
         except GatewayError as exc:
             return self._error(request, exc)
         return _json(self._session_body(viewer))
@@ -383,7 +388,8 @@ class WebApi:
                 raise Forbidden("this is an agent's token, and only people sign in to the approval page (an "
                                 "agent never approves, not even its own proposals); sign in with your own "
                                 f"person's token: {PERSON_TOKEN}", reason_code="agent_token")
-            if self.gateway.facts.role_of(principal) is None:
+            role = await self.gateway.facts.role_now(principal)
+            if role is None:
                 raise Forbidden(f"your token's role '{principal.role}' is not defined on this gateway; ask "
                                 "an administrator to fix roles.yaml or give your token another role")
             session = await anyio.to_thread.run_sync(self._new_session, request, principal)
@@ -391,8 +397,6 @@ class WebApi:
             return self._error(request, exc)
         viewer_principal = replace(principal, surface=SURFACE)
         await self._audit_event("web_sign_in", viewer_principal)
-        role = self.gateway.facts.role_of(principal)
-        assert role is not None
         cookie = set_cookie_header(session.id, secure=self._secure(request), max_age=self.sessions.lifetime,
                                    path=self._cookie_path(request))
         body = self._session_body(Viewer(session, viewer_principal, role))
@@ -430,7 +434,7 @@ class WebApi:
             viewer = await anyio.to_thread.run_sync(self._viewer, request)
             self._check_csrf(request, viewer.session)
         except Unauthorized:
-            return _json(self._signed_out(), headers=self._clear_cookie(request))
+            return _json(await self._signed_out(), headers=self._clear_cookie(request))
         except GatewayError as exc:
             return self._error(request, exc)
         try:
@@ -438,7 +442,7 @@ class WebApi:
         except GatewayError as exc:
             return self._error(request, exc)
         await self._audit_event("web_sign_out", viewer.principal)
-        return _json(self._signed_out(), headers=self._clear_cookie(request))
+        return _json(await self._signed_out(), headers=self._clear_cookie(request))
 
     # ------------------------------------------------------------------ proposals
 
@@ -487,8 +491,13 @@ class WebApi:
     async def targets(self, _request: Request, viewer: Viewer) -> dict[str, Any]:
         listing = await self.gateway.calls.call(viewer.principal, "list_targets", {},
                                                 correlation_id=correlation_id_var.get())
-        for row in listing.get("targets", []):
-            row["require_web_approval"] = self.gateway.policy.target_limits(row["name"]).require_web_approval
+        rows = listing.get("targets", [])
+
+        def gated() -> list[bool]:  # the rules file is read on each look: off the loop
+            return [self.gateway.policy.target_limits(row["name"]).require_web_approval for row in rows]
+
+        for row, web_approval in zip(rows, await anyio.to_thread.run_sync(gated), strict=True):
+            row["require_web_approval"] = web_approval
         return listing
 
     async def inventory(self, request: Request, viewer: Viewer) -> Answer:

@@ -66,7 +66,7 @@ class SsoRoutes:
         secure: Callable[[Request], bool],
         cookie_path: Callable[[Request], str],
         audit: Audit,
-        role_known: Callable[[Principal], bool],
+        role_known: Callable[[Principal], Awaitable[bool]],
     ) -> None:
         self.sign_on, self.sessions, self.secure, self.cookie_path = sign_on, sessions, secure, cookie_path
         self.audit, self.role_known = audit, role_known
@@ -118,7 +118,7 @@ class SsoRoutes:
                 )
             identity = await self.sign_on.finish(binding, params.get("state"), params.get("code"))
             person = identity.principal
-            if not self.role_known(person):
+            if not await self.role_known(person):
                 raise IdentityRefusal(
                     403,
                     "unmapped",

@@ -30,6 +30,7 @@ from gateway.guard.decision import (
 from gateway.guard.policy.store import PolicyStore
 from gateway.proposals import Proposal
 from gateway.role import Role
+from gateway.server.base.context import off_loop
 from gateway.store.base import StateStore, TokenRecord
 from gateway.tools.registry import Registry
 from gateway.tools.spec import ToolSpec
@@ -52,7 +53,15 @@ class FactsNow:
         self.clock = clock
 
     def role_of(self, principal: Principal) -> Role | None:
+        """The caller's role now (blocking: the roles file is reloaded when it changed); on the event loop,
+        ``role_now``."""
         return self.roles.get(principal.role)
+
+    async def role_now(self, principal: Principal) -> Role | None:
+        """``role_of`` for code on the event loop: the roles in memory while the file is as they were loaded
+        from it (one ``stat``), else read off the loop (a reload parses the file and audits it)."""
+        current, role = self.roles.get_loaded(principal.role)
+        return role if current else await off_loop(self.roles.get, principal.role)
 
     @functools.cached_property
     def change_tools(self) -> tuple[tuple[str, Category], ...]:
@@ -67,7 +76,10 @@ class FactsNow:
         return tool_permitted(role, spec.name, spec.kind, self.change_tools)
 
     def tools_for(self, principal: Principal) -> list[ToolSpec]:
-        role = self.role_of(principal)
+        return self.tools_of(self.role_of(principal))
+
+    def tools_of(self, role: Role | None) -> list[ToolSpec]:
+        """The tools ``role`` may call (none for an undefined role)."""
         if role is None:
             return []
         return [spec for spec in self.registry if self.permits(role, spec)]

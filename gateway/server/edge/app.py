@@ -212,7 +212,7 @@ def _probe_routes(gateway: AppGateway, caller: ProbeCaller, identity: IdentitySe
             log.exception("readiness check failed")
             reasons = ["readiness check failed"]
         status, code = ("not ready", 503) if reasons else ("ready", 200)
-        if not detail_allowed(gateway, await caller(request)):
+        if not await detail_allowed(gateway, await caller(request)):
             return JSONResponse({"status": status}, status_code=code)  # a stranger learns nothing else
         return JSONResponse(_readiness_detail(gateway, status, reasons, extra), status_code=code)
 

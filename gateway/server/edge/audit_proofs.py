@@ -81,7 +81,7 @@ def audit_proof_routes(gateway: ProofGateway) -> list[BaseRoute]:
         principal = current_principal()
         if principal is None:
             raise Unauthorized("a bearer token is required")
-        refusal = _refusal(gateway.facts.role_of(principal), principal, identity, request.url.path)
+        refusal = _refusal(await gateway.facts.role_now(principal), principal, identity, request.url.path)
         if refusal is not None:
             row = {"phase": "refused", "tool": "audit_proof", "caller": principal.name,
                    "role": principal.role, "surface": principal.surface,

@@ -89,9 +89,9 @@ class CallerFacts(Protocol):
     @property
     def registry(self) -> Registry: ...
 
-    def tools_for(self, principal: Principal) -> list[ToolSpec]: ...
+    def tools_of(self, role: Any) -> list[ToolSpec]: ...
 
-    def role_of(self, principal: Principal) -> Any: ...
+    async def role_now(self, principal: Principal) -> Any: ...
 
     def visible_targets(self, role: Any) -> list[Target]: ...
 
@@ -241,7 +241,8 @@ class _Handlers:
             principal = self.caller()
         except Unauthorized as exc:
             raise MCPError(code=types.INVALID_REQUEST, message=exc.message) from None
-        tools = self.gateway.facts.tools_for(principal)
+        facts = self.gateway.facts
+        tools = facts.tools_of(await facts.role_now(principal))
         return types.ListToolsResult(tools=[tool_of(spec) for spec in tools])
 
     async def call_tool(
@@ -282,17 +283,16 @@ class _Handlers:
                 return internal_error_result(correlation_id)
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
-        """The inputSchema tools/list offers this caller for ``name`` (the SDK checks Mcp-Param headers
-        against it on 2026-07-28), None when it is not offered (the call is then refused as unknown)."""
-        principal = self.principal_of()
-        if principal is None:
-            return None
-        spec = next((s for s in self.gateway.facts.tools_for(principal) if s.name == name), None)
+        """The inputSchema of the tool ``name`` (the SDK checks a 2026-07-28 call's Mcp-Param headers against
+        it), None for a tool this gateway does not have. Whoever the caller: this is a synchronous callback
+        on the event loop, so it reads no roles file; the call's own decision refuses (and audits) a tool
+        its caller may not use."""
+        spec = self.gateway.facts.registry.get(name)
         return spec.input_schema() if spec is not None else None
 
-    def instructions(self) -> str:
+    async def instructions(self) -> str:
         principal = self.principal_of()
-        role = self.gateway.facts.role_of(principal) if principal is not None else None
+        role = await self.gateway.facts.role_now(principal) if principal is not None else None
         if not sees_target_addresses(role):
             return instructions_for(None)
         return instructions_for(self.gateway.facts.visible_targets(role))
@@ -324,7 +324,7 @@ class _PerCallerInstructions:
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         result = await call_next(ctx)
         if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
-            return {**_no_list_changes(result), "instructions": self._handlers.instructions()}
+            return {**_no_list_changes(result), "instructions": await self._handlers.instructions()}
         return result
 
 

@@ -48,7 +48,7 @@ class ScopeRefused(Forbidden):
 class Roles(Protocol):
     """A caller's role as the store says now (``gateway.server.base.facts.FactsNow``)."""
 
-    def role_of(self, principal: Principal) -> Role | None: ...
+    async def role_now(self, principal: Principal) -> Role | None: ...
 
 
 class OperatorGateway(Protocol):
@@ -114,7 +114,7 @@ async def metrics_denied(gateway: OperatorGateway, request: Request, identity: I
     if principal is None:  # the edge lets no request here without a token: fail closed anyway
         return JSONResponse({"error": {"code": "unauthorized", "message": "a bearer token is required"}},
                             status_code=401)
-    why = metrics_refusal(gateway.facts.role_of(principal), principal)
+    why = metrics_refusal(await gateway.facts.role_now(principal), principal)
     if why is None:
         return None
     path = request.url.path
@@ -177,12 +177,12 @@ class ProbeCaller:
         return verdict.principal
 
 
-def detail_allowed(gateway: OperatorGateway, principal: Principal | None) -> bool:
+async def detail_allowed(gateway: OperatorGateway, principal: Principal | None) -> bool:
     """Whether the readiness detail is shown to ``principal`` (the /metrics right)."""
     if principal is None:
         return False
     try:
-        role = gateway.facts.role_of(principal)
+        role = await gateway.facts.role_now(principal)
     except Exception:  # a gateway that cannot say: no detail
         log.exception("the role of a readiness caller could not be read")
         return False

@@ -34,6 +34,7 @@ from support.answers import answer_of
 from support.httpserver import (
     FAST_HASH,
     GATEWAY_MAIN,
+    READER_ROLES,
     REPO,
     Served,
     audit_rows,
@@ -109,7 +110,7 @@ class StandInGateway:
     def registry(self) -> dict[str, ToolSpec]:  # the tools by name (which may stream their answer)
         return {spec.name: spec for spec in (READ, SLOW)}
 
-    def tools_for(self, principal: Principal) -> list[ToolSpec]:
+    def tools_of(self, role: Any) -> list[ToolSpec]:
         return [READ, SLOW]
 
     async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
@@ -125,7 +126,7 @@ class StandInGateway:
         return Answer.of({"caller": principal.name, "surface": principal.surface,
                           "correlation_id": correlation_id, "vms": ["vm-a", "vm-b"]})
 
-    def role_of(self, principal: Principal) -> _Role:
+    async def role_now(self, principal: Principal) -> _Role:
         return _Role()
 
     def visible_targets(self, role: Any) -> list[Target]:
@@ -201,6 +202,34 @@ async def test_a_call_takes_the_caller_as_the_edge_read_it_for_the_request(
             result = await client.call_tool(tool, args)
             assert not result.is_error, result.content
     assert read_again == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_roles_edit_applies_to_the_next_listing_and_is_read_off_the_event_loop(
+    sim_vc1: Simulator, tmp_path: Path, mode: str,
+) -> None:
+    """carol's role cut to one tool: the next session's tools/list offers that tool only, and a call of
+    another is refused, audited. The edit is read at once, in a worker thread: the suite's guard
+    (tests/support/loop_reads.py) fails a test whose server reads roles.yaml on its event loop while
+    serving a request, as tools/list, the instructions and the Mcp-Param schema look-up did."""
+    running = serve(tmp_path, real_gateway(sim_vc1, tmp_path))
+    try:
+        async with mcp_client(running, running.tokens["carol"], mode) as before:
+            offered = {t.name for t in (await before.list_tools()).tools}
+        roles = running.gateway.settings.roles_file
+        roles.write_text(READER_ROLES.replace("tools: read", "tools: [list_targets]"))
+        async with mcp_client(running, running.tokens["carol"], mode) as after:
+            now_offered = {t.name for t in (await after.list_tools()).tools}
+            refused = await after.call_tool("list_vms", {"target": "vc1"})
+        rows = audit_rows(running.gateway)
+    finally:
+        running.stop()
+        await running.gateway.close()
+    assert {"list_targets", "list_vms"} <= offered
+    assert now_offered == {"list_targets"}
+    assert refused.is_error and answer_of(refused)["error"]["code"] == "not_found", refused.content
+    (row,) = [r for r in rows if r.get("tool") == "list_vms"]
+    assert (row["phase"], row["caller"], row["decision"]["rule"]) == ("denied", "carol", "role:vc1-reader")
 
 
 async def test_a_reader_is_offered_read_tools_only(served: Served) -> None:

@@ -140,7 +140,7 @@ class BigGateway:
     def calls(self) -> BigGateway:  # where tool calls are answered: this stand-in too
         return self
 
-    def tools_for(self, principal: Principal) -> list[ToolSpec]:
+    def tools_of(self, role: Any) -> list[ToolSpec]:
         return [BIG]
 
     async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
@@ -151,7 +151,7 @@ class BigGateway:
                  "memory_mb": 4096, "guest_ip": f"10.0.{i // 250}.{i % 250}"} for i in range(ROWS)]
         return Answer.of({"vms": rows, "count": ROWS})
 
-    def role_of(self, principal: Principal) -> _Role:
+    async def role_now(self, principal: Principal) -> _Role:
         return _Role()
 
     def visible_targets(self, role: Any) -> list[Target]:
@@ -359,9 +359,6 @@ class ToolsByName:
     def facts(self) -> ToolsByName:
         return self
 
-    def tools_for(self, principal: Principal) -> list[ToolSpec]:
-        return [self.registry["list_vms"]] if principal.role == "reader" else []
-
 
 def _call(name: object, meta: dict[str, Any] | None = None) -> bytes:
     params: dict[str, Any] = {"name": name, "arguments": {}}
@@ -389,12 +386,11 @@ def test_only_a_request_that_may_send_something_first_keeps_its_event_stream(bod
     assert may_stream(ToolsByName(LISTING, CHANGE, PENDING), body) is streams  # type: ignore[arg-type]
 
 
-def test_the_sdk_takes_each_tools_input_schema_from_what_the_caller_is_offered() -> None:
-    reader = Principal(name="r", role="reader", surface="https")
-    caller: list[Principal] = [reader]
-    server = build_mcp_server(ToolsByName(LISTING, CHANGE), lambda: caller[0])  # type: ignore[arg-type]
+def test_the_sdk_takes_each_tools_input_schema_from_the_registry_without_reading_the_caller() -> None:
+    """The schema lookup is a synchronous SDK callback on the event loop: it reads no role (``ToolsByName``
+    has no role to give), and a tool the caller may not use is refused, audited, by the call's decision."""
+    server = build_mcp_server(ToolsByName(LISTING, CHANGE), lambda: None)  # type: ignore[arg-type]
     assert server.get_tool_input_schema is not None
     assert server.get_tool_input_schema("list_vms") == LISTING.input_schema()
-    assert server.get_tool_input_schema("power_off_vm") is None  # not offered to this caller
-    caller[0] = Principal(name="w", role="writer", surface="https")
-    assert server.get_tool_input_schema("list_vms") is None
+    assert server.get_tool_input_schema("power_off_vm") == CHANGE.input_schema()
+    assert server.get_tool_input_schema("no_such_tool") is None

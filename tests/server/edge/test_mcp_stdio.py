@@ -61,14 +61,14 @@ class StandInPipeline:
     def calls(self) -> StandInPipeline:  # where tool calls are answered: this stand-in too
         return self
 
-    def tools_for(self, principal: Principal) -> list[ToolSpec]:
-        return [s for s in SPECS if principal.role == "admin" or s.category is Category.READ]
+    def tools_of(self, role: Role) -> list[ToolSpec]:
+        return [s for s in SPECS if role.name == "admin" or s.category is Category.READ]
 
     async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None, *,
                      progress: ProgressSink | None = None, correlation_id: str | None = None) -> Answer:
         self.seen.append({"caller": principal.name, "tool": name, "progress": progress is not None,
                           "correlation_id": correlation_id})
-        if name not in {s.name for s in self.tools_for(principal)}:
+        if name not in {s.name for s in self.tools_of(BUILTIN_ROLES[principal.role])}:
             raise NotFound(f"unknown tool '{name}'; call tools/list to see the tools available to you")
         if name == "explode":
             raise RuntimeError("password=hunter2 in a stack frame")
@@ -79,7 +79,7 @@ class StandInPipeline:
         target = dict(args or {}).get("target")
         return Answer.of({"target": target, "vms": [{"name": "web-1", "moid": "vm-1"}]})
 
-    def role_of(self, principal: Principal) -> Role:
+    async def role_now(self, principal: Principal) -> Role:
         return BUILTIN_ROLES[principal.role]  # the real built-ins: the reader covers every target too
 
     def visible_targets(self, role: Any) -> list[Target]:

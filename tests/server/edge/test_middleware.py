@@ -83,14 +83,14 @@ class StandInGateway:
     def registry(self) -> dict[str, ToolSpec]:  # the tools by name (which may stream their answer)
         return {}
 
-    def tools_for(self, principal: Principal) -> list[ToolSpec]:
+    def tools_of(self, role: Any) -> list[ToolSpec]:
         return []
 
     async def answer(self, principal: Principal, name: str, args: Mapping[str, Any] | None,
                      **_: Any) -> Answer:
         return Answer.of({})
 
-    def role_of(self, principal: Principal) -> _Role:
+    async def role_now(self, principal: Principal) -> _Role:
         return _Role(principal.role == "admin")
 
     def visible_targets(self, role: Any) -> list[Target]:
