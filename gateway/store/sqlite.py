@@ -55,7 +55,7 @@ from gateway.store.base import (
 )
 from gateway.store.idempotency_keys import KEYS_MIGRATION
 from gateway.store.request_states import REQUEST_STATES_MIGRATION
-from gateway.store.task_records import TASKS_MIGRATION
+from gateway.store.task_records import FOLLOWS_MIGRATION, TASKS_MIGRATION
 from gateway.vocabulary import Kind
 
 __all__ = ["SqliteStore", "secure_directory"]
@@ -128,9 +128,12 @@ _V7: Final = approvals_migration("REAL")
 _V8: Final = CALLER_KEYS_MIGRATION
 #: 2026-07-28 confirmation rounds: the sealing secret every replica shares, and the spent states
 _V9: Final = REQUEST_STATES_MIGRATION
+#: the proposal a task follows (``TaskRecord.follows``), for a replica answering after its process died
+_V10: Final = FOLLOWS_MIGRATION
 #: the schema's history; the version is kept in ``PRAGMA user_version``. Append, never edit.
 MIGRATIONS: Final[tuple[Migration, ...]] = (
-    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8), (9, _V9)
+    (1, _V1), (2, _V2), (3, _V3), (4, _V4), (5, _V5), (6, _V6), (7, _V7), (8, _V8), (9, _V9),
+    (10, _V10),
 )
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 _TOKEN_COLUMNS: Final = ", ".join(TOKEN_COLUMNS)

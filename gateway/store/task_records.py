@@ -32,6 +32,8 @@ TASKS_MIGRATION: Final = (
     "CREATE INDEX mcp_tasks_caller ON mcp_tasks (caller, created_at)",
     "CREATE INDEX mcp_tasks_key ON mcp_tasks (caller, idempotency_key)",
 )
+#: the schema step of both engines naming the proposal a task follows (``TaskRecord.follows``)
+FOLLOWS_MIGRATION: Final = ("ALTER TABLE mcp_tasks ADD COLUMN follows TEXT",)
 #: the states of a task (the protocol's ``TaskStatus``; input_required is never used here)
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 
@@ -58,6 +60,9 @@ class TaskRecord:
     #: the caller's ``CallerKey`` text: only that caller sees the task (None: written before keys were
     #: kept: nobody's; ``caller`` is the display name rows show)
     caller_key: str | None = None
+    #: the gated proposal this task follows until a human decides it (it runs no vSphere work of its own:
+    #: whoever answers for it after its process died reads the proposal), or None
+    follows: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -66,7 +71,7 @@ class TaskRecord:
 
 _COLUMNS: Final = ("task_id, caller, tool, target, status, created_at, updated_at, keep_until, "
                    "status_message, progress, result, failed, cancel_requested, owner, idempotency_key, "
-                   "digest, caller_key")
+                   "digest, caller_key, follows")
 
 
 def _record(row: Any) -> TaskRecord:
@@ -74,7 +79,7 @@ def _record(row: Any) -> TaskRecord:
                       float(row["created_at"]), float(row["updated_at"]), float(row["keep_until"]),
                       row["status_message"], None if row["progress"] is None else float(row["progress"]),
                       row["result"], bool(row["failed"]), bool(row["cancel_requested"]), row["owner"],
-                      row["idempotency_key"], row["digest"], row["caller_key"])
+                      row["idempotency_key"], row["digest"], row["caller_key"], row["follows"])
 
 
 class TaskTable:
@@ -90,11 +95,11 @@ class TaskTable:
     def add(self, rec: TaskRecord) -> None:
         with self.store._write("record a task") as db:
             db.execute(self._sql(f"INSERT INTO mcp_tasks ({_COLUMNS}) VALUES "
-                                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"),
+                                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"),
                        (rec.task_id, rec.caller, rec.tool, rec.target, rec.status, rec.created_at,
                         rec.updated_at, rec.keep_until, rec.status_message, rec.progress, rec.result,
                         int(rec.failed), int(rec.cancel_requested), rec.owner, rec.idempotency_key,
-                        rec.digest, rec.caller_key))
+                        rec.digest, rec.caller_key, rec.follows))
 
     def by_key(self, caller_key: str, key: str, digest: str, now: float) -> TaskRecord | None:
         """The kept task the caller with key text ``caller_key`` started with idempotency key ``key`` for

@@ -61,6 +61,9 @@ NOT_STARTED: Final = "the vSphere task has not started yet (the call is queued o
 #: why a followed proposal's task stopped when cancelled (the proposal itself stays as it is)
 STOPPED_FOLLOWING: Final = ("stopped following the proposal; it still waits for its approval: "
                             "cancel_action withdraws it")
+#: the wait of a followed proposal's task, shown by a replica after the process following it died
+ORPHAN_FOLLOWED: Final = ("the gateway process that followed it stopped; each look at this task reads the "
+                          "proposal")
 
 AnswerFn = Callable[..., Awaitable[Answer]]
 #: ``Calls.observed``: counts what runs inside as one call of a tool in the call metric
@@ -297,8 +300,10 @@ class TaskRunner:
             if again is not None:
                 return again, _Progress(self, again.task_id), again
         owner = await off_loop(self.instance.acquire)
+        follows = accepted.proposal_id if accepted is not None and accepted.mode == "url" else None
         rec = TaskRecord(uuid.uuid4().hex, principal.name, tool, target, "working", now, now, now + keep,
-                         owner=owner, idempotency_key=key, digest=digest, caller_key=key_of(principal))
+                         owner=owner, idempotency_key=key, digest=digest, caller_key=key_of(principal),
+                         follows=follows)
         sink = _Progress(self, rec.task_id, stored=asker is None)
         if asker is None:
             await off_loop(self.table.add, rec)
@@ -407,6 +412,11 @@ class TaskRunner:
                     await self._audit_cancel(rec, "refused" if why else "cancelled", why)
 
     async def _mine(self, task_id: str, request: str, *, modern: bool = False) -> TaskRecord:
+        """The caller's task ``task_id`` (``_owned``), settled first when its process died (``_orphaned``)."""
+        rec = await self._owned(task_id, request, modern=modern)
+        return await self._orphaned(rec) if await self._orphan(rec) else rec
+
+    async def _owned(self, task_id: str, request: str, *, modern: bool) -> TaskRecord:
         """The caller's task ``task_id`` (``callers.same`` on its key); any other answer is refused, and
         the refusal is a row (``request``: tasks/get, tasks/result, tasks/cancel, tasks/update)."""
         principal = self.principal_of()
@@ -419,17 +429,39 @@ class TaskRunner:
             where = "its ttlMs is how long it is kept" if modern else "call tasks/list"
             raise MCPError(code=types.INVALID_PARAMS, message=f"no task '{task_id[:64]}' of yours (never "
                            f"made, someone else's, or its results expired); {where}")
-        if (rec.status == "working" and rec.task_id not in self._local and rec.owner is not None
-                and not await off_loop(self.instance.alive, rec.owner)):
-            return await self._orphaned(rec)
         return rec
 
-    async def _orphaned(self, rec: TaskRecord) -> TaskRecord:
-        """A working task whose process is gone: failed, its outcome unknown."""
-        unknown = OutcomeUnknown("the gateway process running this task stopped before it finished; "
-                                 "whether the change happened is unknown: check the objects and get_tasks")
-        await off_loop(self.table.finish, rec.task_id, "failed", Answer.of({"error": unknown.to_wire()}).text,
-                       failed=True, message=unknown.message, now=self.clock())
+    async def _orphan(self, rec: TaskRecord) -> bool:
+        """Whether ``rec`` is working with nobody running it: the process that did is gone."""
+        return (rec.status == "working" and rec.task_id not in self._local and rec.owner is not None
+                and not await off_loop(self.instance.alive, rec.owner))
+
+    async def _orphaned(self, rec: TaskRecord, *, stop: bool = False) -> TaskRecord:
+        """A working task whose process is gone. One that ran a call: failed, its outcome unknown. One that
+        followed a proposal (``follows``) ran nothing itself: the proposal is read in its stead, so the
+        task ends as the proposal did (or, ``stop``: as it is now, cancelled), or works on, showing its
+        wait, for whoever asks next."""
+        now = self.clock()
+        if rec.follows is not None and self.rounds is not None:
+            seen = await extension.look(self.rounds.flow.store, rec.follows, now, stopped=stop,
+                                        note=STOPPED_FOLLOWING)
+            if isinstance(seen, str):
+                waits = f"{seen} ({ORPHAN_FOLLOWED})"
+                if waits == rec.status_message:
+                    return rec  # as the last look left it: nothing to write
+                await off_loop(self.table.progress, rec.task_id, 0.0, waits, now)
+            else:
+                answer, failed = seen
+                status, message = ("cancelled", STOPPED_FOLLOWING) if stop else ("completed", None)
+                await off_loop(self.table.finish, rec.task_id, status, answer.text, failed=failed,
+                               message=message, now=now)
+        else:
+            unknown = OutcomeUnknown("the gateway process running this task stopped before it finished; "
+                                     "whether the change happened is unknown: check the objects and "
+                                     "get_tasks")
+            await off_loop(self.table.finish, rec.task_id, "failed",
+                           Answer.of({"error": unknown.to_wire()}).text, failed=True, message=unknown.message,
+                           now=now)
         found = await off_loop(self.table.get, rec.task_id, self.clock())
         return found or rec
 
@@ -489,7 +521,13 @@ class TaskRunner:
         if modern:
             extension.require_declared(ctx)
             extension.check_routing(ctx, params.task_id)
-        rec = await self._mine(params.task_id, "tasks/cancel", modern=modern)
+        rec = await self._owned(params.task_id, "tasks/cancel", modern=modern)
+        if await self._orphan(rec):
+            if rec.follows is not None:  # stops following here: nobody else does
+                rec = await self._orphaned(rec, stop=True)
+                await self._audit_cancel(rec, "cancelled", None)
+                return {} if modern else task_wire(rec)
+            rec = await self._orphaned(rec)
         if rec.terminal and modern:
             await self._audit_cancel(rec, "ended_already", None)
             return {}

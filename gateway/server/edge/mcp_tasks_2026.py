@@ -165,29 +165,35 @@ class Proposals(Protocol):
     def get_proposal(self, proposal_id: str) -> Proposal | None: ...
 
 
-async def follow(store: Proposals, proposal_id: str, *, clock: Callable[[], float],
-                 stopped: Callable[[], bool], waiting: Callable[[str], Awaitable[None]],
-                 note: str) -> tuple[Answer, bool]:
-    """The end of a gated proposal a human decides on its card (through any replica), read from the store
-    every ``POLL_MS``: the proposal as shown (run, denied, expired, ...) and whether it is an error
-    (its run failed, or its outcome is unknown); or, once ``stopped()``, as it is then, with ``note``.
-    ``waiting`` is told each new state it waits in."""
-    shown = ""
-    while True:
-        proposal = await off_loop(store.get_proposal, proposal_id)
-        now = clock()
-        if proposal is None:
-            gone = {"error": {"code": "not_found", "message": f"proposal {proposal_id} is gone"}}
-            return await off_loop(Answer.of, gone), True
-        overdue = proposal.state in OPEN_STATES and now >= proposal.expires_at
-        if proposal.state in FINAL_STATES or overdue or stopped():
-            break
-        message = f"proposal {proposal_id} is {proposal.state}: waiting for its approval on its card"
-        if message != shown:
-            shown = message
-            await waiting(message)
-        await asyncio.sleep(POLL_MS / 1000)
+async def look(store: Proposals, proposal_id: str, now: float, *, stopped: bool,
+               note: str) -> tuple[Answer, bool] | str:
+    """One look at a followed proposal: its end, once a human decided it on its card (through any replica),
+    it expired or ``stopped`` (the proposal as shown, with ``note`` while it is still open, and whether it
+    is an error: its run failed, or its outcome is unknown); else the message of its wait."""
+    proposal = await off_loop(store.get_proposal, proposal_id)
+    if proposal is None:
+        gone = {"error": {"code": "not_found", "message": f"proposal {proposal_id} is gone"}}
+        return await off_loop(Answer.of, gone), True
+    overdue = proposal.state in OPEN_STATES and now >= proposal.expires_at
+    if proposal.state not in FINAL_STATES and not overdue and not stopped:
+        return f"proposal {proposal_id} is {proposal.state}: waiting for its approval on its card"
     view = await off_loop(proposal_view, proposal, now)  # redacted: regexes, never on the loop
     if proposal.state not in FINAL_STATES:
         view.update({"state": "expired"} if overdue else {"note": note})  # the sweeper moves it so soon
     return await off_loop(Answer.cleaned, view), proposal.state in ("failed", "outcome_unknown")
+
+
+async def follow(store: Proposals, proposal_id: str, *, clock: Callable[[], float],
+                 stopped: Callable[[], bool], waiting: Callable[[str], Awaitable[None]],
+                 note: str) -> tuple[Answer, bool]:
+    """``look`` at a gated proposal every ``POLL_MS`` until it ends (or ``stopped()``); ``waiting`` is told
+    each new state it waits in."""
+    shown = ""
+    while True:
+        seen = await look(store, proposal_id, clock(), stopped=stopped(), note=note)
+        if not isinstance(seen, str):
+            return seen
+        if seen != shown:
+            shown = seen
+            await waiting(seen)
+        await asyncio.sleep(POLL_MS / 1000)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -30,12 +33,26 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
-from support.httpserver import Served, audit_rows, build_gateway, mcp_client, serve
-from support.simulator import MakeSimulator, count_vms_named, pyvmomi_connect
+from support.httpserver import (
+    FAST_HASH,
+    Served,
+    audit_rows,
+    build_gateway,
+    https_argv,
+    mcp_client,
+    run_serve,
+    serve,
+)
+from support.simulator import MakeSimulator, count_vms_named, pyvmomi_connect, write_targets
 from support.webserver import WebServer, decide, signed_in, web_server
 
+from gateway.audit.query import read_rows
 from gateway.auth.principal import CallerKey
+from gateway.auth.tokens import create_token
+from gateway.server.edge.tls import create_certificate
+from gateway.store import SqliteStore
 from gateway.store.task_records import TaskRecord
+from gateway.vocabulary import Kind
 
 pytestmark = pytest.mark.anyio
 SOURCE = "DC0_C0_RP0_VM0"
@@ -608,3 +625,84 @@ async def test_cancelling_a_task_that_follows_a_proposal_stops_following_and_run
     assert state == "pending" and clones == 0  # the proposal waits on, nothing ran
     (row,) = [r for r in rows if r.get("phase") == "task_cancel"]
     assert (row["task_id"], row["outcome"]) == (created.task_id, "cancelled")
+
+
+@asynccontextmanager
+async def _client_of(base: str, cafile: Path, token: str) -> AsyncIterator[Client]:
+    """An SDK client in its default mode, with the tasks extension, of a ``gateway serve`` at ``base``."""
+    http = httpx2.AsyncClient(verify=ssl.create_default_context(cafile=str(cafile)), timeout=60,
+                              headers={"Authorization": f"Bearer {token}"})
+    transport = streamable_http_client(f"{base}/mcp", http_client=http)
+    async with http, Client(transport, mode="auto", extensions=[Tasks()],
+                            elicitation_callback=_never_asked) as client:
+        yield client
+
+
+async def test_a_task_whose_following_process_died_ends_as_its_proposal_does(
+    tmp_path: Path, make_simulator: MakeSimulator
+) -> None:
+    """kill -9 of the ``gateway serve`` following two gated proposals for their tasks: the restarted
+    process reads each proposal in the dead one's stead (nothing ran, so nothing is "unknown"): one task
+    works on, showing its wait, until a person approves its proposal on the page, then ends with the
+    clone made once; the other, cancelled, stops following and its proposal waits on."""
+    sim = make_simulator(vms=1)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = write_targets(tmp_path / "targets.yaml", {"lab-vc": sim})
+    env.update({"GATEWAY_HOME": str(home), "GATEWAY_TARGETS_FILE": str(tmp_path / "targets.yaml"),
+                "GATEWAY_ENABLE_DESTRUCTIVE": "true"})
+    (home / "rules.yaml").write_text(GATED_LAB)
+    with SqliteStore(home / "state.db") as store:
+        adam = create_token(store, "adam", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH)[0]
+        alice = create_token(store, "alice", "admin", expires_in=None, now=time.time(), hasher=FAST_HASH,
+                             kind=Kind.PERSON)[0]
+    cert = create_certificate(tmp_path / "tls", ["localhost"], ["127.0.0.1"])
+    source = sim.vm_names()[0]
+    first = run_serve(tmp_path, env, *https_argv(cert), "--web")
+    try:
+        async with _client_of(first.base(), cert.cert, adam) as client:
+            made = [await _accepted_task(client, {"target": "lab-vc", "vm": source, "name": name})
+                    for name in ("approved-after", "unfollowed-after")]
+            for _pid, created in made:
+                await poll(client, created.task_id, lambda t: "waiting" in (t.status_message or ""))
+        os.kill(first.process.pid, signal.SIGKILL)
+        first.process.wait(30)
+    finally:
+        if first.process.poll() is None:
+            first.process.kill()
+            first.process.wait(30)
+    (approved_pid, approved), (waiting_pid, unfollowed) = made
+    second = run_serve(tmp_path, env, *https_argv(cert), "--web")
+    try:
+        base = second.base()
+        async with _client_of(base, cert.cert, adam) as client:
+            orphan = await get(client, approved.task_id)
+            ack = await client.session.send_request(CancelTask(params=TaskParams(task_id=unfollowed.task_id)),
+                                                    types.EmptyResult)
+            stopped = await get(client, unfollowed.task_id)
+            page = httpx2.AsyncClient(base_url=base, timeout=60,
+                                      verify=ssl.create_default_context(cafile=str(cert.cert)))
+            async with page:
+                signed = await page.post("/ui/api/sign-in", json={"token": alice}, headers={"Origin": base})
+                assert signed.status_code == 200, signed.text
+                decided = await page.post(f"/ui/api/proposals/{approved_pid}/approve", json={},
+                                          headers={"Origin": base, "X-CSRF-Token": signed.json()["csrf"]})
+            done = await poll(client, approved.task_id, lambda t: t.status != "working")
+        with SqliteStore(home / "state.db") as store:
+            left = store.get_proposal(waiting_pid)
+        cancels = read_rows(home / "audit.jsonl", phase="task_cancel")
+    finally:
+        code = second.stop()
+    assert code == 0, second.output()
+    assert orphan.status == "working", orphan  # not "failed", its outcome "unknown": it ran nothing
+    assert approved_pid in (orphan.status_message or "") and "stopped" in (orphan.status_message or "")
+    assert decided.status_code == 200, decided.text
+    assert done.status == "completed" and done.result is not None and done.result["isError"] is False, done
+    shown = json.loads(done.result["content"][0]["text"])
+    assert (shown["state"], shown["proposal_id"], shown["approved_by"]) == ("executed", approved_pid, "alice")
+    assert ack.result_type == "complete"
+    assert stopped.status == "cancelled" and "cancel_action" in (stopped.status_message or ""), stopped
+    assert left is not None and left.state == "pending"  # the proposal waits on: nothing withdrew it
+    assert [(r["task_id"], r["outcome"]) for r in cancels] == [(unfollowed.task_id, "cancelled")]
+    lab = pyvmomi_connect(sim)
+    assert (count_vms_named(lab, "approved-after"), count_vms_named(lab, "unfollowed-after")) == (1, 0)
