@@ -79,7 +79,9 @@ async def test_ten_agents_acting_for_one_person_get_one_share_over_https(
             bob = await stack.enter_async_context(mcp(served, served.token))
             warm = answer_of(await bob.call_tool("get_vm_details", dict(READ)))
             assert "error" not in warm, warm
-            sim.control("/delay", {"delay": 40})
+            # the burst's first call holds the one slot while the rest arrive (on a slow machine twenty
+            # calls take longer to arrive than a few short ones to run), then each call takes 40 ms
+            sim.control("/delay", {"delay": 3000})
             done: list[str] = []
 
             async def finishing(label: str, call: Awaitable[Any]) -> None:
@@ -90,6 +92,7 @@ async def test_ten_agents_acting_for_one_person_get_one_share_over_https(
             burst = [asyncio.create_task(finishing("alice", a.call_tool("get_vm_details", dict(READ))))
                      for a in agents for _ in range(2)]
             await until_queued(served, 19)  # one runs, the other 19 wait
+            sim.control("/delay", {"delay": 40})
             await asyncio.gather(*(finishing("bob", bob.call_tool("get_vm_details", dict(READ)))
                                    for _ in range(2)))
             before = done.count("alice")
