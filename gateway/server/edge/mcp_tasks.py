@@ -439,12 +439,16 @@ class TaskRunner:
     async def _orphaned(self, rec: TaskRecord, *, stop: bool = False) -> TaskRecord:
         """A working task whose process is gone. One that ran a call: failed, its outcome unknown. One that
         followed a proposal (``follows``) ran nothing itself: the proposal is read in its stead, so the
-        task ends as the proposal did (or, ``stop``: as it is now, cancelled), or works on, showing its
-        wait, for whoever asks next."""
+        task ends as the proposal did, or (``stop``) is cancelled while the proposal still waits, or works
+        on, showing its wait, for whoever asks next."""
         now = self.clock()
         if rec.follows is not None and self.rounds is not None:
-            seen = await extension.look(self.rounds.flow.store, rec.follows, now, stopped=stop,
-                                        note=STOPPED_FOLLOWING)
+            store = self.rounds.flow.store
+            seen = await extension.look(store, rec.follows, now, stopped=False, note=STOPPED_FOLLOWING)
+            status, message = "completed", None  # the proposal ended: so does the task
+            if isinstance(seen, str) and stop:  # it waits on: the task stops following it
+                seen = await extension.look(store, rec.follows, now, stopped=True, note=STOPPED_FOLLOWING)
+                status, message = "cancelled", STOPPED_FOLLOWING
             if isinstance(seen, str):
                 waits = f"{seen} ({ORPHAN_FOLLOWED})"
                 if waits == rec.status_message:
@@ -452,7 +456,6 @@ class TaskRunner:
                 await off_loop(self.table.progress, rec.task_id, 0.0, waits, now)
             else:
                 answer, failed = seen
-                status, message = ("cancelled", STOPPED_FOLLOWING) if stop else ("completed", None)
                 await off_loop(self.table.finish, rec.task_id, status, answer.text, failed=failed,
                                message=message, now=now)
         else:
@@ -525,7 +528,8 @@ class TaskRunner:
         if await self._orphan(rec):
             if rec.follows is not None:  # stops following here: nobody else does
                 rec = await self._orphaned(rec, stop=True)
-                await self._audit_cancel(rec, "cancelled", None)
+                await self._audit_cancel(rec, "cancelled" if rec.status == "cancelled" else "ended_already",
+                                         None)
                 return {} if modern else task_wire(rec)
             rec = await self._orphaned(rec)
         if rec.terminal and modern:
