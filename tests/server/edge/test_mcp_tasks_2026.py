@@ -644,7 +644,8 @@ async def test_a_task_whose_following_process_died_ends_as_its_proposal_does(
     """kill -9 of the ``gateway serve`` following two gated proposals for their tasks: the restarted
     process reads each proposal in the dead one's stead (nothing ran, so nothing is "unknown"): one task
     works on, showing its wait, until a person approves its proposal on the page, then ends with the
-    clone made once; the other, cancelled, stops following and its proposal waits on."""
+    clone made once; another, cancelled, stops following and its proposal waits on; a third, cancelled
+    after a person denied its proposal, ends as the proposal did."""
     sim = make_simulator(vms=1)
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -662,7 +663,7 @@ async def test_a_task_whose_following_process_died_ends_as_its_proposal_does(
     try:
         async with _client_of(first.base(), cert.cert, adam) as client:
             made = [await _accepted_task(client, {"target": "lab-vc", "vm": source, "name": name})
-                    for name in ("approved-after", "unfollowed-after")]
+                    for name in ("approved-after", "unfollowed-after", "denied-before")]
             for _pid, created in made:
                 await poll(client, created.task_id, lambda t: "waiting" in (t.status_message or ""))
         os.kill(first.process.pid, signal.SIGKILL)
@@ -671,7 +672,7 @@ async def test_a_task_whose_following_process_died_ends_as_its_proposal_does(
         if first.process.poll() is None:
             first.process.kill()
             first.process.wait(30)
-    (approved_pid, approved), (waiting_pid, unfollowed) = made
+    (approved_pid, approved), (waiting_pid, unfollowed), (denied_pid, denied) = made
     second = run_serve(tmp_path, env, *https_argv(cert), "--web")
     try:
         base = second.base()
@@ -685,8 +686,14 @@ async def test_a_task_whose_following_process_died_ends_as_its_proposal_does(
             async with page:
                 signed = await page.post("/ui/api/sign-in", json={"token": alice}, headers={"Origin": base})
                 assert signed.status_code == 200, signed.text
+                change = {"Origin": base, "X-CSRF-Token": signed.json()["csrf"]}
+                refused = await page.post(f"/ui/api/proposals/{denied_pid}/deny", json={"reason": "no"},
+                                          headers=change)
+                cancel = CancelTask(params=TaskParams(task_id=denied.task_id))
+                late = await client.session.send_request(cancel, types.EmptyResult)
+                ended = await get(client, denied.task_id)
                 decided = await page.post(f"/ui/api/proposals/{approved_pid}/approve", json={},
-                                          headers={"Origin": base, "X-CSRF-Token": signed.json()["csrf"]})
+                                          headers=change)
             done = await poll(client, approved.task_id, lambda t: t.status != "working")
         with SqliteStore(home / "state.db") as store:
             left = store.get_proposal(waiting_pid)
@@ -703,6 +710,11 @@ async def test_a_task_whose_following_process_died_ends_as_its_proposal_does(
     assert ack.result_type == "complete"
     assert stopped.status == "cancelled" and "cancel_action" in (stopped.status_message or ""), stopped
     assert left is not None and left.state == "pending"  # the proposal waits on: nothing withdrew it
-    assert [(r["task_id"], r["outcome"]) for r in cancels] == [(unfollowed.task_id, "cancelled")]
+    assert refused.status_code == 200 and late.result_type == "complete", refused.text
+    assert ended.status == "completed" and ended.result is not None, ended  # as its proposal: denied
+    assert json.loads(ended.result["content"][0]["text"])["state"] == "denied"
+    assert [(r["task_id"], r["outcome"]) for r in cancels] == [(unfollowed.task_id, "cancelled"),
+                                                               (denied.task_id, "ended_already")]
     lab = pyvmomi_connect(sim)
-    assert (count_vms_named(lab, "approved-after"), count_vms_named(lab, "unfollowed-after")) == (1, 0)
+    names = ("approved-after", "unfollowed-after", "denied-before")
+    assert [count_vms_named(lab, name) for name in names] == [1, 0, 0]
