@@ -492,12 +492,10 @@ class WebApi:
         listing = await self.gateway.calls.call(viewer.principal, "list_targets", {},
                                                 correlation_id=correlation_id_var.get())
         rows = listing.get("targets", [])
-
-        def gated() -> list[bool]:  # the rules file is read on each look: off the loop
-            return [self.gateway.policy.target_limits(row["name"]).require_web_approval for row in rows]
-
-        for row, web_approval in zip(rows, await anyio.to_thread.run_sync(gated), strict=True):
-            row["require_web_approval"] = web_approval
+        names = [row["name"] for row in rows]  # the rules file is read once, off the loop
+        limits = await anyio.to_thread.run_sync(self.gateway.policy.targets_limits, names)
+        for row, settings in zip(rows, limits, strict=True):
+            row["require_web_approval"] = settings.require_web_approval
         return listing
 
     async def inventory(self, request: Request, viewer: Viewer) -> Answer:

@@ -11,7 +11,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -105,8 +105,13 @@ class PolicyStore:
     def target_limits(self, target: str) -> TargetPolicy:
         """The effective settings (limits, flags) for ``target`` under the rules in force; the built-in
         strict values while none can be used (every call is refused meanwhile). Never raises."""
+        return self.targets_limits([target])[0]
+
+    def targets_limits(self, targets: Iterable[str]) -> list[TargetPolicy]:
+        """``target_limits`` of each of ``targets``, the file read once."""
         policy, _why = self.snapshot()
-        return (policy or Policy(str(self.path))).target_settings(target)
+        rules = policy or Policy(str(self.path))
+        return [rules.target_settings(target) for target in targets]
 
     def _refresh(self) -> Policy | ConfigProblems:
         """Read the file; parse it when its bytes changed. Returns the latest parse."""

@@ -443,20 +443,16 @@ class TaskRunner:
         on, showing its wait, for whoever asks next."""
         now = self.clock()
         if rec.follows is not None and self.rounds is not None:
-            store = self.rounds.flow.store
-            seen = await extension.look(store, rec.follows, now, stopped=False, note=STOPPED_FOLLOWING)
-            status, message = "completed", None  # the proposal ended: so does the task
-            if isinstance(seen, str) and stop:  # it waits on: the task stops following it
-                seen = await extension.look(store, rec.follows, now, stopped=True, note=STOPPED_FOLLOWING)
-                status, message = "cancelled", STOPPED_FOLLOWING
+            seen = await extension.look(self.rounds.flow.store, rec.follows, now, stopped=stop,
+                                        note=STOPPED_FOLLOWING)
             if isinstance(seen, str):
                 waits = f"{seen} ({ORPHAN_FOLLOWED})"
                 if waits == rec.status_message:
                     return rec  # as the last look left it: nothing to write
                 await off_loop(self.table.progress, rec.task_id, 0.0, waits, now)
-            else:
-                answer, failed = seen
-                await off_loop(self.table.finish, rec.task_id, status, answer.text, failed=failed,
+            else:  # as the proposal ended; or, still waiting, no longer followed
+                status, message = ("cancelled", STOPPED_FOLLOWING) if seen.waits else ("completed", None)
+                await off_loop(self.table.finish, rec.task_id, status, seen.answer.text, failed=seen.failed,
                                message=message, now=now)
         else:
             unknown = OutcomeUnknown("the gateway process running this task stopped before it finished; "

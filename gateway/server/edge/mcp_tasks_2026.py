@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import mcp_types as types
 from mcp.server.context import HandlerResult, ServerRequestContext
@@ -165,22 +165,30 @@ class Proposals(Protocol):
     def get_proposal(self, proposal_id: str) -> Proposal | None: ...
 
 
-async def look(store: Proposals, proposal_id: str, now: float, *, stopped: bool,
-               note: str) -> tuple[Answer, bool] | str:
+class Seen(NamedTuple):
+    """The end of following a proposal: the proposal as shown, whether that is an error (its run failed,
+    or its outcome is unknown), and whether the proposal still waits (the following was stopped)."""
+
+    answer: Answer
+    failed: bool
+    waits: bool = False
+
+
+async def look(store: Proposals, proposal_id: str, now: float, *, stopped: bool, note: str) -> Seen | str:
     """One look at a followed proposal: its end, once a human decided it on its card (through any replica),
-    it expired or ``stopped`` (the proposal as shown, with ``note`` while it is still open, and whether it
-    is an error: its run failed, or its outcome is unknown); else the message of its wait."""
+    it expired or ``stopped`` (then as it is, with ``note``); else the message of its wait."""
     proposal = await off_loop(store.get_proposal, proposal_id)
     if proposal is None:
         gone = {"error": {"code": "not_found", "message": f"proposal {proposal_id} is gone"}}
-        return await off_loop(Answer.of, gone), True
+        return Seen(await off_loop(Answer.of, gone), True)
     overdue = proposal.state in OPEN_STATES and now >= proposal.expires_at
     if proposal.state not in FINAL_STATES and not overdue and not stopped:
         return f"proposal {proposal_id} is {proposal.state}: waiting for its approval on its card"
     view = await off_loop(proposal_view, proposal, now)  # redacted: regexes, never on the loop
     if proposal.state not in FINAL_STATES:
         view.update({"state": "expired"} if overdue else {"note": note})  # the sweeper moves it so soon
-    return await off_loop(Answer.cleaned, view), proposal.state in ("failed", "outcome_unknown")
+    return Seen(await off_loop(Answer.cleaned, view), proposal.state in ("failed", "outcome_unknown"),
+                waits=proposal.state not in FINAL_STATES and not overdue)
 
 
 async def follow(store: Proposals, proposal_id: str, *, clock: Callable[[], float],
@@ -192,7 +200,7 @@ async def follow(store: Proposals, proposal_id: str, *, clock: Callable[[], floa
     while True:
         seen = await look(store, proposal_id, clock(), stopped=stopped(), note=note)
         if not isinstance(seen, str):
-            return seen
+            return seen.answer, seen.failed
         if seen != shown:
             shown = seen
             await waiting(seen)
